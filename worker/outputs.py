@@ -29,3 +29,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None  # set when the request failed inside the engine (finish_reason "error")

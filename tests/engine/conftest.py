@@ -1,0 +1,77 @@
+"""Fixtures: random-weight Llama-family models saved as HF folders, with the default model's tokenizer."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetero_infer.worker.model_loader import DEFAULT_MODEL_FILE, default_model_gguf
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    initializer_range=0.15,  # well-separated logits: no float32 near-ties in greedy decoding
+)
+
+
+def tiny_config(arch: str):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    vocab = 49152  # the default tokenizer's vocabulary
+    if arch == "llama":
+        return LlamaConfig(vocab_size=vocab, tie_word_embeddings=False, **TINY)
+    if arch == "llama3-tied":
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64, "rope_theta": 500000.0}
+        return LlamaConfig(vocab_size=vocab, tie_word_embeddings=True, rope_parameters=rope, **TINY)
+    if arch == "mistral":
+        return MistralConfig(vocab_size=vocab, tie_word_embeddings=False, sliding_window=None, **TINY)
+    if arch == "qwen2":
+        return Qwen2Config(vocab_size=vocab, tie_word_embeddings=True, use_sliding_window=False, **TINY)
+    if arch == "qwen3":
+        return Qwen3Config(vocab_size=vocab, tie_word_embeddings=False, head_dim=24, use_sliding_window=False, **TINY)
+    raise KeyError(arch)
+
+
+ARCHS = ["llama", "llama3-tied", "mistral", "qwen2", "qwen3"]
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    from transformers import AutoTokenizer
+
+    gguf = default_model_gguf()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=DEFAULT_MODEL_FILE)
+    out = tmp_path_factory.mktemp("tokenizer")
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory, tokenizer_dir):
+    """Factory: arch name -> (folder, HF model in float32 eval mode)."""
+    from transformers import AutoModelForCausalLM
+
+    cache: dict[str, tuple[Path, torch.nn.Module]] = {}
+
+    def make(arch: str):
+        if arch not in cache:
+            torch.manual_seed(1234)
+            config = tiny_config(arch)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+            folder = tmp_path_factory.mktemp(f"model-{arch}")
+            model.save_pretrained(folder, safe_serialization=True)
+            for f in tokenizer_dir.iterdir():
+                shutil.copy(f, folder / f.name)
+            cache[arch] = (folder, model)
+        return cache[arch]
+
+    return make

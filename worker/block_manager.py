@@ -1,0 +1,187 @@
+"""KV-cache block pool: reference counts, block tables, prefix caching and copy-on-write.
+
+Blocks hold `block_size` tokens. A full block whose K/V are computed is registered under a
+hash chained over its parent's hash and its token ids, so a later prompt with the same
+prefix reuses it. Freed blocks keep their hash and sit in an LRU free list until a fresh
+allocation evicts them (oldest first).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from hetero_infer.worker.sequence import Sequence
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+
+
+def chain_hash(parent: int | None, token_ids: list[int]) -> int:
+    return hash((parent, tuple(token_ids)))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.hash_to_block: dict[int, int] = {}
+        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the executor
+        self.prefix_queries = 0  # tokens looked up in the prefix cache
+        self.prefix_hits = 0  # tokens found there
+
+    # -- pool state -------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self.free) / self.num_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _take_free(self) -> int:
+        block_id, _ = self.free.popitem(last=False)  # least recently freed first
+        block = self.blocks[block_id]
+        if block.hash is not None:
+            if self.hash_to_block.get(block.hash) == block_id:
+                del self.hash_to_block[block.hash]
+            block.hash = None
+        block.ref_count = 1
+        return block_id
+
+    def _incref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free[block_id]
+        block.ref_count += 1
+
+    def _decref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        assert block.ref_count >= 0, f"block {block_id} freed twice"
+        if block.ref_count == 0:
+            self.free[block_id] = None
+
+    # -- prefix cache -----------------------------------------------------------------
+    def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), num_full_blocks):
+            parent = seq.block_hashes[i - 1] if i else None
+            seq.block_hashes.append(chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs]))
+
+    def lookup_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks for the longest prefix of `seq`; the newest token is always left to compute."""
+        if not self.enable_prefix_caching:
+            return []
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        self._ensure_hashes(seq, max_blocks)
+        hits: list[int] = []
+        for h in seq.block_hashes[:max_blocks]:
+            block_id = self.hash_to_block.get(h)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def register_computed_blocks(self, seq: Sequence) -> None:
+        """Offer the sequence's newly completed full blocks to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        if num_full <= seq.num_registered_blocks:
+            return
+        self._ensure_hashes(seq, num_full)
+        for i in range(seq.num_registered_blocks, num_full):
+            h = seq.block_hashes[i]
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None and h not in self.hash_to_block:
+                block.hash = h
+                self.hash_to_block[h] = block.block_id
+        seq.num_registered_blocks = num_full
+
+    # -- allocation -------------------------------------------------------------------
+    def can_admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> bool:
+        """Whether `seq` (no blocks yet) can take `hits` from the cache plus blocks for its new tokens."""
+        needed = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
+        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        return needed <= len(self.free) - revived
+
+    def admit(self, seq: Sequence, hits: list[int]) -> None:
+        """Give a waiting sequence its cached prefix blocks."""
+        assert not seq.block_table, "admit() takes a sequence without blocks"
+        for block_id in hits:
+            self._incref(block_id)
+        seq.block_table = list(hits)
+        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        seq.num_registered_blocks = len(hits)
+        self.prefix_queries += seq.num_tokens
+        self.prefix_hits += seq.num_cached_tokens
+
+    def num_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Fresh blocks `allocate_slots` would take, copy-on-write included."""
+        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        return max(needed, 0) + int(self._needs_cow(seq))
+
+    def _needs_cow(self, seq: Sequence) -> bool:
+        partial = seq.num_computed_tokens % self.block_size != 0
+        return partial and self.blocks[seq.block_table[seq.num_computed_tokens // self.block_size]].ref_count > 1
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for the next `num_new_tokens` tokens of `seq`; False (and no change) if the pool is short."""
+        if self.num_blocks_needed(seq, num_new_tokens) > len(self.free):
+            return False
+        if self._needs_cow(seq):
+            index = seq.num_computed_tokens // self.block_size
+            src = seq.block_table[index]
+            dst = self._take_free()
+            self._decref(src)
+            seq.block_table[index] = dst
+            self.pending_copies.append((src, dst))
+        for _ in range(self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)):
+            seq.block_table.append(self._take_free())
+        return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Share all of the parent's blocks with a child sequence (copy-on-write on the first write)."""
+        for block_id in parent.block_table:
+            self._incref(block_id)
+        child.block_table = list(parent.block_table)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.block_hashes = list(parent.block_hashes)
+        child.num_registered_blocks = parent.num_registered_blocks
+
+    def free(self, seq: Sequence) -> None:
+        """Release all blocks of a sequence at once (tail first, so tails are evicted first)."""
+        for block_id in reversed(seq.block_table):
+            self._decref(block_id)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        seq.num_registered_blocks = 0
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def slot_waste(self, seqs: list[Sequence]) -> tuple[int, int]:
+        """(allocated slots, slots holding no token) over the given sequences' distinct blocks."""
+        distinct: set[int] = set()
+        used = 0
+        for seq in seqs:
+            for i, block_id in enumerate(seq.block_table):
+                if block_id not in distinct:
+                    distinct.add(block_id)
+                    used += min(self.block_size, max(seq.num_tokens - i * self.block_size, 0))
+        allocated = len(distinct) * self.block_size
+        return allocated, allocated - used

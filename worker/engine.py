@@ -1,0 +1,312 @@
+"""The engine core: requests in, one scheduler step at a time, outputs out.
+
+Single-threaded by design: `add_request`, `abort_request` and `step` are called from one
+thread (the async server runs them in its engine thread; `LLM` calls them directly).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from hetero_infer.worker.block_manager import BlockManager
+from hetero_infer.worker.config import EngineConfig
+from hetero_infer.worker.detokenizer import IncrementalDetokenizer
+from hetero_infer.worker.model_loader import load_hf_config, resolve_model
+from hetero_infer.worker.outputs import CompletionOutput, RequestOutput
+from hetero_infer.worker.sampler import Sampler, SamplingRow, make_generator
+from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.scheduler import Scheduler, SchedulerOutput
+from hetero_infer.worker.sequence import Sequence
+from hetero_infer.worker.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_preemptions_total: int
+    prefix_cache_queries_total: int
+    prefix_cache_hits_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        folder, name = resolve_model(config.model)
+        self.model_name = config.served_model_name or name
+        hf_config = load_hf_config(folder)
+        self.max_model_len = _max_model_len(config, hf_config)
+        generation_eos = _generation_eos_ids(folder)
+        self.tokenizer = Tokenizer.from_pretrained(folder, extra_eos_token_ids=generation_eos)
+        if config.executor == "mock":
+            from hetero_infer.worker.mock_executor import MockExecutor
+
+            self.executor = MockExecutor(config, vocab_size=self.tokenizer.vocab_size)
+        else:
+            from hetero_infer.worker.model_runner import TorchExecutor
+
+            self.executor = TorchExecutor(config, hf_config, folder, self.max_model_len)
+        self.vocab_size = self.executor.vocab_size
+        self.block_manager = BlockManager(self.executor.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.memory_threshold
+        )
+        self.sampler = Sampler()
+        self.eos_token_ids = sorted(self.tokenizer.eos_token_ids)
+        self.requests: dict[str, Request] = {}
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    # -- requests -----------------------------------------------------------------------
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        """Check a request without touching engine state; return its resolved max_tokens."""
+        params.validate()
+        n_prompt = len(prompt_token_ids)
+        if n_prompt == 0:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        if n_prompt >= self.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
+                f"has {n_prompt} tokens, leaving no room for output."
+            )
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n_prompt
+        if n_prompt + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion)."
+            )
+        needed = self.block_manager.blocks_for(n_prompt + max_tokens)
+        if needed > self.block_manager.num_blocks:
+            raise ValueError(
+                f"the request needs up to {needed} KV-cache blocks ({n_prompt + max_tokens} tokens) but the pool "
+                f"holds {self.block_manager.num_blocks}; lower max_tokens or raise --max-num-blocks"
+            )
+        return max_tokens
+
+    def add_request(
+        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        max_tokens = self.validate_request(prompt_token_ids, params)
+        seq = self._new_sequence(request_id, list(prompt_token_ids), params, max_tokens, 0)
+        seq.forks_pending = params.n - 1
+        self.requests[request_id] = Request(request_id, prompt, list(prompt_token_ids), params, [seq])
+        self.scheduler.add(seq)
+
+    def _new_sequence(self, request_id, token_ids, params, max_tokens, sample_index) -> Sequence:
+        seq = Sequence(request_id, token_ids, len(token_ids), params, max_tokens, sample_index)
+        if params.seed is not None:
+            seq.generator = make_generator(params.seed, sample_index, self.executor.device)
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
+        return seq
+
+    def abort_request(self, request_id: str) -> None:
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- the step -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        now = time.monotonic()
+        for item in sched.scheduled:
+            request = self.requests[item.seq.request_id]
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+        try:
+            result = self.executor.execute(sched)
+            touched = self._update(sched, result)
+        except Exception as exc:  # one bad step fails only its own requests
+            log.exception("engine step failed; failing the %d requests in it", len(sched.scheduled))
+            return self._fail_step(sched, f"{type(exc).__name__}: {exc}")
+        return [self._output(r) for r in touched]
+
+    def _update(self, sched: SchedulerOutput, result) -> list[Request]:
+        rows: list[tuple[Sequence, int]] = []  # (sequence that gets a token, logits row)
+        children: list[tuple[Sequence, Sequence]] = []
+        logits_row = 0
+        for item in sched.scheduled:
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.register_computed_blocks(seq)
+            if not item.samples:
+                continue
+            rows.append((seq, logits_row))
+            if seq.forks_pending:
+                request = self.requests[seq.request_id]
+                for _ in range(seq.forks_pending):
+                    child = self._new_sequence(
+                        seq.request_id, list(seq.token_ids), seq.params, seq.max_tokens, len(request.seqs)
+                    )
+                    request.seqs.append(child)
+                    children.append((seq, child))
+                    rows.append((child, logits_row))
+                seq.forks_pending = 0
+            logits_row += 1
+        for parent, child in children:
+            self.block_manager.fork(parent, child)
+            self.scheduler.add_running(child)
+
+        if self.executor.samples_itself:
+            tokens = [(self.executor.next_token(s.token_ids, s.sample_index), None) for s, _ in rows]
+        else:
+            logits = result[[r for _, r in rows]] if children else result
+            sampling_rows = [
+                SamplingRow(s.params, s.token_ids[: s.num_prompt_tokens], s.output_token_ids, s.generator,
+                            self.eos_token_ids)
+                for s, _ in rows
+            ]
+            tokens = [(t.token_id, t) for t in self.sampler(logits, sampling_rows)]
+
+        now = time.monotonic()
+        touched: dict[str, Request] = {}
+        for (seq, _), (token_id, sampled) in zip(rows, tokens):
+            request = self.requests[seq.request_id]
+            touched[request.request_id] = request
+            if request.first_token_time is None:
+                request.first_token_time = now
+            self._append_token(seq, token_id, sampled)
+        return list(touched.values())
+
+    def _append_token(self, seq: Sequence, token_id: int, sampled) -> None:
+        seq.token_ids.append(token_id)
+        self.generation_tokens_total += 1
+        if seq.num_output_tokens == 1:
+            self.prompt_tokens_total += seq.num_prompt_tokens if seq.sample_index == 0 else 0
+        if sampled is not None:
+            seq.cumulative_logprob += sampled.logprob
+            if seq.params.logprobs is not None:
+                if seq.logprobs is None:
+                    seq.logprobs = []
+                seq.logprobs.append(sampled.top_logprobs or {token_id: sampled.logprob})
+        params = seq.params
+        stop_str = seq.detokenizer.add_token(token_id)
+        if seq.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token_id in self.tokenizer.eos_token_ids:
+                return self.scheduler.finish(seq, "stop")
+            if token_id in params.stop_token_ids:
+                return self.scheduler.finish(seq, "stop", token_id)
+            if stop_str is not None:
+                return self.scheduler.finish(seq, "stop", stop_str)
+        if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            self.scheduler.finish(seq, "length")
+
+    def _fail_step(self, sched: SchedulerOutput, message: str) -> list[RequestOutput]:
+        failed: dict[str, Request] = {}
+        for item in sched.scheduled:
+            request = self.requests.get(item.seq.request_id)
+            if request is not None:
+                failed[request.request_id] = request
+        outputs = []
+        for request in failed.values():
+            request.error = message
+            for seq in request.seqs:
+                if not seq.is_finished:
+                    self.scheduler.finish(seq, "error")
+            outputs.append(self._output(request))
+        return outputs
+
+    def _output(self, request: Request) -> RequestOutput:
+        finished = request.finished or request.error is not None
+        outs = []
+        for seq in request.seqs:
+            outs.append(
+                CompletionOutput(
+                    index=seq.sample_index,
+                    text=seq.detokenizer.emittable_text(seq.is_finished),
+                    token_ids=seq.output_token_ids,
+                    cumulative_logprob=seq.cumulative_logprob,
+                    logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+                    finish_reason=seq.finish_reason,
+                    stop_reason=seq.stop_reason,
+                )
+            )
+        metrics = {"arrival_time": request.arrival_time}
+        if request.first_scheduled_time is not None:
+            metrics["first_scheduled_time"] = request.first_scheduled_time
+        if request.first_token_time is not None:
+            metrics["first_token_time"] = request.first_token_time
+        out = RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outs, finished, metrics)
+        out.error = request.error
+        if finished:
+            self.requests.pop(request.request_id, None)
+        return out
+
+    # -- observability ------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=bm.usage,
+            num_preemptions_total=self.scheduler.num_preemptions_total,
+            prefix_cache_queries_total=bm.prefix_queries,
+            prefix_cache_hits_total=bm.prefix_hits,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+        )
+
+    def kv_waste(self) -> float:
+        """Fraction of allocated KV slots of running sequences that hold no token."""
+        allocated, wasted = self.block_manager.slot_waste(self.scheduler.running)
+        return wasted / allocated if allocated else 0.0
+
+
+def _max_model_len(config: EngineConfig, hf_config) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True):
+        limit = min(limit, window)  # no sliding-window attention: stay exact by staying inside it
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's context length {limit}")
+    return config.max_model_len
+
+
+def _generation_eos_ids(folder) -> list[int]:
+    import json
+
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return []
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+

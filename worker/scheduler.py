@@ -1,0 +1,149 @@
+"""Continuous batching: a token budget per step, decodes first, chunked prefill, preemption.
+
+Each step runs, in order: running decodes, running prefill chunks, then newly admitted
+waiting sequences (FCFS: the queue head is never skipped, so nothing starves). When the
+pool runs short, the most recently admitted running sequence is preempted (its blocks are
+freed and it is recomputed later from its tokens, ahead of newer requests).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from hetero_infer.worker.block_manager import BlockManager
+from hetero_infer.worker.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int  # tokens whose K/V this step computes (1 for a decode)
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step reaches the sequence's newest token, so a new token is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes first, then prefill chunks
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    num_preempted: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def num_decodes(self) -> int:
+        n = 0
+        for s in self.scheduled:
+            if s.seq.is_prefill:
+                break
+            n += 1
+        return n
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        memory_threshold: float = 0.9,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.memory_threshold = memory_threshold
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order
+        self.num_preemptions_total = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A forked child joins right after its parent's step."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        bm = self.block_manager
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        decodes = [s for s in self.running if not s.is_prefill]
+        prefills = [s for s in self.running if s.is_prefill]
+        scheduled_ids: set[int] = set()
+
+        for seq in decodes + prefills:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            allocated = bm.allocate_slots(seq, num_new)
+            while not allocated:
+                # seq itself is never scheduled yet, so a victim always exists
+                victim = next(s for s in reversed(self.running) if s.seq_id not in scheduled_ids)
+                self._preempt(victim)
+                out.num_preempted += 1
+                if victim is seq:
+                    break
+                allocated = bm.allocate_slots(seq, num_new)
+            if not allocated:
+                continue
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            scheduled_ids.add(seq.seq_id)
+            budget -= num_new
+
+        if out.num_preempted == 0:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                if self.running and bm.usage >= self.memory_threshold:
+                    break
+                seq = self.waiting[0]
+                hits = bm.lookup_prefix(seq)
+                num_new = min(seq.num_tokens - len(hits) * bm.block_size, budget)
+                if not bm.can_admit(seq, hits, num_new):
+                    break
+                self.waiting.popleft()
+                bm.admit(seq, hits)
+                ok = bm.allocate_slots(seq, num_new)
+                assert ok
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                out.scheduled.append(ScheduledSeq(seq, num_new))
+                budget -= num_new
+
+        out.block_copies = bm.take_pending_copies()
+        # decodes first, then prefill chunks (newly admitted ones included)
+        out.scheduled.sort(key=lambda s: s.seq.is_prefill)
+        return out
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        """Finish a sequence and free its blocks at once (running or waiting)."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason

@@ -1,0 +1,64 @@
+"""One generated sequence (a request with n > 1 holds n of them) and its bookkeeping."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetero_infer.worker.sampling_params import SamplingParams
+
+_seq_counter = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    token_ids: list[int]  # prompt followed by generated tokens
+    num_prompt_tokens: int
+    params: SamplingParams
+    max_tokens: int  # params.max_tokens resolved against max_model_len
+    sample_index: int = 0
+    seq_id: int = field(default_factory=lambda: next(_seq_counter))
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at the last admission
+    block_hashes: list[int] = field(default_factory=list)  # chain hashes of leading full blocks
+    num_registered_blocks: int = 0  # leading full blocks already offered to the prefix cache
+    num_preemptions: int = 0
+    forks_pending: int = 0  # n > 1: children still to fork off this sequence after its prefill
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    cumulative_logprob: float = 0.0
+    logprobs: list[dict[int, float]] | None = None
+    generator: Any = None  # torch.Generator for seeded requests
+    detokenizer: Any = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while more than the newest token still lacks K/V (prompt or recompute after preemption)."""
+        return self.num_tokens - self.num_computed_tokens > 1
