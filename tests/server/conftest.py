@@ -1,0 +1,21 @@
+"""Fixtures: real `hetero-infer serve` processes (mock executor unless a test says otherwise)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from server_proc import ServerProcess, http
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[ServerProcess]:
+    """The shared mock server: small context (512) and a 2 ms step, so streams last a little while."""
+    s = ServerProcess("--max-model-len", "512", "--mock-step-latency-s", "0.002")
+    yield s
+    assert s.stop() == 0, s.log()
+
+
+@pytest.fixture(scope="session")
+def model_name(server: ServerProcess) -> str:
+    return http("GET", server.base_url + "/models").json()["data"][0]["id"]

@@ -1,0 +1,341 @@
+"""The engine thread: one background thread owns the `LLMEngine`; asyncio code talks to it through an inbox.
+
+The event loop never runs engine code. It puts add/abort commands into a thread-safe inbox; the engine
+thread applies them between steps, runs `step()` while there is work (and sleeps on an event when there is
+none), and hands each step's outputs back to the loop with one `call_soon_threadsafe`. Outputs are
+cumulative, so a consumer that falls behind simply sees the latest state of its requests (coalesced).
+
+If `step()` itself raises, the engine is considered broken: every open request fails with
+`EngineDeadError`, `healthy` turns False (the server's /readyz goes red) and new requests are refused.
+Per-request failures reported by the engine (finish_reason "error") only end the requests concerned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hetero_infer.worker.outputs import RequestOutput
+from hetero_infer.worker.sampling_params import SamplingParams
+
+logger = logging.getLogger("hetero_infer.async_engine")
+
+# While busy, refresh the stats snapshot at most this often (it is always refreshed when the engine goes idle).
+STATS_REFRESH_S = 0.05
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped (a step raised, or the engine was shut down)."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine finished a request with finish_reason "error" (an executor failure in its step)."""
+
+
+class RequestRejectedError(ValueError):
+    """The engine refused a request in `add_request` (bad prompt or parameters)."""
+
+
+class EngineLike(Protocol):
+    def add_request(
+        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None: ...
+    def abort_request(self, request_id: str) -> None: ...
+    def step(self) -> list[RequestOutput]: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def stats(self) -> Any: ...
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    """What the loop saw of one engine request: times are `time.monotonic()`."""
+
+    arrival: float
+    prompt_tokens: int
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    num_tokens: int = 0
+    inter_token: list[float] = field(default_factory=list)
+
+
+class TimingSink(Protocol):
+    """Receives the timing of each request when it ends (finished, failed or aborted)."""
+
+    def observe_request(self, timing: RequestTiming, finished_at: float, finish_reason: str) -> None: ...
+
+
+class OutputStream:
+    """Cumulative outputs of one or more engine requests, as seen by the event loop.
+
+    Only the latest output of each request is kept, so a slow consumer receives coalesced updates.
+    """
+
+    __slots__ = ("request_ids", "_latest", "_event", "_error", "_unfinished")
+
+    def __init__(self, request_ids: Sequence[str]) -> None:
+        self.request_ids = tuple(request_ids)
+        self._latest: dict[str, RequestOutput] = {}
+        self._event = asyncio.Event()
+        self._error: BaseException | None = None
+        self._unfinished = set(request_ids)
+
+    @property
+    def finished(self) -> bool:
+        """True once every request has finished (or the stream failed)."""
+        return not self._unfinished or self._error is not None
+
+    def _put(self, output: RequestOutput) -> None:
+        self._latest[output.request_id] = output
+        if output.finished:
+            self._unfinished.discard(output.request_id)
+        self._event.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._event.set()
+
+    async def next(self) -> list[RequestOutput]:
+        """Wait for news; return the latest output of every request that progressed since the last call.
+
+        Returns [] once everything has finished; raises the stream's error if it failed.
+        """
+        while not self._latest:
+            if self._error is not None:
+                raise self._error
+            if not self._unfinished:
+                return []
+            self._event.clear()
+            await self._event.wait()
+        latest = list(self._latest.values())
+        self._latest.clear()
+        return latest
+
+
+_ADD = 0
+_ABORT = 1
+
+
+class AsyncEngine:
+    """Runs an engine on its own thread and exposes it to asyncio code."""
+
+    def __init__(self, engine: EngineLike, *, timing_sink: TimingSink | None = None) -> None:
+        self.engine = engine
+        self.timing_sink = timing_sink
+        self._inbox: deque[tuple[int, Any]] = deque()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Loop-side state (only touched on the event-loop thread).
+        self._streams: dict[str, OutputStream] = {}
+        self._timings: dict[str, RequestTiming] = {}
+        self._dead: BaseException | None = None
+        # Written by the engine thread, read anywhere (a reference swap is atomic).
+        self._stats: Any = None
+        self.steps = 0
+
+    # ----------------------------------------------------------------- lifecycle (loop thread)
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if self._thread is not None:
+            raise RuntimeError("AsyncEngine already started")
+        self._loop = loop or asyncio.get_running_loop()
+        self._stats = self.engine.stats()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread (open requests fail with EngineDeadError)."""
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._dead is None:
+            self._on_dead(EngineDeadError("the engine was shut down"))
+
+    @property
+    def healthy(self) -> bool:
+        return self._dead is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def error(self) -> str | None:
+        return None if self._dead is None else str(self._dead)
+
+    @property
+    def num_open_requests(self) -> int:
+        """Engine requests submitted and not yet finished (as the loop sees them)."""
+        return len(self._streams)
+
+    def stats(self) -> Any:
+        """The latest engine stats snapshot (taken on the engine thread)."""
+        return self._stats
+
+    # ----------------------------------------------------------------- requests (loop thread)
+    def submit(self, requests: Sequence[EngineRequest], arrival: float | None = None) -> OutputStream:
+        """Queue requests for the engine; their outputs arrive on the returned stream."""
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        arrival = time.monotonic() if arrival is None else arrival
+        stream = OutputStream([r.request_id for r in requests])
+        for r in requests:
+            if r.request_id in self._streams:
+                raise ValueError(f"duplicate request id {r.request_id!r}")
+        for r in requests:
+            self._streams[r.request_id] = stream
+            self._timings[r.request_id] = RequestTiming(arrival, len(r.prompt_token_ids))
+            self._inbox.append((_ADD, r))
+        self._wake.set()
+        return stream
+
+    def abort(self, stream: OutputStream, reason: str = "abort") -> None:
+        """Abort every unfinished request of a stream; the engine frees their KV blocks at its next turn."""
+        now = time.monotonic()
+        aborted = False
+        for rid in stream.request_ids:
+            if self._streams.pop(rid, None) is None:
+                continue
+            self._finish_timing(rid, now, reason)
+            self._inbox.append((_ABORT, rid))
+            aborted = True
+        if aborted:
+            self._wake.set()
+
+    def fail_all(self, error: BaseException) -> None:
+        """Abort every open request and fail its stream with `error` (used at the end of a drain)."""
+        streams = {id(s): s for s in self._streams.values()}
+        for stream in streams.values():
+            self.abort(stream, "abort")
+            stream._fail(error)
+
+    # ----------------------------------------------------------------- engine thread
+    def _run(self) -> None:
+        engine = self.engine
+        inbox = self._inbox
+        wake = self._wake
+        loop = self._loop
+        assert loop is not None
+        last_stats = 0.0
+        try:
+            while not self._stop:
+                wake.clear()
+                rejected: list[tuple[str, BaseException]] = []
+                while inbox:
+                    kind, item = inbox.popleft()
+                    if kind == _ADD:
+                        try:
+                            engine.add_request(item.request_id, item.prompt, item.prompt_token_ids, item.params)
+                        except Exception as exc:  # a refused request must not stop the engine
+                            rejected.append((item.request_id, exc))
+                    else:
+                        engine.abort_request(item)
+                if rejected:
+                    loop.call_soon_threadsafe(self._on_rejected, rejected)
+                if not engine.has_unfinished_requests():
+                    self._stats = engine.stats()
+                    last_stats = time.monotonic()
+                    if not inbox:
+                        wake.wait()
+                    continue
+                t0 = time.monotonic()
+                outputs = engine.step()
+                t1 = time.monotonic()
+                self.steps += 1
+                if outputs:
+                    loop.call_soon_threadsafe(self._deliver, outputs, t0, t1)
+                if t1 - last_stats >= STATS_REFRESH_S:
+                    self._stats = engine.stats()
+                    last_stats = t1
+        except BaseException as exc:  # the engine is broken: fail everything, turn unhealthy
+            logger.exception("engine step failed; the engine is stopped")
+            err = EngineDeadError(f"engine failure: {type(exc).__name__}: {exc}")
+            try:
+                loop.call_soon_threadsafe(self._on_dead, err)
+            except RuntimeError:  # loop already closed
+                pass
+
+    # ----------------------------------------------------------------- callbacks (loop thread)
+    def _deliver(self, outputs: list[RequestOutput], step_start: float, step_end: float) -> None:
+        streams = self._streams
+        timings = self._timings
+        for out in outputs:
+            rid = out.request_id
+            stream = streams.get(rid)
+            if stream is None:  # aborted meanwhile
+                continue
+            timing = timings[rid]
+            if timing.first_scheduled is None:
+                scheduled = out.metrics.get("first_scheduled_time") if out.metrics else None
+                timing.first_scheduled = step_start if scheduled is None else scheduled
+            num_tokens = 0
+            for c in out.outputs:
+                num_tokens += len(c.token_ids)
+            if num_tokens > timing.num_tokens:
+                if timing.first_token is None:
+                    timing.first_token = step_end
+                else:
+                    timing.inter_token.append(step_end - timing.last_token)  # type: ignore[operator]
+                timing.last_token = step_end
+                timing.num_tokens = num_tokens
+            if out.finished:
+                del streams[rid]
+                error = getattr(out, "error", None)
+                reason = "error" if error else _finish_reason(out)
+                self._finish_timing(rid, step_end, reason)
+                if error:
+                    stream._fail(RequestFailedError(str(error)))
+                    continue
+            stream._put(out)
+
+    def _finish_timing(self, rid: str, now: float, reason: str) -> None:
+        timing = self._timings.pop(rid, None)
+        if timing is not None and self.timing_sink is not None:
+            try:
+                self.timing_sink.observe_request(timing, now, reason)
+            except Exception:  # metrics must never break serving
+                logger.exception("timing sink failed")
+
+    def _on_rejected(self, rejected: list[tuple[str, BaseException]]) -> None:
+        for rid, exc in rejected:
+            stream = self._streams.pop(rid, None)
+            self._timings.pop(rid, None)
+            if stream is not None:
+                # Its sibling requests (multi-prompt) are no longer wanted either.
+                self.abort(stream, "abort")
+                wrapped = RequestRejectedError(str(exc)) if isinstance(exc, ValueError) else exc
+                stream._fail(wrapped)
+
+    def _on_dead(self, error: BaseException) -> None:
+        self._dead = error
+        now = time.monotonic()
+        for rid, stream in list(self._streams.items()):
+            self._finish_timing(rid, now, "error")
+            stream._fail(error)
+        self._streams.clear()
+        self._inbox.clear()
+
+
+def _finish_reason(out: RequestOutput) -> str:
+    reasons = {c.finish_reason for c in out.outputs}
+    if "error" in reasons:
+        return "error"
+    if "abort" in reasons:
+        return "abort"
+    if "length" in reasons:
+        return "length"
+    return "stop"
+

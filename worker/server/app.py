@@ -1,0 +1,138 @@
+"""The aiohttp application: routes, middlewares (request ids, OpenAI-shaped errors, API keys) and the small
+endpoints (/healthz, /readyz, /metrics, /openapi.json, /v1/models). Generation lives in `serving`."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from hetero_infer.worker.server.errors import APIError
+from hetero_infer.worker.server.metrics import CONTENT_TYPE
+from hetero_infer.worker.server.openapi import build_openapi
+from hetero_infer.worker.server.serving import create_chat_completion, create_completion
+from hetero_infer.worker.server.state import STATE_KEY, ServerState, get_state
+
+logger = logging.getLogger("hetero_infer.server")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+@web.middleware
+async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Use the client's X-Request-Id when it is sane, else a fresh one; echo it in the response."""
+    given = request.headers.get("X-Request-Id", "")
+    request["request_id"] = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+    response = await handler(request)
+    if not response.prepared:
+        response.headers["X-Request-Id"] = request["request_id"]
+    return response
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves as `{"error": {...}}`; every response is counted by route and status."""
+    state = get_state(request)
+    try:
+        response = await handler(request)
+    except APIError as exc:
+        response = exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.text or exc.reason
+        if exc.status == 404:
+            message = f"no route for {request.method} {request.path}"
+        err = APIError(exc.status, message, code=_STATUS_CODES.get(exc.status))
+        response = err.response()
+        if "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception:
+        logger.exception("unhandled error", extra={"request_id": request.get("request_id")})
+        response = APIError(500, "internal server error", code="internal_error").response()
+    route = request.match_info.route.resource
+    state.metrics.http_request(route.canonical if route is not None else "other", response.status)
+    return response
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """With API keys configured, /v1/* needs `Authorization: Bearer <key>` (constant-time comparison)."""
+    keys = get_state(request).api_keys
+    if keys and request.path.startswith("/v1/"):
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        given = token.strip().encode() if scheme.lower() == "bearer" else b""
+        ok = False
+        for key in keys:  # compare against every key, whatever matches first
+            ok |= hmac.compare_digest(given, key)
+        if not ok:
+            raise APIError(401, "Incorrect or missing API key. Send it as `Authorization: Bearer <key>`.",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    return await handler(request)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    ready, status, error = get_state(request).readiness()
+    body = {"status": status} if error is None else {"status": status, "error": error}
+    return web.json_response(body, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=get_state(request).metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[OPENAPI_KEY], content_type="application/json")
+
+
+def _model_card(state: ServerState) -> dict[str, object]:
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "hetero-infer",
+            "max_model_len": state.max_model_len}
+
+
+async def list_models(request: web.Request) -> web.Response:
+    state = get_state(request)
+    state.check_serving()
+    return web.json_response({"object": "list", "data": [_model_card(state)]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    state = get_state(request)
+    state.check_serving()
+    state.check_model(request.match_info["model"])
+    return web.json_response(_model_card(state))
+
+
+OPENAPI_KEY = web.AppKey("openapi", bytes)
+
+
+def create_app(state: ServerState) -> web.Application:
+    app = web.Application(
+        client_max_size=state.options.max_body_bytes,
+        middlewares=[request_id_middleware, error_middleware, auth_middleware],
+    )
+    app[STATE_KEY] = state
+    app[OPENAPI_KEY] = json.dumps(build_openapi(auth=bool(state.api_keys))).encode()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model}", get_model)
+    app.router.add_post("/v1/completions", create_completion)
+    app.router.add_post("/v1/chat/completions", create_chat_completion)
+    return app

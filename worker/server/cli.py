@@ -1,0 +1,261 @@
+"""`hetero-infer serve`: the worker process.
+
+Options come from flags, environment variables (HETERO_INFER_<NAME>) and a JSON/YAML `--config FILE` holding
+server and engine keys in snake_case; precedence flag > environment > file > default. Everything is
+validated before anything slow happens; a bad option exits with status 2 and a one-line reason.
+
+Start-up binds the port first (so /healthz answers and /readyz says "loading" while the model loads), then
+builds the engine on a background thread, then turns ready. SIGTERM/SIGINT drain: /readyz fails at once,
+new requests get 503, in-flight requests have `--shutdown-grace` seconds to finish, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import MISSING, fields
+from typing import Any
+
+from aiohttp import web
+from hetero_infer.worker.cli_args import ENV_PREFIX, add_engine_args, env_overrides
+from hetero_infer.worker.config import EngineConfig, load_config_file
+from hetero_infer.worker.server.options import LOG_FORMATS, LOG_LEVELS, ServerOptions
+
+logger = logging.getLogger("hetero_infer.server")
+
+_SERVER_HELP = {
+    "host": "address to bind (default 127.0.0.1; use 0.0.0.0 in containers)",
+    "port": "port to bind (default 3000; 0 picks a free one, printed at start)",
+    "api_key": "require this API key on /v1/* (repeatable; prefer --api-key-file or HETERO_INFER_API_KEY)",
+    "api_key_file": "file with one API key per line",
+    "max_queue_len": "sequences that may wait beyond --max-num-seqs before requests get 429 (default 512)",
+    "request_timeout": "seconds a request may run before it is aborted with 504 (default 600)",
+    "shutdown_grace": "seconds in-flight requests may still run after SIGTERM (default 30)",
+    "max_body_bytes": "largest request body; larger ones get 413 (default 4 MiB)",
+    "retry_after": "Retry-After seconds sent with 429 (default 1)",
+    "log_level": f"one of {', '.join(LOG_LEVELS)}",
+    "log_format": f"one of {', '.join(LOG_FORMATS)} (default json)",
+    "access_log": "log one line per HTTP request (default on)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetero-infer serve",
+        description="Run the OpenAI-compatible worker. Options: flags > HETERO_INFER_* environment > --config file.",
+    )
+    group = parser.add_argument_group("server")
+    for f in fields(ServerOptions):
+        flag = "--" + f.name.replace("_", "-")
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": _SERVER_HELP.get(f.name, "")}
+        if f.type == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif f.type == "int":
+            kwargs["type"] = int
+        elif f.type == "float":
+            kwargs["type"] = float
+        elif f.name == "api_key":
+            kwargs["action"] = "append"
+        group.add_argument(flag, **kwargs)
+    add_engine_args(parser)
+    return parser
+
+
+def _check_type(name: str, value: Any, source: str) -> Any:
+    """Values from a config file or the environment, checked against the ServerOptions field type."""
+    t = ServerOptions.field_types()[name]
+    ok = {
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "bool": lambda v: isinstance(v, bool),
+        "str": lambda v: isinstance(v, str),
+        "str | None": lambda v: v is None or isinstance(v, str),
+        "list[str]": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    }[t]
+    if not ok(value):
+        shown = "***" if name == "api_key" else repr(value)
+        raise ValueError(f"{source}: server option {name}={shown} must be of type {t}")
+    return value
+
+
+def _server_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, t in ServerOptions.field_types().items():
+        key = ENV_PREFIX + name.upper()
+        raw = environ.get(key, "")
+        if raw == "":
+            continue
+        try:
+            if t == "int":
+                out[name] = int(raw)
+            elif t == "float":
+                out[name] = float(raw)
+            elif t == "bool":
+                if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                    raise ValueError(raw)
+                out[name] = raw.lower() in ("1", "true", "yes", "on")
+            else:
+                out[name] = raw
+        except ValueError:
+            shown = "***" if name == "api_key" else repr(raw)
+            raise ValueError(f"environment variable {key}={shown} is not a valid {t}") from None
+    return out
+
+
+def resolve_options(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> tuple[ServerOptions, EngineConfig]:
+    """Merge defaults < config file < environment < flags; ValueError with a clear message on bad input."""
+    environ = os.environ if environ is None else environ
+    server_names = ServerOptions.field_names()
+    engine_names = EngineConfig.field_names()
+    server: dict[str, Any] = {}
+    engine: dict[str, Any] = {}
+    path = args.config or environ.get(ENV_PREFIX + "CONFIG")
+    if path:
+        values = load_config_file(path)
+        unknown = set(values) - server_names - engine_names
+        if unknown:
+            raise ValueError(f"config file {path}: unknown option(s): {', '.join(sorted(unknown))}")
+        for k, v in values.items():
+            if k in server_names:
+                server[k] = _check_type(k, v, f"config file {path}")
+            else:
+                engine[k] = v
+    server.update(_server_env(environ))
+    engine.update(env_overrides(environ))
+    for name in server_names:
+        v = getattr(args, name, None)
+        if v is not None:
+            server[name] = v
+    for name in engine_names:
+        v = getattr(args, name, None)
+        if v is not None:
+            engine[name] = v
+    options = ServerOptions(**server)
+    options.api_keys()  # a missing or empty key file fails now, not at the first request
+    return options, EngineConfig.from_dict(engine)
+
+
+def server_defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in fields(ServerOptions) if f.default is not MISSING}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        options, engine_config = resolve_options(args)
+    except ValueError as exc:
+        print(f"hetero-infer serve: error: {exc}", file=sys.stderr)
+        return 2
+    from hetero_infer.worker.server.logs import setup_logging
+
+    setup_logging(options.log_level, options.log_format)
+    try:
+        return asyncio.run(serve(options, engine_config))
+    except KeyboardInterrupt:
+        return 0
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+async def _load_engine(engine_config: EngineConfig) -> Any:
+    """Build the LLMEngine on a daemon thread (loading is slow; the loop keeps answering /healthz)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def load() -> None:
+        try:
+            from hetero_infer.worker.engine import LLMEngine
+
+            engine = LLMEngine(engine_config)
+        except BaseException as exc:  # reported to the loop, which exits with status 1
+            loop.call_soon_threadsafe(_settle, future, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, future, engine, None)
+
+    threading.Thread(target=load, name="engine-load", daemon=True).start()
+    return await future
+
+
+async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
+    from hetero_infer.worker.async_engine import AsyncEngine
+    from hetero_infer.worker.server.app import create_app
+    from hetero_infer.worker.server.errors import unavailable
+    from hetero_infer.worker.server.logs import ACCESS_LOGGER, AccessLogger
+    from hetero_infer.worker.server.state import DRAINING, FAILED, ServerState
+
+    state = ServerState(options)
+    app = create_app(state)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,  # a client that disconnects cancels its handler: its request is aborted
+        access_log_class=AccessLogger,
+        access_log=logging.getLogger(ACCESS_LOGGER) if options.access_log else None,
+        shutdown_timeout=5.0,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, options.host, options.port, backlog=4096)
+    try:
+        await site.start()
+    except OSError as exc:
+        logger.error("cannot bind %s:%s: %s", options.host, options.port, exc)
+        await runner.cleanup()
+        return 1
+    port = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else options.port  # type: ignore[union-attr]
+    logger.info("listening on http://%s:%s", options.host, port)
+    if state.api_keys:
+        logger.info("API key authentication enabled for /v1/* (%d key(s))", len(state.api_keys))
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    load = asyncio.ensure_future(_load_engine(engine_config))
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([load, stopper], return_when=asyncio.FIRST_COMPLETED)
+    if not load.done():  # stopped while loading
+        logger.info("stopped while loading the model")
+        load.cancel()
+        await runner.cleanup()
+        return 0
+    try:
+        engine = load.result()
+    except Exception as exc:
+        state.phase = FAILED
+        state.load_error = f"{type(exc).__name__}: {exc}"
+        logger.error("could not load the engine: %s", state.load_error, exc_info=exc)
+        await runner.cleanup()
+        return 1
+
+    async_engine = AsyncEngine(engine, timing_sink=state.metrics)
+    async_engine.start(loop)
+    state.attach(async_engine, model_name=engine.model_name, max_model_len=engine.max_model_len,
+                 max_num_seqs=engine_config.max_num_seqs, tokenizer=engine.tokenizer)
+    logger.info("ready: serving %s (max_model_len %d, executor %s)", engine.model_name, engine.max_model_len,
+                engine_config.executor)
+
+    await stopper
+    state.phase = DRAINING
+    logger.info("draining: %d request(s) in flight, grace %.1f s", state.active_requests, options.shutdown_grace)
+    if not await state.wait_idle(options.shutdown_grace):
+        logger.warning("grace period over: aborting %d request(s)", state.active_requests)
+        async_engine.fail_all(unavailable("the server is shutting down", "shutting_down"))
+        await state.wait_idle(5.0)
+    await runner.cleanup()
+    async_engine.shutdown()
+    logger.info("stopped")
+    return 0

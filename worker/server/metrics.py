@@ -1,0 +1,145 @@
+"""Prometheus metrics of one worker (names are a contract: the operator and vLLM dashboards read them).
+
+Engine state (KV usage, running/waiting, token and cache counters) is read from the engine thread's latest
+stats snapshot at scrape time; request latencies are histograms observed by the async layer when a
+request ends. Everything is labelled with `model_name`, as vLLM does, and lives in the app's own
+registry (several servers can share a process in tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from hetero_infer.worker.async_engine import RequestTiming
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+LABEL = "model_name"
+
+
+class EngineStatsCollector(Collector):
+    """Gauges and counters taken from the engine's stats snapshot when Prometheus scrapes."""
+
+    def __init__(self, model_name: Callable[[], str], stats: Callable[[], Any], healthy: Callable[[], bool]) -> None:
+        self._model_name = model_name
+        self._stats = stats
+        self._healthy = healthy
+
+    def describe(self) -> Iterator[Metric]:  # names without sampling the engine
+        return iter(self._families(None, ""))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(self._stats(), self._model_name()))
+
+    def _families(self, s: Any, model: str) -> list[Metric]:
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=[LABEL])
+            if s is not None:
+                g.add_metric([model], value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=[LABEL])
+            if s is not None:
+                c.add_metric([model], value)
+            return c
+
+        get = (lambda attr: float(getattr(s, attr))) if s is not None else (lambda attr: 0.0)
+        usage, running, waiting = get("kv_cache_usage"), get("num_running"), get("num_waiting")
+        healthy = 1.0 if s is not None and self._healthy() else 0.0
+        return [
+            gauge("hetero_infer_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use (0..1).", usage),
+            gauge("hetero_infer_num_requests_running", "Requests in the running batch.", running),
+            gauge("hetero_infer_num_requests_waiting", "Requests waiting to be scheduled.", waiting),
+            gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100% (vLLM-compatible name).", usage),
+            gauge("vllm:num_requests_running", "Requests running (vLLM-compatible name).", running),
+            gauge("vllm:num_requests_waiting", "Requests waiting (vLLM-compatible name).", waiting),
+            gauge("hetero_infer_engine_healthy", "1 while the engine loop is healthy.", healthy),
+            counter("hetero_infer_prompt_tokens", "Prompt tokens processed.", get("prompt_tokens_total")),
+            counter("hetero_infer_generation_tokens", "Tokens generated.", get("generation_tokens_total")),
+            counter("hetero_infer_num_preemptions", "Sequences preempted (recomputed later).",
+                    get("num_preemptions_total")),
+            counter("hetero_infer_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                    get("prefix_cache_queries_total")),
+            counter("hetero_infer_prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                    get("prefix_cache_hits_total")),
+        ]
+
+
+class ServerMetrics:
+    """The worker's metrics registry; also the `TimingSink` of the async engine."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = ""
+        r = self.registry
+        self._ttft = Histogram("hetero_infer_time_to_first_token_seconds", "Time to first token.", [LABEL],
+                               buckets=TTFT_BUCKETS, registry=r)
+        self._itl = Histogram("hetero_infer_inter_token_latency_seconds", "Time between two output steps of "
+                              "a request.", [LABEL], buckets=ITL_BUCKETS, registry=r)
+        self._e2e = Histogram("hetero_infer_e2e_request_latency_seconds", "Arrival to last token.", [LABEL],
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self._queue = Histogram("hetero_infer_request_queue_time_seconds", "Arrival to first scheduled.",
+                                [LABEL], buckets=LATENCY_BUCKETS, registry=r)
+        self._prompt_len = Histogram("hetero_infer_request_prompt_tokens", "Prompt length of each request.",
+                                     [LABEL], buckets=TOKEN_BUCKETS, registry=r)
+        self._gen_len = Histogram("hetero_infer_request_generation_tokens", "Tokens generated per request.",
+                                  [LABEL], buckets=TOKEN_BUCKETS, registry=r)
+        self._finished = Counter("hetero_infer_requests_finished", "Engine requests ended, by finish reason.",
+                                 [LABEL, "finish_reason"], registry=r)
+        self._rejected = Counter("hetero_infer_requests_rejected", "Requests refused before the engine "
+                                 "(queue_full, draining, not_ready, engine_failed, timeout).",
+                                 [LABEL, "reason"], registry=r)
+        self._http = Counter("hetero_infer_http_requests", "HTTP requests by route and status.",
+                             [LABEL, "route", "status"], registry=r)
+        self._children: dict[str, Any] = {}
+
+    def bind(self, model_name: str, stats: Callable[[], Any], healthy: Callable[[], bool]) -> None:
+        """Attach the engine once it is loaded (before that, engine metrics export no samples)."""
+        self.model_name = model_name
+        self._children = {
+            "ttft": self._ttft.labels(model_name),
+            "itl": self._itl.labels(model_name),
+            "e2e": self._e2e.labels(model_name),
+            "queue": self._queue.labels(model_name),
+            "prompt": self._prompt_len.labels(model_name),
+            "gen": self._gen_len.labels(model_name),
+        }
+        self.registry.register(EngineStatsCollector(lambda: self.model_name, stats, healthy))
+
+    def observe_request(self, timing: RequestTiming, finished_at: float, finish_reason: str) -> None:
+        c = self._children
+        if not c:
+            return
+        if timing.first_token is not None:
+            c["ttft"].observe(timing.first_token - timing.arrival)
+            c["e2e"].observe(finished_at - timing.arrival)
+        if timing.first_scheduled is not None:
+            c["queue"].observe(max(0.0, timing.first_scheduled - timing.arrival))
+        itl = c["itl"]
+        for dt in timing.inter_token:
+            itl.observe(dt)
+        c["prompt"].observe(timing.prompt_tokens)
+        c["gen"].observe(timing.num_tokens)
+        self._finished.labels(self.model_name, finish_reason).inc()
+
+    def rejected(self, reason: str) -> None:
+        self._rejected.labels(self.model_name, reason).inc()
+
+    def http_request(self, route: str, status: int) -> None:
+        self._http.labels(self.model_name, route, str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,101 @@
+"""`GET /openapi.json`: an OpenAPI 3.1 description of the worker, generated from the pydantic models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetero_infer.worker.server import protocol as p
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+_REF = "#/components/schemas/{model}"
+_ERROR_STATUSES = {
+    "400": "Invalid request (malformed JSON, wrong types, out-of-range values, prompt too long)",
+    "401": "Missing or wrong API key (only when the server has keys)",
+    "404": "Unknown model",
+    "413": "Request body too large",
+    "429": "Too many requests waiting; retry after `Retry-After` seconds",
+    "500": "The engine failed while generating this request",
+    "503": "Loading, shutting down, or the engine has failed",
+    "504": "The request ran past the server's timeout",
+}
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: str) -> dict[str, Any]:
+    return {c: _json(_ref(p.ErrorResponse), _ERROR_STATUSES[c]) for c in codes}
+
+
+def _generation(request: type[BaseModel], response: type[BaseModel], chunk: type[BaseModel], summary: str,
+                auth: list[str]) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+            "responses": {
+                "200": {
+                    "description": "The completion, or with `stream: true` server-sent events: one "
+                    f"`data: <{chunk.__name__}>` per update, then `data: [DONE]`",
+                    "content": {
+                        "application/json": {"schema": _ref(response)},
+                        "text/event-stream": {"schema": {"type": "string"}},
+                    },
+                },
+                **_errors(*auth, "400", "404", "413", "429", "500", "503", "504"),
+            },
+        }
+    }
+
+
+def build_openapi(*, title: str = "hetero-infer worker", version: str = "0.1.0", auth: bool = False) -> dict[str, Any]:
+    request_models: list[type[BaseModel]] = [p.CompletionRequest, p.ChatCompletionRequest]
+    response_models: list[type[BaseModel]] = [
+        p.CompletionResponse, p.CompletionChunk, p.ChatCompletionResponse, p.ChatCompletionChunk,
+        p.ModelList, p.ModelCard, p.ErrorResponse, p.HealthStatus,
+    ]
+    _, top = models_json_schema(
+        [(m, "validation") for m in request_models] + [(m, "serialization") for m in response_models],
+        ref_template=_REF,
+    )
+    auth_codes = ["401"] if auth else []
+    health = _json(_ref(p.HealthStatus), "OK")
+    spec: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version,
+                 "description": "OpenAI-compatible completions and chat completions with Prometheus metrics."},
+        "paths": {
+            "/healthz": {"get": {"summary": "Process alive", "responses": {"200": health}}},
+            "/readyz": {"get": {"summary": "Model loaded, engine healthy and not draining", "responses": {
+                "200": health, "503": _json(_ref(p.HealthStatus), "Not ready (loading, draining, engine failed)")}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {
+                "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": _json({"type": "object"},
+                                                                                             "OpenAPI 3.1")}}},
+            "/v1/models": {"get": {"summary": "The served model", "responses": {
+                "200": _json(_ref(p.ModelList), "Models"), **_errors(*auth_codes, "503")}}},
+            "/v1/models/{model}": {"get": {
+                "summary": "One model",
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": _json(_ref(p.ModelCard), "The model"), **_errors(*auth_codes, "404", "503")},
+            }},
+            "/v1/completions": _generation(p.CompletionRequest, p.CompletionResponse, p.CompletionChunk,
+                                           "Text completion", auth_codes),
+            "/v1/chat/completions": _generation(p.ChatCompletionRequest, p.ChatCompletionResponse,
+                                                p.ChatCompletionChunk, "Chat completion", auth_codes),
+        },
+        "components": {"schemas": top.get("$defs", {})},
+    }
+    if auth:
+        spec["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        for path, ops in spec["paths"].items():
+            if path.startswith("/v1/"):
+                for op in ops.values():
+                    op["security"] = [{"bearer": []}]
+    return spec

@@ -1,0 +1,90 @@
+"""Options of the HTTP server itself (the engine's options live in `EngineConfig`)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+LOG_FORMATS = ("json", "text")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 3000
+    api_key: list[str] = field(default_factory=list, repr=False)  # never printed
+    api_key_file: str | None = None
+    max_queue_len: int = 512  # sequences that may wait beyond the running batch (max_num_seqs); then 429
+    request_timeout: float = 600.0  # a request that runs longer is aborted (504)
+    shutdown_grace: float = 30.0  # SIGTERM: how long in-flight requests may still run
+    max_body_bytes: int = 4 * 1024 * 1024  # larger request bodies get 413
+    retry_after: int = 1  # Retry-After sent with 429
+    log_level: str = "info"
+    log_format: str = "json"
+    access_log: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.api_key, str):
+            self.api_key = [self.api_key]
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(name: str, why: str) -> None:
+            value = "***" if name == "api_key" else repr(getattr(self, name))
+            raise ValueError(f"invalid server option {name}={value}: {why}")
+
+        if not isinstance(self.host, str) or not self.host:
+            bad("host", "must be a host name or IP address")
+        if ":" in self.host:
+            try:
+                ipaddress.IPv6Address(self.host)
+            except ValueError:
+                bad("host", "is neither a host name nor an IP address")
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            bad("port", "must be an integer in [0, 65535] (0 picks a free port)")
+        if any(not isinstance(k, str) or not k.strip() for k in self.api_key):
+            bad("api_key", "must be non-empty strings")
+        if self.max_queue_len < 0:
+            bad("max_queue_len", "must be >= 0")
+        if not self.request_timeout > 0:
+            bad("request_timeout", "must be > 0 seconds")
+        if self.shutdown_grace < 0:
+            bad("shutdown_grace", "must be >= 0 seconds")
+        if self.max_body_bytes < 1024:
+            bad("max_body_bytes", "must be at least 1024")
+        if self.retry_after < 0:
+            bad("retry_after", "must be >= 0")
+        if self.log_level not in LOG_LEVELS:
+            bad("log_level", f"must be one of {', '.join(LOG_LEVELS)}")
+        if self.log_format not in LOG_FORMATS:
+            bad("log_format", f"must be one of {', '.join(LOG_FORMATS)}")
+
+    def api_keys(self) -> list[str]:
+        """Keys from --api-key plus those in --api-key-file (one per line, # comments)."""
+        keys = [k.strip() for k in self.api_key]
+        if self.api_key_file:
+            keys += read_key_file(self.api_key_file)
+        return keys
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    @classmethod
+    def field_types(cls) -> dict[str, Any]:
+        return {f.name: f.type for f in fields(cls)}
+
+
+def read_key_file(path: str | os.PathLike[str]) -> list[str]:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"API key file not found: {p}")
+    keys = [line.strip() for line in p.read_text().splitlines()]
+    keys = [k for k in keys if k and not k.startswith("#")]
+    if not keys:
+        raise ValueError(f"API key file {p} holds no key")
+    return keys

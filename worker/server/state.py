@@ -1,0 +1,137 @@
+"""What the handlers share: the engine client, the model's facts, the metrics and the serving phase."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from aiohttp import web
+from hetero_infer.worker.async_engine import AsyncEngine
+from hetero_infer.worker.server.errors import APIError, overloaded, unavailable
+from hetero_infer.worker.server.metrics import ServerMetrics
+from hetero_infer.worker.server.options import ServerOptions
+
+LOADING, READY, DRAINING, FAILED = "loading", "ready", "draining", "failed"
+
+
+class ServerState:
+    def __init__(self, options: ServerOptions, metrics: ServerMetrics | None = None) -> None:
+        self.options = options
+        self.metrics = metrics or ServerMetrics()
+        self.api_keys: list[bytes] = [k.encode() for k in options.api_keys()]
+        self.phase = LOADING
+        self.load_error: str | None = None
+        self.created = int(time.time())
+        self._engine: AsyncEngine | None = None
+        self.tokenizer: Any = None
+        self.model_name = ""
+        self.max_model_len = 0
+        self.max_num_seqs = 1
+        self.vocab_size = 0
+        self.open_seqs = 0  # sequences of admitted requests (running or waiting)
+        self.active_requests = 0  # generation handlers in flight
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._token_text: dict[int, str] = {}
+        self._validate: Any = None
+
+    # ----------------------------------------------------------------- engine
+    def attach(self, engine: AsyncEngine, *, model_name: str, max_model_len: int, max_num_seqs: int,
+               tokenizer: Any) -> None:
+        self._engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.vocab_size = int(getattr(engine.engine, "vocab_size", tokenizer.vocab_size))
+        self._validate = getattr(engine.engine, "validate_request", None)
+        self.metrics.bind(model_name, engine.stats, lambda: engine.healthy)
+        self.phase = READY
+
+    @property
+    def engine(self) -> AsyncEngine:
+        assert self._engine is not None
+        return self._engine
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == READY and self._engine is not None and self._engine.healthy
+
+    def readiness(self) -> tuple[bool, str, str | None]:
+        """(ready, status word, error) for /readyz."""
+        if self.phase == READY and self._engine is not None and not self._engine.healthy:
+            return False, "engine_failed", self._engine.error
+        if self.phase == FAILED:
+            return False, FAILED, self.load_error
+        return self.phase == READY, self.phase, None
+
+    def validate_request(self, prompt_token_ids: list[int], params: Any) -> None:
+        """The engine's read-only request check (ValueError), run on the loop before anything is queued."""
+        if self._validate is not None:
+            self._validate(prompt_token_ids, params)
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    # ----------------------------------------------------------------- admission
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name and self.phase != LOADING:
+            raise APIError(404, f"The model `{model}` does not exist. This worker serves `{self.model_name}`.",
+                           param="model", code="model_not_found")
+
+    def check_serving(self) -> None:
+        """503 unless the engine is loaded, healthy and the server is not draining."""
+        if self.phase == LOADING:
+            self.metrics.rejected("not_ready")
+            raise unavailable("the model is still loading", "not_ready", retry_after_s=5)
+        if self.phase in (DRAINING, FAILED):
+            self.metrics.rejected("draining")
+            raise unavailable("the server is shutting down", "shutting_down")
+        if not self.engine.healthy:
+            self.metrics.rejected("engine_failed")
+            raise unavailable(f"the engine has failed: {self.engine.error}", "engine_failed")
+
+    @contextmanager
+    def admit(self, num_seqs: int) -> Iterator[None]:
+        """Count a generation request in; 429 when the waiting queue is full."""
+        self.check_serving()
+        capacity = self.max_num_seqs + self.options.max_queue_len
+        if num_seqs > capacity:
+            raise APIError(400, f"the request asks for {num_seqs} sequences; this server holds at most {capacity}",
+                           param="n", code="request_too_large")
+        if self.open_seqs + num_seqs > capacity:
+            self.metrics.rejected("queue_full")
+            raise overloaded(
+                f"the server is at capacity ({self.open_seqs} sequences running or waiting, queue limit "
+                f"{self.options.max_queue_len}); retry later", self.options.retry_after)
+        self.open_seqs += num_seqs
+        self.active_requests += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.open_seqs -= num_seqs
+            self.active_requests -= 1
+            if self.active_requests == 0:
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no generation request is in flight; False if the timeout passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+
+STATE_KEY = web.AppKey("state", ServerState)
+
+
+def get_state(request: web.Request) -> ServerState:
+    return request.app[STATE_KEY]
