@@ -277,7 +277,8 @@ def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
         return "invalid request", None
     # For a union (e.g. `prompt`), the deepest error of the first field is the most telling one.
     field = errors[0]["loc"][:1]
-    first = max((e for e in errors if e["loc"][:1] == field), key=lambda e: len(e["loc"]))
+    first = max((e for e in errors if e["loc"][:1] == field),
+                key=lambda e: (len(e["loc"]), not e["type"].endswith("_type")))
     ctx = first.get("ctx") or {}
     if first["type"] == "json_invalid":
         return f"the request body is not valid JSON: {ctx.get('error', '')}".rstrip(": "), None

@@ -232,8 +232,8 @@ async def _generate(
             return await _collect(stream, fmt)
         finally:
             timer.cancel()
-            if not stream.finished:  # client gone, cancelled, failed or timed out: free the KV blocks now
-                state.engine.abort(stream)
+            # Client gone, cancelled, failed or timed out: free the KV blocks now (no-op once finished).
+            state.engine.abort(stream)
 
 
 def _time_out(state: ServerState, stream: OutputStream, timeout_s: float) -> None:
@@ -279,14 +279,9 @@ async def _stream(request: web.Request, stream: OutputStream, fmt: Formatter, in
         "X-Request-Id": request.get("request_id", ""),
     })
     fmt.include_usage = include_usage
+    await resp.prepare(request)  # the client learns at once that the request was accepted
     try:
-        # Fail before the 200 goes out if the engine refuses the request at once.
-        first = await stream.next()
-    except _STREAM_ERRORS as exc:
-        raise _as_api_error(exc) from None
-    await resp.prepare(request)
-    try:
-        outputs = first
+        outputs = await stream.next()
         while outputs:
             chunks = fmt.chunks(outputs)
             if chunks:
