@@ -26,10 +26,6 @@ from hetero_infer.worker.sampling_params import SamplingParams
 
 logger = logging.getLogger("hetero_infer.async_engine")
 
-# While busy, refresh the stats snapshot at most this often (it is always refreshed when the engine goes idle).
-STATS_REFRESH_S = 0.05
-
-
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped (a step raised, or the engine was shut down)."""
 
@@ -229,7 +225,6 @@ class AsyncEngine:
         wake = self._wake
         loop = self._loop
         assert loop is not None
-        last_stats = 0.0
         try:
             while not self._stop:
                 wake.clear()
@@ -247,7 +242,6 @@ class AsyncEngine:
                     loop.call_soon_threadsafe(self._on_rejected, rejected)
                 if not engine.has_unfinished_requests():
                     self._stats = engine.stats()
-                    last_stats = time.monotonic()
                     if not inbox:
                         wake.wait()
                     continue
@@ -255,11 +249,9 @@ class AsyncEngine:
                 outputs = engine.step()
                 t1 = time.monotonic()
                 self.steps += 1
+                self._stats = engine.stats()  # cheap counters; read by /metrics at scrape time
                 if outputs:
                     loop.call_soon_threadsafe(self._deliver, outputs, t0, t1)
-                if t1 - last_stats >= STATS_REFRESH_S:
-                    self._stats = engine.stats()
-                    last_stats = t1
         except BaseException as exc:  # the engine is broken: fail everything, turn unhealthy
             logger.exception("engine step failed; the engine is stopped")
             err = EngineDeadError(f"engine failure: {type(exc).__name__}: {exc}")
