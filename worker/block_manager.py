@@ -33,7 +33,7 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the executor
         self.prefix_queries = 0  # tokens looked up in the prefix cache
@@ -42,17 +42,17 @@ class BlockManager:
     # -- pool state -------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free)
+        return len(self.free_blocks)
 
     @property
     def usage(self) -> float:
-        return 1.0 - len(self.free) / self.num_blocks
+        return 1.0 - len(self.free_blocks) / self.num_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def _take_free(self) -> int:
-        block_id, _ = self.free.popitem(last=False)  # least recently freed first
+        block_id, _ = self.free_blocks.popitem(last=False)  # least recently freed first
         block = self.blocks[block_id]
         if block.hash is not None:
             if self.hash_to_block.get(block.hash) == block_id:
@@ -64,7 +64,7 @@ class BlockManager:
     def _incref(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:
-            del self.free[block_id]
+            del self.free_blocks[block_id]
         block.ref_count += 1
 
     def _decref(self, block_id: int) -> None:
@@ -72,7 +72,7 @@ class BlockManager:
         block.ref_count -= 1
         assert block.ref_count >= 0, f"block {block_id} freed twice"
         if block.ref_count == 0:
-            self.free[block_id] = None
+            self.free_blocks[block_id] = None
 
     # -- prefix cache -----------------------------------------------------------------
     def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
@@ -116,7 +116,7 @@ class BlockManager:
         """Whether `seq` (no blocks yet) can take `hits` from the cache plus blocks for its new tokens."""
         needed = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
-        return needed <= len(self.free) - revived
+        return needed <= len(self.free_blocks) - revived
 
     def admit(self, seq: Sequence, hits: list[int]) -> None:
         """Give a waiting sequence its cached prefix blocks."""
@@ -140,7 +140,7 @@ class BlockManager:
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make room for the next `num_new_tokens` tokens of `seq`; False (and no change) if the pool is short."""
-        if self.num_blocks_needed(seq, num_new_tokens) > len(self.free):
+        if self.num_blocks_needed(seq, num_new_tokens) > len(self.free_blocks):
             return False
         if self._needs_cow(seq):
             index = seq.num_computed_tokens // self.block_size

@@ -1,0 +1,149 @@
+"""Property tests of the block manager and scheduler invariants (no model: a simulated step)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetero_infer.worker.block_manager import BlockManager
+from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.scheduler import Scheduler
+from hetero_infer.worker.sequence import Sequence, SequenceStatus
+
+
+def check_invariants(bm: BlockManager, live: list[Sequence]) -> None:
+    owners = Counter(b for s in live for b in s.block_table)
+    for block in bm.blocks:
+        assert block.ref_count == owners.get(block.block_id, 0), "ref count differs from owners"
+        assert (block.ref_count == 0) == (block.block_id in bm.free_blocks), "free list out of sync"
+    for s in live:
+        assert len(set(s.block_table)) == len(s.block_table), "a block owned twice by one sequence"
+    for h, block_id in bm.hash_to_block.items():
+        assert bm.blocks[block_id].hash == h
+
+
+def fake_token(seq: Sequence) -> int:
+    return (seq.token_ids[-1] * 7 + seq.num_tokens) % 50
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_blocks=st.integers(8, 40),
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    max_num_seqs=st.integers(1, 8),
+    budget=st.integers(1, 64),
+    requests=st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(1, 3), st.integers(0, 3)),
+        min_size=1, max_size=12,
+    ),
+    abort_steps=st.sets(st.integers(0, 60), max_size=5),
+)
+def test_scheduler_and_block_invariants(num_blocks, block_size, max_num_seqs, budget, requests, abort_steps):
+    bm = BlockManager(num_blocks, block_size)
+    sched = Scheduler(bm, max_num_seqs, budget, memory_threshold=0.9)
+    live: list[Sequence] = []
+    for i, (prompt_len, max_tokens, n, prefix_kind) in enumerate(requests):
+        if bm.blocks_for(prompt_len + max_tokens) > num_blocks:
+            continue  # the engine rejects what cannot fit alone
+        prompt = [prefix_kind] * min(prompt_len, 8) + [(i * 13 + j) % 50 for j in range(max(prompt_len - 8, 0))]
+        seq = Sequence(str(i), prompt, len(prompt), SamplingParams(max_tokens=max_tokens, n=n), max_tokens)
+        seq.forks_pending = n - 1
+        sched.add(seq)
+        live.append(seq)
+
+    for step in range(400):
+        if not sched.has_unfinished():
+            break
+        out = sched.schedule()
+        assert out.num_tokens <= budget
+        assert len(sched.running) <= max_num_seqs + sum(s.params.n for s in live)  # forks join running
+        assert len({s.seq.seq_id for s in out.scheduled}) == len(out.scheduled)
+        assert out.scheduled or out.num_preempted or not sched.running, "running sequences but nothing scheduled"
+        for item in out.scheduled:
+            seq = item.seq
+            assert seq.status is SequenceStatus.RUNNING
+            assert len(seq.block_table) * block_size >= seq.num_computed_tokens + item.num_new_tokens
+        check_invariants(bm, [s for s in live if not s.is_finished])
+        for item in out.scheduled:
+            seq = item.seq
+            samples = item.samples
+            seq.num_computed_tokens += item.num_new_tokens
+            bm.register_computed_blocks(seq)
+            if not samples:
+                continue
+            for _ in range(seq.forks_pending):
+                child = Sequence(seq.request_id, list(seq.token_ids), seq.num_prompt_tokens, seq.params, seq.max_tokens)
+                bm.fork(seq, child)
+                sched.add_running(child)
+                live.append(child)
+                child.token_ids.append(fake_token(child) + 1)
+                if child.num_output_tokens >= child.max_tokens:
+                    sched.finish(child, "length")
+            seq.forks_pending = 0
+            seq.token_ids.append(fake_token(seq))
+            if seq.num_output_tokens >= seq.max_tokens:
+                sched.finish(seq, "length")
+        if step in abort_steps:
+            victims = [s for s in live if not s.is_finished][:1]
+            for v in victims:
+                sched.finish(v, "abort")
+        check_invariants(bm, [s for s in live if not s.is_finished])
+    assert not sched.has_unfinished(), "requests left unfinished: starvation or deadlock"
+    assert bm.num_free_blocks == num_blocks, "blocks leaked"
+    assert all(b.ref_count == 0 for b in bm.blocks)
+
+
+def test_prefix_cache_reuses_and_evicts_lru():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    a = Sequence("a", list(range(10)), 10, SamplingParams(), 4)
+    bm.admit(a, bm.lookup_prefix(a))
+    assert bm.allocate_slots(a, 10)
+    a.num_computed_tokens = 10
+    bm.register_computed_blocks(a)
+    bm.free(a)
+    b = Sequence("b", list(range(9)) + [99], 10, SamplingParams(), 4)
+    hits = bm.lookup_prefix(b)
+    assert len(hits) == 2  # two full blocks of 4 shared
+    bm.admit(b, hits)
+    assert b.num_computed_tokens == 8
+    # fresh allocations take the oldest free blocks first and evict their hashes
+    c = Sequence("c", [7] * 16, 16, SamplingParams(), 4)
+    bm.admit(c, bm.lookup_prefix(c))
+    assert bm.allocate_slots(c, 16)
+    assert bm.num_free_blocks == 0
+    assert not bm.allocate_slots(b, 5)  # no room: no change
+    assert len(b.block_table) == 2
+
+
+def test_copy_on_write_for_shared_partial_block():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    parent = Sequence("p", [1, 2, 3, 4, 5, 6], 6, SamplingParams(n=2), 4)
+    bm.admit(parent, [])
+    bm.allocate_slots(parent, 6)
+    parent.num_computed_tokens = 6
+    child = Sequence("p", list(parent.token_ids), 6, SamplingParams(n=2), 4)
+    bm.fork(parent, child)
+    assert bm.blocks[parent.block_table[1]].ref_count == 2
+    parent.token_ids.append(9)
+    assert bm.allocate_slots(parent, 1)
+    copies = bm.take_pending_copies()
+    assert len(copies) == 1 and copies[0][0] == child.block_table[1]
+    assert parent.block_table[0] == child.block_table[0] and parent.block_table[1] != child.block_table[1]
+    child.token_ids.append(8)
+    assert bm.allocate_slots(child, 1)  # now the sole owner: writes in place
+    assert bm.take_pending_copies() == []
+
+
+def test_kv_waste_is_at_most_one_partial_block_per_sequence():
+    bm = BlockManager(num_blocks=64, block_size=16)
+    seqs = []
+    for n in (1, 15, 16, 17, 100):
+        s = Sequence(str(n), [3] * n, n, SamplingParams(), 1)
+        bm.admit(s, [])
+        bm.allocate_slots(s, n)
+        seqs.append(s)
+    allocated, wasted = bm.slot_waste(seqs)
+    assert allocated == 16 * (1 + 1 + 1 + 2 + 7)
+    assert wasted == 15 + 1 + 0 + 15 + 12
