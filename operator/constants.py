@@ -1,0 +1,46 @@
+"""Names shared by the CRD, the manifests and the handlers (the Kubernetes contract)."""
+
+from __future__ import annotations
+
+GROUP = "hetero-infer.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceDeployment"
+PLURAL = "inferencedeployments"
+SINGULAR = "inferencedeployment"
+SHORT_NAME = "infd"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# Labels on every child; the first two select the worker pods.
+LABEL_OWNER = f"{GROUP}/inference-deployment"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "hetero-infer-operator"
+COMPONENT_WORKER = "worker"
+APP_NAME = "hetero-infer"
+
+# Annotation prefix for kopf's own bookkeeping (progress, last handled spec).
+KOPF_ANNOTATION_PREFIX = f"operator.{GROUP}"
+
+# The worker's HTTP port inside the pod (ARCHITECTURE.md: worker HTTP contract).
+WORKER_PORT = 3000
+WORKER_PORT_NAME = "http"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Worker metric names the HPA scales on (ARCHITECTURE.md: metrics are a contract).
+METRIC_KV_CACHE_USAGE = "hetero_infer_kv_cache_usage_ratio"
+METRIC_REQUESTS_WAITING = "hetero_infer_num_requests_waiting"
+METRIC_REQUESTS_RUNNING = "hetero_infer_num_requests_running"
+
+# Default worker images; the operator's --worker-image / --worker-gpu-image flags override them.
+DEFAULT_WORKER_IMAGE = "ghcr.io/hetero-infer/worker:0.1.0-cpu"
+DEFAULT_WORKER_GPU_IMAGE = "ghcr.io/hetero-infer/worker:0.1.0-cuda"
+
+# Condition types in status.conditions.
+COND_READY = "Ready"
+COND_PROGRESSING = "Progressing"
+COND_DEGRADED = "Degraded"
+COND_SCALING_ACTIVE = "ScalingActive"
+CONDITION_TYPES = (COND_READY, COND_PROGRESSING, COND_DEGRADED, COND_SCALING_ACTIVE)

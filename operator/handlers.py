@@ -1,0 +1,154 @@
+"""kopf handlers: thin wrappers that call `reconcile` / `cleanup` and report through kopf.
+
+Triggers for a reconciliation pass of an InferenceDeployment:
+- it is created, its spec changes, or the operator starts (resume);
+- one of its children changes or disappears (so edits and deletions are undone at once);
+- a periodic resync timer (catches anything missed while the operator was down).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from hetero_infer.operator import constants as c
+from hetero_infer.operator import kube
+from hetero_infer.operator.manifests import WorkerDefaults
+from hetero_infer.operator.reconcile import Outcome, Recorder, cleanup, reconcile
+
+RESOURCE = (c.GROUP, c.VERSION, c.PLURAL)
+CHILD_RESOURCES = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
+)
+RETRY_DELAY_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    defaults: WorkerDefaults = field(default_factory=WorkerDefaults)
+    resync_seconds: float = 60.0
+    client_factory: Callable[[], kube.Client] = kube.RestClient.from_environment
+
+
+def make_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
+    """kopf settings: bookkeeping in annotations (the status schema is ours), our finalizer, quiet events."""
+    settings = settings or kopf.OperatorSettings()
+    settings.persistence.finalizer = f"{c.GROUP}/operator"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.KOPF_ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=c.KOPF_ANNOTATION_PREFIX, key="last-handled-configuration")
+    settings.posting.level = logging.WARNING  # our own events say what happened; kopf adds only problems
+    settings.execution.max_workers = 8
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    return settings
+
+
+def event_recorder(body: Mapping[str, Any]) -> Recorder:
+    def record(etype: str, reason: str, message: str) -> None:
+        kopf.event(dict(body), type=etype, reason=reason, message=message[:1000])
+
+    return record
+
+
+def run_reconcile(body: Mapping[str, Any], client: kube.Client, options: OperatorOptions,
+                  logger: logging.Logger | logging.LoggerAdapter) -> Outcome:
+    outcome = reconcile(dict(body), client, event_recorder(body), options.defaults)
+    for result in outcome.results:
+        if result.action != "unchanged":
+            logger.info(f"{result.action} {result.kind} {result.name} {result.detail}".rstrip())
+    if outcome.invalid:
+        logger.warning(f"invalid spec (Degraded): {'; '.join(outcome.invalid)}")
+    if outcome.errors:
+        raise kopf.TemporaryError("; ".join(outcome.errors), delay=RETRY_DELAY_SECONDS)
+    return outcome
+
+
+def connection_info(cfg: Any, trust_env: bool = False) -> kopf.ConnectionInfo:
+    """kopf's credentials from a kubernetes client Configuration (the same ones RestClient uses)."""
+    header = kube.authorization_header(cfg)
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        trust_env=trust_env,
+    )
+
+
+def _controller_ref(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == c.KIND and ref.get("apiVersion", "").startswith(f"{c.GROUP}/"):
+            return ref
+    return None
+
+
+def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+        # In-cluster service account or the kubeconfig, read anew whenever kopf (re)authenticates.
+        return connection_info(kube.load_configuration(), trust_env=settings.networking.trust_env)
+
+    @kopf.on.startup(registry=registry)
+    def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        memo.client = options.client_factory()
+        logger.info(f"worker images: {options.defaults.image} (CPU), {options.defaults.gpu_image} (GPU)")
+
+    @kopf.on.resume(*RESOURCE, registry=registry)
+    @kopf.on.create(*RESOURCE, registry=registry)
+    @kopf.on.update(*RESOURCE, field="spec", registry=registry)
+    def apply_spec(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        run_reconcile(body, memo.client, options, logger)
+
+    @kopf.timer(*RESOURCE, interval=options.resync_seconds, initial_delay=options.resync_seconds,
+                registry=registry)
+    def resync(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        run_reconcile(body, memo.client, options, logger)
+
+    @kopf.on.delete(*RESOURCE, registry=registry)
+    def delete_children(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        deleted = cleanup(dict(body), memo.client, event_recorder(body))
+        logger.info(f"deleted children: {', '.join(deleted) or 'none left'}")
+
+    def child_changed(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
+                      **_: Any) -> None:
+        if event.get("type") is None:
+            return  # the initial listing: resume handlers cover it
+        ref = _controller_ref(body)
+        if ref is None or not hasattr(memo, "client"):
+            return
+        namespace = body.get("metadata", {}).get("namespace") or "default"
+        owner = memo.client.get(kube.INFERENCE_DEPLOYMENT, namespace, ref["name"])
+        if owner is None or owner["metadata"].get("uid") != ref.get("uid"):
+            return
+        if owner["metadata"].get("deletionTimestamp"):
+            return
+        if event.get("type") == "DELETED":
+            kind = body.get("kind") or "child"
+            event_recorder(owner)("Normal", "Restoring", f"{kind} {namespace}/{body['metadata']['name']} "
+                                                         "was deleted; recreating it")
+        try:
+            run_reconcile(owner, memo.client, options, logger)
+        except kopf.TemporaryError as e:
+            logger.warning(f"reconciling {namespace}/{ref['name']} after a child change failed: {e}")
+
+    for group, version, plural in CHILD_RESOURCES:
+        kopf.on.event(group, version, plural, labels={c.LABEL_MANAGED_BY: c.MANAGED_BY},
+                      registry=registry, id=f"child-{plural}")(child_changed)
+
+    return registry

@@ -1,0 +1,188 @@
+"""A small synchronous Kubernetes REST client over raw dicts.
+
+It takes its credentials from the `kubernetes` package's config loaders (in-cluster service account
+or kubeconfig, including exec plugins and token refresh) and speaks plain JSON: get, create, merge
+patch, delete. Working with dicts keeps the operator's pure functions free of client model classes,
+and an explicit JSON merge patch behaves the same on every client version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote, urlencode
+
+import urllib3
+from hetero_infer.operator import constants as c
+
+MERGE_PATCH = "application/merge-patch+json"
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One resource type: where it lives in the API and what it is called."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        root = f"/api/{self.api_version}" if "/" not in self.api_version else f"/apis/{self.api_version}"
+        if self.namespaced and namespace:
+            root += f"/namespaces/{quote(namespace, safe='')}"
+        root += f"/{self.plural}"
+        if name:
+            root += f"/{quote(name, safe='')}"
+        if subresource:
+            root += f"/{subresource}"
+        return root
+
+
+INFERENCE_DEPLOYMENT = Kind(c.API_VERSION, c.KIND, c.PLURAL)
+DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
+SERVICE = Kind("v1", "Service", "services")
+PDB = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
+HPA = Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
+KINDS_BY_NAME = {k.kind: k for k in (INFERENCE_DEPLOYMENT, DEPLOYMENT, SERVICE, PDB, HPA)}
+
+
+def kind_of(manifest: Mapping[str, Any]) -> Kind:
+    return KINDS_BY_NAME[manifest["kind"]]
+
+
+def in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.exists(SERVICE_ACCOUNT_TOKEN)
+
+
+def load_configuration() -> Any:
+    """A `kubernetes.client.Configuration`: in-cluster credentials in a pod, else the kubeconfig.
+
+    $KUBECONFIG is read at call time (the kubernetes package reads it once at import), so a
+    re-login after the variable changed uses the new file.
+    """
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+
+    cfg = k8s_client.Configuration()
+    if in_cluster():
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    else:
+        path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+        k8s_config.load_kube_config(config_file=path, client_configuration=cfg)
+    return cfg
+
+
+def authorization_header(cfg: Any) -> str | None:
+    """The Authorization header value (client versions differ in where they keep the token)."""
+    if not cfg.api_key:
+        return None
+    return cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or None
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+class Client(Protocol):
+    """What the reconciler needs from the API server (a fake implements it in unit tests)."""
+
+    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def create(self, kind: Kind, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def patch(self, kind: Kind, namespace: str, name: str, patch: Mapping[str, Any],
+              subresource: str | None = None) -> dict[str, Any]: ...
+
+    def delete(self, kind: Kind, namespace: str, name: str) -> bool: ...
+
+
+class RestClient:
+    """`Client` against a real (or emulated) API server."""
+
+    def __init__(self, configuration: Any, timeout: float = 30.0) -> None:
+        self._cfg = configuration
+        kwargs: dict[str, Any] = {"num_pools": 4, "maxsize": 8}
+        if configuration.host.startswith("https"):
+            kwargs["cert_reqs"] = "CERT_REQUIRED" if configuration.verify_ssl else "CERT_NONE"
+            if configuration.ssl_ca_cert:
+                kwargs["ca_certs"] = configuration.ssl_ca_cert
+            if configuration.cert_file:
+                kwargs["cert_file"] = configuration.cert_file
+            if configuration.key_file:
+                kwargs["key_file"] = configuration.key_file
+            if not configuration.verify_ssl:
+                urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        proxy = getattr(configuration, "proxy", None)
+        self._http = urllib3.ProxyManager(proxy, **kwargs) if proxy else urllib3.PoolManager(**kwargs)
+        self._timeout = timeout
+
+    @classmethod
+    def from_environment(cls) -> RestClient:
+        return cls(load_configuration())
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "hetero-infer-operator"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        token = authorization_header(self._cfg)
+        if token:
+            headers["Authorization"] = token
+        return headers
+
+    def request(self, method: str, path: str, body: Any = None, content_type: str | None = None,
+                query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        url = self._cfg.host.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
+        data = json.dumps(body).encode() if body is not None else None
+        if data is not None and content_type is None:
+            content_type = "application/json"
+        rsp = self._http.request(method, url, body=data, headers=self._headers(content_type),
+                                 timeout=self._timeout, retries=False)
+        text = rsp.data.decode("utf-8", "replace")
+        try:
+            payload = json.loads(text) if text else {}
+        except ValueError:
+            payload = {"message": text}
+        if rsp.status >= 400:
+            raise ApiError(rsp.status, str(payload.get("reason", rsp.reason)), str(payload.get("message", text)))
+        return payload
+
+    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", kind.path(namespace, name))
+        except ApiError as e:
+            if e.not_found:
+                return None
+            raise
+
+    def create(self, kind: Kind, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self.request("POST", kind.path(namespace), body)
+
+    def patch(self, kind: Kind, namespace: str, name: str, patch: Mapping[str, Any],
+              subresource: str | None = None) -> dict[str, Any]:
+        return self.request("PATCH", kind.path(namespace, name, subresource), patch, MERGE_PATCH)
+
+    def delete(self, kind: Kind, namespace: str, name: str) -> bool:
+        try:
+            self.request("DELETE", kind.path(namespace, name), query={"propagationPolicy": "Background"})
+            return True
+        except ApiError as e:
+            if e.not_found:
+                return False
+            raise

@@ -1,0 +1,163 @@
+"""One reconciliation pass: spec -> children on the server -> status (no kopf in here).
+
+`reconcile` is idempotent: it creates what is missing, patches what drifted from the spec, removes
+an HPA that the spec no longer asks for, and writes the status only when it changed. It never
+raises for a bad spec (that becomes a Degraded condition); API failures are reported in the outcome
+so the caller can retry with backoff.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from hetero_infer.operator import kube
+from hetero_infer.operator.diff import differences, merge_patch, owned_by, strip_none
+from hetero_infer.operator.manifests import Owner, WorkerDefaults, children, endpoint, selector_string
+from hetero_infer.operator.spec import SpecError, parse_spec
+from hetero_infer.operator.status import Observed, compute_status, invalid_spec_status, status_changed
+
+# record(type, reason, message): posts a Kubernetes event on the InferenceDeployment.
+Recorder = Callable[[str, str, str], None]
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: UP017 (py3.10)
+
+
+@dataclass
+class ChildResult:
+    kind: str
+    name: str
+    action: str  # created | updated | unchanged | conflict
+    live: dict[str, Any] | None
+    detail: str = ""
+
+
+@dataclass
+class Outcome:
+    status: dict[str, Any] | None
+    results: list[ChildResult] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)  # spec problems (no retry helps)
+    errors: list[str] = field(default_factory=list)  # API failures (retry later)
+
+
+def apply_child(client: kube.Client, desired: Mapping[str, Any], owner_uid: str) -> ChildResult:
+    """Create the child or bring the fields the operator owns back to `desired`."""
+    kind = kube.kind_of(desired)
+    meta = desired["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    live = client.get(kind, ns, name)
+    if live is None:
+        try:
+            return ChildResult(kind.kind, name, "created", client.create(kind, ns, strip_none(desired)))
+        except kube.ApiError as e:
+            if not e.conflict:
+                raise
+            live = client.get(kind, ns, name)  # created concurrently: compare with that one
+            if live is None:
+                raise
+    if not owned_by(live, owner_uid):
+        return ChildResult(kind.kind, name, "conflict", live,
+                           f"{kind.kind} {ns}/{name} exists but is not owned by this InferenceDeployment; "
+                           "rename or delete it")
+    changed = differences(desired, live)
+    if not changed:
+        return ChildResult(kind.kind, name, "unchanged", live)
+    patched = client.patch(kind, ns, name, merge_patch(desired))
+    shown = ", ".join(p.lstrip(".") for p in changed[:4]) + (" ..." if len(changed) > 4 else "")
+    return ChildResult(kind.kind, name, "updated", patched, shown)
+
+
+def delete_owned(client: kube.Client, kind: kube.Kind, namespace: str, name: str, owner_uid: str) -> bool:
+    """Delete a child if it exists and belongs to the owner; True when something was deleted."""
+    live = client.get(kind, namespace, name)
+    if live is None or not owned_by(live, owner_uid):
+        return False
+    return client.delete(kind, namespace, name)
+
+
+def _identity(body: Mapping[str, Any]) -> tuple[str, str, str, int | None]:
+    meta = body.get("metadata") or {}
+    return meta["name"], meta.get("namespace") or "default", meta.get("uid") or "", meta.get("generation")
+
+
+def write_status(client: kube.Client, body: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+    name, ns, _, _ = _identity(body)
+    client.patch(kube.INFERENCE_DEPLOYMENT, ns, name, {"status": dict(status)}, subresource="status")
+
+
+def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
+              defaults: WorkerDefaults | None = None, now: str | None = None) -> Outcome:
+    """Make the children match the InferenceDeployment `body` and refresh its status."""
+    now = now or utc_now()
+    name, ns, uid, generation = _identity(body)
+    previous = body.get("status") or {}
+    selector = selector_string(name)
+
+    try:
+        spec = parse_spec(body.get("spec"), name=name)
+    except SpecError as e:
+        status = invalid_spec_status(previous=previous, generation=generation, problems=e.problems,
+                                     selector=selector, now=now)
+        if status_changed(previous, status):
+            record("Warning", "InvalidSpec", f"spec rejected, children left as they are: {e}")
+            write_status(client, body, status)
+        return Outcome(status=status, invalid=e.problems)
+
+    owner = Owner(name, ns, uid)
+    wanted = children(owner, spec, defaults)
+    outcome = Outcome(status=None)
+    live: dict[str, dict[str, Any] | None] = {}
+    for manifest in wanted.all():
+        try:
+            result = apply_child(client, manifest, uid)
+        except kube.ApiError as e:
+            outcome.errors.append(f"{manifest['kind']} {ns}/{name}: {e}")
+            continue
+        outcome.results.append(result)
+        live[result.kind] = result.live
+        if result.action == "created":
+            record("Normal", "Created", f"created {result.kind} {ns}/{result.name}")
+        elif result.action == "updated":
+            record("Normal", "Updated", f"updated {result.kind} {ns}/{result.name} to match the spec "
+                                        f"(changed: {result.detail})")
+        elif result.action == "conflict":
+            record("Warning", "ChildConflict", result.detail)
+    if wanted.hpa is None:
+        try:
+            if delete_owned(client, kube.HPA, ns, name, uid):
+                record("Normal", "Deleted", f"deleted HorizontalPodAutoscaler {ns}/{name} "
+                                            "(autoscaling is off or not in hpa mode)")
+        except kube.ApiError as e:
+            outcome.errors.append(f"HorizontalPodAutoscaler {ns}/{name}: {e}")
+
+    conflicts = [r.detail for r in outcome.results if r.action == "conflict"]
+    observed = Observed(
+        generation=generation,
+        deployment=live.get("Deployment") if not any(r.kind == "Deployment" for r in outcome.results
+                                                      if r.action == "conflict") else None,
+        hpa=live.get("HorizontalPodAutoscaler"),
+        problems=conflicts + outcome.errors,
+        problem_reason="ChildConflict" if conflicts else "ReconcileFailed",
+    )
+    status = compute_status(spec=spec, observed=observed, previous=previous, selector=selector,
+                            endpoint=endpoint(owner, spec), now=now)
+    outcome.status = status
+    if status_changed(previous, status):
+        write_status(client, body, status)
+    return outcome
+
+
+def cleanup(body: Mapping[str, Any], client: kube.Client, record: Recorder) -> list[str]:
+    """Delete every child the InferenceDeployment owns (garbage collection would too, later)."""
+    name, ns, uid, _ = _identity(body)
+    deleted = []
+    for kind in (kube.HPA, kube.PDB, kube.SERVICE, kube.DEPLOYMENT):
+        if delete_owned(client, kind, ns, name, uid):
+            deleted.append(f"{kind.kind} {ns}/{name}")
+    if deleted:
+        record("Normal", "Deleted", "deleted " + ", ".join(deleted))
+    return deleted

@@ -1,0 +1,424 @@
+"""InferenceDeployment spec: parsing, defaults and validation (pure functions, no Kubernetes calls).
+
+The CRD's structural schema is the first line of defence; this module is the second, for specs that
+slip past it (a CRD installed without validation, an older CRD version, a hand-made object). It
+applies the same defaults as the CRD and reports every problem at once with the field's path, so the
+operator can put the message into a Degraded condition instead of failing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+EXECUTORS = ("torch", "mock")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+QUANTIZATIONS = ("int8", "int4")
+AUTOSCALING_MODES = ("operator", "hpa")
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+# Defaults; crds/ carries the same values (tests/operator/test_crd_schema.py keeps them in step).
+DEFAULT_EXECUTOR = "torch"
+DEFAULT_REPLICAS = 1
+DEFAULT_GPUS = 0
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MODE = "operator"
+DEFAULT_TARGET_KV_CACHE_USAGE = 0.8
+DEFAULT_TARGET_QUEUE_DEPTH = 5.0
+DEFAULT_SCALE_UP_STABILIZATION_SECONDS = 0
+DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS = 300
+DEFAULT_INTERVAL_SECONDS = 15
+DEFAULT_SERVICE_TYPE = "ClusterIP"
+DEFAULT_SERVICE_PORT = 80
+MAX_GPUS = 1  # one worker process uses one GPU (ARCHITECTURE.md)
+MAX_NAME_LENGTH = 63  # the name is also the Service's name: a DNS-1035 label
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_QUANTITY = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$")
+
+
+class SpecError(ValueError):
+    """The spec cannot be honoured; `problems` lists every reason with the field's path."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class PvcSource:
+    claim_name: str
+    sub_path: str | None = None
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class HostPathSource:
+    path: str
+    sub_path: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: str | None = None
+    pvc: PvcSource | None = None
+    host_path: HostPathSource | None = None
+
+
+@dataclass(frozen=True)
+class ResourcesSpec:
+    gpus: int = DEFAULT_GPUS
+    cpu: str | None = None
+    memory: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    block_size: int | None = None
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    memory_threshold: float | None = None
+    gpu_memory_utilization: float | None = None
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    enabled: bool = False
+    mode: str = DEFAULT_MODE
+    min_replicas: int = DEFAULT_MIN_REPLICAS
+    max_replicas: int | None = None
+    target_kv_cache_usage: float = DEFAULT_TARGET_KV_CACHE_USAGE
+    target_queue_depth: float = DEFAULT_TARGET_QUEUE_DEPTH
+    scale_up_stabilization_seconds: int = DEFAULT_SCALE_UP_STABILIZATION_SECONDS
+    scale_down_stabilization_seconds: int = DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS
+    interval_seconds: int = DEFAULT_INTERVAL_SECONDS
+
+    @property
+    def hpa(self) -> bool:
+        return self.enabled and self.mode == "hpa"
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    type: str = DEFAULT_SERVICE_TYPE
+    port: int = DEFAULT_SERVICE_PORT
+
+
+@dataclass(frozen=True)
+class InferenceSpec:
+    model: ModelSpec
+    image: str | None = None
+    executor: str = DEFAULT_EXECUTOR
+    replicas: int = DEFAULT_REPLICAS
+    resources: ResourcesSpec = field(default_factory=ResourcesSpec)
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
+    service: ServiceSpec = field(default_factory=ServiceSpec)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    affinity: dict[str, Any] | None = None
+    env: list[dict[str, Any]] = field(default_factory=list)
+
+
+_MISSING = object()
+
+
+class _Reader:
+    """Reads typed values out of nested mappings, collecting problems instead of raising."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def bad(self, path: str, message: str) -> None:
+        self.problems.append(f"{path}: {message}")
+
+    def obj(self, data: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> Mapping:
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            self.bad(path, f"must be an object, got {_type_name(data)}")
+            return {}
+        for key in sorted(set(data) - set(allowed)):
+            self.bad(f"{path}.{key}", "unknown field")
+        for key in required:
+            if data.get(key) is None:
+                self.bad(f"{path}.{key}", "required field is missing")
+        return data
+
+    def integer(self, data: Mapping, key: str, path: str, default: Any = None,
+                minimum: int | None = None, maximum: int | None = None) -> Any:
+        value = data.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                self.bad(f"{path}.{key}", f"must be an integer, got {_type_name(value)}")
+                return default
+        if minimum is not None and value < minimum:
+            self.bad(f"{path}.{key}", f"must be >= {minimum}, got {value}")
+            return default
+        if maximum is not None and value > maximum:
+            self.bad(f"{path}.{key}", f"must be <= {maximum}, got {value}")
+            return default
+        return value
+
+    def number(self, data: Mapping, key: str, path: str, default: Any = None,
+               exclusive_minimum: float | None = None, maximum: float | None = None) -> Any:
+        value = data.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.bad(f"{path}.{key}", f"must be a number, got {_type_name(value)}")
+            return default
+        if exclusive_minimum is not None and value <= exclusive_minimum:
+            self.bad(f"{path}.{key}", f"must be > {exclusive_minimum}, got {value}")
+            return default
+        if maximum is not None and value > maximum:
+            self.bad(f"{path}.{key}", f"must be <= {maximum}, got {value}")
+            return default
+        return float(value)
+
+    def string(self, data: Mapping, key: str, path: str, default: Any = None,
+               enum: tuple[str, ...] | None = None, pattern: re.Pattern[str] | None = None,
+               what: str = "") -> Any:
+        value = data.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            return default
+        if not isinstance(value, str):
+            self.bad(f"{path}.{key}", f"must be a string, got {_type_name(value)}")
+            return default
+        if enum is not None and value not in enum:
+            self.bad(f"{path}.{key}", f"must be one of {', '.join(enum)}, got {value!r}")
+            return default
+        if pattern is not None and not pattern.match(value):
+            self.bad(f"{path}.{key}", f"must be {what or 'of the form ' + pattern.pattern}, got {value!r}")
+            return default
+        if not value:
+            self.bad(f"{path}.{key}", "must not be empty")
+            return default
+        return value
+
+    def boolean(self, data: Mapping, key: str, path: str, default: bool) -> bool:
+        value = data.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            return default
+        if not isinstance(value, bool):
+            self.bad(f"{path}.{key}", f"must be a boolean, got {_type_name(value)}")
+            return default
+        return value
+
+    def quantity(self, data: Mapping, key: str, path: str) -> str | None:
+        value = data.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            self.bad(f"{path}.{key}", f"must be a quantity such as 2, 500m or 4Gi, got {_type_name(value)}")
+            return None
+        text = str(value)
+        if not _QUANTITY.match(text):
+            self.bad(f"{path}.{key}", f"must be a quantity such as 2, 500m or 4Gi, got {text!r}")
+            return None
+        return text
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+            dict: "object"}.get(type(value), type(value).__name__)
+
+
+def validate_name(name: str) -> list[str]:
+    """The InferenceDeployment's name also names the Service, so it must be a DNS-1035 label."""
+    if len(name) > MAX_NAME_LENGTH or not _DNS1035.match(name):
+        return [f"metadata.name: {name!r} must be a DNS-1035 label (lower-case letters, digits and '-', "
+                f"starting with a letter, at most {MAX_NAME_LENGTH} characters) because it names the Service"]
+    return []
+
+
+def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
+    """Validate a raw `.spec` mapping, apply defaults and return it typed; SpecError lists every problem."""
+    r = _Reader()
+    if name is not None:
+        r.problems.extend(validate_name(name))
+    spec = r.obj(raw, "spec", (
+        "model", "image", "executor", "replicas", "resources", "engine", "autoscaling", "service",
+        "nodeSelector", "tolerations", "affinity", "env",
+    ), required=("model",))
+
+    model = _parse_model(r, spec.get("model"))
+    image = r.string(spec, "image", "spec")
+    executor = r.string(spec, "executor", "spec", DEFAULT_EXECUTOR, enum=EXECUTORS)
+    replicas = r.integer(spec, "replicas", "spec", DEFAULT_REPLICAS, minimum=0)
+
+    res = r.obj(spec.get("resources"), "spec.resources", ("gpus", "cpu", "memory"))
+    resources = ResourcesSpec(
+        gpus=r.integer(res, "gpus", "spec.resources", DEFAULT_GPUS, minimum=0, maximum=MAX_GPUS),
+        cpu=r.quantity(res, "cpu", "spec.resources"),
+        memory=r.quantity(res, "memory", "spec.resources"),
+    )
+
+    eng = r.obj(spec.get("engine"), "spec.engine", (
+        "blockSize", "maxNumSeqs", "maxModelLen", "maxNumBatchedTokens", "dtype", "quantization",
+        "memoryThreshold", "gpuMemoryUtilization",
+    ))
+    p = "spec.engine"
+    engine = EngineSpec(
+        block_size=r.integer(eng, "blockSize", p, minimum=1, maximum=256),
+        max_num_seqs=r.integer(eng, "maxNumSeqs", p, minimum=1),
+        max_model_len=r.integer(eng, "maxModelLen", p, minimum=1),
+        max_num_batched_tokens=r.integer(eng, "maxNumBatchedTokens", p, minimum=1),
+        dtype=r.string(eng, "dtype", p, enum=DTYPES),
+        quantization=r.string(eng, "quantization", p, enum=QUANTIZATIONS),
+        memory_threshold=r.number(eng, "memoryThreshold", p, exclusive_minimum=0, maximum=1),
+        gpu_memory_utilization=r.number(eng, "gpuMemoryUtilization", p, exclusive_minimum=0, maximum=1),
+    )
+
+    autoscaling = _parse_autoscaling(r, spec.get("autoscaling"))
+
+    svc = r.obj(spec.get("service"), "spec.service", ("type", "port"))
+    service = ServiceSpec(
+        type=r.string(svc, "type", "spec.service", DEFAULT_SERVICE_TYPE, enum=SERVICE_TYPES),
+        port=r.integer(svc, "port", "spec.service", DEFAULT_SERVICE_PORT, minimum=1, maximum=65535),
+    )
+
+    node_selector = _parse_string_map(r, spec.get("nodeSelector"), "spec.nodeSelector")
+    tolerations = _parse_tolerations(r, spec.get("tolerations"))
+    affinity = spec.get("affinity")
+    if affinity is not None and not isinstance(affinity, Mapping):
+        r.bad("spec.affinity", f"must be an object, got {_type_name(affinity)}")
+        affinity = None
+    env = _parse_env(r, spec.get("env"))
+
+    if r.problems:
+        raise SpecError(r.problems)
+    return InferenceSpec(
+        model=model, image=image, executor=executor, replicas=replicas, resources=resources,
+        engine=engine, autoscaling=autoscaling, service=service, node_selector=node_selector,
+        tolerations=tolerations, affinity=dict(affinity) if affinity else None, env=env,
+    )
+
+
+def _parse_model(r: _Reader, raw: Any) -> ModelSpec:
+    p = "spec.model"
+    m = r.obj(raw, p, ("name", "path", "pvc", "hostPath"), required=("name",) if raw is not None else ())
+    name = r.string(m, "name", p) or ""
+    path = r.string(m, "path", p, pattern=re.compile(r"^/"), what="an absolute path")
+    pvc = host_path = None
+    if m.get("pvc") is not None:
+        pv = r.obj(m["pvc"], f"{p}.pvc", ("claimName", "subPath", "readOnly"), required=("claimName",))
+        claim = r.string(pv, "claimName", f"{p}.pvc")
+        if claim:
+            pvc = PvcSource(claim, _sub_path(r, pv, f"{p}.pvc"), r.boolean(pv, "readOnly", f"{p}.pvc", True))
+    if m.get("hostPath") is not None:
+        hp = r.obj(m["hostPath"], f"{p}.hostPath", ("path", "subPath"), required=("path",))
+        hpath = r.string(hp, "path", f"{p}.hostPath", pattern=re.compile(r"^/"), what="an absolute path")
+        if hpath:
+            host_path = HostPathSource(hpath, _sub_path(r, hp, f"{p}.hostPath"))
+    given = [k for k in ("path", "pvc", "hostPath") if m.get(k) is not None]
+    if len(given) > 1:
+        r.bad(p, f"give at most one of path, pvc and hostPath (got {', '.join(given)})")
+    return ModelSpec(name=name, path=path, pvc=pvc, host_path=host_path)
+
+
+def _sub_path(r: _Reader, data: Mapping, path: str) -> str | None:
+    sub = r.string(data, "subPath", path)
+    if sub is not None and (sub.startswith("/") or ".." in sub.split("/")):
+        r.bad(f"{path}.subPath", f"must be a relative path without '..', got {sub!r}")
+        return None
+    return sub
+
+
+def _parse_autoscaling(r: _Reader, raw: Any) -> AutoscalingSpec:
+    p = "spec.autoscaling"
+    a = r.obj(raw, p, (
+        "enabled", "mode", "minReplicas", "maxReplicas", "targetKVCacheUsage", "targetQueueDepth",
+        "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds", "intervalSeconds",
+    ))
+    out = AutoscalingSpec(
+        enabled=r.boolean(a, "enabled", p, False),
+        mode=r.string(a, "mode", p, DEFAULT_MODE, enum=AUTOSCALING_MODES),
+        min_replicas=r.integer(a, "minReplicas", p, DEFAULT_MIN_REPLICAS, minimum=1),
+        max_replicas=r.integer(a, "maxReplicas", p, minimum=1),
+        target_kv_cache_usage=r.number(a, "targetKVCacheUsage", p, DEFAULT_TARGET_KV_CACHE_USAGE,
+                                       exclusive_minimum=0, maximum=1),
+        target_queue_depth=r.number(a, "targetQueueDepth", p, DEFAULT_TARGET_QUEUE_DEPTH, exclusive_minimum=0),
+        scale_up_stabilization_seconds=r.integer(a, "scaleUpStabilizationSeconds", p,
+                                                 DEFAULT_SCALE_UP_STABILIZATION_SECONDS, minimum=0, maximum=3600),
+        scale_down_stabilization_seconds=r.integer(a, "scaleDownStabilizationSeconds", p,
+                                                   DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS, minimum=0,
+                                                   maximum=3600),
+        interval_seconds=r.integer(a, "intervalSeconds", p, DEFAULT_INTERVAL_SECONDS, minimum=1, maximum=3600),
+    )
+    if out.enabled and out.max_replicas is None:
+        r.bad(f"{p}.maxReplicas", "is required when autoscaling is enabled")
+    if out.max_replicas is not None and out.min_replicas > out.max_replicas:
+        r.bad(p, f"minReplicas ({out.min_replicas}) must not be greater than maxReplicas ({out.max_replicas})")
+    return out
+
+
+def _parse_string_map(r: _Reader, raw: Any, path: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        r.bad(path, f"must be an object, got {_type_name(raw)}")
+        return {}
+    out = {}
+    for k, v in raw.items():
+        if not isinstance(v, str):
+            r.bad(f"{path}.{k}", f"must be a string, got {_type_name(v)}")
+        else:
+            out[str(k)] = v
+    return out
+
+
+def _parse_tolerations(r: _Reader, raw: Any) -> list[dict[str, Any]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        r.bad("spec.tolerations", f"must be an array, got {_type_name(raw)}")
+        return []
+    out = []
+    for i, item in enumerate(raw):
+        p = f"spec.tolerations[{i}]"
+        t = r.obj(item, p, ("key", "operator", "value", "effect", "tolerationSeconds"))
+        r.string(t, "key", p)
+        r.string(t, "operator", p, enum=TOLERATION_OPERATORS)
+        if t.get("value") is not None and not isinstance(t.get("value"), str):
+            r.bad(f"{p}.value", f"must be a string, got {_type_name(t.get('value'))}")
+        r.string(t, "effect", p, enum=TOLERATION_EFFECTS)
+        r.integer(t, "tolerationSeconds", p)
+        out.append(dict(t))
+    return out
+
+
+def _parse_env(r: _Reader, raw: Any) -> list[dict[str, Any]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        r.bad("spec.env", f"must be an array, got {_type_name(raw)}")
+        return []
+    out = []
+    for i, item in enumerate(raw):
+        p = f"spec.env[{i}]"
+        e = r.obj(item, p, ("name", "value", "valueFrom"), required=("name",))
+        r.string(e, "name", p, pattern=_ENV_NAME, what="a valid environment variable name")
+        if e.get("value") is not None and not isinstance(e.get("value"), str):
+            r.bad(f"{p}.value", f"must be a string, got {_type_name(e.get('value'))}")
+        if e.get("valueFrom") is not None and not isinstance(e.get("valueFrom"), Mapping):
+            r.bad(f"{p}.valueFrom", f"must be an object, got {_type_name(e.get('valueFrom'))}")
+        if e.get("value") is not None and e.get("valueFrom") is not None:
+            r.bad(p, "give value or valueFrom, not both")
+        out.append(dict(e))
+    return out

@@ -1,0 +1,181 @@
+"""Observed state -> InferenceDeployment status (pure).
+
+Inputs are what the operator read back (the worker Deployment, the HPA) plus the previous status;
+the output is the complete new `.status`. Conditions keep their lastTransitionTime while their
+status stays the same, so writing an unchanged status is a no-op the caller can skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetero_infer.operator import constants as c
+from hetero_infer.operator.diff import parse_quantity
+from hetero_infer.operator.spec import InferenceSpec
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What reconciliation saw and did, as input to the status."""
+
+    generation: int | None
+    deployment: Mapping[str, Any] | None = None
+    hpa: Mapping[str, Any] | None = None
+    problems: list[str] = field(default_factory=list)  # reconcile-level problems (conflicts, API errors)
+    problem_reason: str = "ReconcileFailed"
+
+
+def _cond(ctype: str, status: str, reason: str, message: str) -> dict[str, Any]:
+    return {"type": ctype, "status": status, "reason": reason, "message": message}
+
+
+def merge_conditions(previous: list[Mapping[str, Any]] | None, new: list[dict[str, Any]], now: str,
+                     generation: int | None) -> list[dict[str, Any]]:
+    """New conditions in CONDITION_TYPES order, keeping lastTransitionTime when the status is unchanged."""
+    before = {p.get("type"): p for p in previous or []}
+    merged = {p.get("type"): dict(p) for p in previous or []}
+    for cond in new:
+        old = before.get(cond["type"])
+        keep_time = old is not None and old.get("status") == cond["status"] and old.get("lastTransitionTime")
+        cond = dict(cond, lastTransitionTime=old["lastTransitionTime"] if keep_time else now)
+        if generation is not None:
+            cond["observedGeneration"] = generation
+        merged[cond["type"]] = cond
+    ordered = [merged[t] for t in c.CONDITION_TYPES if t in merged]
+    return ordered + [v for k, v in merged.items() if k not in c.CONDITION_TYPES]
+
+
+def _deployment_conditions(spec: InferenceSpec, dep: Mapping[str, Any] | None) -> tuple[dict, dict, dict | None]:
+    desired = spec.replicas
+    if dep is None:
+        return (_cond(c.COND_READY, "False", "DeploymentMissing", "the worker Deployment does not exist yet"),
+                _cond(c.COND_PROGRESSING, "True", "Creating", "creating the worker Deployment"), None)
+    st = dep.get("status") or {}
+    ready = int(st.get("readyReplicas") or 0)
+    updated = int(st.get("updatedReplicas") or 0)
+    total = int(st.get("replicas") or 0)
+    available = int(st.get("availableReplicas") or 0)
+    generation = (dep.get("metadata") or {}).get("generation")
+    seen = st.get("observedGeneration")
+    caught_up = generation is None or (seen is not None and seen >= generation)
+    dep_conds = {d.get("type"): d for d in st.get("conditions") or []}
+    stuck = (dep_conds.get("Progressing") or {}).get("reason") == "ProgressDeadlineExceeded"
+
+    if desired == 0:
+        ready_c = _cond(c.COND_READY, "True", "ScaledToZero", "no replicas requested")
+    elif ready >= desired:
+        ready_c = _cond(c.COND_READY, "True", "AllReplicasReady", f"{ready}/{desired} replicas ready")
+    elif ready > 0:
+        ready_c = _cond(c.COND_READY, "False", "PartiallyReady", f"{ready}/{desired} replicas ready (serving)")
+    else:
+        ready_c = _cond(c.COND_READY, "False", "NoReplicasReady", f"0/{desired} replicas ready")
+
+    degraded = None
+    complete = caught_up and updated >= desired and total == desired and available >= desired
+    if stuck:
+        msg = (dep_conds.get("Progressing") or {}).get("message") or "the rollout exceeded its progress deadline"
+        prog_c = _cond(c.COND_PROGRESSING, "False", "ProgressDeadlineExceeded", msg)
+        degraded = _cond(c.COND_DEGRADED, "True", "RolloutStuck", msg)
+    elif complete:
+        prog_c = _cond(c.COND_PROGRESSING, "False", "RolloutComplete", f"{desired} replicas up to date")
+    else:
+        prog_c = _cond(c.COND_PROGRESSING, "True", "RollingOut",
+                       f"{updated}/{desired} replicas updated, {available} available, {total} total")
+    return ready_c, prog_c, degraded
+
+
+def _scaling_condition(spec: InferenceSpec, hpa: Mapping[str, Any] | None) -> dict[str, Any]:
+    a = spec.autoscaling
+    if not a.enabled:
+        return _cond(c.COND_SCALING_ACTIVE, "False", "AutoscalingDisabled",
+                     "replicas follow spec.replicas (autoscaling.enabled is false)")
+    if a.mode == "operator":
+        return _cond(c.COND_SCALING_ACTIVE, "False", "OperatorModeUnavailable",
+                     "autoscaling mode 'operator' is not available in this operator version; "
+                     "replicas follow spec.replicas (use mode 'hpa' to autoscale)")
+    if hpa is None:
+        return _cond(c.COND_SCALING_ACTIVE, "Unknown", "HPAMissing", "the HorizontalPodAutoscaler does not exist yet")
+    for cond in (hpa.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "ScalingActive":
+            return _cond(c.COND_SCALING_ACTIVE, str(cond.get("status", "Unknown")),
+                         f"HPA{cond.get('reason') or 'Unknown'}", str(cond.get("message") or ""))
+    return _cond(c.COND_SCALING_ACTIVE, "Unknown", "HPAPending", "waiting for the HorizontalPodAutoscaler's first sync")
+
+
+def hpa_metrics(hpa: Mapping[str, Any] | None) -> dict[str, float]:
+    """The per-pod averages the HPA last observed: kvCacheUsage and queueDepth."""
+    names = {c.METRIC_KV_CACHE_USAGE: "kvCacheUsage", c.METRIC_REQUESTS_WAITING: "queueDepth"}
+    out: dict[str, float] = {}
+    for item in ((hpa or {}).get("status") or {}).get("currentMetrics") or []:
+        pods = item.get("pods") or {}
+        key = names.get((pods.get("metric") or {}).get("name"))
+        value = parse_quantity((pods.get("current") or {}).get("averageValue"))
+        if key and value is not None:
+            out[key] = round(float(value), 4)
+    return out
+
+
+def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping[str, Any] | None,
+                   selector: str, endpoint: str, now: str) -> dict[str, Any]:
+    previous = previous or {}
+    dep_status = (observed.deployment or {}).get("status") or {}
+    ready_c, prog_c, degraded = _deployment_conditions(spec, observed.deployment)
+    if observed.problems:
+        degraded = _cond(c.COND_DEGRADED, "True", observed.problem_reason, "; ".join(observed.problems))
+    if degraded is None:
+        degraded = _cond(c.COND_DEGRADED, "False", "AsExpected", "all children match the spec")
+    conditions = [ready_c, prog_c, degraded, _scaling_condition(spec, observed.hpa)]
+
+    status: dict[str, Any] = {
+        "replicas": int(dep_status.get("replicas") or 0),
+        "readyReplicas": int(dep_status.get("readyReplicas") or 0),
+        "desiredReplicas": spec.replicas,
+        "selector": selector,
+        "endpoint": endpoint,
+        "conditions": merge_conditions(previous.get("conditions"), conditions, now, observed.generation),
+    }
+    if observed.generation is not None:
+        status["observedGeneration"] = observed.generation
+
+    if spec.autoscaling.hpa:
+        metrics = hpa_metrics(observed.hpa)
+        old = previous.get("metrics") or {}
+        if metrics:
+            same = all(old.get(k) == v for k, v in metrics.items())
+            status["metrics"] = dict(metrics, time=old.get("time") if same and old.get("time") else now)
+        elif old:
+            status["metrics"] = dict(old)
+        last = ((observed.hpa or {}).get("status") or {}).get("lastScaleTime") or previous.get("lastScaleTime")
+    else:
+        if previous.get("metrics"):
+            status["metrics"] = None  # stale numbers from an earlier HPA: remove them
+        old_desired = previous.get("desiredReplicas")
+        changed = old_desired is not None and old_desired != spec.replicas
+        last = now if changed else previous.get("lastScaleTime")
+    if last:
+        status["lastScaleTime"] = last
+    return status
+
+
+def invalid_spec_status(*, previous: Mapping[str, Any] | None, generation: int | None, problems: list[str],
+                        selector: str, now: str) -> dict[str, Any]:
+    """The spec cannot be honoured: children stay as they are, Degraded says why."""
+    previous = previous or {}
+    conditions = [
+        _cond(c.COND_DEGRADED, "True", "InvalidSpec", "; ".join(problems)),
+        _cond(c.COND_PROGRESSING, "False", "InvalidSpec", "the spec cannot be rolled out; fix it to continue"),
+    ]
+    status: dict[str, Any] = {
+        "selector": selector,
+        "conditions": merge_conditions(previous.get("conditions"), conditions, now, generation),
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return status
+
+
+def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    previous = previous or {}
+    return any(previous.get(k) != v for k, v in new.items())

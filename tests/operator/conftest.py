@@ -1,0 +1,96 @@
+"""Fixtures for the operator tests: the CRD, a KMock API server, a kubeconfig for it, a running operator."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hetero_infer.operator import constants as c
+from kmock_cluster import ClusterEmulator
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / f"{c.CRD_NAME}.yaml"
+
+
+class NotKopfTasks(Collection):
+    """For kopf.run_tasks(ignored=...): at shutdown kopf cancels the tasks it spawned, and only those.
+
+    Without it kopf treats every task created after its start as its own (the KMock server's request
+    handlers, pytest-asyncio's fixture finalizer) and waits for them, then cancels them.
+    """
+
+    def __contains__(self, task: object) -> bool:
+        code = getattr(getattr(task, "get_coro", lambda: None)(), "cr_code", None)
+        return not (code is not None and f"{os.sep}kopf{os.sep}" in code.co_filename)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_PATH.read_text())
+
+
+@pytest.fixture
+def kmock_options(crd: dict[str, Any]) -> dict[str, Any]:
+    columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+    return {"cls": ClusterEmulator, "printer_columns": columns}
+
+
+@pytest.fixture
+def kubeconfig(kmock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A kubeconfig pointing at the KMock server, exported as $KUBECONFIG."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kmock", "cluster": {"server": str(kmock.url).rstrip("/")}}],
+        "users": [{"name": "kmock", "user": {"token": "kmock-token"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": "default"}}],
+        "current-context": "kmock",
+    }))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return path
+
+
+@pytest.fixture
+async def operator(kmock: Any, kubeconfig: Path) -> AsyncIterator[Callable[..., Any]]:
+    """Start the real operator (kopf handlers from `hetero-infer operator`) in this event loop."""
+    import kopf
+    from hetero_infer.operator.cli import build_parser, operator_kwargs
+
+    started: list[asyncio.Task[Any]] = []
+
+    async def start(*argv: str) -> None:
+        args = build_parser().parse_args(["--standalone", "--resync-seconds", "3600", *argv])
+        kwargs = operator_kwargs(args)
+        kwargs["settings"].watching.reconnect_backoff = 0.2
+        ready = asyncio.Event()
+        tasks = await kopf.spawn_tasks(**kwargs, ready_flag=ready)
+        started.append(asyncio.create_task(kopf.run_tasks(tasks, ignored=NotKopfTasks())))
+        await asyncio.wait_for(ready.wait(), 10)
+
+    logging.getLogger("kopf").setLevel(logging.INFO)
+    yield start
+    # Cancelling (rather than the stop flag) skips kopf's 5-second grace period for idle timers.
+    for task in started:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 15)

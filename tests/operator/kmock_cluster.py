@@ -1,0 +1,244 @@
+"""A KMock API server that behaves enough like kube-apiserver for kopf and kubectl.
+
+KMock 0.8 stores objects and streams watch events but leaves out what a real server adds. This
+subclass closes the gaps the operator tests run into:
+
+- stamps `metadata.uid`, `creationTimestamp`, `resourceVersion` (monotonic) and `generation`
+  (bumped when anything but metadata/status changes) on create, patch and delete;
+- `/status` patches change only `.status`, and main-resource patches leave `.status` alone
+  for resources with a status subresource (as the real server does);
+- watches honour `?resourceVersion=` (no replay of objects the client listed already);
+- lists carry `kind`/`apiVersion`, and answer kubectl's `as=Table` with the CRD's printer columns;
+- the `scale` subresource of InferenceDeployments is served (GET and merge PATCH);
+- discovery knows the resources the operator uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import attrs
+import kmock
+from hetero_infer.operator import constants as c
+from kmock._internal import enums, rendering
+
+INFD = kmock.resource(c.GROUP, c.VERSION, c.PLURAL)
+DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
+SERVICES = kmock.resource("", "v1", "services")
+PDBS = kmock.resource("policy", "v1", "poddisruptionbudgets")
+HPAS = kmock.resource("autoscaling", "v2", "horizontalpodautoscalers")
+EVENTS = kmock.resource("", "v1", "events")
+
+_VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
+RESOURCES: dict[kmock.resource, kmock.ResourceInfo] = {
+    INFD: kmock.ResourceInfo(kind=c.KIND, singular=c.SINGULAR, namespaced=True, verbs=_VERBS,
+                             shortnames={c.SHORT_NAME}, categories={"all"}, subresources={"status", "scale"}),
+    DEPLOYMENTS: kmock.ResourceInfo(kind="Deployment", singular="deployment", namespaced=True, verbs=_VERBS,
+                                    shortnames={"deploy"}, subresources={"status", "scale"}),
+    SERVICES: kmock.ResourceInfo(kind="Service", singular="service", namespaced=True, verbs=_VERBS,
+                                 shortnames={"svc"}, subresources={"status"}),
+    PDBS: kmock.ResourceInfo(kind="PodDisruptionBudget", singular="poddisruptionbudget", namespaced=True,
+                             verbs=_VERBS, shortnames={"pdb"}, subresources={"status"}),
+    HPAS: kmock.ResourceInfo(kind="HorizontalPodAutoscaler", singular="horizontalpodautoscaler",
+                             namespaced=True, verbs=_VERBS, shortnames={"hpa"}, subresources={"status"}),
+    EVENTS: kmock.ResourceInfo(kind="Event", singular="event", namespaced=True, verbs=_VERBS, shortnames={"ev"}),
+    kmock.resource("", "v1", "namespaces"): kmock.ResourceInfo(kind="Namespace", singular="namespace",
+                                                               namespaced=False, verbs=_VERBS, shortnames={"ns"}),
+    kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"): kmock.ResourceInfo(
+        kind="CustomResourceDefinition", singular="customresourcedefinition", namespaced=False, verbs=_VERBS,
+        shortnames={"crd"}),
+}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: UP017
+
+
+def _rv(obj: Mapping[str, Any]) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _pointer(obj: Any, pointer: str) -> Any:
+    for part in pointer.strip("/").split("/") if pointer.strip("/") else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(obj, Mapping):
+            obj = obj.get(part)
+        elif isinstance(obj, list) and part.isdigit() and int(part) < len(obj):
+            obj = obj[int(part)]
+        else:
+            return None
+    return obj
+
+
+def _jsonpath(obj: Any, path: str) -> Any:
+    for part in path.strip(".").split("."):
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+@attrs.define(kw_only=True)
+class ClusterEmulator(kmock.KubernetesEmulator):
+    printer_columns: list[dict[str, Any]] = attrs.field(factory=list)
+    _counter: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for res, info in RESOURCES.items():
+            self.resources[res] = info
+        # Served before the generic fallbacks: the scale subresource of InferenceDeployments.
+        self[kmock.subresource("scale")] << self._serve_scale
+
+    def _info(self, resource: Any) -> kmock.ResourceInfo | None:
+        for res, info in RESOURCES.items():
+            if res == resource:
+                return info
+        return None
+
+    def _key(self, request: rendering.Request) -> Any:
+        return (request.resource, request.namespace, request.name)
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        if request.resource is not None:
+            self._stamp(request)
+        return await super()._handle(request)
+
+    def _stamp(self, request: rendering.Request) -> None:
+        info = self._info(request.resource)
+        rv = str(next(self._counter))
+        if request.action == enums.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", _now())
+            meta["resourceVersion"] = rv
+            meta.setdefault("generation", 1)
+            if request.namespace and not meta.get("namespace"):
+                meta["namespace"] = request.namespace
+        elif request.action == enums.action.UPDATE and isinstance(request.data, list):
+            key = self._key(request)
+            if key not in self.objects or self.objects[key].deleted:
+                return
+            self._stamp_json_patch(request, info, self.objects[key].raw, rv)
+        elif request.action == enums.action.UPDATE and isinstance(request.data, dict):
+            key = self._key(request)
+            if key not in self.objects or self.objects[key].deleted:
+                return
+            current = self.objects[key].raw
+            data = request.data
+            if request.subresource == "status":
+                for k in list(data):
+                    if k != "status":
+                        del data[k]
+            elif request.subresource == "scale":
+                replicas = (data.get("spec") or {}).get("replicas")
+                data.clear()
+                data["spec"] = {"replicas": replicas}
+                data["metadata"] = {"generation": int((current.get("metadata") or {}).get("generation") or 1) + 1}
+            elif request.subresource is None and info is not None and "status" in info.subresources:
+                data.pop("status", None)
+            meta = data.setdefault("metadata", {})
+            meta["resourceVersion"] = rv
+            if request.subresource is None and any(
+                    k not in ("metadata", "status") and data[k] != current.get(k) for k in data):
+                meta["generation"] = int((current.get("metadata") or {}).get("generation") or 1) + 1
+        elif request.action == enums.action.DELETE and request.name is not None:
+            key = self._key(request)
+            if key in self.objects and not self.objects[key].deleted:
+                self.objects[key].patch({"metadata": {"resourceVersion": rv}})
+
+    def _stamp_json_patch(self, request: rendering.Request, info: Any, current: dict[str, Any], rv: str) -> None:
+        ops: list[dict[str, Any]] = request.data
+        for op in ops:  # optimistic concurrency: a failed test is a 409 Conflict, as on a real server
+            if op.get("op") == "test" and _pointer(current, op.get("path", "")) != op.get("value"):
+                raise kmock.KubernetesError(status=409, reason="Conflict",
+                                            message=f"test of {op.get('path')} failed")
+        if request.subresource == "status":
+            ops[:] = [op for op in ops if op.get("path", "").startswith("/status")]
+        elif request.subresource is None and info is not None and "status" in info.subresources:
+            ops[:] = [op for op in ops if not op.get("path", "").startswith("/status")]
+        if "metadata" not in current:
+            ops.append({"op": "add", "path": "/metadata", "value": {}})
+        ops.append({"op": "add", "path": "/metadata/resourceVersion", "value": rv})
+        if request.subresource is None and any(op.get("op") != "test" and not op.get("path", "").startswith(
+                ("/metadata", "/status")) for op in ops):
+            gen = int((current.get("metadata") or {}).get("generation") or 1) + 1
+            ops.append({"op": "add", "path": "/metadata/generation", "value": gen})
+
+    async def _serve_list(self, request: rendering.Request) -> Any:
+        payload = await super()._serve_list(request)
+        info = self._info(request.resource)
+        group_version = (f"{request.resource.group}/{request.resource.version}" if request.resource.group
+                         else request.resource.version)
+        kind = info.kind if info and info.kind else "Object"
+        for item in payload["items"]:
+            item.setdefault("apiVersion", group_version)
+            item.setdefault("kind", kind)
+        payload["metadata"] = {"resourceVersion": str(next(self._counter))}
+        accept = request.headers.get("Accept", "")
+        if "as=Table" in accept and request.resource == INFD and self.printer_columns:
+            return self._table(payload["items"])
+        return {"apiVersion": group_version, "kind": f"{kind}List", **payload}
+
+    def _table(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        columns = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
+        columns += [{"name": col["name"], "type": col["type"], "format": "", "description": col.get("description", ""),
+                     "priority": col.get("priority", 0)} for col in self.printer_columns]
+        rows = []
+        for item in items:
+            cells = [item["metadata"]["name"]] + [_jsonpath(item, col["jsonPath"]) for col in self.printer_columns]
+            partial = {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                       "metadata": item["metadata"]}
+            rows.append({"cells": cells, "object": partial})
+        return {"apiVersion": "meta.k8s.io/v1", "kind": "Table", "metadata": {"resourceVersion": "1"},
+                "columnDefinitions": columns, "rows": rows}
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
+        since = int(request.params.get("resourceVersion") or 0) if str(
+            request.params.get("resourceVersion") or "0").isdigit() else 0
+        async for event in super()._serve_watch(request):
+            if isinstance(event, dict) and since and _rv(event.get("object") or {}) <= since:
+                continue
+            yield event
+
+    async def _serve_scale(self, request: rendering.Request) -> Any:
+        # A PATCH was already applied to .spec.replicas by _stamp + the emulator; render the Scale.
+        key = (request.resource, request.namespace, request.name)
+        if request.resource != INFD or key not in self.objects or self.objects[key].deleted:
+            raise kmock.KubernetesNotFoundError()
+        obj = copy.deepcopy(self.objects[key].raw)
+        return {
+            "apiVersion": "autoscaling/v1", "kind": "Scale",
+            "metadata": {k: obj["metadata"].get(k) for k in ("name", "namespace", "uid", "resourceVersion")},
+            "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 0)},
+            "status": {"replicas": (obj.get("status") or {}).get("replicas", 0),
+                       "selector": (obj.get("status") or {}).get("selector", "")},
+        }
+
+
+async def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll `predicate` until it returns something truthy (the event loop keeps serving meanwhile)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last_error: Exception | None = None
+    while loop.time() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (KeyError, ValueError, TypeError, AssertionError) as e:
+            last_error = e
+        await asyncio.sleep(0.05)
+    suffix = f" (last error: {last_error!r})" if last_error else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{suffix}")
