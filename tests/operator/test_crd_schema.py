@@ -1,0 +1,140 @@
+"""The InferenceDeployment CRD: a valid CRD, accepts the examples, rejects what the operator cannot honour.
+
+Every bad resource is checked twice: against the CRD schema (what the API server enforces) and
+against the operator's own `parse_spec` (its second line of defence), so the two stay in step.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from crd_validation import defaulted, validate
+from hetero_infer.operator import constants as c
+from hetero_infer.operator import spec as s
+from hetero_infer.operator.spec import SpecError, parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def base() -> dict[str, Any]:
+    return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": "ok", "namespace": "default"},
+            "spec": {"model": {"name": "smollm2"}}}
+
+
+def with_spec(**changes: Any) -> dict[str, Any]:
+    obj = base()
+    obj["spec"].update(copy.deepcopy(changes))
+    return obj
+
+
+@pytest.mark.parametrize("version", ["1.30.0", kubernetes_validate.latest_version()])
+def test_crd_is_a_valid_customresourcedefinition(crd: dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(crd, version, strict=True)
+
+
+def test_crd_names_subresources_and_columns(crd: dict[str, Any]) -> None:
+    assert crd["metadata"]["name"] == c.CRD_NAME
+    spec = crd["spec"]
+    assert spec["group"] == c.GROUP and spec["scope"] == "Namespaced"
+    assert spec["names"]["kind"] == c.KIND and spec["names"]["plural"] == c.PLURAL
+    assert c.SHORT_NAME in spec["names"]["shortNames"]
+    (version,) = spec["versions"]
+    assert version["name"] == c.VERSION and version["served"] and version["storage"]
+    assert version["subresources"]["status"] == {}
+    assert version["subresources"]["scale"] == {"specReplicasPath": ".spec.replicas",
+                                                "statusReplicasPath": ".status.replicas",
+                                                "labelSelectorPath": ".status.selector"}
+    columns = [col["name"] for col in version["additionalPrinterColumns"] if not col.get("priority")]
+    assert columns == ["Model", "Replicas", "Ready", "KV-Usage", "Queue", "Age"]
+
+
+def test_chart_ships_the_same_crd() -> None:
+    chart_crd = ROOT / "charts" / "hetero-infer" / "crds" / f"{c.CRD_NAME}.yaml"
+    assert chart_crd.read_text() == (ROOT / "crds" / f"{c.CRD_NAME}.yaml").read_text()
+
+
+def test_there_are_minimal_gpu_hpa_and_mock_examples() -> None:
+    assert {p.stem for p in EXAMPLES} >= {"minimal", "gpu", "hpa", "mock"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_accepted_by_schema_and_operator(crd: dict[str, Any], path: Path) -> None:
+    for obj in yaml.safe_load_all(path.read_text()):
+        assert validate(crd, obj) == []
+        parse_spec(obj["spec"], name=obj["metadata"]["name"])
+
+
+def test_schema_defaults_match_the_operator_defaults(crd: dict[str, Any]) -> None:
+    obj = with_spec(autoscaling={"enabled": True, "maxReplicas": 3}, resources={}, service={}, engine={})
+    filled = defaulted(crd, obj)["spec"]
+    assert filled["executor"] == s.DEFAULT_EXECUTOR and filled["replicas"] == s.DEFAULT_REPLICAS
+    assert filled["resources"] == {"gpus": s.DEFAULT_GPUS}
+    assert filled["service"] == {"type": s.DEFAULT_SERVICE_TYPE, "port": s.DEFAULT_SERVICE_PORT}
+    a = filled["autoscaling"]
+    assert a["mode"] == s.DEFAULT_MODE and a["minReplicas"] == s.DEFAULT_MIN_REPLICAS
+    assert a["targetKVCacheUsage"] == s.DEFAULT_TARGET_KV_CACHE_USAGE
+    assert a["targetQueueDepth"] == s.DEFAULT_TARGET_QUEUE_DEPTH
+    assert a["scaleUpStabilizationSeconds"] == s.DEFAULT_SCALE_UP_STABILIZATION_SECONDS
+    assert a["scaleDownStabilizationSeconds"] == s.DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS
+    assert a["intervalSeconds"] == s.DEFAULT_INTERVAL_SECONDS
+    # Parsing the raw spec (operator defaults) and the defaulted one (server defaults) agree.
+    assert parse_spec(obj["spec"]) == parse_spec(filled)
+
+
+BAD = {
+    "negative replicas": (with_spec(replicas=-1), "spec.replicas"),
+    "replicas of the wrong type": (with_spec(replicas="two"), "spec.replicas"),
+    "unknown executor": (with_spec(executor="tensorrt"), "spec.executor"),
+    "kv target above 1": (with_spec(autoscaling={"enabled": True, "maxReplicas": 2, "targetKVCacheUsage": 1.5}),
+                          "targetKVCacheUsage"),
+    "kv target of 0": (with_spec(autoscaling={"enabled": True, "maxReplicas": 2, "targetKVCacheUsage": 0}),
+                       "targetKVCacheUsage"),
+    "min above max": (with_spec(autoscaling={"enabled": True, "minReplicas": 5, "maxReplicas": 2}),
+                      "minReplicas"),
+    "max missing when enabled": (with_spec(autoscaling={"enabled": True}), "maxReplicas"),
+    "unknown autoscaling mode": (with_spec(autoscaling={"mode": "keda", "maxReplicas": 2}), "mode"),
+    "unknown top-level field": (with_spec(replica=2), "replica"),
+    "unknown nested field": (with_spec(engine={"blockSize": 16, "pagedAttention": True}), "pagedAttention"),
+    "engine value of the wrong type": (with_spec(engine={"maxNumSeqs": "many"}), "maxNumSeqs"),
+    "block size out of range": (with_spec(engine={"blockSize": 0}), "blockSize"),
+    "unknown dtype": (with_spec(engine={"dtype": "fp8"}), "dtype"),
+    "unknown quantization": (with_spec(engine={"quantization": "awq"}), "quantization"),
+    "memory threshold above 1": (with_spec(engine={"memoryThreshold": 1.2}), "memoryThreshold"),
+    "two gpus per worker": (with_spec(resources={"gpus": 2}), "gpus"),
+    "cpu not a quantity": (with_spec(resources={"cpu": "lots"}), "cpu"),
+    "missing model": ({**base(), "spec": {"replicas": 1}}, "model"),
+    "missing model name": (with_spec(model={"path": "/models/x"}), "name"),
+    "two model sources": (with_spec(model={"name": "m", "path": "/m", "pvc": {"claimName": "c"}}), "at most one"),
+    "relative model path": (with_spec(model={"name": "m", "path": "models/x"}), "path"),
+    "subPath escaping the volume": (with_spec(model={"name": "m", "pvc": {"claimName": "c", "subPath": "a/../../etc"}}),
+                                    "subPath"),
+    "service port out of range": (with_spec(service={"port": 70000}), "port"),
+    "unknown service type": (with_spec(service={"type": "ExternalName"}), "type"),
+    "env without a name": (with_spec(env=[{"value": "x"}]), "name"),
+    "env value of the wrong type": (with_spec(env=[{"name": "A", "value": 3}]), "value"),
+    "toleration with an unknown effect": (with_spec(tolerations=[{"key": "k", "effect": "Sometimes"}]), "effect"),
+    "nodeSelector value not a string": (with_spec(nodeSelector={"gpu": True}), "gpu"),
+    "name longer than 63": ({**base(), "metadata": {"name": "x" * 64, "namespace": "default"}}, "63"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_schema_rejects_bad_resources(crd: dict[str, Any], case: str) -> None:
+    obj, needle = BAD[case]
+    errors = validate(crd, obj)
+    assert errors, f"the CRD schema accepted {case}"
+    assert any(needle in e for e in errors), errors
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_operator_rejects_the_same_bad_specs_with_a_message(case: str) -> None:
+    obj, needle = BAD[case]
+    with pytest.raises(SpecError) as info:
+        parse_spec(obj["spec"], name=obj["metadata"]["name"])
+    assert any(needle in p for p in info.value.problems), info.value.problems
