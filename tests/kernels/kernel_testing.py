@@ -1,0 +1,156 @@
+"""Shared helpers for the kernel tests: tolerances, poisoning, paged-cache builders and
+naive float64 oracles written independently of hetero_infer.kernels.reference."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Tolerances against a float64 oracle, per output dtype. (atol, rtol) for an element-wise
+# check |out - ref| <= atol + rtol * |ref|, and a bound on ||out - ref|| / ||ref||.
+# float32: kernels accumulate in float32 (exact float32 dots, never tf32).
+# float16: one rounding of the output (2^-11) plus the softmax weights rounded to fp16
+#          before the PV product, as every flash-attention kernel does.
+# bfloat16: the same with 2^-8; Triton's CPU interpreter also truncates instead of
+#          rounding on float32 -> bfloat16 casts, worth up to one more ulp.
+TOL = {
+    torch.float32: (2e-5, 2e-5, 1e-5),
+    torch.float16: (2e-3, 4e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 2e-2, 1e-2),
+}
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale: float = 1.0, what: str = ""):
+    """Compare ``out`` with a (float64) oracle ``ref`` at the tolerance of ``dtype``.
+
+    ``scale`` widens the tolerance for ops that add rounding steps (e.g. a long dot).
+    NaN or inf anywhere fails (poisoned outputs that were never written show up so).
+    """
+    atol, rtol, nrel = TOL[dtype]
+    atol, rtol, nrel = atol * scale, rtol * scale, nrel * scale
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    o = out.detach().to("cpu", torch.float64)
+    r = ref.detach().to("cpu", torch.float64)
+    assert torch.isfinite(o).all(), f"{what}: output has NaN/inf (unwritten poisoned elements?)"
+    err = (o - r).abs()
+    bound = atol + rtol * r.abs()
+    bad = err > bound
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())}/{bad.numel()} elements off; worst abs err {err.max():.3g}; "
+            f"first at {idx}: got {o[idx]:.6g}, want {r[idx]:.6g}"
+        )
+    denom = r.norm()
+    if denom > 0:
+        rel = float((o - r).norm() / denom)
+        assert rel <= nrel, f"{what}: relative error {rel:.3g} > {nrel:.3g}"
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill with NaN (floats) so unwritten outputs are detected."""
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    else:
+        t.fill_(-7)
+    return t
+
+
+def randn(*shape, dtype, device, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+
+
+@dataclass
+class PagedBatch:
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    block_size: int
+
+
+def make_paged_kv(
+    context_lens: list[int],
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device,
+    extra_blocks: int = 3,
+    junk_tail: bool = True,
+    index_dtype=torch.int32,
+) -> PagedBatch:
+    """A random paged cache and block tables with blocks scattered in random order.
+
+    Table entries past each sequence's last block hold out-of-range junk, which a
+    correct kernel never reads."""
+    needed = [max(1, math.ceil(n / block_size)) for n in context_lens]
+    max_blocks = max(needed) + 1
+    num_blocks = sum(needed) + extra_blocks
+    perm = torch.randperm(num_blocks)
+    k_cache = randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+    v_cache = randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+    table = torch.full((len(context_lens), max_blocks), 10**6 if junk_tail else 0, dtype=torch.int64)
+    used = 0
+    for b, n in enumerate(needed):
+        table[b, :n] = perm[used : used + n]
+        used += n
+    return PagedBatch(
+        k_cache,
+        v_cache,
+        table.to(device=device, dtype=index_dtype),
+        torch.tensor(context_lens, dtype=index_dtype, device=device),
+        block_size,
+    )
+
+
+def dense_kv(batch: PagedBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence b's keys/values as float64 [ctx, KVH, D], token by token."""
+    n = int(batch.context_lens[b])
+    table = batch.block_tables[b].cpu()
+    ks, vs = [], []
+    for j in range(n):
+        blk, off = int(table[j // batch.block_size]), j % batch.block_size
+        ks.append(batch.k_cache[blk, off].cpu().double())
+        vs.append(batch.v_cache[blk, off].cpu().double())
+    if not ks:
+        shape = (0, *batch.k_cache.shape[2:])
+        return torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64)
+    return torch.stack(ks), torch.stack(vs)
+
+
+def naive_attention_rows(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: list[int], scale: float, window: int | None = None
+) -> torch.Tensor:
+    """q [R, H, D] at the given positions over dense k/v [L, KVH, D]; float64 loops."""
+    r_count, h, d = q.shape
+    kvh = k.shape[1]
+    g = h // kvh
+    out = torch.zeros(r_count, h, d, dtype=torch.float64)
+    qd = q.cpu().double()
+    for i, p in enumerate(positions):
+        lo = 0 if not window else max(0, p - window + 1)
+        if p < lo:
+            continue
+        for head in range(h):
+            kk = k[lo : p + 1, head // g]
+            vv = v[lo : p + 1, head // g]
+            s = (kk @ qd[i, head]) * scale
+            w = torch.softmax(s, dim=0)
+            out[i, head] = w @ vv
+    return out
+
+
+def strided_view(t: torch.Tensor, extra_heads: int = 2) -> torch.Tensor:
+    """The same values as ``t`` [T, H, D] but as a view into a wider buffer (like a slice of
+    a fused QKV projection)."""
+    tt, h, d = t.shape
+    buf = torch.randn(tt, h + extra_heads, d, dtype=torch.float32).to(device=t.device, dtype=t.dtype)
+    view = buf[:, 1 : 1 + h]
+    view.copy_(t)
+    assert not view.is_contiguous()
+    return view

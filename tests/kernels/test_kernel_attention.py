@@ -1,0 +1,280 @@
+"""Paged attention (decode, prefill) and the KV-cache write: Triton kernels and the
+PyTorch reference against naive float64 oracles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_testing import (
+    DTYPES,
+    assert_close,
+    dense_kv,
+    make_paged_kv,
+    naive_attention_rows,
+    poison,
+    randn,
+    strided_view,
+)
+
+from hetero_infer import kernels
+from hetero_infer.kernels import reference
+
+gpu = pytest.mark.gpu
+
+# (context_lens, num_heads, num_kv_heads, head_dim, block_size)
+DECODE_CASES = [
+    pytest.param(([1, 17, 64, 130], 4, 4, 64, 16), id="mha-odd-lens"),
+    pytest.param(([5, 33, 100], 8, 2, 32, 8), id="gqa4"),
+    pytest.param(([1, 203], 8, 1, 64, 16), id="mqa8-split"),
+    pytest.param(([77], 6, 2, 80, 4), id="hd80-bs4"),
+    pytest.param(([10, 23], 4, 2, 32, 3), id="bs3"),
+    pytest.param(([1, 1000, 4096, 16384], 32, 8, 128, 16), id="llama-long", marks=gpu),
+    pytest.param(([3000] * 16 + [1, 15, 16, 17], 64, 8, 128, 16), id="gqa8-batch", marks=gpu),
+    pytest.param(([2048, 777, 9], 16, 16, 64, 16), id="mha-hd64", marks=gpu),
+    pytest.param(([513, 4097], 8, 1, 256, 16), id="mqa-hd256", marks=gpu),
+    pytest.param(([300] * 64, 9, 3, 64, 16), id="smollm-shape", marks=gpu),
+]
+
+# (q_lens, context_lens, num_heads, num_kv_heads, head_dim, block_size)
+PREFILL_CASES = [
+    pytest.param(([5, 1, 20], [5, 30, 40], 8, 2, 64, 16), id="prefix-decode-mix"),
+    pytest.param(([17, 33], [17, 33], 4, 4, 32, 8), id="plain-odd"),
+    pytest.param(([1, 1, 1], [3, 50, 17], 8, 1, 64, 16), id="all-decode-mqa8"),
+    pytest.param(([40], [100], 4, 2, 80, 4), id="chunk-hd80"),
+    pytest.param(([3, 0, 4], [3, 9, 10], 4, 2, 32, 16), id="empty-seq"),
+    pytest.param(([1000, 17, 1], [1000, 2065, 4000], 32, 8, 128, 16), id="llama-mix", marks=gpu),
+    pytest.param(([4096], [4096], 32, 8, 128, 16), id="prefill-4k", marks=gpu),
+    pytest.param(([512] * 8, [512 * k for k in range(1, 9)], 16, 2, 64, 16), id="chunks", marks=gpu),
+    pytest.param(([300, 301], [300, 1000], 8, 8, 256, 16), id="hd256", marks=gpu),
+]
+
+
+def _decode_oracle(q, batch, scale, window=None):
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b in range(q.shape[0]):
+        n = int(batch.context_lens[b])
+        if n == 0:
+            continue
+        k, v = dense_kv(batch, b)
+        out[b] = naive_attention_rows(q[b : b + 1], k, v, [n - 1], scale, window)[0]
+    return out
+
+
+def _prefill_oracle(q, batch, q_lens, scale, window=None):
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    start = 0
+    for b, ql in enumerate(q_lens):
+        n = int(batch.context_lens[b])
+        if ql:
+            k, v = dense_kv(batch, b)
+            positions = list(range(n - ql, n))
+            out[start : start + ql] = naive_attention_rows(q[start : start + ql], k, v, positions, scale, window)
+        start += ql
+    return out
+
+
+# --------------------------------------------------------------------------- decode
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", DECODE_CASES)
+def test_decode_triton(case, dtype, device, triton_backend):
+    lens, h, kvh, d, bs = case
+    batch = make_paged_kv(lens, kvh, d, bs, dtype, device)
+    q = randn(len(lens), h, d, dtype=dtype, device=device)
+    scale = d**-0.5
+    out = poison(torch.empty_like(q))
+    got = kernels.paged_attention_decode(q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, scale, out)
+    assert got is out
+    assert_close(out, _decode_oracle(q, batch, scale), dtype, what="decode")
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_split_counts(num_splits, dtype, device, triton_backend):
+    """The split-KV path (partials + reduce) for fixed split counts, including splits that
+    fall entirely past a short sequence's end."""
+    from hetero_infer.kernels import _triton_attention
+
+    lens = [1, 40, 97]
+    batch = make_paged_kv(lens, 2, 32, 16, dtype, device)
+    q = randn(3, 4, 32, dtype=dtype, device=device)
+    out = poison(torch.empty_like(q))
+    _triton_attention.paged_attention_decode(
+        q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.3, out, num_splits=num_splits
+    )
+    assert_close(out, _decode_oracle(q, batch, 0.3), dtype, what=f"decode splits={num_splits}")
+
+
+def test_decode_split_planning(device):
+    from hetero_infer.kernels._triton_attention import plan_decode_splits
+
+    # plenty of (sequence, head) programs: no split
+    assert plan_decode_splits(256, 8, 4096, device, 64) == (1, 4096)
+    for batch, heads, max_len in [(1, 8, 16384), (4, 2, 1000), (2, 1, 50), (1, 1, 1)]:
+        splits, part = plan_decode_splits(batch, heads, max_len, device, 16)
+        assert splits >= 1 and part % 16 == 0
+        assert splits * part >= max_len and (splits - 1) * part < max(max_len, 1)
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_decode_sliding_window_zero_len_and_hint(backend, device):
+    dtype = torch.float16
+    lens = [0, 1, 50, 90]
+    batch = make_paged_kv(lens, 2, 32, 8, dtype, device)
+    q = randn(4, 4, 32, dtype=dtype, device=device)
+    with kernels.use_backend(backend):
+        out = poison(torch.empty_like(q))
+        kernels.paged_attention_decode(
+            q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.2, out, sliding_window=20
+        )
+        assert_close(out, _decode_oracle(q, batch, 0.2, window=20), dtype, what="decode window")
+        assert torch.all(out[0] == 0), "a zero-length (padding) row must give zeros"
+        out2 = kernels.paged_attention_decode(
+            q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.2, max_context_len=90
+        )
+        assert_close(out2, _decode_oracle(q, batch, 0.2), dtype, what="decode with max_context_len")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_strided_q_int64_tables(dtype, device, triton_backend):
+    lens = [9, 31]
+    batch = make_paged_kv(lens, 2, 64, 16, dtype, device, index_dtype=torch.int64)
+    q = strided_view(randn(2, 8, 64, dtype=dtype, device=device))
+    out = kernels.paged_attention_decode(q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.125)
+    assert out.is_contiguous()
+    assert_close(out, _decode_oracle(q, batch, 0.125), dtype, what="decode strided")
+
+
+@pytest.mark.parametrize("case", DECODE_CASES[:5])
+def test_decode_reference(case):
+    """The CPU path itself is checked against the naive oracle."""
+    lens, h, kvh, d, bs = case
+    batch = make_paged_kv(lens, kvh, d, bs, torch.float32, "cpu")
+    q = randn(len(lens), h, d, dtype=torch.float32, device="cpu")
+    out = reference.paged_attention_decode(q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.1)
+    assert_close(out, _decode_oracle(q, batch, 0.1), torch.float32, what="reference decode")
+
+
+# --------------------------------------------------------------------------- prefill
+
+
+def _prefill_inputs(case, dtype, device, strided=False):
+    q_lens, lens, h, kvh, d, bs = case
+    batch = make_paged_kv(lens, kvh, d, bs, dtype, device)
+    t = sum(q_lens)
+    q = randn(t, h, d, dtype=dtype, device=device)
+    if strided:
+        q = strided_view(q)
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device=device)
+    return q, batch, cu, q_lens
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", PREFILL_CASES)
+def test_prefill_triton(case, dtype, device, triton_backend):
+    q, batch, cu, q_lens = _prefill_inputs(case, dtype, device)
+    scale = q.shape[-1] ** -0.5
+    out = poison(torch.empty_like(q))
+    got = kernels.paged_attention_prefill(
+        q, batch.k_cache, batch.v_cache, batch.block_tables, cu, batch.context_lens, scale, out
+    )
+    assert got is out
+    assert_close(out, _prefill_oracle(q, batch, q_lens, scale), dtype, what="prefill")
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_sliding_window_strided(backend, dtype, device):
+    case = ([20, 7, 1], [20, 40, 33], 6, 3, 32, 8)
+    q, batch, cu, q_lens = _prefill_inputs(case, dtype, device, strided=True)
+    with kernels.use_backend(backend):
+        out = poison(torch.empty(q.shape, dtype=dtype, device=device))
+        kernels.paged_attention_prefill(
+            q, batch.k_cache, batch.v_cache, batch.block_tables, cu, batch.context_lens, 0.25, out, sliding_window=6
+        )
+    assert_close(out, _prefill_oracle(q, batch, q_lens, 0.25, window=6), dtype, what="prefill window")
+
+
+@pytest.mark.parametrize("block", [(16, 16), (32, 16), (16, 32)])
+def test_prefill_tile_shapes(block, device, triton_backend):
+    """Different query/KV tile sizes (the GPU uses 64-128 row tiles)."""
+    from hetero_infer.kernels import _triton_attention
+
+    case = ([37, 5], [50, 5], 4, 2, 32, 16)
+    q, batch, cu, q_lens = _prefill_inputs(case, torch.float16, device)
+    out = poison(torch.empty_like(q))
+    _triton_attention.paged_attention_prefill(
+        q, batch.k_cache, batch.v_cache, batch.block_tables, cu, batch.context_lens, 0.2, out,
+        block_m=block[0], block_n=block[1],
+    )
+    assert_close(out, _prefill_oracle(q, batch, q_lens, 0.2), torch.float16, what=f"prefill {block}")
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES[:5])
+def test_prefill_reference(case):
+    q, batch, cu, q_lens = _prefill_inputs(case, torch.float32, "cpu")
+    out = reference.paged_attention_prefill(q, batch.k_cache, batch.v_cache, batch.block_tables, cu, batch.context_lens, 0.1)
+    assert_close(out, _prefill_oracle(q, batch, q_lens, 0.1), torch.float32, what="reference prefill")
+
+
+def test_prefill_matches_decode_for_single_tokens(device, triton_backend):
+    """A prefill batch of one-token sequences computes exactly what decode computes."""
+    lens = [4, 19, 64]
+    batch = make_paged_kv(lens, 2, 32, 16, torch.float32, device)
+    q = randn(3, 8, 32, dtype=torch.float32, device=device)
+    cu = torch.arange(4, dtype=torch.int32, device=device)
+    a = kernels.paged_attention_prefill(q, batch.k_cache, batch.v_cache, batch.block_tables, cu, batch.context_lens, 0.2)
+    b = kernels.paged_attention_decode(q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.2)
+    assert_close(a, b.double(), torch.float32, what="prefill vs decode")
+
+
+# --------------------------------------------------------------------------- KV write
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        pytest.param((7, 2, 32, 16), id="small"),
+        pytest.param((5, 3, 80, 3), id="odd"),
+        pytest.param((4096, 8, 128, 16), id="large", marks=gpu),
+    ],
+)
+def test_write_kv_cache(backend, dtype, shape, device):
+    t, kvh, d, bs = shape
+    num_blocks = t // bs + 4
+    k_cache = randn(num_blocks, bs, kvh, d, dtype=dtype, device=device)
+    v_cache = randn(num_blocks, bs, kvh, d, dtype=dtype, device=device)
+    want_k, want_v = k_cache.clone().cpu(), v_cache.clone().cpu()
+    k = strided_view(randn(t, kvh, d, dtype=dtype, device=device))
+    v = randn(t, kvh, d, dtype=dtype, device=device)
+    slots = torch.randperm(num_blocks * bs)[:t]
+    slots[1] = -1  # padding token
+    for i, s in enumerate(slots.tolist()):
+        if s >= 0:
+            want_k[s // bs, s % bs] = k[i].cpu()
+            want_v[s // bs, s % bs] = v[i].cpu()
+    for index_dtype in (torch.int64, torch.int32):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        with kernels.use_backend(backend):
+            kernels.write_kv_cache(k, v, kc, vc, slots.to(device=device, dtype=index_dtype))
+        assert torch.equal(kc.cpu(), want_k) and torch.equal(vc.cpu(), want_v)
+
+
+def test_write_then_attend_roundtrip(device, triton_backend):
+    """Write a sequence token by token through slot mappings, then attend over it."""
+    dtype, kvh, h, d, bs = torch.float16, 2, 4, 32, 4
+    n = 11
+    k_cache = poison(torch.empty(8, bs, kvh, d, dtype=dtype, device=device))
+    v_cache = poison(torch.empty(8, bs, kvh, d, dtype=dtype, device=device))
+    table = torch.tensor([[5, 2, 7]], dtype=torch.int32, device=device)
+    k = randn(n, kvh, d, dtype=dtype, device=device)
+    v = randn(n, kvh, d, dtype=dtype, device=device)
+    slots = torch.tensor([int(table[0, j // bs]) * bs + j % bs for j in range(n)], device=device)
+    kernels.write_kv_cache(k, v, k_cache, v_cache, slots)
+    q = randn(1, h, d, dtype=dtype, device=device)
+    out = kernels.paged_attention_decode(q, k_cache, v_cache, table, torch.tensor([n], device=device, dtype=torch.int32), 0.3)
+    want = naive_attention_rows(q, k.cpu().double(), v.cpu().double(), [n - 1], 0.3)
+    assert_close(out, want, dtype, what="write+decode")
