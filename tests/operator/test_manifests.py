@@ -1,0 +1,205 @@
+"""spec -> manifests: the worker Deployment, Service, PDB and HPA (pure functions, no server)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from hetero_infer.operator import constants as c
+from hetero_infer.operator.diff import strip_none
+from hetero_infer.operator.manifests import (
+    CACHE_DIR,
+    TERMINATION_GRACE_SECONDS,
+    Owner,
+    WorkerDefaults,
+    children,
+    command_line,
+    endpoint,
+    quantity,
+    selector_string,
+    worker_args,
+)
+from hetero_infer.operator.spec import parse_spec
+
+OWNER = Owner("smol", "models", "0000-1111")
+K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
+
+
+def spec(**raw: Any) -> Any:
+    body: dict[str, Any] = {"model": {"name": "smollm2"}}
+    body.update(raw)
+    return parse_spec(body)
+
+
+def pod(kids: Any) -> dict[str, Any]:
+    return kids.deployment["spec"]["template"]["spec"]
+
+
+def worker(kids: Any) -> dict[str, Any]:
+    return pod(kids)["containers"][0]
+
+
+def test_minimal_spec_gives_a_cpu_worker_with_probes_security_and_drain() -> None:
+    kids = children(OWNER, spec())
+    dep = kids.deployment
+    assert dep["metadata"]["name"] == "smol" and dep["metadata"]["namespace"] == "models"
+    assert dep["metadata"]["ownerReferences"][0]["uid"] == "0000-1111"
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["selector"]["matchLabels"] == {c.LABEL_OWNER: "smol", c.LABEL_COMPONENT: "worker"}
+    assert dep["spec"]["template"]["metadata"]["labels"][c.LABEL_MANAGED_BY] == c.MANAGED_BY
+    ctr = worker(kids)
+    assert ctr["image"] == c.DEFAULT_WORKER_IMAGE
+    assert ctr["command"] == ["hetero-infer"]
+    assert ctr["args"] == ["serve", "--host", "0.0.0.0", "--port", "3000", "--served-model-name", "smollm2",
+                           "--executor", "torch", "--device", "cpu"]
+    assert ctr["ports"] == [{"name": "http", "containerPort": 3000, "protocol": "TCP"}]
+    assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert ctr["startupProbe"]["periodSeconds"] * ctr["startupProbe"]["failureThreshold"] >= 600
+    assert "nvidia.com/gpu" not in ctr["resources"]["requests"]
+    sec = ctr["securityContext"]
+    assert sec["allowPrivilegeEscalation"] is False and sec["readOnlyRootFilesystem"] is True
+    assert sec["capabilities"] == {"drop": ["ALL"]} and sec["runAsNonRoot"] is True
+    p = pod(kids)
+    assert p["securityContext"]["runAsNonRoot"] is True and p["securityContext"]["runAsUser"] > 0
+    assert p["automountServiceAccountToken"] is False
+    assert p["terminationGracePeriodSeconds"] == TERMINATION_GRACE_SECONDS
+    assert ctr["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+    shm = next(v for v in p["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    mounts = {m["mountPath"] for m in ctr["volumeMounts"]}
+    assert {"/dev/shm", "/tmp", CACHE_DIR} <= mounts  # writable places under a read-only root
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == "3000"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert kids.hpa is None
+
+
+def test_gpu_spec_requests_the_gpu_and_runs_on_cuda() -> None:
+    kids = children(OWNER, spec(resources={"gpus": 1, "memory": "32Gi"}),
+                    WorkerDefaults(image="cpu:1", gpu_image="gpu:1"))
+    ctr = worker(kids)
+    assert ctr["image"] == "gpu:1"
+    assert ctr["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert ctr["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert ctr["resources"]["limits"]["memory"] == "32Gi"
+    assert ctr["args"][ctr["args"].index("--device") + 1] == "cuda"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod(kids)["tolerations"]
+
+
+def test_engine_options_become_the_worker_cli_flags() -> None:
+    s = spec(executor="mock", engine={"blockSize": 32, "maxNumSeqs": 64, "maxModelLen": 4096,
+                                      "maxNumBatchedTokens": 1024, "dtype": "bfloat16", "quantization": "int4",
+                                      "memoryThreshold": 0.85, "gpuMemoryUtilization": 0.5})
+    args = worker_args(s)
+    pairs = dict(zip(args[1::2], args[2::2], strict=False))
+    assert pairs["--executor"] == "mock"
+    assert pairs["--block-size"] == "32" and pairs["--max-num-seqs"] == "64"
+    assert pairs["--max-model-len"] == "4096" and pairs["--max-num-batched-tokens"] == "1024"
+    assert pairs["--dtype"] == "bfloat16" and pairs["--quantization"] == "int4"
+    assert pairs["--memory-threshold"] == "0.85" and pairs["--gpu-memory-utilization"] == "0.5"
+    assert command_line(s).startswith("hetero-infer serve --host 0.0.0.0 --port 3000")
+
+
+@pytest.mark.parametrize(("model", "path", "volume"), [
+    ({"name": "m"}, None, None),
+    ({"name": "m", "path": "/opt/models/qwen"}, "/opt/models/qwen", None),
+    ({"name": "m", "pvc": {"claimName": "weights", "subPath": "qwen3"}}, "/models/qwen3", "persistentVolumeClaim"),
+    ({"name": "m", "hostPath": {"path": "/data/llm"}}, "/models", "hostPath"),
+])
+def test_model_sources(model: dict[str, Any], path: str | None, volume: str | None) -> None:
+    kids = children(OWNER, spec(model=model))
+    args = worker(kids)["args"]
+    if path is None:
+        assert "--model" not in args  # the image's default model
+    else:
+        assert args[args.index("--model") + 1] == path
+    model_volumes = [v for v in pod(kids)["volumes"] if v["name"] == "model"]
+    assert [next(k for k in v if k != "name") for v in model_volumes] == ([volume] if volume else [])
+    for m in worker(kids)["volumeMounts"]:
+        if m["name"] == "model":
+            assert m["readOnly"] is True
+
+
+def test_user_env_placement_and_overrides() -> None:
+    kids = children(OWNER, spec(env=[{"name": "HETERO_INFER_MAX_NUM_SEQS", "value": "8"},
+                                     {"name": "HOME", "value": "/work"}],
+                                nodeSelector={"pool": "llm"},
+                                affinity={"nodeAffinity": {}},
+                                tolerations=[{"key": "dedicated", "operator": "Equal", "value": "llm"}]))
+    env = worker(kids)["env"]
+    assert [e for e in env if e["name"] == "HOME"] == [{"name": "HOME", "value": "/work"}]
+    assert {"name": "HETERO_INFER_MAX_NUM_SEQS", "value": "8"} in env
+    p = pod(kids)
+    assert p["nodeSelector"] == {"pool": "llm"} and p["affinity"] == {"nodeAffinity": {}}
+    assert p["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "llm"}]
+
+
+def test_service_pdb_and_endpoint() -> None:
+    s = spec(service={"type": "LoadBalancer", "port": 8000})
+    kids = children(OWNER, s)
+    svc = kids.service["spec"]
+    assert svc["type"] == "LoadBalancer"
+    assert svc["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert svc["selector"] == kids.deployment["spec"]["selector"]["matchLabels"]
+    assert kids.pdb["spec"]["maxUnavailable"] == 1
+    assert kids.pdb["spec"]["selector"]["matchLabels"] == svc["selector"]
+    assert endpoint(OWNER, s) == "http://smol.models.svc:8000/v1"
+    assert endpoint(OWNER, spec()) == "http://smol.models.svc/v1"
+    assert selector_string("smol") == f"{c.LABEL_COMPONENT}=worker,{c.LABEL_OWNER}=smol"
+
+
+def test_hpa_targets_the_inference_deployment_on_worker_metrics() -> None:
+    s = spec(autoscaling={"enabled": True, "mode": "hpa", "minReplicas": 2, "maxReplicas": 6,
+                          "targetKVCacheUsage": 0.75, "targetQueueDepth": 3,
+                          "scaleUpStabilizationSeconds": 10, "scaleDownStabilizationSeconds": 120})
+    hpa = children(OWNER, s).hpa
+    assert hpa is not None and hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": c.API_VERSION, "kind": c.KIND, "name": "smol"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+    targets = {m["pods"]["metric"]["name"]: m["pods"]["target"] for m in hpa["spec"]["metrics"]}
+    assert targets == {c.METRIC_KV_CACHE_USAGE: {"type": "AverageValue", "averageValue": "750m"},
+                       c.METRIC_REQUESTS_WAITING: {"type": "AverageValue", "averageValue": "3"}}
+    assert hpa["spec"]["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 10
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 120
+
+
+@pytest.mark.parametrize("autoscaling", [
+    {"enabled": False, "mode": "hpa", "maxReplicas": 3},
+    {"enabled": True, "mode": "operator", "maxReplicas": 3},
+])
+def test_no_hpa_unless_enabled_in_hpa_mode(autoscaling: dict[str, Any]) -> None:
+    assert children(OWNER, spec(autoscaling=autoscaling)).hpa is None
+
+
+def test_quantity_formatting() -> None:
+    assert [quantity(v) for v in (0.8, 1.0, 5, 0.125, 2.5)] == ["800m", "1", "5", "125m", "2500m"]
+
+
+FULL_SPECS = {
+    "minimal": {},
+    "gpu-pvc": {"resources": {"gpus": 1, "cpu": 8, "memory": "48Gi"}, "model": {"name": "m", "pvc": {"claimName": "w"}},
+                "tolerations": [{"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}],
+                "nodeSelector": {"gpu": "h100"}},
+    "hpa-hostpath": {"model": {"name": "m", "hostPath": {"path": "/data", "subPath": "llama"}},
+                     "autoscaling": {"enabled": True, "mode": "hpa", "maxReplicas": 4},
+                     "env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                     "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                         {"weight": 50, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}}},
+}
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("name", list(FULL_SPECS))
+def test_every_child_validates_against_the_kubernetes_schemas(name: str, version: str) -> None:
+    kids = children(OWNER, spec(**FULL_SPECS[name]))
+    for manifest in kids.all():
+        kubernetes_validate.validate(strip_none(manifest), version, strict=True)
+
+
+def test_the_schema_check_is_strict_enough_to_fail() -> None:
+    dep = strip_none(children(OWNER, spec()).deployment)
+    dep["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(dep, K8S_VERSIONS[-1], strict=True)
