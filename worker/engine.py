@@ -162,9 +162,10 @@ class LLMEngine:
         logits_row = 0
         for item in sched.scheduled:
             seq = item.seq
+            samples = item.samples
             seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_computed_blocks(seq)
-            if not item.samples:
+            if not samples:
                 continue
             rows.append((seq, logits_row))
             if seq.forks_pending:

@@ -89,6 +89,8 @@ class LLM:
         try:
             while any(r is None for r in results):
                 for out in self.engine.step():
+                    if out.error is not None:
+                        raise RuntimeError(f"generation failed: {out.error}")
                     if out.finished and out.request_id in order:
                         results[order[out.request_id]] = out
                         if bar:

@@ -41,7 +41,6 @@ def tiny_config(arch: str):
     raise KeyError(arch)
 
 
-ARCHS = ["llama", "llama3-tied", "mistral", "qwen2", "qwen3"]
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import torch
 
 from hetero_infer import LLM, SamplingParams
 
-from .conftest import ARCHS
+ARCHS = ["llama", "llama3-tied", "mistral", "qwen2", "qwen3"]  # see conftest.tiny_config
 
 MAX_NEW = 10
 
