@@ -16,7 +16,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=-1)
-    parser.add_argument("--seed", dest="request_seed", type=int, default=None, help="per-request sampling seed")
     parser.add_argument("--n", type=int, default=1)
     add_engine_args(parser)
     return parser
@@ -31,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         config = engine_config_from_args(args)
         params = SamplingParams(
             n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-            max_tokens=args.max_tokens, seed=args.request_seed,
+            max_tokens=args.max_tokens,
         )
         llm = LLM(**config.to_dict())
         if args.chat:
