@@ -45,8 +45,11 @@ def to_json_schema(schema: Mapping[str, Any], root: bool = True) -> dict[str, An
     preserve = schema.get("x-kubernetes-preserve-unknown-fields")
     if out.get("type") == "object" and "properties" in out and "additionalProperties" not in out and not preserve:
         out["additionalProperties"] = False
-    if root:
-        out.setdefault("properties", {})["metadata"] = {"type": "object"}
+    if root:  # the server always accepts these at the root, declared or not
+        props = out.setdefault("properties", {})
+        props["metadata"] = {"type": "object"}
+        props.setdefault("apiVersion", {"type": "string"})
+        props.setdefault("kind", {"type": "string"})
     return out
 
 

@@ -1,0 +1,82 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "hetero-infer.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "hetero-infer.fullname" -}}
+{{- if contains .Chart.Name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "hetero-infer.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hetero-infer.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "hetero-infer.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "hetero-infer.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: hetero-infer
+{{- end }}
+
+{{- define "hetero-infer.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "hetero-infer.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "hetero-infer.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "hetero-infer.peeringName" -}}
+{{- default (include "hetero-infer.fullname" .) .Values.peering.name }}
+{{- end }}
+
+{{/* Labels of the worker pods the operator creates (operator/constants.py). */}}
+{{- define "hetero-infer.workerSelector" -}}
+app.kubernetes.io/managed-by: hetero-infer-operator
+app.kubernetes.io/component: worker
+{{- end }}
+
+{{/* RBAC rules for the namespaced resources the operator manages. */}}
+{{- define "hetero-infer.namespacedRules" -}}
+- apiGroups: ["hetero-infer.io"]
+  resources: ["inferencedeployments"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["hetero-infer.io"]
+  resources: ["inferencedeployments/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["hetero-infer.io"]
+  resources: ["inferencedeployments/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if .Values.peering.enabled }}
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}

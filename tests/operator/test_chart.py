@@ -1,0 +1,206 @@
+"""charts/hetero-infer: `helm lint --strict`, and every rendered object validated against its schema."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from crd_validation import validate as validate_custom_resource
+from hetero_infer.operator import constants as c
+from hetero_infer.operator import kube
+from hetero_infer.operator.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "hetero-infer"
+VALUE_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
+K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
+
+# prometheus-operator's ServiceMonitor, reduced to the fields this chart uses (no CRD ships offline).
+SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {"type": "object", "required": ["name", "namespace"]},
+        "spec": {
+            "type": "object", "additionalProperties": False, "required": ["selector", "endpoints"],
+            "properties": {
+                "jobLabel": {"type": "string"},
+                "selector": {"type": "object", "additionalProperties": False,
+                             "properties": {"matchLabels": {"type": "object",
+                                                            "additionalProperties": {"type": "string"}}}},
+                "namespaceSelector": {"type": "object", "additionalProperties": False,
+                                      "properties": {"any": {"type": "boolean"},
+                                                     "matchNames": {"type": "array", "items": {"type": "string"}}}},
+                "endpoints": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {"port": {"type": "string"}, "path": {"type": "string"},
+                                   "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                                   "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"}}}},
+            },
+        },
+    },
+}
+
+
+def helm(binary: Path, *args: str) -> str:
+    proc = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def render(binary: Path, *args: str) -> list[dict[str, Any]]:
+    out = helm(binary, "template", "rel", str(CHART), "--namespace", "infer", *args)
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def chart_crds() -> dict[str, dict[str, Any]]:
+    docs = [d for p in sorted((CHART / "crds").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    return {f"{d['spec']['group']}/{d['spec']['names']['kind']}": d for d in docs}
+
+
+def validate_object(obj: dict[str, Any], crds: dict[str, dict[str, Any]]) -> None:
+    group = obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else ""
+    key = f"{group}/{obj['kind']}"
+    if key in crds:
+        assert validate_custom_resource(crds[key], obj) == [], obj
+    elif obj["kind"] == "ServiceMonitor":
+        jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
+    else:
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("values", [None, *VALUE_FILES], ids=lambda v: v.name if v else "defaults")
+def test_helm_lint_strict(helm_bin: Path, values: Path | None) -> None:
+    out = helm(helm_bin, "lint", "--strict", str(CHART), *(["-f", str(values)] if values else []))
+    assert "0 chart(s) failed" in out
+
+
+@pytest.mark.parametrize("values", [None, *VALUE_FILES], ids=lambda v: v.name if v else "defaults")
+def test_every_rendered_object_validates(helm_bin: Path, values: Path | None) -> None:
+    docs = render(helm_bin, "--include-crds", *(["-f", str(values)] if values else []))
+    crds = chart_crds()
+    assert docs
+    for obj in docs:
+        validate_object(obj, crds)
+
+
+def test_all_optional_parts_render(helm_bin: Path) -> None:
+    docs = render(helm_bin, "--include-crds", "-f", str(CHART / "ci" / "all-on-values.yaml"))
+    kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
+    assert kinds == sorted([
+        "ClusterKopfPeering/rel-hetero-infer", "ClusterRole/rel-hetero-infer-cluster",
+        "ClusterRoleBinding/rel-hetero-infer-cluster", "ConfigMap/rel-hetero-infer-adapter-rules",
+        "ConfigMap/rel-hetero-infer-dashboard", "CustomResourceDefinition/clusterkopfpeerings.kopf.dev",
+        "CustomResourceDefinition/inferencedeployments.hetero-infer.io",
+        "CustomResourceDefinition/kopfpeerings.kopf.dev", "Deployment/rel-hetero-infer",
+        "NetworkPolicy/rel-hetero-infer", "NetworkPolicy/rel-hetero-infer-workers",
+        "ServiceAccount/rel-hetero-infer", "ServiceMonitor/rel-hetero-infer-workers",
+    ])
+    crd = next(d for d in docs if d["metadata"]["name"] == c.CRD_NAME)
+    assert crd == yaml.safe_load((ROOT / "crds" / f"{c.CRD_NAME}.yaml").read_text())
+
+    # The adapter exposes exactly the metrics the operator's HPAs ask for.
+    adapter = next(d for d in docs if d["metadata"]["name"].endswith("adapter-rules"))
+    rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    exposed = {r["name"]["as"] for r in rules}
+    assert {c.METRIC_KV_CACHE_USAGE, c.METRIC_REQUESTS_WAITING} <= exposed
+    for rule in rules:
+        assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+
+    dashboard = json.loads(next(d for d in docs if d["metadata"]["name"].endswith("dashboard"))["data"]
+                           ["hetero-infer.json"])
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for metric in (c.METRIC_KV_CACHE_USAGE, c.METRIC_REQUESTS_WAITING, c.METRIC_REQUESTS_RUNNING,
+                   "hetero_infer_generation_tokens_total", "hetero_infer_time_to_first_token_seconds_bucket",
+                   "hetero_infer_inter_token_latency_seconds_bucket"):
+        assert metric in exprs, metric
+    titles = " ".join(p["title"].lower() for p in dashboard["panels"])
+    for word in ("throughput", "first token", "inter-token", "kv-cache", "queue", "replicas"):
+        assert word in titles, word
+
+
+def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    return dep["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("values", [None, *VALUE_FILES], ids=lambda v: v.name if v else "defaults")
+def test_operator_deployment_runs_the_operator_cli(helm_bin: Path, values: Path | None) -> None:
+    docs = render(helm_bin, *(["-f", str(values)] if values else []))
+    ctr = operator_container(docs)
+    assert ctr["command"] == ["hetero-infer"] and ctr["args"][0] == "operator"
+    args = build_parser().parse_args(ctr["args"][1:])  # the chart only uses flags the CLI has
+    assert args.liveness.endswith("/healthz") and ctr["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    sec = ctr["securityContext"]
+    assert sec["readOnlyRootFilesystem"] and not sec["allowPrivilegeEscalation"] and sec["capabilities"]["drop"] == [
+        "ALL"]
+    env = {e["name"]: e for e in ctr["env"]}
+    assert "HETERO_INFER_OPERATOR_WORKER_IMAGE" in env and env["POD_ID"]["valueFrom"]
+    assert args.peering or args.standalone
+
+
+def _rules(docs: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """(namespace or '*', apiGroup, resource, verb) the operator's service account is granted."""
+    out = []
+    for d in docs:
+        if d["kind"] in ("ClusterRole", "Role"):
+            scope = d["metadata"].get("namespace", "*") if d["kind"] == "Role" else "*"
+            for rule in d["rules"]:
+                for g in rule["apiGroups"]:
+                    for r in rule["resources"]:
+                        for v in rule["verbs"]:
+                            out.append((scope, g, r, v))
+    return out
+
+
+def test_rbac_is_least_privilege_and_sufficient(helm_bin: Path) -> None:
+    granted = _rules(render(helm_bin))
+    assert not any("*" in (g, r, v) for _, g, r, v in granted), "no wildcards"
+    assert not any(r in ("secrets", "pods/exec", "configmaps") for _, _, r, _ in granted)
+    needed = {("hetero-infer.io", "inferencedeployments", v) for v in ("get", "list", "watch", "patch")}
+    needed |= {("hetero-infer.io", "inferencedeployments/status", "patch"), ("", "events", "create"),
+               ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+               ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
+    for kind in (kube.DEPLOYMENT, kube.SERVICE, kube.PDB, kube.HPA):
+        group = kind.api_version.split("/")[0] if "/" in kind.api_version else ""
+        needed |= {(group, kind.plural, v) for v in ("get", "list", "watch", "create", "patch", "delete")}
+    have = {(g, r, v) for _, g, r, v in granted}
+    assert needed <= have, needed - have
+    assert not {v for _, g, r, v in granted if r == "inferencedeployments"} & {"create", "delete", "update"}
+
+
+def test_namespaced_install_uses_roles_and_namespaced_peering(helm_bin: Path) -> None:
+    docs = render(helm_bin, "-f", str(CHART / "ci" / "namespaced-values.yaml"))
+    granted = _rules(docs)
+    cluster_resources = {r for scope, _, r, _ in granted if scope == "*"}
+    assert cluster_resources == {"customresourcedefinitions", "namespaces"}
+    for ns in ("team-a", "team-b"):
+        assert {("apps", "deployments", "create"), ("kopf.dev", "kopfpeerings", "patch")} <= {
+            (g, r, v) for scope, g, r, v in granted if scope == ns}
+    assert sorted(d["metadata"]["namespace"] for d in docs if d["kind"] == "KopfPeering") == ["team-a", "team-b"]
+    args = operator_container(docs)["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+
+
+@pytest.mark.parametrize("bad", ["replicaCount=-1", "image.pullPolicy=Sometimes", "unknownKey=1",
+                                 "watchNamespaces[0]=Not_A_Namespace"])
+def test_values_schema_rejects_bad_values(helm_bin: Path, bad: str) -> None:
+    proc = subprocess.run([str(helm_bin), "lint", "--strict", str(CHART), "--set", bad], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0, f"--set {bad} was accepted"
+
+
+def test_standalone_when_peering_is_off(helm_bin: Path) -> None:
+    docs = render(helm_bin, "--set", "peering.enabled=false")
+    assert "--standalone" in operator_container(docs)["args"]
+    assert not [d for d in docs if "KopfPeering" in d["kind"]]
