@@ -231,9 +231,11 @@ def _sample_filtered(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -
     pos = {row: j for j, row in enumerate(idx)}
     pending = idx
     width = max([_CANDIDATES] + [rows[i].params.top_k for i in idx if 0 < rows[i].params.top_k < vocab])
+    # Drawn once: a retry with a wider pass must reuse the same noise.
+    seeded = {i: _seeded_noise(rows[i].generator, vocab, x.device) for i in idx if rows[i].generator is not None}
     while pending:
         width = min(width, vocab)
-        chosen, overflow = _sample_candidates(x, rows, pending, width)
+        chosen, overflow = _sample_candidates(x, rows, pending, width, seeded)
         done = [i for i in pending if i not in overflow]
         if done:
             keep = [j for j, i in enumerate(pending) if i not in overflow]
@@ -244,7 +246,7 @@ def _sample_filtered(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -
 
 
 def _sample_candidates(
-    x: torch.Tensor, rows: list[SamplingRow], idx: list[int], width: int
+    x: torch.Tensor, rows: list[SamplingRow], idx: list[int], width: int, seeded: dict[int, torch.Tensor]
 ) -> tuple[torch.Tensor, set[int]]:
     """Filter and sample within the `width` largest logits of each row.
 
@@ -285,14 +287,13 @@ def _sample_candidates(
         keep &= rel >= _column(min_p, device)
 
     noise = torch.empty_like(rel)
-    unseeded = [j for j, i in enumerate(idx) if rows[i].generator is None]
+    unseeded = [j for j, i in enumerate(idx) if i not in seeded]
     if unseeded:
         noise[_index(unseeded, device)] = _unseeded_noise((len(unseeded), width), device)
     for j, i in enumerate(idx):
-        gen = rows[i].generator
-        if gen is not None:
+        if i in seeded:
             # The full-vocab draw gathered at the candidates: the same race as over the whole vocab.
-            noise[j] = _seeded_noise(gen, vocab, device)[cand[j]]
+            noise[j] = seeded[i][cand[j]]
     pos = rel.masked_fill_(~keep, 0.0).div_(noise).max(dim=-1).indices
     return cand.gather(1, pos.unsqueeze(1)).squeeze(1), overflow
 

