@@ -190,6 +190,8 @@ def _resources(spec: InferenceSpec) -> dict[str, Any]:
 def _env(spec: InferenceSpec) -> list[dict[str, Any]]:
     ours = [
         {"name": "HOME", "value": "/tmp"},
+        # Model conversions (e.g. a .gguf from a volume) and library caches go to a writable emptyDir.
+        {"name": "HETERO_INFER_CACHE", "value": CACHE_DIR},
         {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
         {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_DIR}/triton"},
