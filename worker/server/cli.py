@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import logging
 import os
 import signal
@@ -171,8 +172,19 @@ def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None)
         future.set_result(result)
 
 
-async def _load_engine(engine_config: EngineConfig) -> Any:
-    """Build the LLMEngine on a daemon thread (loading is slow; the loop keeps answering /healthz)."""
+def _private_tokenizer(tokenizer: Any) -> Any:
+    """A copy of the engine's tokenizer for the event loop, so that the (Rust) tokenizer object is never used
+    from two threads at once: the engine thread detokenizes while the loop tokenizes."""
+    try:
+        return copy.deepcopy(tokenizer)
+    except Exception as exc:  # an uncopyable tokenizer still works, shared
+        logger.warning("could not copy the tokenizer (%s); sharing it with the engine thread", exc)
+        return tokenizer
+
+
+async def _load_engine(engine_config: EngineConfig) -> tuple[Any, Any]:
+    """Build the LLMEngine (and the loop's tokenizer) on a daemon thread: loading is slow, and meanwhile the
+    loop keeps answering /healthz."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
 
@@ -181,17 +193,17 @@ async def _load_engine(engine_config: EngineConfig) -> Any:
             from hetero_infer.worker.engine import LLMEngine
 
             engine = LLMEngine(engine_config)
+            tokenizer = _private_tokenizer(engine.tokenizer)
         except BaseException as exc:  # reported to the loop, which exits with status 1
             loop.call_soon_threadsafe(_settle, future, None, exc)
         else:
-            loop.call_soon_threadsafe(_settle, future, engine, None)
+            loop.call_soon_threadsafe(_settle, future, (engine, tokenizer), None)
 
     threading.Thread(target=load, name="engine-load", daemon=True).start()
     return await future
 
 
 async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
-    from hetero_infer.worker.async_engine import AsyncEngine
     from hetero_infer.worker.server.app import create_app
     from hetero_infer.worker.server.errors import unavailable
     from hetero_infer.worker.server.logs import ACCESS_LOGGER, AccessLogger
@@ -233,7 +245,7 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
         await runner.cleanup()
         return 0
     try:
-        engine = load.result()
+        engine, tokenizer = load.result()
     except Exception as exc:
         state.phase = FAILED
         state.load_error = f"{type(exc).__name__}: {exc}"
@@ -241,10 +253,7 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
         await runner.cleanup()
         return 1
 
-    async_engine = AsyncEngine(engine, timing_sink=state.metrics)
-    async_engine.start(loop)
-    state.attach(async_engine, model_name=engine.model_name, max_model_len=engine.max_model_len,
-                 max_num_seqs=engine_config.max_num_seqs, tokenizer=engine.tokenizer)
+    async_engine = state.start_engine(engine, max_num_seqs=engine_config.max_num_seqs, tokenizer=tokenizer)
     logger.info("ready: serving %s (max_model_len %d, executor %s)", engine.model_name, engine.max_model_len,
                 engine_config.executor)
 

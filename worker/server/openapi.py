@@ -45,7 +45,23 @@ def _generation(request: type[BaseModel], response: type[BaseModel], chunk: type
                     f"`data: <{chunk.__name__}>` per update, then `data: [DONE]`",
                     "content": {
                         "application/json": {"schema": _ref(response)},
-                        "text/event-stream": {"schema": {"type": "string"}},
+                        # OpenAPI 3.1: for an event stream, `schema` describes one event.
+                        "text/event-stream": {"schema": {
+                            "type": "object",
+                            "required": ["data"],
+                            "properties": {
+                                "event": {"type": "string"},
+                                "data": {
+                                    "description": f"a JSON {chunk.__name__} (or an ErrorResponse); the last "
+                                    "event is `[DONE]`",
+                                    "oneOf": [
+                                        {"type": "string", "const": "[DONE]"},
+                                        {"type": "string", "contentMediaType": "application/json",
+                                         "contentSchema": {"oneOf": [_ref(chunk), _ref(p.ErrorResponse)]}},
+                                    ],
+                                },
+                            },
+                        }},
                     },
                 },
                 **_errors(*auth, "400", "404", "413", "429", "500", "503", "504"),
@@ -61,7 +77,7 @@ def build_openapi(*, title: str = "hetero-infer worker", version: str = "0.1.0",
         p.ModelList, p.ModelCard, p.ErrorResponse, p.HealthStatus,
     ]
     _, top = models_json_schema(
-        [(m, "validation") for m in request_models] + [(m, "serialization") for m in response_models],
+        [(m, "validation") for m in request_models + response_models],
         ref_template=_REF,
     )
     auth_codes = ["401"] if auth else []

@@ -143,18 +143,24 @@ class ChatCompletionRequest(_Sampling):
 # --------------------------------------------------------------------------------------------- responses
 
 
-class ErrorBody(BaseModel):
+class _Response(BaseModel):
+    """Documents a response shape exactly (no undeclared fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(_Response):
     message: str
     type: str
     param: str | None = None
     code: str | None = None
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(_Response):
     error: ErrorBody
 
 
-class ModelCard(BaseModel):
+class ModelCard(_Response):
     id: str
     object: Literal["model"] = "model"
     created: int
@@ -162,32 +168,32 @@ class ModelCard(BaseModel):
     max_model_len: int
 
 
-class ModelList(BaseModel):
+class ModelList(_Response):
     object: Literal["list"] = "list"
     data: list[ModelCard]
 
 
-class Usage(BaseModel):
+class Usage(_Response):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 
-class CompletionLogprobs(BaseModel):
+class CompletionLogprobs(_Response):
     tokens: list[str]
     token_logprobs: list[float | None]
     top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(_Response):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 
-class CompletionResponse(BaseModel):
+class CompletionResponse(_Response):
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int
@@ -196,7 +202,7 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
-class TopLogprob(BaseModel):
+class TopLogprob(_Response):
     token: str
     logprob: float
     bytes: list[int] | None = None
@@ -206,23 +212,23 @@ class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob]
 
 
-class ChatLogprobs(BaseModel):
+class ChatLogprobs(_Response):
     content: list[TokenLogprob] | None = None
 
 
-class AssistantMessage(BaseModel):
+class AssistantMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(_Response):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
-class ChatCompletionResponse(BaseModel):
+class ChatCompletionResponse(_Response):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
@@ -231,19 +237,19 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
-class ChatDelta(BaseModel):
+class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
 
 
-class ChatChunkChoice(BaseModel):
+class ChatChunkChoice(_Response):
     index: int
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(_Response):
     """One `data:` event of a streamed chat completion (the stream ends with `data: [DONE]`)."""
 
     id: str
@@ -254,7 +260,7 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | None = None
 
 
-class CompletionChunk(BaseModel):
+class CompletionChunk(_Response):
     """One `data:` event of a streamed completion (the stream ends with `data: [DONE]`)."""
 
     id: str
@@ -265,7 +271,7 @@ class CompletionChunk(BaseModel):
     usage: Usage | None = None
 
 
-class HealthStatus(BaseModel):
+class HealthStatus(_Response):
     status: str
     error: str | None = None
 

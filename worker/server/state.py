@@ -39,17 +39,23 @@ class ServerState:
         self._validate: Any = None
 
     # ----------------------------------------------------------------- engine
-    def attach(self, engine: AsyncEngine, *, model_name: str, max_model_len: int, max_num_seqs: int,
-               tokenizer: Any) -> None:
-        self._engine = engine
-        self.tokenizer = tokenizer
-        self.model_name = model_name
-        self.max_model_len = max_model_len
+    def start_engine(self, engine: Any, *, max_num_seqs: int, tokenizer: Any = None) -> AsyncEngine:
+        """Run a loaded `LLMEngine` on its thread and start serving it (call on the event loop).
+
+        `tokenizer` is the loop's own copy (default: the engine's, shared with the engine thread).
+        """
+        async_engine = AsyncEngine(engine, timing_sink=self.metrics)
+        async_engine.start()
+        self._engine = async_engine
+        self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
+        self.model_name = engine.model_name
+        self.max_model_len = engine.max_model_len
         self.max_num_seqs = max_num_seqs
-        self.vocab_size = int(getattr(engine.engine, "vocab_size", tokenizer.vocab_size))
-        self._validate = getattr(engine.engine, "validate_request", None)
-        self.metrics.bind(model_name, engine.stats, lambda: engine.healthy)
+        self.vocab_size = int(getattr(engine, "vocab_size", self.tokenizer.vocab_size))
+        self._validate = getattr(engine, "validate_request", None)
+        self.metrics.bind(self.model_name, async_engine.stats, lambda: async_engine.healthy)
         self.phase = READY
+        return async_engine
 
     @property
     def engine(self) -> AsyncEngine:
