@@ -79,6 +79,8 @@ class LLMEngine:
         self.eos_token_ids = sorted(self.tokenizer.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.prompt_tokens_total = 0
+        self.last_schedule: SchedulerOutput | None = None  # for benchmarks and tracing
+        self.last_schedule_seconds = 0.0
         self.generation_tokens_total = 0
 
     # -- requests -----------------------------------------------------------------------
@@ -140,7 +142,10 @@ class LLMEngine:
 
     # -- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        t = time.perf_counter()
         sched = self.scheduler.schedule()
+        self.last_schedule_seconds = time.perf_counter() - t
+        self.last_schedule = sched
         if not sched.scheduled:
             return []
         now = time.monotonic()

@@ -1,0 +1,313 @@
+"""`hetero-infer bench`: offline throughput on a fixed, seeded workload, beside Hugging Face transformers.
+
+Workload: N requests of random token ids (prompt lengths uniform in [min, max]), a fixed or
+uniform number of new tokens, greedy, no early EOS. Peers on the same model, dtype and
+workload in the same invocation: transformers' batched `generate` (padded) and its
+continuous batching (`generate_batch`). Also reported: the matmul and memory roofline of
+our decode steps (measured peaks), the KV-cache slot waste, and the scheduler's CPU time
+per step at 256 running sequences (mock executor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from hetero_infer.worker.cli_args import add_engine_args, engine_config_from_args
+from hetero_infer.worker.config import EngineConfig
+
+
+@dataclass
+class Workload:
+    num_requests: int = 32
+    min_prompt: int = 32
+    max_prompt: int = 256
+    min_output: int = 128
+    max_output: int = 128
+    seed: int = 0
+
+    def build(self, vocab_size: int) -> tuple[list[list[int]], list[int]]:
+        rng = random.Random(self.seed)
+        lo, hi = min(100, vocab_size // 2), vocab_size - 1
+        prompts = [[rng.randint(lo, hi) for _ in range(rng.randint(self.min_prompt, self.max_prompt))]
+                   for _ in range(self.num_requests)]
+        outputs = [rng.randint(self.min_output, self.max_output) for _ in range(self.num_requests)]
+        return prompts, outputs
+
+
+@dataclass
+class Result:
+    system: str
+    dtype: str
+    output_tokens: int
+    seconds: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds else 0.0
+
+
+# -- hardware peaks ----------------------------------------------------------------------
+def measure_peaks(dtype: torch.dtype, device: torch.device) -> tuple[float, float]:
+    """(matmul FLOP/s in `dtype`, copy bandwidth bytes/s), median of a few timed runs."""
+    n = 4096 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    src = torch.empty(64 << 20 if device.type == "cpu" else 1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    mm = _median_time(lambda: torch.mm(a, b), device)
+    cp = _median_time(lambda: dst.copy_(src), device)
+    return 2 * n**3 / mm, 2 * src.numel() / cp
+
+
+def _median_time(fn, device, repeats: int = 7) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1000)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+# -- ours --------------------------------------------------------------------------------
+def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
+    from hetero_infer.worker.engine import LLMEngine
+    from hetero_infer.worker.sampling_params import SamplingParams
+
+    engine = LLMEngine(config)
+    _warm_up(engine)
+    hf = engine.executor.model.config if hasattr(engine.executor, "model") else None
+    for i, (p, n) in enumerate(zip(prompts, outputs)):
+        engine.add_request(f"bench-{i}", None, p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    device = getattr(engine.executor, "device", torch.device("cpu"))
+    sync = torch.cuda.synchronize if getattr(device, "type", "cpu") == "cuda" else (lambda: None)
+    decode_time = decode_floor = 0.0
+    waste_samples: list[float] = []
+    steps = 0
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        t = time.perf_counter()
+        outs = engine.step()
+        sync()
+        dt = time.perf_counter() - t
+        steps += 1
+        sched = engine.last_schedule
+        if sched is not None and sched.scheduled and all(not s.seq.is_prefill and s.num_new_tokens == 1
+                                                         for s in sched.scheduled):
+            decode_time += dt
+            if hf is not None:
+                decode_floor += _decode_floor(hf, engine.executor.dtype, sched, peaks)
+            waste_samples.append(engine.kv_waste())
+        if any(o.error for o in outs):
+            raise RuntimeError(f"benchmark request failed: {next(o.error for o in outs if o.error)}")
+    elapsed = time.perf_counter() - start
+    total = sum(outputs)
+    extra = {"steps": steps}
+    if decode_time and decode_floor:
+        extra["decode_roofline_fraction"] = decode_floor / decode_time
+    if waste_samples:
+        extra["kv_waste"] = sum(waste_samples) / len(waste_samples)
+    return Result("hetero-infer", str(config.dtype), total, elapsed, extra)
+
+
+def _warm_up(engine) -> None:
+    from hetero_infer.worker.sampling_params import SamplingParams
+
+    engine.add_request("warmup", None, [100] * 16, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def _decode_floor(hf, dtype: torch.dtype, sched, peaks) -> float:
+    """Lower bound on one decode step's time: max(matmul FLOPs / peak, bytes read / bandwidth)."""
+    flops_peak, bandwidth = peaks
+    elem = torch.empty((), dtype=dtype).element_size()
+    d, layers = hf.hidden_size, hf.num_hidden_layers
+    hd = getattr(hf, "head_dim", None) or d // hf.num_attention_heads
+    q, kv = hf.num_attention_heads * hd, hf.num_key_value_heads * hd
+    per_layer = d * (q + 2 * kv) + q * d + 3 * d * hf.intermediate_size
+    weights = layers * per_layer + d * hf.vocab_size
+    batch = len(sched.scheduled)
+    context = sum(s.seq.num_computed_tokens + 1 for s in sched.scheduled)
+    flops = 2 * weights * batch + 4 * layers * q * context
+    kv_bytes = 2 * layers * kv * context * elem
+    return max(flops / flops_peak, (weights * elem + kv_bytes) / bandwidth)
+
+
+# -- peers -------------------------------------------------------------------------------
+def _hf_model(folder, dtype, device, **kwargs):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).to(device).eval()
+
+
+def run_hf_generate(folder, dtype, device, prompts, outputs) -> Result:
+    model = _hf_model(folder, dtype, device)
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):  # left padding
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    new = max(outputs)
+    with torch.inference_mode():
+        model.generate(ids[:1, -8:].to(device), max_new_tokens=2, do_sample=False, pad_token_id=0)
+        start = time.perf_counter()
+        out = model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=new,
+                             min_new_tokens=new, do_sample=False, pad_token_id=0)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+    produced = (out.shape[1] - width) * len(prompts)
+    return Result("transformers generate (padded batch)", str(dtype).replace("torch.", ""), produced, elapsed)
+
+
+def run_hf_continuous(folder, dtype, device, prompts, outputs) -> Result:
+    from transformers import GenerationConfig
+
+    model = _hf_model(folder, dtype, device)
+    config = GenerationConfig(max_new_tokens=max(outputs), do_sample=False, eos_token_id=-1, pad_token_id=0)
+    start = time.perf_counter()
+    results = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    elapsed = time.perf_counter() - start
+    produced = sum(len(r.generated_tokens) for r in results.values())
+    return Result("transformers continuous batching (generate_batch)", str(dtype).replace("torch.", ""),
+                  produced, elapsed)
+
+
+# -- scheduler overhead ------------------------------------------------------------------
+def scheduler_overhead(num_seqs: int = 256, steps: int = 200) -> dict[str, float]:
+    """CPU time per step with `num_seqs` running sequences on the mock executor (zero latency)."""
+    from hetero_infer.worker.engine import LLMEngine
+    from hetero_infer.worker.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(executor="mock", max_num_seqs=num_seqs, max_num_blocks=num_seqs * 40,
+                                    max_num_batched_tokens=num_seqs * 128, max_model_len=2048))
+    rng = random.Random(0)
+    for i in range(num_seqs):
+        prompt = [rng.randint(100, 40000) for _ in range(128)]
+        engine.add_request(f"s{i}", None, prompt, SamplingParams(max_tokens=500, ignore_eos=True))
+    engine.step()  # prefill everything
+    assert len(engine.scheduler.running) == num_seqs
+    sched_times, step_times = [], []
+    for _ in range(steps):
+        t0 = time.process_time()
+        engine.step()
+        step_times.append(time.process_time() - t0)
+        sched_times.append(engine.last_schedule_seconds)
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {"running": len(engine.scheduler.running), "schedule_ms": med(sched_times) * 1e3,
+            "engine_step_ms": med(step_times) * 1e3}
+
+
+# -- report ------------------------------------------------------------------------------
+def format_table(results: list[Result]) -> str:
+    lines = ["| system | dtype | output tokens | seconds | output tok/s | vs best peer |", "|---|---|---|---|---|---|"]
+    for dtype in dict.fromkeys(r.dtype for r in results):
+        group = [r for r in results if r.dtype == dtype]
+        peers = [r.tokens_per_s for r in group if r.system != "hetero-infer"]
+        best = max(peers) if peers else None
+        for r in group:
+            ratio = f"{r.tokens_per_s / best:.2f}x" if best else "-"
+            lines.append(f"| {r.system} | {r.dtype} | {r.output_tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hetero-infer bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--num-requests", type=int, default=32)
+    p.add_argument("--min-prompt", type=int, default=32)
+    p.add_argument("--max-prompt", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=None, help="fixed new tokens per request (default 128)")
+    p.add_argument("--min-output", type=int, default=None)
+    p.add_argument("--max-output", type=int, default=None)
+    p.add_argument("--workload-seed", type=int, default=0)
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to run")
+    p.add_argument("--peers", default="hf-generate,hf-cb", help="comma-separated: hf-generate, hf-cb, or none")
+    p.add_argument("--scheduler-overhead", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--json", dest="json_path", help="also write the results here")
+    add_engine_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out_len = args.output_len or 128
+    workload = Workload(args.num_requests, args.min_prompt, args.max_prompt,
+                        args.min_output or out_len, args.max_output or out_len, args.workload_seed)
+    peers = [] if args.peers == "none" else [p for p in args.peers.split(",") if p]
+    unknown = set(peers) - {"hf-generate", "hf-cb"}
+    if unknown:
+        print(f"hetero-infer bench: unknown peer(s) {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    from hetero_infer.worker.model_loader import load_hf_config, resolve_model
+    from hetero_infer.worker.model_runner import resolve_device
+
+    base = engine_config_from_args(args)
+    folder, name = resolve_model(base.model)
+    vocab = load_hf_config(folder).vocab_size
+    prompts, outputs = workload.build(vocab)
+    device = resolve_device(base.device)
+    results: list[Result] = []
+    report: dict = {"model": name, "device": _device_name(device), "torch": torch.__version__,
+                    "workload": asdict(workload), "threads": torch.get_num_threads()}
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, dtype_name)
+        peaks = measure_peaks(dtype, device)
+        report.setdefault("peaks", {})[dtype_name] = {"matmul_gflops": peaks[0] / 1e9, "copy_gbs": peaks[1] / 1e9}
+        config = EngineConfig.from_dict({**base.to_dict(), "dtype": dtype_name, "model": str(folder),
+                                         "served_model_name": name})
+        ours = run_ours(config, prompts, outputs, peaks)
+        ours.dtype = dtype_name
+        results.append(ours)
+        if "hf-generate" in peers:
+            results.append(run_hf_generate(folder, dtype, device, prompts, outputs))
+        if "hf-cb" in peers:
+            results.append(run_hf_continuous(folder, dtype, device, prompts, outputs))
+        print(format_table(results), flush=True)
+    report["results"] = [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in results]
+    print()
+    print(f"model {name} on {report['device']}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+          f"{workload.num_requests} requests, prompts {workload.min_prompt}-{workload.max_prompt}, "
+          f"outputs {workload.min_output}-{workload.max_output}, greedy, seed {workload.seed}")
+    print(format_table(results))
+    for r in results:
+        if r.extra:
+            bits = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.extra.items())
+            print(f"{r.system} [{r.dtype}]: {bits}")
+    for dtype_name, pk in report.get("peaks", {}).items():
+        print(f"measured peaks [{dtype_name}]: matmul {pk['matmul_gflops']:.0f} GFLOP/s, copy {pk['copy_gbs']:.1f} GB/s")
+    if args.scheduler_overhead:
+        report["scheduler"] = scheduler_overhead()
+        s = report["scheduler"]
+        print(f"scheduler at {s['running']} running sequences (mock executor): schedule() {s['schedule_ms']:.3f} ms, "
+              f"whole engine step {s['engine_step_ms']:.3f} ms CPU time (median)")
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU ({torch.get_num_threads()} threads)"
+
