@@ -1,0 +1,64 @@
+"""`hetero-infer serve` with the real default model (torch executor, CPU) and the official client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+from server_proc import ServerProcess
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def real() -> Iterator[ServerProcess]:
+    s = ServerProcess("--max-model-len", "512", executor="torch", start_timeout=300)
+    yield s
+    assert s.stop() == 0, s.log()
+
+
+@pytest.fixture(scope="module")
+def client(real: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=real.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_greedy_chat_answers(client: openai.OpenAI) -> None:
+    model = client.models.list().data[0].id
+    r = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8, temperature=0)
+    assert "Paris" in (r.choices[0].message.content or "")
+    streamed = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8, temperature=0,
+                                              stream=True, stream_options={"include_usage": True})
+    chunks = list(streamed)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_logprobs(client: openai.OpenAI) -> None:
+    model = client.models.list().data[0].id
+    r = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=3, temperature=0, logprobs=True,
+                                       top_logprobs=3, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 3
+    for entry in content:
+        assert entry.logprob <= 0.0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
+        assert entry.token == entry.top_logprobs[0].token  # greedy: the sampled token is the most likely
+    assert "".join(e.token for e in content) == r.choices[0].message.content
+    c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=3, temperature=0,
+                                  logprobs=2, extra_body={"ignore_eos": True})
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 3
+    assert all(len(t) == 2 for t in lp.top_logprobs)
+    assert lp.text_offset[0] == 0 and "".join(lp.tokens) == c.choices[0].text
+
+
+def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
+    model = client.models.list().data[0].id
+
+    def sample(seed: int) -> list[str]:
+        r = client.completions.create(model=model, prompt="My favourite animal is", max_tokens=4, temperature=1.0,
+                                      top_p=0.95, seed=seed, n=2)
+        return [c.text for c in sorted(r.choices, key=lambda c: c.index)]
+
+    assert sample(7) == sample(7)
