@@ -124,39 +124,61 @@ def _w4_kernel(
         )
 
 
+@triton.jit
+def _splitk_reduce_kernel(
+    ws_ptr, bias_ptr, out_ptr, M, N, s_om,
+    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """out[m, n] = sum_s ws[s, m, n] (+ bias[n]), summed in a fixed order (deterministic)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
+    n = offs % N
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + (offs // N) * s_om + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+#: Most K-splits of one matmul (each adds an [M, N] float32 partial to the workspace).
+MAX_SPLIT_K = 16
+
+
 def _pick(m: int, n: int, k_units: int, device: torch.device, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, split) for an [m, n] output with ``k_units`` K-steps."""
+    """(BLOCK_M, BLOCK_N, split) for an [m, n] output with ``k_units`` K-steps.
+
+    Small M is weight-bandwidth bound: output tiles are few, so K is split until about
+    two programs per SM stream weights (each split keeping >= 4 K-steps)."""
     if not B.compiled(device):  # interpreter: small tiles so tests cover several of each
-        block_m = 16
-        block_n = 32
-        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-        split = min(k_units, max(1, 8 // tiles))
-        return block_m, block_n, split
-    target = 2 * B.num_sms(device)
-    if dtype == torch.float32:  # FMA dot: small tiles or it spills
         block_m, block_n = 16, 32
         tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-        split = 1 if tiles >= target else min(max(1, k_units // 4), triton.cdiv(target, tiles))
-        return block_m, block_n, split
-    if m <= 16:
-        block_m = 16
+        return block_m, block_n, min(k_units, max(1, 8 // tiles))
+    if dtype == torch.float32:  # FMA dot: small tiles or it spills
+        block_m, block_n = 16, 32
+    elif m <= 16:
+        block_m, block_n = 16, 64
     elif m <= 32:
-        block_m = 32
+        block_m, block_n = 32, 64
+    elif m <= 64:
+        block_m, block_n = 64, 64
     else:
-        block_m = 64
-    block_n = 64 if m <= 64 else 128
+        block_m, block_n = 64, 128
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    target = 2 * B.num_sms(device)
     split = 1
     if tiles < target:
-        split = min(max(1, k_units // 4), triton.cdiv(target, tiles))
+        split = max(1, min(k_units // 4, triton.cdiv(target, tiles), MAX_SPLIT_K))
     return block_m, block_n, split
 
 
 def _finish(partials, bias, out):
-    total = partials.sum(dim=0)
-    if bias is not None:
-        total += bias.to(torch.float32)
-    out.copy_(total)
+    split, m, n = partials.shape
+    block = 1024
+    _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
+        partials, bias if bias is not None else partials, out, m, n, out.stride(0),
+        SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+    )
 
 
 def int8_matmul(x2, qweight, scales, bias, out2, *, config=None) -> None:
@@ -210,7 +232,8 @@ def int4_matmul(x2, packed, scales, zeros, group_size, bias, out2, *, config=Non
         target.stride(-2), target.stride(0) if split > 1 else 0,
         HAS_BIAS=bias is not None, SPLIT=split > 1, GROUP=group_size,
         BLOCK_M=block_m, BLOCK_N=block_n, DOT_F32=dot_f32,
-        num_warps=4, num_stages=(2 if x2.dtype == torch.float32 else 4) if B.compiled(x2.device) else 1,
+        num_warps=4,
+        num_stages=(1 if x2.dtype == torch.float32 else 4) if B.compiled(x2.device) else 1,
     )
     if split > 1:
         _finish(target, bias, out2)
