@@ -1,0 +1,39 @@
+"""The README's main job and the benchmark command, run as a user would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hetero_infer.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_generate_default_model_says_paris():
+    proc = run("generate", "--prompt", "The capital of France is", "--max-tokens", "12", "--temperature", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("The capital of France is")
+    assert "Paris" in proc.stdout
+
+
+def test_generate_bad_option_gives_clear_error():
+    proc = run("generate", "--prompt", "x", "--block-size", "0")
+    assert proc.returncode == 2
+    assert "block_size" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bench_runs_small_workload_beside_transformers(tiny_model, tmp_path):
+    folder, _ = tiny_model("qwen2")
+    out = tmp_path / "bench.json"
+    proc = run("bench", "--model", str(folder), "--num-requests", "3", "--min-prompt", "4", "--max-prompt", "12",
+               "--output-len", "5", "--dtypes", "float32", "--peers", "hf-generate", "--no-scheduler-overhead",
+               "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    systems = {r["system"]: r for r in report["results"]}
+    assert systems["hetero-infer"]["output_tokens"] == 15
+    assert systems["transformers generate (padded batch)"]["output_tokens"] == 15
+    assert "| hetero-infer | float32 | 15 |" in proc.stdout
