@@ -99,9 +99,12 @@ async def operator(kmock: Any, kubeconfig: Path) -> AsyncIterator[Callable[..., 
 
     started: list[asyncio.Task[Any]] = []
 
-    async def start(*argv: str) -> None:
-        args = build_parser().parse_args(["--standalone", "--resync-seconds", "3600", *argv])
+    async def start(*argv: str, identity: str | None = None) -> None:
+        mode = [] if "--peering" in argv else ["--standalone"]
+        args = build_parser().parse_args([*mode, "--resync-seconds", "3600", *argv])
         kwargs = operator_kwargs(args)
+        if identity is not None:
+            kwargs["identity"] = identity
         kwargs["settings"].watching.reconnect_backoff = 0.2
         ready = asyncio.Event()
         tasks = await kopf.spawn_tasks(**kwargs, ready_flag=ready)
@@ -111,7 +114,12 @@ async def operator(kmock: Any, kubeconfig: Path) -> AsyncIterator[Callable[..., 
     logging.getLogger("kopf").setLevel(logging.INFO)
     yield start
     # Cancelling (rather than the stop flag) skips kopf's 5-second grace period for idle timers.
+    # All at once: each kopf instance cancels every kopf task at its shutdown, the other's included.
     for task in started:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 15)
+    if started:
+        done, pending = await asyncio.wait(started, timeout=20)
+        assert not pending, "the operator did not stop within 20 s"
+        for task in done:
+            with contextlib.suppress(asyncio.CancelledError):
+                task.result()

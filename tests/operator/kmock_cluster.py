@@ -34,6 +34,7 @@ SERVICES = kmock.resource("", "v1", "services")
 PDBS = kmock.resource("policy", "v1", "poddisruptionbudgets")
 HPAS = kmock.resource("autoscaling", "v2", "horizontalpodautoscalers")
 EVENTS = kmock.resource("", "v1", "events")
+PEERINGS = kmock.resource("kopf.dev", "v1", "clusterkopfpeerings")
 
 _VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 RESOURCES: dict[kmock.resource, kmock.ResourceInfo] = {
@@ -48,6 +49,8 @@ RESOURCES: dict[kmock.resource, kmock.ResourceInfo] = {
     HPAS: kmock.ResourceInfo(kind="HorizontalPodAutoscaler", singular="horizontalpodautoscaler",
                              namespaced=True, verbs=_VERBS, shortnames={"hpa"}, subresources={"status"}),
     EVENTS: kmock.ResourceInfo(kind="Event", singular="event", namespaced=True, verbs=_VERBS, shortnames={"ev"}),
+    PEERINGS: kmock.ResourceInfo(kind="ClusterKopfPeering", singular="clusterkopfpeering", namespaced=False,
+                                 verbs=_VERBS),
     kmock.resource("", "v1", "namespaces"): kmock.ResourceInfo(kind="Namespace", singular="namespace",
                                                                namespaced=False, verbs=_VERBS, shortnames={"ns"}),
     kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"): kmock.ResourceInfo(

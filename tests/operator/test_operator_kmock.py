@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.manifests import selector_string
-from kmock_cluster import DEPLOYMENTS, EVENTS, HPAS, INFD, PDBS, SERVICES, wait_for
+from kmock_cluster import DEPLOYMENTS, EVENTS, HPAS, INFD, PDBS, PEERINGS, SERVICES, wait_for
 
 NS = "models"
 
@@ -183,3 +184,39 @@ async def test_a_foreign_object_in_the_way_is_a_conflict_not_a_takeover(kmock: A
     degraded = next(cond for cond in status["conditions"] if cond["type"] == "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "ChildConflict"
     assert "ownerReferences" not in live(kmock, SERVICES)["metadata"]
+
+
+WRITES = ("POST", "PATCH", "PUT", "DELETE")
+
+
+def writes(kmock: Any) -> list[str]:
+    """Writes to anything but events and peering keep-alives."""
+    return [f"{r.method.value} {r.url.path}" for r in kmock._requests
+            if r.method.value in WRITES and r.resource not in (EVENTS, PEERINGS)]
+
+
+async def test_steady_state_makes_no_writes(kmock: Any, operator: Any) -> None:
+    await operator()
+    await create(kmock, infd(autoscaling={"enabled": True, "mode": "hpa", "maxReplicas": 3}))
+    await wait_for(lambda: live(kmock, HPAS) and live(kmock, INFD).get("status", {}).get("conditions"),
+                   what="children and status")
+    await asyncio.sleep(1.0)  # let the echoes of the operator's own writes arrive and be handled
+    before = writes(kmock)
+    await asyncio.sleep(1.5)
+    assert writes(kmock) == before, "the operator keeps writing without any change (a reconcile loop)"
+
+
+async def test_two_replicas_with_peering_act_as_one(kmock: Any, operator: Any) -> None:
+    rsp = await kmock.post("/apis/kopf.dev/v1/clusterkopfpeerings", json={
+        "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "hetero-infer"}})
+    assert rsp.status == 200
+    await operator("--peering", "hetero-infer", "--priority", "10", identity="replica-low")
+    await operator("--peering", "hetero-infer", "--priority", "20", identity="replica-high")
+    key = (PEERINGS, None, "hetero-infer")
+    await wait_for(lambda: set(kmock.objects[key].raw.get("status") or {}) == {"replica-low", "replica-high"},
+                   what="both replicas in the peering status")
+    await create(kmock, infd())
+    await wait_for(lambda: live(kmock, DEPLOYMENTS), what="deployment")
+    await asyncio.sleep(1.0)
+    creates = [w for w in writes(kmock) if w.startswith("POST") and "/deployments" in w]
+    assert creates == [f"POST /apis/apps/v1/namespaces/{NS}/deployments"]
