@@ -105,7 +105,9 @@ def _decode_kernel(
 
     ctx = tl.load(lens_ptr + b)
     start = sp * partition_size
-    end = tl.minimum(start + partition_size, ctx)
+    # the last partition takes whatever is left, so a too-small planning bound (or a CUDA
+    # graph replayed with longer contexts than it was captured with) stays correct
+    end = tl.where(sp == num_splits - 1, ctx, tl.minimum(start + partition_size, ctx))
     lo = start
     if USE_WINDOW:
         # query position ctx-1 sees kv positions > ctx-1-window

@@ -113,9 +113,11 @@ def paged_attention_decode(
         out: optional ``[B, H, head_dim]`` output (q's dtype).
         sliding_window: if set, a query at position p sees keys at positions
             ``> p - sliding_window`` only (Mistral-style).
-        max_context_len: optional host-side upper bound on ``context_lens`` used to plan
-            how the KV length is split across programs; without it the bound is
-            ``max_blocks * block_size``. It must not be smaller than the true maximum.
+        max_context_len: optional host-side bound on ``context_lens`` used to plan how
+            the KV length is split across programs (without it: ``max_blocks *
+            block_size``). Only a hint: a smaller bound stays correct (the last partition
+            takes the rest) but may be slower. Under CUDA graphs leave it out (or pass a
+            fixed bound) so the captured launch fits every replay.
 
     Returns ``out``. The Triton kernel runs one program per (sequence, KV head, KV
     partition) serving all query heads of the group, splitting long contexts across

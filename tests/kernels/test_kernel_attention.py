@@ -89,11 +89,13 @@ def test_decode_triton(case, dtype, device, triton_backend):
     assert_close(out, _decode_oracle(q, batch, scale), dtype, what="decode")
 
 
+@pytest.mark.parametrize("hint", [None, 40])
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_split_counts(num_splits, dtype, device, triton_backend):
+def test_decode_split_counts(num_splits, hint, dtype, device, triton_backend):
     """The split-KV path (partials + reduce) for fixed split counts, including splits that
-    fall entirely past a short sequence's end."""
+    fall entirely past a short sequence's end, and a planning bound (40) below the longest
+    context (97), which the last partition must absorb."""
     from hetero_infer.kernels import _triton_attention
 
     lens = [1, 40, 97]
@@ -101,7 +103,8 @@ def test_decode_split_counts(num_splits, dtype, device, triton_backend):
     q = randn(3, 4, 32, dtype=dtype, device=device)
     out = poison(torch.empty_like(q))
     _triton_attention.paged_attention_decode(
-        q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.3, out, num_splits=num_splits
+        q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.3, out,
+        max_context_len=hint, num_splits=num_splits,
     )
     assert_close(out, _decode_oracle(q, batch, 0.3), dtype, what=f"decode splits={num_splits}")
 
@@ -134,6 +137,11 @@ def test_decode_sliding_window_zero_len_and_hint(backend, device):
             q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.2, max_context_len=90
         )
         assert_close(out2, _decode_oracle(q, batch, 0.2), dtype, what="decode with max_context_len")
+        # a hint below the true maximum is still correct (the last partition takes the rest)
+        out3 = kernels.paged_attention_decode(
+            q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.2, max_context_len=8
+        )
+        assert_close(out3, _decode_oracle(q, batch, 0.2), dtype, what="decode with a low max_context_len")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
