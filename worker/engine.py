@@ -75,7 +75,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.memory_threshold
         )
-        self.sampler = Sampler()
+        self.sampler = Sampler(all_logprobs=False)  # logprobs only for requests that ask
         self.eos_token_ids = sorted(self.tokenizer.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.prompt_tokens_total = 0
@@ -214,7 +214,7 @@ class LLMEngine:
         self.generation_tokens_total += 1
         if seq.num_output_tokens == 1:
             self.prompt_tokens_total += seq.num_prompt_tokens if seq.sample_index == 0 else 0
-        if sampled is not None:
+        if sampled is not None and sampled.logprob is not None:
             seq.cumulative_logprob += sampled.logprob
             if seq.params.logprobs is not None:
                 if seq.logprobs is None:
@@ -256,7 +256,7 @@ class LLMEngine:
                     index=seq.sample_index,
                     text=seq.detokenizer.emittable_text(seq.is_finished),
                     token_ids=seq.output_token_ids,
-                    cumulative_logprob=seq.cumulative_logprob,
+                    cumulative_logprob=seq.cumulative_logprob if seq.params.logprobs is not None else None,
                     logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
                     finish_reason=seq.finish_reason,
                     stop_reason=seq.stop_reason,
