@@ -204,3 +204,26 @@ def test_standalone_when_peering_is_off(helm_bin: Path) -> None:
     docs = render(helm_bin, "--set", "peering.enabled=false")
     assert "--standalone" in operator_container(docs)["args"]
     assert not [d for d in docs if "KopfPeering" in d["kind"]]
+
+
+@pytest.mark.parametrize("sets", [[], ["prometheusAdapter.enabled=true", "watchNamespaces={a,b}"],
+                                  ["peering.enabled=false", "replicaCount=2"]])
+def test_notes_render(helm_bin: Path, tmp_path: Path, sets: list[str]) -> None:
+    """`helm template` skips NOTES.txt; render it through `tpl` in a copy of the chart."""
+    import shutil
+
+    chart = tmp_path / "hetero-infer"
+    shutil.copytree(CHART, chart)
+    (chart / "files" / "NOTES.txt").write_text((CHART / "templates" / "NOTES.txt").read_text())
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n  notes: |\n'
+        '    {{- tpl (.Files.Get "files/NOTES.txt") . | nindent 4 }}\n')
+    args = [a for s in sets for a in ("--set", s)]
+    out = helm(helm_bin, "template", "rel", str(chart), "--namespace", "infer", "--show-only",
+               "templates/zz-notes.yaml", *args)
+    notes = yaml.safe_load(out)["data"]["notes"]
+    assert "kubectl apply" in notes and "rel-hetero-infer" in notes
+    if "prometheusAdapter.enabled=true" in sets:
+        assert "custom.metrics.k8s.io" in notes and "the namespaces a, b" in notes
+    if "peering.enabled=false" in sets:
+        assert "WARNING" in notes
