@@ -18,6 +18,7 @@ MODEL_MOUNT = "/models"
 CACHE_DIR = "/var/cache/hetero-infer"
 TERMINATION_GRACE_SECONDS = 60  # the worker drains in-flight requests on SIGTERM within this
 PRESTOP_SLEEP_SECONDS = 10  # lets endpoints drop the pod before SIGTERM arrives
+SHUTDOWN_GRACE_SECONDS = TERMINATION_GRACE_SECONDS - PRESTOP_SLEEP_SECONDS - 5  # worker's drain, within the pod's
 WORKER_UID = 10001
 SHM_SIZE = "1Gi"
 DEFAULT_CPU = {False: "1", True: "4"}  # by "has a GPU"
@@ -118,6 +119,7 @@ def worker_args(spec: InferenceSpec) -> list[str]:
         "--served-model-name", spec.model.name,
         "--executor", spec.executor,
         "--device", "cuda" if gpu else "cpu",
+        "--shutdown-grace", str(SHUTDOWN_GRACE_SECONDS),
     ]
     path = model_path(spec)
     if path is not None:

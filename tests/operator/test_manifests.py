@@ -10,12 +10,14 @@ from hetero_infer.operator import constants as c
 from hetero_infer.operator.diff import strip_none
 from hetero_infer.operator.manifests import (
     CACHE_DIR,
+    SHUTDOWN_GRACE_SECONDS,
     TERMINATION_GRACE_SECONDS,
     Owner,
     WorkerDefaults,
     children,
     command_line,
     endpoint,
+    model_path,
     quantity,
     selector_string,
     worker_args,
@@ -52,7 +54,7 @@ def test_minimal_spec_gives_a_cpu_worker_with_probes_security_and_drain() -> Non
     assert ctr["image"] == c.DEFAULT_WORKER_IMAGE
     assert ctr["command"] == ["hetero-infer"]
     assert ctr["args"] == ["serve", "--host", "0.0.0.0", "--port", "3000", "--served-model-name", "smollm2",
-                           "--executor", "torch", "--device", "cpu"]
+                           "--executor", "torch", "--device", "cpu", "--shutdown-grace", "45"]
     assert ctr["ports"] == [{"name": "http", "containerPort": 3000, "protocol": "TCP"}]
     assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
@@ -66,6 +68,10 @@ def test_minimal_spec_gives_a_cpu_worker_with_probes_security_and_drain() -> Non
     assert p["automountServiceAccountToken"] is False
     assert p["terminationGracePeriodSeconds"] == TERMINATION_GRACE_SECONDS
     assert ctr["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+    # preStop, then SIGTERM and the worker's drain: all inside the pod's grace period.
+    prestop = int(ctr["lifecycle"]["preStop"]["exec"]["command"][1])
+    drain = float(ctr["args"][ctr["args"].index("--shutdown-grace") + 1])
+    assert prestop + drain < p["terminationGracePeriodSeconds"]
     shm = next(v for v in p["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
     mounts = {m["mountPath"] for m in ctr["volumeMounts"]}
@@ -203,3 +209,31 @@ def test_the_schema_check_is_strict_enough_to_fail() -> None:
     dep["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(dep, K8S_VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize("name", list(FULL_SPECS) + ["engine"])
+def test_the_worker_cli_accepts_the_generated_command_line(name: str) -> None:
+    """Contract with `hetero-infer serve`: its own parser reads what the operator writes."""
+    from hetero_infer.worker.server.cli import build_parser, resolve_options
+
+    raw = FULL_SPECS.get(name) or {"executor": "mock", "engine": {
+        "blockSize": 32, "maxNumSeqs": 64, "maxModelLen": 4096, "maxNumBatchedTokens": 1024, "dtype": "bfloat16",
+        "quantization": "int8", "memoryThreshold": 0.85, "gpuMemoryUtilization": 0.5}}
+    s = spec(**raw)
+    args = worker_args(s)
+    assert args[0] == "serve"
+    options, engine = resolve_options(build_parser().parse_args(args[1:]), environ={})
+    assert (options.host, options.port) == ("0.0.0.0", 3000)
+    assert engine.served_model_name == s.model.name
+    assert engine.model == model_path(s)
+    assert options.shutdown_grace == SHUTDOWN_GRACE_SECONDS
+    assert engine.executor == s.executor
+    assert engine.device == ("cuda" if s.resources.gpus else "cpu")
+    e = s.engine
+    for field, value in (("block_size", e.block_size), ("max_num_seqs", e.max_num_seqs),
+                         ("max_model_len", e.max_model_len), ("max_num_batched_tokens", e.max_num_batched_tokens),
+                         ("dtype", e.dtype), ("quantization", e.quantization),
+                         ("memory_threshold", e.memory_threshold),
+                         ("gpu_memory_utilization", e.gpu_memory_utilization)):
+        if value is not None:
+            assert getattr(engine, field) == value, field
