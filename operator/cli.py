@@ -7,9 +7,11 @@ import asyncio
 import logging
 import os
 import random
+import sys
 from typing import Any
 
 from hetero_infer.operator import constants as c
+from hetero_infer.operator import kube
 from hetero_infer.operator.handlers import OperatorOptions, build_registry, make_settings
 from hetero_infer.operator.manifests import WorkerDefaults
 
@@ -76,6 +78,12 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.resync_seconds <= 0:
         build_parser().error("--resync-seconds must be > 0")
+    try:
+        kube.load_configuration()
+    except Exception as e:  # kubernetes' ConfigException, a missing or broken kubeconfig, ...
+        print(f"hetero-infer operator: no Kubernetes credentials ({e}); in a pod the service account is used, "
+              "elsewhere $KUBECONFIG or ~/.kube/config", file=sys.stderr)
+        return 1
     import kopf
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.FULL)

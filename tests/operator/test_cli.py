@@ -65,6 +65,16 @@ def test_top_level_cli_dispatches_to_the_operator(capsys: pytest.CaptureFixture[
         assert flag in out
 
 
+def test_missing_credentials_are_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from hetero_infer.operator.cli import main
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["--standalone"]) == 1
+    assert "no Kubernetes credentials" in capsys.readouterr().err
+
+
 def test_credentials_from_a_kubeconfig_with_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "config"
     path.write_text(yaml.safe_dump({
