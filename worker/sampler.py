@@ -56,10 +56,12 @@ def make_generator(seed: int, sample_index: int = 0, device: torch.device | str 
     return gen
 
 
-def _seeded_noise(gen: torch.Generator, vocab: int, device: torch.device) -> torch.Tensor:
-    """Exp(1) noise over the whole vocab: the per-request reproducible recipe."""
-    noise = torch.empty(vocab, device=gen.device).exponential_(generator=gen)
-    return noise.to(device)
+def _fill_seeded_noise(out: torch.Tensor, gen: torch.Generator) -> None:
+    """Fill a 1-D vocab-sized row with the per-request recipe, torch.empty(V).exponential_(generator=gen)."""
+    if gen.device == out.device:
+        out.exponential_(generator=gen)  # same numbers as a fresh tensor, without the copy
+    else:
+        out.copy_(torch.empty(out.shape[0], device=gen.device).exponential_(generator=gen))
 
 
 class Sampler:
@@ -139,11 +141,11 @@ def _column(values: list[float], device: torch.device) -> torch.Tensor:
 
 def _apply_penalties(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:
     """Repetition (prompt+output, HF style), then frequency and presence (output, OpenAI style)."""
-    device = x.device
+    device, vocab = x.device, x.shape[1]
     sub = x.index_select(0, _index(idx, device))
     counts = torch.zeros_like(sub)
-    out_rows = [j for j, r in enumerate(rows) for _ in r.output_token_ids]
-    out_ids = [t for r in rows for t in r.output_token_ids]
+    out_rows = [j for j, r in enumerate(rows) for t in r.output_token_ids if 0 <= t < vocab]
+    out_ids = [t for r in rows for t in r.output_token_ids if 0 <= t < vocab]
     if out_ids:
         counts.index_put_(
             (_index(out_rows, device), _index(out_ids, device)),
@@ -155,8 +157,8 @@ def _apply_penalties(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -
     rep = [r.params.repetition_penalty for r in rows]
     if any(v != 1.0 for v in rep):
         seen = output_seen.clone()
-        prompt_rows = [j for j, r in enumerate(rows) for _ in r.prompt_token_ids]
-        prompt_ids = [t for r in rows for t in r.prompt_token_ids]
+        prompt_rows = [j for j, r in enumerate(rows) for t in r.prompt_token_ids if 0 <= t < vocab]
+        prompt_ids = [t for r in rows for t in r.prompt_token_ids if 0 <= t < vocab]
         if prompt_ids:
             seen[_index(prompt_rows, device), _index(prompt_ids, device)] = True
         rep_col = _column(rep, device)
@@ -184,11 +186,6 @@ def _mask_stop_tokens(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) 
         x[_index(list(r), x.device), _index(list(t), x.device)] = float("-inf")
 
 
-def _seeded_last(rows: list[SamplingRow], idx: list[int]) -> list[int]:
-    """Unseeded rows first so their noise is one contiguous batched draw."""
-    return [i for i in idx if rows[i].generator is None] + [i for i in idx if rows[i].generator is not None]
-
-
 def _unseeded_noise(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
     # -log(U) is Exp(1) and on CPU is ~3x faster than Tensor.exponential_.
     return torch.rand(shape, device=device).log_().neg_()
@@ -196,106 +193,107 @@ def _unseeded_noise(shape: tuple[int, int], device: torch.device) -> torch.Tenso
 
 def _sample_plain(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> torch.Tensor:
     """Temperature (+ min-p) over the whole vocab; returns tokens in the order of idx."""
-    order = _seeded_last(rows, idx)
     device, vocab = x.device, x.shape[1]
-    sub = _take_rows(x, order)
-    inv_t = _column([1.0 / rows[i].params.temperature for i in order], device)
+    sub = _take_rows(x, idx)
+    inv_t = _column([1.0 / rows[i].params.temperature for i in idx], device)
     row_max = sub.amax(dim=-1, keepdim=True)
     # exp((x - max) / T): probabilities relative to the most likely token.
     rel = torch.addcmul(-row_max * inv_t, sub, inv_t).exp_()
-    min_p = [rows[i].params.min_p for i in order]
+    min_p = [rows[i].params.min_p for i in idx]
     if any(min_p):
         rel.masked_fill_(rel < _column(min_p, device), 0.0)
-
-    noise = torch.empty_like(rel)
-    n_unseeded = sum(rows[i].generator is None for i in order)
-    if n_unseeded:
-        noise[:n_unseeded] = _unseeded_noise((n_unseeded, vocab), device)
-    for j in range(n_unseeded, len(order)):
-        noise[j] = _seeded_noise(rows[order[j]].generator, vocab, device)
-    chosen = rel.div_(noise).max(dim=-1).indices
-    return _reorder(chosen, order, idx)
-
-
-def _reorder(values: torch.Tensor, order: list[int], idx: list[int]) -> torch.Tensor:
-    if order == idx:
-        return values
-    pos = {row: j for j, row in enumerate(order)}
-    return values[_index([pos[i] for i in idx], values.device)]
+    # One batched draw; seeded rows then overwrite theirs (cheaper than gathering the others).
+    noise = _unseeded_noise((len(idx), vocab), device)
+    for j, i in enumerate(idx):
+        if rows[i].generator is not None:
+            _fill_seeded_noise(noise[j], rows[i].generator)
+    return rel.div_(noise).max(dim=-1).indices
 
 
 def _sample_filtered(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> torch.Tensor:
-    """Rows with top-k and/or top-p: sample among the top candidates only."""
-    vocab = x.shape[1]
-    out = torch.empty(len(idx), dtype=torch.long, device=x.device)
-    pos = {row: j for j, row in enumerate(idx)}
-    pending = idx
-    width = max([_CANDIDATES] + [rows[i].params.top_k for i in idx if 0 < rows[i].params.top_k < vocab])
-    # Drawn once: a retry with a wider pass must reuse the same noise.
-    seeded = {i: _seeded_noise(rows[i].generator, vocab, x.device) for i in idx if rows[i].generator is not None}
+    """Rows with top-k and/or top-p: sample among each row's largest logits only."""
+    device, vocab = x.device, x.shape[1]
+    params = [rows[i].params for i in idx]
+    # Top-p without top-k normalises by the whole row's mass (relative to the row max).
+    mass = torch.zeros(len(idx), 1, device=device)
+    no_k = [j for j, p in enumerate(params) if not 0 < p.top_k < vocab]
+    if no_k:
+        sub = _take_rows(x, [idx[j] for j in no_k])
+        scale = _column([1.0 / params[j].temperature for j in no_k], device)
+        row_max = sub.amax(dim=-1, keepdim=True)
+        mass[_index(no_k, device)] = torch.addcmul(-row_max * scale, sub, scale).exp_().sum(-1, keepdim=True)
+    # Drawn once, up front: a retry with a wider pass must reuse the same noise.
+    seeded_pos = [j for j, i in enumerate(idx) if rows[i].generator is not None]
+    seeded = torch.empty(len(seeded_pos), vocab, device=device)
+    for r, j in enumerate(seeded_pos):
+        _fill_seeded_noise(seeded[r], rows[idx[j]].generator)
+    seeded_row = {j: r for r, j in enumerate(seeded_pos)}
+
+    out = torch.empty(len(idx), dtype=torch.long, device=device)
+    pending = list(range(len(idx)))
+    width = max([_CANDIDATES] + [p.top_k for p in params if 0 < p.top_k < vocab])
     while pending:
         width = min(width, vocab)
-        chosen, overflow = _sample_candidates(x, rows, pending, width, seeded)
-        done = [i for i in pending if i not in overflow]
+        tokens, overflow = _sample_candidates(x, rows, idx, pending, width, mass, seeded, seeded_row)
+        done = [n for n, j in enumerate(pending) if j not in overflow]
         if done:
-            keep = [j for j, i in enumerate(pending) if i not in overflow]
-            out[_index([pos[i] for i in done], x.device)] = chosen[_index(keep, x.device)]
-        pending = [i for i in pending if i in overflow]
+            out[_index([pending[n] for n in done], device)] = tokens[_index(done, device)]
+        pending = [j for j in pending if j in overflow]
         width *= 8
     return out
 
 
 def _sample_candidates(
-    x: torch.Tensor, rows: list[SamplingRow], idx: list[int], width: int, seeded: dict[int, torch.Tensor]
+    x: torch.Tensor,
+    rows: list[SamplingRow],
+    idx: list[int],
+    pos: list[int],
+    width: int,
+    mass: torch.Tensor,
+    seeded: torch.Tensor,
+    seeded_row: dict[int, int],
 ) -> tuple[torch.Tensor, set[int]]:
-    """Filter and sample within the `width` largest logits of each row.
+    """Filter and sample rows idx[pos] within their `width` largest logits.
 
-    Returns tokens for idx (entries of overflow rows are garbage) and the set of rows whose
-    top-p nucleus may extend past `width` and must be retried wider.
+    Returns a token per pos (garbage for overflow) and the positions whose top-p nucleus
+    may extend past `width` and must be retried wider.
     """
     device, vocab = x.device, x.shape[1]
-    params = [rows[i].params for i in idx]
-    sub = _take_rows(x, idx)
-    vals, cand = sub.topk(width, dim=-1, sorted=True)
+    params = [rows[idx[j]].params for j in pos]
+    vals, cand = _take_rows(x, [idx[j] for j in pos]).topk(width, dim=-1, sorted=True)
     inv_t = _column([1.0 / p.temperature for p in params], device)
-    rel = (vals - vals[:, :1]).mul_(inv_t).exp_()  # probs relative to the most likely token
-    col = torch.arange(width, device=device).unsqueeze(0)
-    k = torch.tensor([p.top_k if 0 < p.top_k < vocab else width for p in params], device=device)
-    keep = col < k.unsqueeze(1)
+    rel = (vals - vals[:, :1]).mul_(inv_t).exp_()  # probabilities relative to the most likely token
+    has_k = [0 < p.top_k < vocab for p in params]
+    k = torch.tensor([p.top_k if h else width for p, h in zip(params, has_k, strict=True)], device=device)
+    keep = torch.arange(width, device=device).unsqueeze(0) < k.unsqueeze(1)
 
-    top_p = [p.top_p for p in params]
     overflow: set[int] = set()
+    top_p = [p.top_p for p in params]
     if any(v < 1.0 for v in top_p):
         cums = rel.masked_fill(~keep, 0.0).cumsum(dim=-1)
-        # Normaliser: the kept top-k mass, or the whole row's mass when top-k is off.
-        total = cums.gather(1, (k - 1).clamp(max=width - 1).unsqueeze(1))
-        no_k = [j for j, p in enumerate(params) if not 0 < p.top_k < vocab]
-        if no_k and width < vocab:
-            no_k_t = _index(no_k, device)
-            row_max = vals[no_k_t, :1]
-            scale = inv_t[no_k_t]
-            full = torch.addcmul(-row_max * scale, _take_rows(sub, no_k), scale).exp_().sum(-1, keepdim=True)
-            total[no_k_t] = full
+        total = cums.gather(1, (k - 1).unsqueeze(1))  # mass of the top-k tokens
+        if not all(has_k):
+            has_k_col = torch.tensor(has_k, device=device).unsqueeze(1)
+            total = torch.where(has_k_col, total, mass[_index(pos, device)])
         limit = _column(top_p, device) * total
         exclusive = torch.cat([torch.zeros_like(cums[:, :1]), cums[:, :-1]], dim=1)
         keep &= exclusive < limit
         if width < vocab:
-            short = (cums[:, -1:] < limit).squeeze(1).tolist()
-            overflow = {idx[j] for j in no_k if short[j]}
+            short = (cums[:, -1] < limit.squeeze(1)).tolist()
+            overflow = {j for j, h, sh in zip(pos, has_k, short, strict=True) if sh and not h}
     min_p = [p.min_p for p in params]
     if any(min_p):
         keep &= rel >= _column(min_p, device)
 
-    noise = torch.empty_like(rel)
-    unseeded = [j for j, i in enumerate(idx) if i not in seeded]
-    if unseeded:
-        noise[_index(unseeded, device)] = _unseeded_noise((len(unseeded), width), device)
-    for j, i in enumerate(idx):
-        if i in seeded:
-            # The full-vocab draw gathered at the candidates: the same race as over the whole vocab.
-            noise[j] = seeded[i][cand[j]]
-    pos = rel.masked_fill_(~keep, 0.0).div_(noise).max(dim=-1).indices
-    return cand.gather(1, pos.unsqueeze(1)).squeeze(1), overflow
+    noise = _unseeded_noise((len(pos), width), device)
+    mine = [n for n, j in enumerate(pos) if j in seeded_row]
+    if mine:
+        # Full-vocab draws gathered at the candidates: the same race as over the whole vocab.
+        at = _index(mine, device)
+        own = seeded.index_select(0, _index([seeded_row[pos[n]] for n in mine], device))
+        noise[at] = own.gather(1, cand[at])
+    best = rel.masked_fill_(~keep, 0.0).div_(noise).max(dim=-1).indices
+    return cand.gather(1, best.unsqueeze(1)).squeeze(1), overflow
 
 
 def _collect(
