@@ -22,6 +22,8 @@ class IncrementalDetokenizer:
         self._stops = list(params.stop_strings)
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._include_stop = params.include_stop_str_in_output
+        self._min_tokens = params.min_tokens
+        self._num_tokens = 0
         self._tokens = self._to_tokens(prompt_token_ids[-(_PROMPT_CONTEXT + 2) :])
         self._prefix_offset = max(len(self._tokens) - _PROMPT_CONTEXT, 0)
         self._read_offset = len(self._tokens)
@@ -37,6 +39,7 @@ class IncrementalDetokenizer:
         """Append a token; return the stop string if the text now contains one."""
         if self._stop is not None:
             return None  # already stopped: later tokens are not part of the output
+        self._num_tokens += 1
         new_tokens = self._to_tokens([token_id])
         if not new_tokens:
             return None
@@ -51,6 +54,9 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         old_len = len(self._text)
         self._text += delta
+        # Like vLLM, stop strings only count once more than min_tokens tokens exist.
+        if self._num_tokens <= self._min_tokens:
+            return None
         return self._check_stop(old_len)
 
     @property

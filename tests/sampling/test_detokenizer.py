@@ -10,7 +10,7 @@ from hetero_infer.worker.tokenizer import Tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 TEXTS = [
     "Hello, world! This is a plain English sentence.",
@@ -136,6 +136,16 @@ def test_stop_string_split_over_single_byte_tokens(smol_tokenizer: Tokenizer) ->
     detok, k, snapshots = _stream(smol_tokenizer, ids, SamplingParams(stop="a😀"))
     assert k is not None and k >= 2 and detok.text == "x"
     assert all(s in ("", "x") for s in snapshots)
+
+
+def test_stop_strings_ignored_within_min_tokens(smol_tokenizer: Tokenizer) -> None:
+    text = "stop here, then stop again"
+    ids = smol_tokenizer.encode(text, add_special_tokens=False)
+    first = next(k for k in range(len(ids)) if "stop" in smol_tokenizer.decode(ids[: k + 1]))
+    detok, k, _ = _stream(smol_tokenizer, ids, SamplingParams(stop="stop", min_tokens=first + 1))
+    assert k is not None and k > first and detok.text == "stop here, then "
+    detok, k, _ = _stream(smol_tokenizer, ids, SamplingParams(stop="stop", min_tokens=first))
+    assert k == first and detok.text == ""
 
 
 def test_earliest_stop_string_wins(smol_tokenizer: Tokenizer) -> None:
