@@ -2,8 +2,10 @@
 
 The event loop never runs engine code. It puts add/abort commands into a thread-safe inbox; the engine
 thread applies them between steps, runs `step()` while there is work (and sleeps on an event when there is
-none), and hands each step's outputs back to the loop with one `call_soon_threadsafe`. Outputs are
-cumulative, so a consumer that falls behind simply sees the latest state of its requests (coalesced).
+none), records per-request timing, and hands outputs back to the loop: it keeps the latest output of each
+request in a pending map and wakes the loop with one `call_soon_threadsafe` for everything pending (at most
+every `stream_interval` seconds). Outputs are cumulative, so whoever falls behind simply sees the latest state
+of its requests (coalesced), never a backlog.
 
 If `step()` itself raises, the engine is considered broken: every open request fails with
 `EngineDeadError`, `healthy` turns False (the server's /readyz goes red) and new requests are refused.
@@ -58,7 +60,8 @@ class EngineRequest:
 
 @dataclass(slots=True)
 class RequestTiming:
-    """What the loop saw of one engine request: times are `time.monotonic()`."""
+    """One engine request as the engine thread saw it: times are `time.monotonic()`; `num_tokens` is set
+    when it finishes."""
 
     arrival: float
     prompt_tokens: int
@@ -128,19 +131,32 @@ _ABORT = 1
 
 
 class AsyncEngine:
-    """Runs an engine on its own thread and exposes it to asyncio code."""
+    """Runs an engine on its own thread and exposes it to asyncio code.
 
-    def __init__(self, engine: EngineLike, *, timing_sink: TimingSink | None = None) -> None:
+    `stream_interval` (seconds) bounds how often the engine thread wakes the event loop: outputs of the
+    steps in between are coalesced (outputs are cumulative, the latest wins). With steps slower than the
+    interval (any real model) every step is delivered at once; with very fast steps (the mock executor)
+    the loop is woken at most every `stream_interval`, which keeps the serving overhead per token small.
+    """
+
+    def __init__(self, engine: EngineLike, *, timing_sink: TimingSink | None = None,
+                 stream_interval: float = 0.0) -> None:
         self.engine = engine
         self.timing_sink = timing_sink
+        self.stream_interval = stream_interval
         self._inbox: deque[tuple[int, Any]] = deque()
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Outputs waiting for the loop (engine thread writes, loop takes), guarded by _lock.
+        self._lock = threading.Lock()
+        self._pending: dict[str, RequestOutput] = {}
+        self._delivery_scheduled = False
+        # Engine-thread state.
+        self._timings: dict[str, RequestTiming] = {}
         # Loop-side state (only touched on the event-loop thread).
         self._streams: dict[str, OutputStream] = {}
-        self._timings: dict[str, RequestTiming] = {}
         self._dead: BaseException | None = None
         # Written by the engine thread, read anywhere (a reference swap is atomic).
         self._stats: Any = None
@@ -193,19 +209,16 @@ class AsyncEngine:
                 raise ValueError(f"duplicate request id {r.request_id!r}")
         for r in requests:
             self._streams[r.request_id] = stream
-            self._timings[r.request_id] = RequestTiming(arrival, len(r.prompt_token_ids))
-            self._inbox.append((_ADD, r))
+            self._inbox.append((_ADD, (r, arrival)))
         self._wake.set()
         return stream
 
-    def abort(self, stream: OutputStream, reason: str = "abort") -> None:
+    def abort(self, stream: OutputStream) -> None:
         """Abort every unfinished request of a stream; the engine frees their KV blocks at its next turn."""
-        now = time.monotonic()
         aborted = False
         for rid in stream.request_ids:
             if self._streams.pop(rid, None) is None:
                 continue
-            self._finish_timing(rid, now, reason)
             self._inbox.append((_ABORT, rid))
             aborted = True
         if aborted:
@@ -215,7 +228,7 @@ class AsyncEngine:
         """Abort every open request and fail its stream with `error` (used at the end of a drain)."""
         streams = {id(s): s for s in self._streams.values()}
         for stream in streams.values():
-            self.abort(stream, "abort")
+            self.abort(stream)
             stream._fail(error)
 
     # ----------------------------------------------------------------- engine thread
@@ -225,6 +238,7 @@ class AsyncEngine:
         wake = self._wake
         loop = self._loop
         assert loop is not None
+        last_flush = 0.0
         try:
             while not self._stop:
                 wake.clear()
@@ -232,16 +246,22 @@ class AsyncEngine:
                 while inbox:
                     kind, item = inbox.popleft()
                     if kind == _ADD:
+                        request, arrival = item
                         try:
-                            engine.add_request(item.request_id, item.prompt, item.prompt_token_ids, item.params)
+                            engine.add_request(request.request_id, request.prompt, request.prompt_token_ids,
+                                               request.params)
                         except Exception as exc:  # a refused request must not stop the engine
-                            rejected.append((item.request_id, exc))
+                            rejected.append((request.request_id, exc))
+                        else:
+                            self._timings[request.request_id] = RequestTiming(arrival, len(request.prompt_token_ids))
                     else:
                         engine.abort_request(item)
+                        self._end_timing(item, time.monotonic(), "abort")
                 if rejected:
                     loop.call_soon_threadsafe(self._on_rejected, rejected)
                 if not engine.has_unfinished_requests():
                     self._stats = engine.stats()
+                    self._flush(loop)
                     if not inbox:
                         wake.wait()
                     continue
@@ -251,7 +271,13 @@ class AsyncEngine:
                 self.steps += 1
                 self._stats = engine.stats()  # cheap counters; read by /metrics at scrape time
                 if outputs:
-                    loop.call_soon_threadsafe(self._deliver, outputs, t0, t1)
+                    self._record(outputs, t0, t1)
+                    with self._lock:
+                        for out in outputs:
+                            self._pending[out.request_id] = out
+                    if t1 - last_flush >= self.stream_interval:
+                        self._flush(loop)
+                        last_flush = t1
         except BaseException as exc:  # the engine is broken: fail everything, turn unhealthy
             logger.exception("engine step failed; the engine is stopped")
             err = EngineDeadError(f"engine failure: {type(exc).__name__}: {exc}")
@@ -260,40 +286,37 @@ class AsyncEngine:
             except RuntimeError:  # loop already closed
                 pass
 
-    # ----------------------------------------------------------------- callbacks (loop thread)
-    def _deliver(self, outputs: list[RequestOutput], step_start: float, step_end: float) -> None:
-        streams = self._streams
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wake the loop for the pending outputs (once: the loop takes everything pending when it runs)."""
+        with self._lock:
+            if not self._pending or self._delivery_scheduled:
+                return
+            self._delivery_scheduled = True
+        loop.call_soon_threadsafe(self._deliver)
+
+    def _record(self, outputs: list[RequestOutput], step_start: float, step_end: float) -> None:
+        """Per-request timing (engine thread): first scheduled, first token, gaps between output steps."""
         timings = self._timings
         for out in outputs:
-            rid = out.request_id
-            stream = streams.get(rid)
-            if stream is None:  # aborted meanwhile
+            timing = timings.get(out.request_id)
+            if timing is None:
                 continue
-            timing = timings[rid]
-            if timing.first_scheduled is None:
+            if out.error:
+                self._end_timing(out.request_id, step_end, "error")
+                continue
+            # The engine returns an output for a request only when the step gave it new tokens.
+            if timing.last_token is None:
+                timing.first_token = step_end
                 scheduled = out.metrics.get("first_scheduled_time") if out.metrics else None
                 timing.first_scheduled = step_start if scheduled is None else scheduled
-            num_tokens = 0
-            for c in out.outputs:
-                num_tokens += len(c.token_ids)
-            if num_tokens > timing.num_tokens:
-                if timing.first_token is None:
-                    timing.first_token = step_end
-                else:
-                    timing.inter_token.append(step_end - timing.last_token)  # type: ignore[operator]
-                timing.last_token = step_end
-                timing.num_tokens = num_tokens
+            else:
+                timing.inter_token.append(step_end - timing.last_token)
+            timing.last_token = step_end
             if out.finished:
-                del streams[rid]
-                error = getattr(out, "error", None)
-                reason = "error" if error else _finish_reason(out)
-                self._finish_timing(rid, step_end, reason)
-                if error:
-                    stream._fail(RequestFailedError(str(error)))
-                    continue
-            stream._put(out)
+                timing.num_tokens = sum(len(c.token_ids) for c in out.outputs)
+                self._end_timing(out.request_id, step_end, _finish_reason(out))
 
-    def _finish_timing(self, rid: str, now: float, reason: str) -> None:
+    def _end_timing(self, rid: str, now: float, reason: str) -> None:
         timing = self._timings.pop(rid, None)
         if timing is not None and self.timing_sink is not None:
             try:
@@ -301,21 +324,36 @@ class AsyncEngine:
             except Exception:  # metrics must never break serving
                 logger.exception("timing sink failed")
 
+    # ----------------------------------------------------------------- callbacks (loop thread)
+    def _deliver(self) -> None:
+        with self._lock:
+            batch = self._pending
+            self._pending = {}
+            self._delivery_scheduled = False
+        streams = self._streams
+        for rid, out in batch.items():
+            stream = streams.get(rid)
+            if stream is None:  # aborted meanwhile
+                continue
+            if out.finished:
+                del streams[rid]
+                if out.error:
+                    stream._fail(RequestFailedError(str(out.error)))
+                    continue
+            stream._put(out)
+
     def _on_rejected(self, rejected: list[tuple[str, BaseException]]) -> None:
         for rid, exc in rejected:
             stream = self._streams.pop(rid, None)
-            self._timings.pop(rid, None)
             if stream is not None:
                 # Its sibling requests (multi-prompt) are no longer wanted either.
-                self.abort(stream, "abort")
+                self.abort(stream)
                 wrapped = RequestRejectedError(str(exc)) if isinstance(exc, ValueError) else exc
                 stream._fail(wrapped)
 
     def _on_dead(self, error: BaseException) -> None:
         self._dead = error
-        now = time.monotonic()
-        for rid, stream in list(self._streams.items()):
-            self._finish_timing(rid, now, "error")
+        for stream in list(self._streams.values()):
             stream._fail(error)
         self._streams.clear()
         self._inbox.clear()

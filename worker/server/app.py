@@ -8,11 +8,11 @@ import hmac
 import json
 import logging
 import re
-import uuid
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from hetero_infer.worker.server.errors import APIError
+from hetero_infer.worker.server.ids import new_id
 from hetero_infer.worker.server.metrics import CONTENT_TYPE
 from hetero_infer.worker.server.openapi import build_openapi
 from hetero_infer.worker.server.serving import create_chat_completion, create_completion
@@ -29,7 +29,7 @@ _STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_
 async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Use the client's X-Request-Id when it is sane, else a fresh one; echo it in the response."""
     given = request.headers.get("X-Request-Id", "")
-    request["request_id"] = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+    request["request_id"] = given if _REQUEST_ID.match(given) else new_id()
     response = await handler(request)
     if not response.prepared:
         response.headers["X-Request-Id"] = request["request_id"]

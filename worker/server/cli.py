@@ -40,6 +40,8 @@ _SERVER_HELP = {
     "shutdown_grace": "seconds in-flight requests may still run after SIGTERM (default 30)",
     "max_body_bytes": "largest request body; larger ones get 413 (default 4 MiB)",
     "retry_after": "Retry-After seconds sent with 429 (default 1)",
+    "stream_interval": "deliver new tokens to the HTTP side at most every this many seconds; steps in between "
+    "are coalesced into one chunk (default 0.005; only matters when steps are faster than that)",
     "log_level": f"one of {', '.join(LOG_LEVELS)}",
     "log_format": f"one of {', '.join(LOG_FORMATS)} (default json)",
     "access_log": "log one line per HTTP request (default on)",

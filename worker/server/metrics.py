@@ -8,13 +8,17 @@ registry (several servers can share a process in tests).
 
 from __future__ import annotations
 
+import math
+import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from hetero_infer.worker.async_engine import RequestTiming
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -78,25 +82,65 @@ class EngineStatsCollector(Collector):
         ]
 
 
-class ServerMetrics:
+class RequestHistogram:
+    """A histogram for hot paths: `observe_many` files a whole batch under one lock with a C bisect, where
+    `prometheus_client.Histogram.observe` costs a lock and a Python bucket scan per value (these are fed
+    from the engine thread, once per request, with one inter-token gap per output step)."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = tuple(float(b) for b in buckets)
+        self._counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        with self._lock:
+            self._counts[bisect_left(self.bounds, value)] += 1
+            self._sum += value
+
+    def observe_many(self, values: list[float]) -> None:
+        if not values:
+            return
+        bounds, counts = self.bounds, self._counts
+        with self._lock:
+            for v in values:
+                counts[bisect_left(bounds, v)] += 1
+            self._sum += sum(values)
+
+    def family(self, model: str) -> HistogramMetricFamily:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[LABEL])
+        cumulative, buckets = 0, []
+        for bound, count in zip((*self.bounds, math.inf), counts, strict=True):
+            cumulative += count
+            buckets.append((floatToGoString(bound), cumulative))
+        family.add_metric([model], buckets, total)
+        return family
+
+
+class ServerMetrics(Collector):
     """The worker's metrics registry; also the `TimingSink` of the async engine."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = ""
         r = self.registry
-        self._ttft = Histogram("hetero_infer_time_to_first_token_seconds", "Time to first token.", [LABEL],
-                               buckets=TTFT_BUCKETS, registry=r)
-        self._itl = Histogram("hetero_infer_inter_token_latency_seconds", "Time between two output steps of "
-                              "a request.", [LABEL], buckets=ITL_BUCKETS, registry=r)
-        self._e2e = Histogram("hetero_infer_e2e_request_latency_seconds", "Arrival to last token.", [LABEL],
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self._queue = Histogram("hetero_infer_request_queue_time_seconds", "Arrival to first scheduled.",
-                                [LABEL], buckets=LATENCY_BUCKETS, registry=r)
-        self._prompt_len = Histogram("hetero_infer_request_prompt_tokens", "Prompt length of each request.",
-                                     [LABEL], buckets=TOKEN_BUCKETS, registry=r)
-        self._gen_len = Histogram("hetero_infer_request_generation_tokens", "Tokens generated per request.",
-                                  [LABEL], buckets=TOKEN_BUCKETS, registry=r)
+        self.ttft = RequestHistogram("hetero_infer_time_to_first_token_seconds", "Time to first token.",
+                                     TTFT_BUCKETS)
+        self.itl = RequestHistogram("hetero_infer_inter_token_latency_seconds",
+                                    "Time between two output steps of a request.", ITL_BUCKETS)
+        self.e2e = RequestHistogram("hetero_infer_e2e_request_latency_seconds", "Arrival to last token.",
+                                    LATENCY_BUCKETS)
+        self.queue = RequestHistogram("hetero_infer_request_queue_time_seconds", "Arrival to first scheduled.",
+                                      LATENCY_BUCKETS)
+        self.prompt_len = RequestHistogram("hetero_infer_request_prompt_tokens", "Prompt length of each request.",
+                                           TOKEN_BUCKETS)
+        self.gen_len = RequestHistogram("hetero_infer_request_generation_tokens", "Tokens generated per request.",
+                                        TOKEN_BUCKETS)
+        self._histograms = (self.ttft, self.itl, self.e2e, self.queue, self.prompt_len, self.gen_len)
         self._finished = Counter("hetero_infer_requests_finished", "Engine requests ended, by finish reason.",
                                  [LABEL, "finish_reason"], registry=r)
         self._rejected = Counter("hetero_infer_requests_rejected", "Requests refused before the engine "
@@ -104,35 +148,33 @@ class ServerMetrics:
                                  [LABEL, "reason"], registry=r)
         self._http = Counter("hetero_infer_http_requests", "HTTP requests by route and status.",
                              [LABEL, "route", "status"], registry=r)
-        self._children: dict[str, Any] = {}
+        self._bound = False
 
     def bind(self, model_name: str, stats: Callable[[], Any], healthy: Callable[[], bool]) -> None:
         """Attach the engine once it is loaded (before that, engine metrics export no samples)."""
         self.model_name = model_name
-        self._children = {
-            "ttft": self._ttft.labels(model_name),
-            "itl": self._itl.labels(model_name),
-            "e2e": self._e2e.labels(model_name),
-            "queue": self._queue.labels(model_name),
-            "prompt": self._prompt_len.labels(model_name),
-            "gen": self._gen_len.labels(model_name),
-        }
         self.registry.register(EngineStatsCollector(lambda: self.model_name, stats, healthy))
+        self.registry.register(self)
+        self._bound = True
+
+    def describe(self) -> Iterator[Metric]:
+        return iter([h.family("") for h in self._histograms])
+
+    def collect(self) -> Iterator[Metric]:
+        return iter([h.family(self.model_name) for h in self._histograms])
 
     def observe_request(self, timing: RequestTiming, finished_at: float, finish_reason: str) -> None:
-        c = self._children
-        if not c:
+        if not self._bound:
             return
         if timing.first_token is not None:
-            c["ttft"].observe(timing.first_token - timing.arrival)
-            c["e2e"].observe(finished_at - timing.arrival)
+            self.ttft.observe(timing.first_token - timing.arrival)
+            self.e2e.observe(finished_at - timing.arrival)
         if timing.first_scheduled is not None:
-            c["queue"].observe(max(0.0, timing.first_scheduled - timing.arrival))
-        itl = c["itl"]
-        for dt in timing.inter_token:
-            itl.observe(dt)
-        c["prompt"].observe(timing.prompt_tokens)
-        c["gen"].observe(timing.num_tokens)
+            self.queue.observe(max(0.0, timing.first_scheduled - timing.arrival))
+        self.itl.observe_many(timing.inter_token)
+        self.prompt_len.observe(timing.prompt_tokens)
+        if finish_reason in ("stop", "length"):
+            self.gen_len.observe(timing.num_tokens)
         self._finished.labels(self.model_name, finish_reason).inc()
 
     def rejected(self, reason: str) -> None:

@@ -23,6 +23,7 @@ class ServerOptions:
     shutdown_grace: float = 30.0  # SIGTERM: how long in-flight requests may still run
     max_body_bytes: int = 4 * 1024 * 1024  # larger request bodies get 413
     retry_after: int = 1  # Retry-After sent with 429
+    stream_interval: float = 0.005  # wake the event loop for new outputs at most this often (seconds)
     log_level: str = "info"
     log_format: str = "json"
     access_log: bool = True
@@ -56,6 +57,8 @@ class ServerOptions:
             bad("shutdown_grace", "must be >= 0 seconds")
         if self.max_body_bytes < 1024:
             bad("max_body_bytes", "must be at least 1024")
+        if not 0 <= self.stream_interval <= 1:
+            bad("stream_interval", "must be in [0, 1] seconds")
         if self.retry_after < 0:
             bad("retry_after", "must be >= 0")
         if self.log_level not in LOG_LEVELS:

@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import time
-import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from hetero_infer.worker.async_engine import (
 from hetero_infer.worker.outputs import CompletionOutput, RequestOutput
 from hetero_infer.worker.sampling_params import SamplingParams
 from hetero_infer.worker.server.errors import APIError, bad_request
+from hetero_infer.worker.server.ids import new_id
 from hetero_infer.worker.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -43,6 +43,11 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 TOKENIZE_INLINE_MAX_CHARS = 8192
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _DONE = b"data: [DONE]\n\n"
+_str = json.encoder.encode_basestring  # a JSON string literal (C implementation)
+
+
+def _reason(finish_reason: str | None) -> str:
+    return "null" if finish_reason is None else _str(finish_reason)
 
 
 async def parse_body(request: web.Request, model: type[BaseModel]) -> Any:
@@ -216,7 +221,7 @@ async def _generate(
     arrival: float,
 ) -> web.StreamResponse:
     num_seqs = sum(p.n for p in params)
-    base = uuid.uuid4().hex
+    base = new_id()
     engine_requests = [
         EngineRequest(f"{base}-{i}", p.text, p.token_ids, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
     ]
@@ -278,14 +283,14 @@ async def _stream(request: web.Request, stream: OutputStream, fmt: Formatter, in
         "X-Accel-Buffering": "no",
         "X-Request-Id": request.get("request_id", ""),
     })
-    fmt.include_usage = include_usage
+    fmt.set_include_usage(include_usage)
     await resp.prepare(request)  # the client learns at once that the request was accepted
     try:
         outputs = await stream.next()
         while outputs:
             chunks = fmt.chunks(outputs)
             if chunks:
-                await resp.write(b"".join(b"data: " + _dumps(c).encode() + b"\n\n" for c in chunks))
+                await resp.write("".join(f"data: {c}\n\n" for c in chunks).encode())
             outputs = await stream.next()
         tail = b""
         if include_usage:
@@ -334,9 +339,9 @@ class Formatter(ABC):
         self.model = state.model_name
         self.n = req.n
         self.prompts = prompts
-        self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
+        self.id = f"{self.id_prefix}{new_id()}"
         self.created = int(time.time())
-        self.include_usage = False
+        self.set_include_usage(False)
         self.prompt_index: dict[str, int] = {}
         self.choices = [_Choice() for _ in range(len(prompts) * req.n)]
         self.completion_tokens = [0] * len(self.choices)
@@ -348,6 +353,13 @@ class Formatter(ABC):
         prompt = sum(len(p.token_ids) for p in self.prompts)
         completion = sum(self.completion_tokens)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def set_include_usage(self, include_usage: bool) -> None:
+        """Streaming: with usage, every chunk carries `"usage": null` and a last chunk the totals."""
+        self.include_usage = include_usage
+        head = {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model}
+        self._chunk_head = _dumps(head)[:-1] + ',"choices":['
+        self._chunk_tail = '],"usage":null}' if include_usage else "]}"
 
     def usage_chunk(self) -> dict[str, Any]:
         return {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
@@ -361,8 +373,8 @@ class Formatter(ABC):
                 found.append((base + c.index, c))
         return found
 
-    def chunks(self, outputs: list[RequestOutput]) -> list[dict[str, Any]]:
-        """Stream chunks for everything new in `outputs` (one chunk per choice that changed)."""
+    def chunks(self, outputs: list[RequestOutput]) -> list[str]:
+        """Stream chunks (JSON text) for everything new in `outputs` (one chunk per choice that changed)."""
         chunks = []
         for idx, c in self._outputs(outputs):
             ch = self.choices[idx]
@@ -390,12 +402,9 @@ class Formatter(ABC):
         return {"id": self.id, "object": self.object_name, "created": self.created, "model": self.model,
                 "choices": choices, "usage": self.usage()}
 
-    def _base_chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
-        chunk = {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
-                 "choices": [choice]}
-        if self.include_usage:
-            chunk["usage"] = None
-        return chunk
+    def _base_chunk(self, choice: str) -> str:
+        """A whole chunk around one choice's JSON (the constant parts are encoded once per request)."""
+        return self._chunk_head + choice + self._chunk_tail
 
     def _token_logprobs(self, c: CompletionOutput, start: int, end: int, top_n: int) -> list[tuple[str, float, list[tuple[str, float]]]]:
         """(token text, logprob, top-N (text, logprob)) for generated tokens [start, end)."""
@@ -454,7 +463,11 @@ class CompletionFormatter(Formatter):
             if not ch.started and self.echo:
                 ch.offset = len(self._prompt_text(idx))
             logprobs, ch.offset = self._logprobs(c, ch.tokens, len(c.token_ids), ch.offset)
-        return self._base_chunk({"index": idx, "text": new_text, "logprobs": logprobs, "finish_reason": c.finish_reason})
+        if logprobs is None:  # the common case, without a dict round trip
+            return self._base_chunk(f'{{"index":{idx},"text":{_str(new_text)},"logprobs":null,'
+                                    f'"finish_reason":{_reason(c.finish_reason)}}}')
+        return self._base_chunk(_dumps({"index": idx, "text": new_text, "logprobs": logprobs,
+                                        "finish_reason": c.finish_reason}))
 
     def _choice(self, idx: int, c: CompletionOutput) -> dict[str, Any]:
         prefix = self._prompt_text(idx) if self.echo else ""
@@ -483,9 +496,14 @@ class ChatFormatter(Formatter):
         return {"content": content}
 
     def _chunk(self, idx: int, c: CompletionOutput, ch: _Choice, new_text: str, new_tokens: int) -> dict[str, Any]:
+        role = "" if ch.started else '"role":"assistant",'
+        if self.top_n is None:
+            return self._base_chunk(f'{{"index":{idx},"delta":{{{role}"content":{_str(new_text)}}},"logprobs":null,'
+                                    f'"finish_reason":{_reason(c.finish_reason)}}}')
         delta: dict[str, Any] = {"role": "assistant", "content": new_text} if not ch.started else {"content": new_text}
-        logprobs = self._logprobs(c, ch.tokens, len(c.token_ids)) if self.top_n is not None else None
-        return self._base_chunk({"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason})
+        logprobs = self._logprobs(c, ch.tokens, len(c.token_ids))
+        return self._base_chunk(_dumps({"index": idx, "delta": delta, "logprobs": logprobs,
+                                        "finish_reason": c.finish_reason}))
 
     def _choice(self, idx: int, c: CompletionOutput) -> dict[str, Any]:
         logprobs = self._logprobs(c, 0, len(c.token_ids)) if self.top_n is not None else None

@@ -44,7 +44,7 @@ class ServerState:
 
         `tokenizer` is the loop's own copy (default: the engine's, shared with the engine thread).
         """
-        async_engine = AsyncEngine(engine, timing_sink=self.metrics)
+        async_engine = AsyncEngine(engine, timing_sink=self.metrics, stream_interval=self.options.stream_interval)
         async_engine.start()
         self._engine = async_engine
         self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer

@@ -1,0 +1,217 @@
+"""What the serving path costs: the same workload on the engine alone, on the async engine (thread + asyncio,
+no HTTP) and through HTTP (`hetero-infer serve` in its own process, streaming clients), on the mock executor
+with zero step latency, where the serving layer's overhead is most visible.
+
+    python -m hetero_infer.worker.server.bench_overhead --concurrency 64 --num-requests 256
+
+Every request streams `--output-len` tokens for a prompt of `--input-len` random token ids (sent as ids, so
+tokenization costs the same in every mode: nothing). Throughput counts generated tokens; latency is per
+request (submit to last token). Each mode runs `--repeats` times, interleaved; the median run is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from hetero_infer.worker.config import EngineConfig
+from hetero_infer.worker.sampling_params import SamplingParams
+
+
+@dataclass
+class Run:
+    mode: str
+    seconds: float
+    tokens: int
+    latencies: list[float]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    def latency(self, q: float) -> float:
+        s = sorted(self.latencies)
+        return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 40000) for _ in range(length)] for _ in range(n)]
+
+
+def _params(output_len: int) -> SamplingParams:
+    return SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+
+
+def run_engine(engine: Any, prompts: list[list[int]], output_len: int, concurrency: int, tag: str) -> Run:
+    """The engine alone: keep `concurrency` requests in flight, add a new one as each finishes."""
+    start: dict[str, float] = {}
+    latencies: list[float] = []
+    tokens = 0
+    nxt = 0
+
+    def add() -> None:
+        nonlocal nxt
+        rid = f"{tag}-{nxt}"
+        start[rid] = time.perf_counter()
+        engine.add_request(rid, None, prompts[nxt], _params(output_len))
+        nxt += 1
+
+    t0 = time.perf_counter()
+    while nxt < min(concurrency, len(prompts)):
+        add()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                latencies.append(time.perf_counter() - start.pop(out.request_id))
+                tokens += sum(len(c.token_ids) for c in out.outputs)
+                if nxt < len(prompts):
+                    add()
+    return Run("engine", time.perf_counter() - t0, tokens, latencies)
+
+
+async def run_async_engine(engine: Any, prompts: list[list[int]], output_len: int, concurrency: int,
+                           tag: str, stream_interval: float) -> Run:
+    """The engine on its thread, driven by asyncio tasks (no HTTP)."""
+    from hetero_infer.worker.async_engine import AsyncEngine, EngineRequest
+
+    ae = AsyncEngine(engine, stream_interval=stream_interval)
+    ae.start()
+    queue = list(enumerate(prompts))
+    latencies: list[float] = []
+    tokens = 0
+
+    async def worker() -> None:
+        nonlocal tokens
+        while queue:
+            i, ids = queue.pop()
+            t = time.perf_counter()
+            stream = ae.submit([EngineRequest(f"{tag}-{i}", None, ids, _params(output_len))])
+            last = None
+            while outs := await stream.next():
+                last = outs[-1]
+            latencies.append(time.perf_counter() - t)
+            tokens += sum(len(c.token_ids) for c in last.outputs) if last else 0
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    seconds = time.perf_counter() - t0
+    ae.shutdown()
+    return Run("async engine", seconds, tokens, latencies)
+
+
+async def run_http(url: str, prompts: list[list[int]], output_len: int, concurrency: int) -> Run:
+    """Streaming /v1/completions requests, `concurrency` at a time, tokens counted from `usage`."""
+    queue = list(prompts)
+    latencies: list[float] = []
+    tokens = 0
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal tokens
+        while queue:
+            ids = queue.pop()
+            body = {"prompt": ids, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
+                    "stream": True, "stream_options": {"include_usage": True}}
+            t = time.perf_counter()
+            async with session.post(url + "/v1/completions", json=body) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
+                usage = None
+                async for line in resp.content:
+                    if line.startswith(b'data: {"id"') and b'"usage":{' in line:
+                        usage = json.loads(line[6:])["usage"]
+            latencies.append(time.perf_counter() - t)
+            tokens += usage["completion_tokens"] if usage else 0
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker(session) for _ in range(concurrency)])
+        seconds = time.perf_counter() - t0
+    return Run("HTTP", seconds, tokens, latencies)
+
+
+def start_server(extra: list[str]) -> tuple[subprocess.Popen[str], str]:
+    cmd = [sys.executable, "-m", "hetero_infer.cli", "serve", "--executor", "mock", "--port", "0",
+           "--mock-step-latency-s", "0", "--log-format", "text", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    url = ""
+    for line in proc.stdout:
+        m = re.search(r"listening on (http://\S+)", line)
+        if m:
+            url = m.group(1)
+        if "ready: serving" in line:
+            break
+    if not url:
+        proc.kill()
+        raise RuntimeError("the server did not start")
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    return proc, url
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hetero_infer.worker.server.bench_overhead",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stream-interval", type=float, default=0.005, help="as `serve --stream-interval`")
+    p.add_argument("--server-arg", action="append", default=[], help="extra `hetero-infer serve` argument")
+    p.add_argument("--output-json", help="write the runs as JSON")
+    args = p.parse_args(argv)
+
+    from hetero_infer.worker.engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(executor="mock", mock_step_latency_s=0.0))
+    prompts = _prompts(args.num_requests, args.input_len, args.seed)
+    proc, url = start_server(["--stream-interval", str(args.stream_interval), *args.server_arg])
+    runs: dict[str, list[Run]] = {"engine": [], "async engine": [], "HTTP": []}
+    try:
+        asyncio.run(run_http(url, prompts[:16], args.output_len, 16))  # warm-up
+        run_engine(engine, prompts[:16], args.output_len, 16, "warm")
+        for r in range(args.repeats):
+            runs["engine"].append(run_engine(engine, prompts, args.output_len, args.concurrency, f"e{r}"))
+            runs["async engine"].append(asyncio.run(
+                run_async_engine(engine, prompts, args.output_len, args.concurrency, f"a{r}", args.stream_interval)))
+            runs["HTTP"].append(asyncio.run(run_http(url, prompts, args.output_len, args.concurrency)))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+    best = {mode: sorted(rs, key=lambda x: x.tokens_per_s)[len(rs) // 2] for mode, rs in runs.items()}
+    base = best["engine"]
+    print(f"{args.num_requests} requests, {args.concurrency} concurrent, {args.input_len} prompt + "
+          f"{args.output_len} output tokens, mock executor, zero step latency, stream interval "
+          f"{args.stream_interval * 1000:g} ms, {os.cpu_count()} CPUs\n")
+    print("| path | output tok/s | vs engine | request latency p50 (s) | p99 (s) |")
+    print("|---|---:|---:|---:|---:|")
+    for mode, run in best.items():
+        cost = 1.0 - run.tokens_per_s / base.tokens_per_s
+        print(f"| {mode} | {run.tokens_per_s:,.0f} | {-cost:+.1%} | {run.latency(0.5):.3f} | {run.latency(0.99):.3f} |")
+    spread = {m: [round(r.tokens_per_s) for r in rs] for m, rs in runs.items()}
+    print(f"\nall runs (tok/s): {spread}; median of each: {statistics.median(spread['HTTP']):,.0f} via HTTP")
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump({m: [{"tokens_per_s": r.tokens_per_s, "seconds": r.seconds, "tokens": r.tokens,
+                            "latency_p50": r.latency(0.5), "latency_p99": r.latency(0.99)} for r in rs]
+                       for m, rs in runs.items()}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
