@@ -356,11 +356,89 @@ def bench_layers(timer: Timer, device, copy_gbs: float, smoke: bool) -> None:
     table("top-k + top-p filter (PyTorch sort-based, float32 logits)", ["batch", "vocab", "time µs"], rows, "topk")
 
 
+# --------------------------------------------------------------------------- tuning sweep
+
+
+def bench_tune(timer: Timer, device, copy_gbs: float, smoke: bool) -> None:
+    """Time alternative tile configurations against the defaults (to retune heuristics)."""
+    import itertools
+
+    from hetero_infer.kernels import _triton_attention as A
+    from hetero_infer.kernels import _triton_quant as Q
+
+    dtype = torch.bfloat16
+    h, kvh, d, bs = (4, 2, 32, 16) if smoke else (32, 8, 128, 16)
+    rows = []
+    decode_cases = [(64, 2)] if smoke else [(1024, 64), (4096, 16), (16384, 1), (16384, 4)]
+    decode_cfgs = [None] + (
+        [{"BLOCK_N": 16}] if smoke else [
+            {"BLOCK_N": bn, "num_warps": nw, "num_stages": ns}
+            for bn, nw, ns in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))
+        ] + [{"MIN_PARTITION": mp} for mp in (128, 512, 1024)]
+    )
+    for ctx, batch in decode_cases:
+        k_cache, v_cache, block_table, lens = _paged(batch, ctx, kvh, d, bs, dtype, device)
+        q = torch.randn(batch, h, d, device=device, dtype=dtype)
+        out = torch.empty_like(q)
+        nbytes = batch * ctx * kvh * d * 4
+        best = None
+        for cfg in decode_cfgs:
+            try:
+                us = timer(lambda: A.paged_attention_decode(q, k_cache, v_cache, block_table, lens, 0.1, out,
+                                                            config=cfg))
+            except Exception as e:  # a configuration that does not fit (shared memory, ...)
+                log(f"decode {ctx}x{batch} {cfg}: {type(e).__name__}")
+                continue
+            pct = 100 * nbytes / us / 1e3 / copy_gbs
+            if cfg is None:
+                default = (us, pct)
+            if best is None or us < best[0]:
+                best = (us, pct, cfg)
+        rows.append([f"decode ctx {ctx} batch {batch}", default[0], default[1], best[0], best[1], json.dumps(best[2])])
+        del k_cache, v_cache
+
+    mm_cases = [(1, 64, 256), (17, 64, 256)] if smoke else [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096),
+                                                           (1, 28672, 4096), (16, 28672, 4096)]
+    for m, n, k in mm_cases:
+        w = torch.randn(n, k, device=device) * 0.02
+        q8, s8 = kernels.quantize_int8(w)
+        p4, s4, z4 = kernels.quantize_int4(w, 128)
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        y = torch.empty(m, n, device=device, dtype=dtype)
+        bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+        cfgs = [None] + (
+            [{"BLOCK_N": 32, "SPLIT_K": 2}] if smoke else [
+                {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk}
+                for bn, sk in itertools.product((32, 64, 128), (1, 2, 4, 8, 16))
+            ] + [{"num_stages": ns, "num_warps": nw} for ns, nw in ((3, 4), (5, 4), (4, 8))]
+        )
+        for name, fn, wbytes in (
+            ("W8A16", lambda cfg: Q.int8_matmul(x, q8, s8, None, y, config=cfg), n * k + 4 * n),
+            ("W4A16", lambda cfg: Q.int4_matmul(x, p4, s4, z4, 128, None, y, config=cfg), n * k // 2 + 5 * n * k // 128),
+        ):
+            best = None
+            for cfg in cfgs:
+                try:
+                    us = timer(lambda: fn(cfg))
+                except Exception as e:
+                    log(f"{name} {m}x{n}x{k} {cfg}: {type(e).__name__}")
+                    continue
+                pct = 100 * wbytes / us / 1e3 / copy_gbs
+                if cfg is None:
+                    default = (us, pct)
+                if best is None or us < best[0]:
+                    best = (us, pct, cfg)
+            rows.append([f"{name} M={m} {n}x{k}", default[0], default[1], best[0], best[1], json.dumps(best[2])])
+    table("Tuning sweep: default configuration vs the best one tried",
+          ["case", "default µs", "default % BW", "best µs", "best % BW", "best config"], rows, "tune")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write all results to this JSON file")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter (checks the script)")
-    ap.add_argument("--only", nargs="*", choices=["decode", "prefill", "quant", "layers"], help="sections to run")
+    ap.add_argument("--only", nargs="*", choices=["decode", "prefill", "quant", "layers", "tune"],
+                    help="sections to run (default: all but tune)")
     args = ap.parse_args(argv)
     if args.smoke:
         device = torch.device("cpu")
@@ -386,6 +464,8 @@ def main(argv=None) -> int:
                 bench_quant(timer, device, args.smoke)
             elif name == "layers":
                 bench_layers(timer, device, copy_gbs, args.smoke)
+            elif name == "tune":
+                bench_tune(timer, device, copy_gbs, args.smoke)
         except Exception:
             failed.append(name)
             log(f"section {name} failed:")

@@ -22,6 +22,8 @@ from . import _backend as B
 from ._backend import next_pow2
 
 LOG2E = 1.4426950408889634
+#: Shortest KV partition (tokens) of the split-KV decode on a GPU.
+MIN_PARTITION = 256
 
 
 @triton.jit
@@ -201,7 +203,7 @@ def _decode_reduce_kernel(
 
 
 def plan_decode_splits(
-    batch: int, num_kv_heads: int, max_len: int, device: torch.device, block_n: int
+    batch: int, num_kv_heads: int, max_len: int, device: torch.device, block_n: int, min_partition: int | None = None
 ) -> tuple[int, int]:
     """(num_splits, partition_size) for the split-KV decode.
 
@@ -211,7 +213,9 @@ def plan_decode_splits(
     max_len = max(int(max_len), 1)
     programs = batch * num_kv_heads
     target = 2 * B.num_sms(device)
-    min_partition = max(256, block_n) if B.compiled(device) else 4 * block_n
+    if min_partition is None:
+        min_partition = MIN_PARTITION if B.compiled(device) else 4 * block_n
+    min_partition = max(min_partition, block_n)
     if programs >= target or max_len <= min_partition:
         splits = 1
     else:
@@ -232,8 +236,9 @@ def _decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> d
 
 def paged_attention_decode(
     q, k_cache, v_cache, block_tables, context_lens, scale, out,
-    sliding_window=None, max_context_len=None, *, num_splits=None, block_n=None,
+    sliding_window=None, max_context_len=None, *, num_splits=None, config=None,
 ):
+    """``config`` (tuning/tests) overrides BLOCK_N, num_warps, num_stages, MIN_PARTITION."""
     b_sz, h, d = q.shape
     kvh = k_cache.shape[2]
     page = k_cache.shape[1]
@@ -241,12 +246,11 @@ def paged_attention_decode(
     if b_sz == 0:
         return out
     cfg = _decode_config(d, q.dtype, q.device)
-    if block_n is not None:
-        cfg["BLOCK_N"] = block_n
+    cfg.update(config or {})
     block_n = cfg["BLOCK_N"]
     max_len = max_context_len if max_context_len is not None else block_tables.shape[1] * page
     if num_splits is None:
-        splits, partition = plan_decode_splits(b_sz, kvh, max_len, q.device, block_n)
+        splits, partition = plan_decode_splits(b_sz, kvh, max_len, q.device, block_n, cfg.get("MIN_PARTITION"))
     else:
         splits = max(1, int(num_splits))
         partition = triton.cdiv(triton.cdiv(max(int(max_len), 1), splits), block_n) * block_n
@@ -390,8 +394,9 @@ def _prefill_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> 
 
 def paged_attention_prefill(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out,
-    sliding_window=None, max_seqlen_q=None, *, block_m=None, block_n=None,
+    sliding_window=None, max_seqlen_q=None, *, config=None,
 ):
+    """``config`` (tuning/tests) overrides BLOCK_M, BLOCK_N, num_warps, num_stages."""
     del max_seqlen_q  # the grid is planned without it
     t, h, d = q.shape
     num_seqs = context_lens.shape[0]
@@ -399,10 +404,7 @@ def paged_attention_prefill(
     if t == 0 or num_seqs == 0:
         return out
     cfg = _prefill_config(d, q.dtype, q.device)
-    if block_m is not None:
-        cfg["BLOCK_M"] = block_m
-    if block_n is not None:
-        cfg["BLOCK_N"] = block_n
+    cfg.update(config or {})
     bm = cfg["BLOCK_M"]
     cu = cu_seqlens_q.to(torch.int32)
     q_lens = cu[1:] - cu[:-1]

@@ -181,18 +181,26 @@ def _finish(partials, bias, out):
     )
 
 
+def _config(m, n, k_units, x2, config, fp32_stages):
+    block_m, block_n, split = _pick(m, n, k_units, x2.device, x2.dtype)
+    cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SPLIT_K": split, "num_warps": 4,
+           "num_stages": (fp32_stages if x2.dtype == torch.float32 else 4) if B.compiled(x2.device) else 1}
+    cfg.update(config or {})
+    return cfg
+
+
 def int8_matmul(x2, qweight, scales, bias, out2, *, config=None) -> None:
+    """``config`` (tuning/tests) overrides BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages."""
     m, kdim = x2.shape
     n = qweight.shape[0]
     if m == 0 or n == 0:
         return
-    if not B.compiled(x2.device):
-        block_k = 64
-    else:
-        block_k = 32 if x2.dtype == torch.float32 else 128
+    block_k = (32 if x2.dtype == torch.float32 else 128) if B.compiled(x2.device) else 64
+    block_k = (config or {}).get("BLOCK_K", block_k)
     k_steps = triton.cdiv(kdim, block_k)
-    block_m, block_n, split = config or _pick(m, n, k_steps, x2.device, x2.dtype)
-    steps_per_split = triton.cdiv(k_steps, split)
+    cfg = _config(m, n, k_steps, x2, config, 2)
+    block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    steps_per_split = triton.cdiv(k_steps, cfg["SPLIT_K"])
     split = triton.cdiv(k_steps, steps_per_split)
     dot_f32 = not B.compiled(x2.device) or x2.dtype == torch.float32
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
@@ -205,20 +213,22 @@ def int8_matmul(x2, qweight, scales, bias, out2, *, config=None) -> None:
         x2.stride(0), qweight.stride(0), target.stride(-2), target.stride(0) if split > 1 else 0,
         HAS_BIAS=bias is not None, SPLIT=split > 1,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_F32=dot_f32,
-        num_warps=4, num_stages=(2 if x2.dtype == torch.float32 else 4) if B.compiled(x2.device) else 1,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if split > 1:
         _finish(target, bias, out2)
 
 
 def int4_matmul(x2, packed, scales, zeros, group_size, bias, out2, *, config=None) -> None:
+    """``config`` (tuning/tests) overrides BLOCK_M, BLOCK_N, SPLIT_K, num_warps, num_stages."""
     m, kdim = x2.shape
     n = packed.shape[0]
     if m == 0 or n == 0:
         return
     num_groups = kdim // group_size
-    block_m, block_n, split = config or _pick(m, n, num_groups, x2.device, x2.dtype)
-    per_split = triton.cdiv(num_groups, split)
+    cfg = _config(m, n, num_groups, x2, config, 1)
+    block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    per_split = triton.cdiv(num_groups, cfg["SPLIT_K"])
     split = triton.cdiv(num_groups, per_split)
     dot_f32 = not B.compiled(x2.device) or x2.dtype == torch.float32
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
@@ -232,8 +242,7 @@ def int4_matmul(x2, packed, scales, zeros, group_size, bias, out2, *, config=Non
         target.stride(-2), target.stride(0) if split > 1 else 0,
         HAS_BIAS=bias is not None, SPLIT=split > 1, GROUP=group_size,
         BLOCK_M=block_m, BLOCK_N=block_n, DOT_F32=dot_f32,
-        num_warps=4,
-        num_stages=(1 if x2.dtype == torch.float32 else 4) if B.compiled(x2.device) else 1,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if split > 1:
         _finish(target, bias, out2)

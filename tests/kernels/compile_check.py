@@ -84,7 +84,7 @@ def _scenarios(quick: bool = False) -> None:
     from hetero_infer.kernels import _triton_quant as Q
 
     dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16, torch.float32)
-    heads = ((128, 8, 32),) if quick else ((128, 8, 32), (64, 3, 9), (256, 1, 8), (80, 2, 2))
+    heads = ((128, 8, 32),) if quick else ((128, 8, 32), (64, 3, 9), (256, 1, 8), (80, 2, 2), (128, 1, 32), (96, 4, 28))
     for dt in dtypes:
         for d, kvh, h in heads:
             kc = torch.empty(4, 16, kvh, d, dtype=dt)

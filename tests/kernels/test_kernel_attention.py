@@ -214,7 +214,7 @@ def test_prefill_tile_shapes(block, device, triton_backend):
     out = poison(torch.empty_like(q))
     _triton_attention.paged_attention_prefill(
         q, batch.k_cache, batch.v_cache, batch.block_tables, cu, batch.context_lens, 0.2, out,
-        block_m=block[0], block_n=block[1],
+        config={"BLOCK_M": block[0], "BLOCK_N": block[1]},
     )
     assert_close(out, _prefill_oracle(q, batch, q_lens, 0.2), torch.float16, what=f"prefill {block}")
 

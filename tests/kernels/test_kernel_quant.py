@@ -159,10 +159,10 @@ def test_quant_matmul_batched_input_and_split_k(backend, device):
 
         for split in (1, 2, 4):
             out = poison(torch.empty(6, 40, dtype=torch.float16, device=device))
-            _triton_quant.int8_matmul(x2, q, s, None, out, config=(16, 32, split))
+            _triton_quant.int8_matmul(x2, q, s, None, out, config={"BLOCK_M": 16, "BLOCK_N": 32, "SPLIT_K": split})
             assert_close(out, _dense_oracle(x2, kernels.dequantize_int8(q, s), None), torch.float16, scale=1.5)
             out = poison(torch.empty(6, 40, dtype=torch.float16, device=device))
-            _triton_quant.int4_matmul(x2, p, sc, z, 64, None, out, config=(16, 32, split))
+            _triton_quant.int4_matmul(x2, p, sc, z, 64, None, out, config={"BLOCK_M": 16, "BLOCK_N": 32, "SPLIT_K": split})
             assert_close(out, _dense_oracle(x2, kernels.dequantize_int4(p, sc, z, 64), None), torch.float16, scale=1.5)
 
 
