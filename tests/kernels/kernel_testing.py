@@ -109,39 +109,37 @@ def make_paged_kv(
 
 
 def dense_kv(batch: PagedBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequence b's keys/values as float64 [ctx, KVH, D], token by token."""
+    """Sequence b's keys/values as float64 [ctx, KVH, D]: token j read from block
+    ``table[j // block_size]`` at offset ``j % block_size``."""
     n = int(batch.context_lens[b])
-    table = batch.block_tables[b].cpu()
-    ks, vs = [], []
-    for j in range(n):
-        blk, off = int(table[j // batch.block_size]), j % batch.block_size
-        ks.append(batch.k_cache[blk, off].cpu().double())
-        vs.append(batch.v_cache[blk, off].cpu().double())
-    if not ks:
-        shape = (0, *batch.k_cache.shape[2:])
-        return torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64)
-    return torch.stack(ks), torch.stack(vs)
+    j = torch.arange(n)
+    blocks = batch.block_tables[b].cpu().long()[j // batch.block_size].to(batch.k_cache.device)
+    offsets = (j % batch.block_size).to(batch.k_cache.device)
+    k = batch.k_cache[blocks, offsets].cpu().double()
+    v = batch.v_cache[blocks, offsets].cpu().double()
+    return k, v
 
 
 def naive_attention_rows(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: list[int], scale: float, window: int | None = None
 ) -> torch.Tensor:
-    """q [R, H, D] at the given positions over dense k/v [L, KVH, D]; float64 loops."""
+    """q [R, H, D] at the given positions over dense k/v [L, KVH, D], in float64: per head,
+    the full score matrix, masked (causal, optional window), softmax, weighted sum."""
     r_count, h, d = q.shape
-    kvh = k.shape[1]
-    g = h // kvh
     out = torch.zeros(r_count, h, d, dtype=torch.float64)
+    if r_count == 0 or k.shape[0] == 0:
+        return out
+    g = h // k.shape[1]
     qd = q.cpu().double()
-    for i, p in enumerate(positions):
-        lo = 0 if not window else max(0, p - window + 1)
-        if p < lo:
-            continue
-        for head in range(h):
-            kk = k[lo : p + 1, head // g]
-            vv = v[lo : p + 1, head // g]
-            s = (kk @ qd[i, head]) * scale
-            w = torch.softmax(s, dim=0)
-            out[i, head] = w @ vv
+    pos = torch.tensor(positions, dtype=torch.long)[:, None]
+    j = torch.arange(k.shape[0])[None, :]
+    allowed = j <= pos
+    if window:
+        allowed &= j > pos - window
+    for head in range(h):
+        s = (qd[:, head] @ k[:, head // g].T) * scale
+        s = s.masked_fill(~allowed, float("-inf"))
+        out[:, head] = torch.softmax(s, dim=-1) @ v[:, head // g]
     return out
 
 

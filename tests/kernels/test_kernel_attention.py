@@ -286,3 +286,48 @@ def test_write_then_attend_roundtrip(device, triton_backend):
     out = kernels.paged_attention_decode(q, k_cache, v_cache, table, torch.tensor([n], device=device, dtype=torch.int32), 0.3)
     want = naive_attention_rows(q, k.cpu().double(), v.cpu().double(), [n - 1], 0.3)
     assert_close(out, want, dtype, what="write+decode")
+
+
+# --------------------------------------------------------------------------- property-based
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def _varlen_batches(draw):
+    kvh = draw(st.sampled_from([1, 2]))
+    group = draw(st.sampled_from([1, 3, 4]))
+    head_dim = draw(st.sampled_from([16, 32, 48]))
+    block_size = draw(st.sampled_from([1, 4, 5, 16]))
+    n_seqs = draw(st.integers(1, 4))
+    q_lens = draw(st.lists(st.integers(0, 24), min_size=n_seqs, max_size=n_seqs))
+    prefixes = draw(st.lists(st.integers(0, 40), min_size=n_seqs, max_size=n_seqs))
+    window = draw(st.one_of(st.none(), st.integers(1, 30)))
+    dtype = draw(st.sampled_from(DTYPES))
+    return kvh, group, head_dim, block_size, q_lens, prefixes, window, dtype
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_varlen_batches())
+def test_prefill_and_decode_property(device, params):
+    """Random varlen batches (empty sequences, block size 1, windows) through both kernels."""
+    kvh, group, d, bs, q_lens, prefixes, window, dtype = params
+    lens = [p + ql for p, ql in zip(q_lens, prefixes)]
+    batch = make_paged_kv([max(n, 1) for n in lens], kvh, d, bs, dtype, device)
+    batch.context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    h = kvh * group
+    q = randn(sum(q_lens), h, d, dtype=dtype, device=device)
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device=device)
+    with kernels.use_backend("triton"):
+        out = poison(torch.empty_like(q))
+        kernels.paged_attention_prefill(
+            q, batch.k_cache, batch.v_cache, batch.block_tables, cu, batch.context_lens, 0.3, out, sliding_window=window
+        )
+        assert_close(out, _prefill_oracle(q, batch, q_lens, 0.3, window), dtype, what="prefill property")
+        qd = randn(len(lens), h, d, dtype=dtype, device=device)
+        outd = poison(torch.empty_like(qd))
+        kernels.paged_attention_decode(
+            qd, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.3, outd, sliding_window=window
+        )
+        assert_close(outd, _decode_oracle(qd, batch, 0.3, window), dtype, what="decode property")
