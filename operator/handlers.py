@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+
 from hetero_infer.operator import constants as c
 from hetero_infer.operator import kube
 from hetero_infer.operator.manifests import WorkerDefaults

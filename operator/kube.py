@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 import urllib3
+
 from hetero_infer.operator import constants as c
 
 MERGE_PATCH = "application/merge-patch+json"

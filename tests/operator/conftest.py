@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
-from hetero_infer.operator import constants as c
 from kmock_cluster import ClusterEmulator
+
+from hetero_infer.operator import constants as c
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / f"{c.CRD_NAME}.yaml"
@@ -95,6 +96,7 @@ def kubeconfig(kmock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> P
 async def operator(kmock: Any, kubeconfig: Path) -> AsyncIterator[Callable[..., Any]]:
     """Start the real operator (kopf handlers from `hetero-infer operator`) in this event loop."""
     import kopf
+
     from hetero_infer.operator.cli import build_parser, operator_kwargs
 
     started: list[asyncio.Task[Any]] = []

@@ -25,8 +25,9 @@ from typing import Any
 
 import attrs
 import kmock
-from hetero_infer.operator import constants as c
 from kmock._internal import enums, rendering
+
+from hetero_infer.operator import constants as c
 
 INFD = kmock.resource(c.GROUP, c.VERSION, c.PLURAL)
 DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")

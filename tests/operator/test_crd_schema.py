@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from crd_validation import defaulted, validate
+
 from hetero_infer.operator import constants as c
 from hetero_infer.operator import spec as s
 from hetero_infer.operator.spec import SpecError, parse_spec

@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from crd_validation import validate as validate_custom_resource
+
 from hetero_infer.operator import constants as c
 from hetero_infer.operator import kube
 from hetero_infer.operator.cli import build_parser

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 import yaml
-from hetero_infer.operator import kube
-from hetero_infer.operator.cli import build_parser, operator_kwargs
-from hetero_infer.operator.handlers import connection_info
 from kmock_cluster import DEPLOYMENTS, wait_for
 from test_operator_kmock import create, infd, live
 
 from hetero_infer.cli import main as top_level_main
+from hetero_infer.operator import kube
+from hetero_infer.operator.cli import build_parser, operator_kwargs
+from hetero_infer.operator.handlers import connection_info
 
 
 def test_defaults_watch_all_namespaces_with_peering_autodetected() -> None:

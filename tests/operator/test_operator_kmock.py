@@ -6,9 +6,10 @@ import asyncio
 from typing import Any
 
 import pytest
+from kmock_cluster import DEPLOYMENTS, EVENTS, HPAS, INFD, PDBS, PEERINGS, SERVICES, wait_for
+
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.manifests import selector_string
-from kmock_cluster import DEPLOYMENTS, EVENTS, HPAS, INFD, PDBS, PEERINGS, SERVICES, wait_for
 
 NS = "models"
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.diff import strip_none
 from hetero_infer.operator.manifests import (

@@ -6,6 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+
 from hetero_infer.operator.diff import differences, merge_patch, parse_quantity, strip_none
 from hetero_infer.operator.spec import parse_spec
 from hetero_infer.operator.status import (
