@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (the timed closures run inside the loop iteration that defines them)
 """Microbenchmarks of hetero_infer.kernels on a CUDA GPU.
 
 What it measures (results as Markdown tables on stdout, and JSON with ``--json``):
@@ -182,7 +183,6 @@ def bench_decode(timer: Timer, device, copy_gbs: float, smoke: bool) -> None:
                 pass
             del kk, vv
         rows.append([ctx, batch, us, gbs, 100 * gbs / copy_gbs, sdpa_us, f"{err:.1e}"])
-        del k_cache, v_cache
     table_title = (
         "Decode paged attention (bf16, 32 q heads / 8 KV heads, head_dim 128, block 16)"
         if not smoke
@@ -207,7 +207,6 @@ def bench_decode(timer: Timer, device, copy_gbs: float, smoke: bool) -> None:
         us = timer(lambda: kernels.paged_attention_decode(q, k_cache, v_cache, table_, lens, d**-0.5, out))
         gbs = batch * ctx * kvh_ * d * 4 / us / 1e3
         rows.append([f"{h}/{kvh_}", h // kvh_, us, gbs, 100 * gbs / copy_gbs])
-        del k_cache, v_cache
     table("Decode at 4k context, batch 16, by GQA ratio", ["heads q/kv", "ratio", "time µs", "GB/s", "% of copy BW"],
           rows, "decode_gqa")
 
@@ -242,7 +241,7 @@ def bench_prefill(timer: Timer, device, smoke: bool) -> None:
         err = rel_err(out, ref)
         us = timer(run)
         # causal FLOPs actually needed: query i of a sequence sees (ctx - q_len + i + 1) keys
-        pairs = sum(ql * (c - ql) + ql * (ql + 1) / 2 for ql, c in zip(q_lens, ctxs))
+        pairs = sum(ql * (c - ql) + ql * (ql + 1) / 2 for ql, c in zip(q_lens, ctxs, strict=True))
         tflops = 4 * h * d * pairs / us / 1e6
         sdpa = float("nan")
         if not smoke and batch == 1 and q_lens[0] == ctxs[0]:
@@ -252,7 +251,6 @@ def bench_prefill(timer: Timer, device, smoke: bool) -> None:
             sdpa_us = timer(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True))
             sdpa = 4 * h * d * pairs / sdpa_us / 1e6
         rows.append([name, t, us, tflops, sdpa, f"{err:.1e}"])
-        del k_cache, v_cache
     table("Prefill attention over paged KV (bf16, 32/8 heads, head_dim 128)",
           ["case", "tokens", "time µs", "TFLOP/s", "SDPA unpaged TFLOP/s", "rel err"], rows, "prefill")
 
@@ -275,7 +273,6 @@ def bench_quant(timer: Timer, device, smoke: bool) -> None:
         wb = w.to(dtype)
         q8, s8 = kernels.quantize_int8(w)
         p4, s4, z4 = kernels.quantize_int4(w, 128)
-        del w
         for m in ms:
             x = torch.randn(m, k, device=device, dtype=dtype)
             y8 = torch.empty(m, n, device=device, dtype=dtype)
@@ -291,7 +288,6 @@ def bench_quant(timer: Timer, device, smoke: bool) -> None:
             w4_bytes = n * k // 2 + 5 * n * (k // 128)
             rows.append([name, m, t16, t8, t4, t16 / t8, t16 / t4,
                          w8_bytes / t8 / 1e3, w4_bytes / t4 / 1e3, f"{max(e8, e4):.1e}"])
-        del wb, q8, s8, p4, s4, z4
     table("Weight-only quantized matmuls vs bf16 (cuBLAS via torch), Llama-3-8B projections",
           ["weight", "M", "bf16 µs", "W8A16 µs", "W4A16 µs", "W8 speedup", "W4 speedup",
            "W8 weight GB/s", "W4 weight GB/s", "max rel err"], rows, "quant")
@@ -395,7 +391,6 @@ def bench_tune(timer: Timer, device, copy_gbs: float, smoke: bool) -> None:
             if best is None or us < best[0]:
                 best = (us, pct, cfg)
         rows.append([f"decode ctx {ctx} batch {batch}", default[0], default[1], best[0], best[1], json.dumps(best[2])])
-        del k_cache, v_cache
 
     mm_cases = [(1, 64, 256), (17, 64, 256)] if smoke else [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096),
                                                            (1, 28672, 4096), (16, 28672, 4096)]

@@ -132,7 +132,7 @@ def check_tensor(
 def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
     devices = {name: t.device for name, t in tensors.items() if t is not None}
     first = next(iter(devices.values()))
-    for name, dev in devices.items():
+    for dev in devices.values():
         if dev != first:
             detail = ", ".join(f"{n} on {d}" for n, d in devices.items())
             raise ValueError(f"all tensors must be on one device; got {detail}")

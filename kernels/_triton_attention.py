@@ -186,11 +186,11 @@ def _decode_reduce_kernel(
     d_mask = offs_d < HEAD_DIM
     base = (b * num_heads + h).to(tl.int64) * num_splits
     m = tl.load(pm_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
-    l = tl.load(pl_ptr + base + offs_s, mask=s_mask, other=0.0)
+    l_part = tl.load(pl_ptr + base + offs_s, mask=s_mask, other=0.0)
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp2(m - m_max)
-    denom = tl.sum(l * w, 0)
+    denom = tl.sum(l_part * w, 0)
     acc = tl.load(
         po_ptr + (base + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
         mask=s_mask[:, None] & d_mask[None, :],

@@ -313,7 +313,7 @@ def _varlen_batches(draw):
 def test_prefill_and_decode_property(device, params):
     """Random varlen batches (empty sequences, block size 1, windows) through both kernels."""
     kvh, group, d, bs, q_lens, prefixes, window, dtype = params
-    lens = [p + ql for p, ql in zip(q_lens, prefixes)]
+    lens = [p + ql for p, ql in zip(q_lens, prefixes, strict=True)]
     batch = make_paged_kv([max(n, 1) for n in lens], kvh, d, bs, dtype, device)
     batch.context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     h = kvh * group
