@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
 from hetero_infer.worker.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -107,8 +108,8 @@ def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
     min_tok_rows = [i for i, r in enumerate(rows) if len(r.output_token_ids) < r.params.min_tokens]
     if not pen_rows and not min_tok_rows:
         return x
-    if x is logits:
-        x = x.clone()
+    if x is logits or not x.is_contiguous():
+        x = x.clone(memory_format=torch.contiguous_format)
     if pen_rows:
         _apply_penalties(x, [rows[i] for i in pen_rows], pen_rows)
     if min_tok_rows:
@@ -140,37 +141,42 @@ def _column(values: list[float], device: torch.device) -> torch.Tensor:
 
 
 def _apply_penalties(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:
-    """Repetition (prompt+output, HF style), then frequency and presence (output, OpenAI style)."""
-    device, vocab = x.device, x.shape[1]
-    sub = x.index_select(0, _index(idx, device))
-    counts = torch.zeros_like(sub)
-    out_rows = [j for j, r in enumerate(rows) for t in r.output_token_ids if 0 <= t < vocab]
-    out_ids = [t for r in rows for t in r.output_token_ids if 0 <= t < vocab]
-    if out_ids:
-        counts.index_put_(
-            (_index(out_rows, device), _index(out_ids, device)),
-            torch.ones(len(out_ids), device=device),
-            accumulate=True,
-        )
-    output_seen = counts > 0
+    """Repetition (prompt+output, HF style), then frequency and presence (output, OpenAI style).
 
-    rep = [r.params.repetition_penalty for r in rows]
-    if any(v != 1.0 for v in rep):
-        seen = output_seen.clone()
-        prompt_rows = [j for j, r in enumerate(rows) for t in r.prompt_token_ids if 0 <= t < vocab]
-        prompt_ids = [t for r in rows for t in r.prompt_token_ids if 0 <= t < vocab]
-        if prompt_ids:
-            seen[_index(prompt_rows, device), _index(prompt_ids, device)] = True
-        rep_col = _column(rep, device)
-        penalized = torch.where(sub > 0, sub / rep_col, sub * rep_col)
-        sub = torch.where(seen, penalized, sub)
-    freq = [r.params.frequency_penalty for r in rows]
-    if any(freq):
-        sub -= _column(freq, device) * counts
-    presence = [r.params.presence_penalty for r in rows]
-    if any(presence):
-        sub -= _column(presence, device) * output_seen
-    x[_index(idx, device)] = sub
+    Works on the (row, token) pairs that occurred, not on whole rows: flat keys row * V + token.
+    """
+    device, vocab = x.device, x.shape[1]
+    flat = x.view(-1)
+    rep_keys = [
+        i * vocab + t
+        for i, r in zip(idx, rows, strict=True)
+        if r.params.repetition_penalty != 1.0
+        for t in (*r.prompt_token_ids, *r.output_token_ids)
+        if 0 <= t < vocab
+    ]
+    if rep_keys:
+        keys = torch.unique(_index(rep_keys, device))
+        rep = torch.ones(x.shape[0], device=device)
+        rep[_index(idx, device)] = torch.tensor([r.params.repetition_penalty for r in rows], device=device)
+        penalty = rep[keys // vocab]
+        vals = flat[keys]
+        flat[keys] = torch.where(vals > 0, vals / penalty, vals * penalty)
+
+    out_keys = [
+        i * vocab + t
+        for i, r in zip(idx, rows, strict=True)
+        if r.params.frequency_penalty or r.params.presence_penalty
+        for t in r.output_token_ids
+        if 0 <= t < vocab
+    ]
+    if out_keys:
+        keys, counts = torch.unique(_index(out_keys, device), return_counts=True)
+        freq = torch.zeros(x.shape[0], device=device)
+        presence = torch.zeros(x.shape[0], device=device)
+        freq[_index(idx, device)] = torch.tensor([r.params.frequency_penalty for r in rows], device=device)
+        presence[_index(idx, device)] = torch.tensor([r.params.presence_penalty for r in rows], device=device)
+        row = keys // vocab
+        flat[keys] -= freq[row] * counts + presence[row]
 
 
 def _mask_stop_tokens(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:

@@ -4,11 +4,12 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from hetero_infer.worker.detokenizer import IncrementalDetokenizer
 from hetero_infer.worker.sampling_params import SamplingParams
 from hetero_infer.worker.tokenizer import Tokenizer
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

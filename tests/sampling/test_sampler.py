@@ -7,11 +7,12 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from hetero_infer.worker.sampler import Sampler, SamplingRow, make_generator, process_logits
-from hetero_infer.worker.sampling_params import SamplingParams
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import RepetitionPenaltyLogitsProcessor
+
+from hetero_infer.worker.sampler import Sampler, SamplingRow, make_generator, process_logits
+from hetero_infer.worker.sampling_params import SamplingParams
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -208,9 +209,14 @@ def _reference_penalties(
         min_size=1,
         max_size=6,
     ),
+    layout=st.sampled_from(["contiguous", "transposed", "sliced"]),
 )
-def test_penalties_match_reference(seed: int, specs) -> None:
+def test_penalties_match_reference(seed: int, specs, layout: str) -> None:
     logits = _logits(seed, len(specs), 50)
+    if layout == "transposed":
+        logits = logits.t().contiguous().t()
+    elif layout == "sliced":
+        logits = torch.cat([logits, logits[:, :7]], dim=1)[:, :50]
     rows = [
         SamplingRow(
             SamplingParams(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres),

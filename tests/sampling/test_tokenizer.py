@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from hetero_infer.worker.tokenizer import Tokenizer
 
 CONVERSATIONS = [
