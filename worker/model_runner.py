@@ -7,6 +7,7 @@ import logging
 import numpy as np
 import torch
 
+from hetero_infer.worker import cpu_paged_attention
 from hetero_infer.worker.attention import AttentionMetadata, PrefillChunk
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.model_loader import iter_safetensors
@@ -63,6 +64,9 @@ class TorchExecutor:
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(self.num_layers)]
         self.use_kernels = self.device.type == "cuda" and _kernels_available()
+        self.cpu_decode_kernel = (
+            self.device.type == "cpu" and cpu_paged_attention.supports(self.kv_cache) and cpu_paged_attention.available()
+        )
 
     @property
     def block_bytes(self) -> int:
@@ -132,12 +136,13 @@ class TorchExecutor:
             num_decode_tokens=len(decode_lens),
             prefill_chunks=tuple(chunks),
             use_kernels=self.use_kernels,
+            cpu_decode_kernel=self.cpu_decode_kernel,
         )
         if decode_lens:
             table_t = _pad_tables(decode_tables).to(dev)
             lens_t = torch.tensor(decode_lens, dtype=torch.int32, device=dev)
             meta.decode_block_tables, meta.decode_context_lens = table_t, lens_t
-            if not self.use_kernels:
+            if not (self.use_kernels or self.cpu_decode_kernel):
                 lmax = max(decode_lens)
                 idx = (table_t.long()[:, :, None] * bs + torch.arange(bs, device=dev)).flatten(1)[:, :lmax]
                 meta.decode_gather_index = idx

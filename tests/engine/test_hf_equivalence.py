@@ -44,7 +44,10 @@ def test_mixed_lengths_match_hf(tiny_model, arch):
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
 
 
-def test_preemption_keeps_outputs_identical(tiny_model):
+@pytest.mark.parametrize("cpu_kernel", [True, False], ids=["c-kernel", "torch-reference"])
+def test_preemption_keeps_outputs_identical(tiny_model, monkeypatch, cpu_kernel):
+    if not cpu_kernel:
+        monkeypatch.setenv("HETERO_INFER_CPU_KERNEL", "0")
     folder, hf = tiny_model("llama")
     prompts = random_prompts([20, 25, 18, 30, 22, 27], seed=2)
     # 6 requests need ~6 * 3 blocks of 16 at the end; 10 blocks force recompute preemption
