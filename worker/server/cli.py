@@ -41,7 +41,7 @@ _SERVER_HELP = {
     "max_body_bytes": "largest request body; larger ones get 413 (default 4 MiB)",
     "retry_after": "Retry-After seconds sent with 429 (default 1)",
     "stream_interval": "deliver new tokens to the HTTP side at most every this many seconds; steps in between "
-    "are coalesced into one chunk (default 0.005; only matters when steps are faster than that)",
+    "are coalesced into one chunk (default 0.01; only matters when steps are faster than that)",
     "log_level": f"one of {', '.join(LOG_LEVELS)}",
     "log_format": f"one of {', '.join(LOG_FORMATS)} (default json)",
     "access_log": "log one line per HTTP request (default on)",

@@ -23,7 +23,7 @@ class ServerOptions:
     shutdown_grace: float = 30.0  # SIGTERM: how long in-flight requests may still run
     max_body_bytes: int = 4 * 1024 * 1024  # larger request bodies get 413
     retry_after: int = 1  # Retry-After sent with 429
-    stream_interval: float = 0.005  # wake the event loop for new outputs at most this often (seconds)
+    stream_interval: float = 0.01  # wake the event loop for new outputs at most this often (seconds)
     log_level: str = "info"
     log_format: str = "json"
     access_log: bool = True
