@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="imagePullPolicy of worker containers (default: Kubernetes' default for the tag)")
     p.add_argument("--resync-seconds", type=float, default=60.0,
                    help="how often every InferenceDeployment is reconciled even without changes (default 60)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve the operator's Prometheus metrics (autoscaling decisions, scrape errors, "
+                        "desired replicas) on this port at /metrics (default: off)")
+    p.add_argument("--scrape-timeout", type=float, default=2.0, metavar="SECONDS",
+                   help="timeout of one worker /metrics request in autoscaling mode operator (default 2)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return p
 
@@ -57,6 +62,7 @@ def operator_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         defaults=WorkerDefaults(image=args.worker_image, gpu_image=args.worker_gpu_image,
                                 image_pull_policy=args.image_pull_policy),
         resync_seconds=args.resync_seconds,
+        scrape_timeout=args.scrape_timeout,
     )
     priority = args.priority
     if args.peering and priority is None:
@@ -78,6 +84,10 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.resync_seconds <= 0:
         build_parser().error("--resync-seconds must be > 0")
+    if args.scrape_timeout <= 0:
+        build_parser().error("--scrape-timeout must be > 0")
+    if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
+        build_parser().error("--metrics-port must be in 1..65535")
     try:
         kube.load_configuration()
     except Exception as e:  # kubernetes' ConfigException, a missing or broken kubeconfig, ...
@@ -93,6 +103,11 @@ def main(argv: list[str]) -> int:
             f"peering {kwargs['peering_name']!r} at priority {kwargs['priority']}" if kwargs["peering_name"]
             else "peering auto-detected")
     logging.getLogger("hetero_infer.operator").info(f"watching {where}; {mode}")
+    if args.metrics_port is not None:
+        from hetero_infer.operator import metrics
+
+        metrics.serve(args.metrics_port)
+        logging.getLogger("hetero_infer.operator").info(f"metrics on :{args.metrics_port}/metrics")
     try:
         asyncio.run(kopf.operator(**kwargs))
     except KeyboardInterrupt:

@@ -4,6 +4,9 @@ Triggers for a reconciliation pass of an InferenceDeployment:
 - it is created, its spec changes, or the operator starts (resume);
 - one of its children changes or disappears (so edits and deletions are undone at once);
 - a periodic resync timer (catches anything missed while the operator was down).
+
+In autoscaling mode `operator`, a daemon per InferenceDeployment scrapes its workers every
+`intervalSeconds` and sets `spec.replicas` (scaling.py); the spec change then reconciles as above.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import kopf
 
 from hetero_infer.operator import constants as c
-from hetero_infer.operator import kube
+from hetero_infer.operator import kube, scaling
 from hetero_infer.operator.manifests import WorkerDefaults
 from hetero_infer.operator.reconcile import Outcome, Recorder, cleanup, reconcile
 
@@ -34,6 +37,7 @@ RETRY_DELAY_SECONDS = 10.0
 class OperatorOptions:
     defaults: WorkerDefaults = field(default_factory=WorkerDefaults)
     resync_seconds: float = 60.0
+    scrape_timeout: float = 2.0  # per worker /metrics request (autoscaling mode operator)
     client_factory: Callable[[], kube.Client] = kube.RestClient.from_environment
 
 
@@ -97,6 +101,12 @@ def _controller_ref(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def autoscaled_by_operator(spec: Mapping[str, Any], **_: Any) -> bool:
+    """kopf filter: the autoscaler daemon runs while autoscaling is enabled in mode operator."""
+    a = (spec or {}).get("autoscaling") or {}
+    return a.get("enabled") is True and (a.get("mode") or "operator") == "operator"
+
+
 def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
@@ -120,6 +130,13 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
                 registry=registry)
     def resync(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
         run_reconcile(body, memo.client, options, logger)
+
+    # kopf starts it when the filter matches and stops it when it no longer does (mode or enabled
+    # changed) or the object goes away; the loop reads the live body, so interval changes apply at once.
+    @kopf.daemon(*RESOURCE, registry=registry, id="autoscaler", when=autoscaled_by_operator,
+                 cancellation_timeout=5.0)
+    async def autoscaler(stopped: kopf.DaemonStopped, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await scaling.run(stopped, body, memo.client, event_recorder(body), options.scrape_timeout)
 
     @kopf.on.delete(*RESOURCE, registry=registry)
     def delete_children(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:

@@ -11,9 +11,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetero_infer.operator import autoscale
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.diff import parse_quantity
 from hetero_infer.operator.spec import InferenceSpec
+
+# Reasons of the ScalingActive condition that the operator's autoscaler writes (mode operator).
+AUTOSCALER_REASONS = frozenset({
+    autoscale.SCALED_UP, autoscale.SCALED_DOWN, autoscale.STEADY, autoscale.STABILIZING,
+    autoscale.UP_STABILIZING, autoscale.NO_METRICS, autoscale.BOUNDS,
+})
 
 
 @dataclass(frozen=True)
@@ -86,15 +93,21 @@ def _deployment_conditions(spec: InferenceSpec, dep: Mapping[str, Any] | None) -
     return ready_c, prog_c, degraded
 
 
-def _scaling_condition(spec: InferenceSpec, hpa: Mapping[str, Any] | None) -> dict[str, Any]:
+def _scaling_condition(spec: InferenceSpec, hpa: Mapping[str, Any] | None,
+                       previous_conditions: list[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     a = spec.autoscaling
     if not a.enabled:
         return _cond(c.COND_SCALING_ACTIVE, "False", "AutoscalingDisabled",
                      "replicas follow spec.replicas (autoscaling.enabled is false)")
     if a.mode == "operator":
-        return _cond(c.COND_SCALING_ACTIVE, "False", "OperatorModeUnavailable",
-                     "autoscaling mode 'operator' is not available in this operator version; "
-                     "replicas follow spec.replicas (use mode 'hpa' to autoscale)")
+        # The autoscaler writes this condition after every pass; a reconcile keeps its latest one.
+        mine = next((p for p in previous_conditions or [] if p.get("type") == c.COND_SCALING_ACTIVE
+                     and p.get("reason") in AUTOSCALER_REASONS), None)
+        if mine is not None:
+            return _cond(c.COND_SCALING_ACTIVE, str(mine.get("status")), str(mine.get("reason")),
+                         str(mine.get("message") or ""))
+        return _cond(c.COND_SCALING_ACTIVE, "Unknown", "WaitingForMetrics",
+                     f"the operator scrapes the ready workers every {a.interval_seconds}s; no decision yet")
     if hpa is None:
         return _cond(c.COND_SCALING_ACTIVE, "Unknown", "HPAMissing", "the HorizontalPodAutoscaler does not exist yet")
     for cond in (hpa.get("status") or {}).get("conditions") or []:
@@ -126,7 +139,7 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
         degraded = _cond(c.COND_DEGRADED, "True", observed.problem_reason, "; ".join(observed.problems))
     if degraded is None:
         degraded = _cond(c.COND_DEGRADED, "False", "AsExpected", "all children match the spec")
-    conditions = [ready_c, prog_c, degraded, _scaling_condition(spec, observed.hpa)]
+    conditions = [ready_c, prog_c, degraded, _scaling_condition(spec, observed.hpa, previous.get("conditions"))]
 
     status: dict[str, Any] = {
         "replicas": int(dep_status.get("replicas") or 0),
@@ -149,8 +162,10 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
             status["metrics"] = dict(old)
         last = ((observed.hpa or {}).get("status") or {}).get("lastScaleTime") or previous.get("lastScaleTime")
     else:
-        if previous.get("metrics"):
-            status["metrics"] = None  # stale numbers from an earlier HPA: remove them
+        if spec.autoscaling.enabled and previous.get("metrics"):
+            status["metrics"] = dict(previous["metrics"])  # mode operator: the autoscaler's last observation
+        elif previous.get("metrics"):
+            status["metrics"] = None  # stale numbers from an earlier autoscaler: remove them
         old_desired = previous.get("desiredReplicas")
         changed = old_desired is not None and old_desired != spec.replicas
         last = now if changed else previous.get("lastScaleTime")
@@ -179,3 +194,30 @@ def invalid_spec_status(*, previous: Mapping[str, Any] | None, generation: int |
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     previous = previous or {}
     return any(previous.get(k) != v for k, v in new.items())
+
+
+def autoscaler_status(*, previous: Mapping[str, Any] | None, decision: autoscale.Decision, generation: int | None,
+                      now: str) -> dict[str, Any]:
+    """The part of `.status` the autoscaler owns (mode operator), as a merge patch.
+
+    metrics: the per-pod averages it scaled on (kept, with their time, when no pod answered; the
+    time moves only when a value changes, so an idle deployment causes no writes); desiredReplicas;
+    lastScaleTime when the size changes; and the ScalingActive condition with the decision's reason
+    (False when there were no metrics to decide on).
+    """
+    previous = previous or {}
+    old = previous.get("metrics") or {}
+    values = {}
+    for name in autoscale.SIGNALS:
+        average = decision.signal(name).average
+        if average is not None:
+            values[name] = round(float(average), 4)
+    status: dict[str, Any] = {"desiredReplicas": decision.desired}
+    if values:
+        same = all(old.get(k) == v for k, v in values.items()) and bool(old.get("time"))
+        status["metrics"] = dict(values, time=old["time"] if same else now)
+    cond = _cond(c.COND_SCALING_ACTIVE, "True" if decision.active else "False", decision.reason, decision.message)
+    status["conditions"] = merge_conditions(previous.get("conditions"), [cond], now, generation)
+    if decision.desired != decision.current:
+        status["lastScaleTime"] = now
+    return status

@@ -108,9 +108,19 @@ def test_hpa_mode_reports_hpa_condition_and_metrics() -> None:
     assert hpa_metrics(None) == {}
 
 
-def test_operator_mode_says_it_is_not_available_yet() -> None:
-    cs = conds(status_of(spec(autoscaling={"enabled": True, "maxReplicas": 3}), deployment(1, 1)))
-    assert cs["ScalingActive"]["status"] == "False" and cs["ScalingActive"]["reason"] == "OperatorModeUnavailable"
+def test_operator_mode_waits_for_the_autoscaler_then_keeps_its_condition() -> None:
+    s = spec(autoscaling={"enabled": True, "maxReplicas": 3})
+    first = status_of(s, deployment(1, 1))
+    assert conds(first)["ScalingActive"]["status"] == "Unknown"
+    assert conds(first)["ScalingActive"]["reason"] == "WaitingForMetrics"
+    # What the autoscaler wrote (tests/autoscale) survives a reconcile pass, metrics included.
+    previous = dict(first, metrics={"kvCacheUsage": 0.5, "queueDepth": 0.0, "time": T0}, conditions=[
+        {"type": "ScalingActive", "status": "True", "reason": "Steady", "message": "keeping 1 replicas",
+         "lastTransitionTime": T0}])
+    second = status_of(s, deployment(1, 1), previous=previous, now=T1)
+    assert conds(second)["ScalingActive"]["reason"] == "Steady"
+    assert conds(second)["ScalingActive"]["lastTransitionTime"] == T0
+    assert second["metrics"] == previous["metrics"]
 
 
 def test_replica_change_sets_last_scale_time() -> None:
