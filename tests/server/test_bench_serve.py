@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from hetero_infer.worker.server.bench_serve import main
 from server_proc import ServerProcess
+
+from hetero_infer.worker.server.bench_serve import main
 
 
 def test_random_prompts_fixed_concurrency(server: ServerProcess, tmp_path: Path,

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
+
 from hetero_infer.worker.async_engine import AsyncEngine, EngineRequest
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.engine import LLMEngine

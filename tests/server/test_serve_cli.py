@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from hetero_infer.worker.server.cli import build_parser, main, resolve_options
 
 

@@ -11,6 +11,7 @@ import re
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+
 from hetero_infer.worker.server.errors import APIError
 from hetero_infer.worker.server.ids import new_id
 from hetero_infer.worker.server.metrics import CONTENT_TYPE

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.sampling_params import SamplingParams
 

@@ -24,6 +24,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from aiohttp import web
+
 from hetero_infer.worker.cli_args import ENV_PREFIX, add_engine_args, env_overrides
 from hetero_infer.worker.config import EngineConfig, load_config_file
 from hetero_infer.worker.server.options import LOG_FORMATS, LOG_LEVELS, ServerOptions
@@ -228,7 +229,7 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
         logger.error("cannot bind %s:%s: %s", options.host, options.port, exc)
         await runner.cleanup()
         return 1
-    port = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else options.port  # type: ignore[union-attr]
+    port = runner.addresses[0][1] if runner.addresses else options.port  # the real one when --port 0
     logger.info("listening on http://%s:%s", options.host, port)
     if state.api_keys:
         logger.info("API key authentication enabled for /v1/* (%d key(s))", len(state.api_keys))

@@ -14,11 +14,12 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from hetero_infer.worker.async_engine import RequestTiming
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from hetero_infer.worker.async_engine import RequestTiming
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetero_infer.worker.server import protocol as p
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
+
+from hetero_infer.worker.server import protocol as p
 
 _REF = "#/components/schemas/{model}"
 _ERROR_STATUSES = {

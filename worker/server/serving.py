@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from jinja2 import TemplateError
+from pydantic import BaseModel, ValidationError
+
 from hetero_infer.worker.async_engine import (
     EngineDeadError,
     EngineRequest,
@@ -34,7 +37,6 @@ from hetero_infer.worker.server.protocol import (
     describe_validation_error,
 )
 from hetero_infer.worker.server.state import ServerState, get_state
-from pydantic import BaseModel, ValidationError
 
 logger = logging.getLogger("hetero_infer.server")
 
@@ -93,7 +95,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     try:
         ids = await _off_loop_if(chars > TOKENIZE_INLINE_MAX_CHARS, state.tokenizer.apply_chat_template,
                                  messages, add_generation_prompt=req.add_generation_prompt)
-    except ValueError as exc:
+    except (ValueError, TypeError, TemplateError) as exc:  # the template rejects these messages (e.g. role order)
         raise bad_request(f"the messages could not be rendered with the chat template: {exc}", "messages") from None
     prompts = [Prompt(None, list(ids))]
     _check_prompt(state, prompts[0], "messages")

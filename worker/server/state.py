@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from aiohttp import web
+
 from hetero_infer.worker.async_engine import AsyncEngine
 from hetero_infer.worker.server.errors import APIError, overloaded, unavailable
 from hetero_infer.worker.server.metrics import ServerMetrics
