@@ -63,7 +63,8 @@ class TorchExecutor:
             dtype=self.dtype, device=self.device,
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(self.num_layers)]
-        self.use_kernels = self.device.type == "cuda" and _kernels_available()
+        self.use_kernels = _kernels_available(self.device)
+        self.model.use_kernels(self.use_kernels)
         self.cpu_decode_kernel = (
             self.device.type == "cpu" and cpu_paged_attention.supports(self.kv_cache) and cpu_paged_attention.available()
         )
@@ -164,11 +165,13 @@ def _pad_tables(tables: list[list[int]]) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def _kernels_available() -> bool:
+def _kernels_available(device: torch.device) -> bool:
+    """Triton kernels on CUDA (or anywhere when HETERO_INFER_KERNELS=triton, e.g. interpret mode)."""
     try:
         from hetero_infer import kernels
-
-        return hasattr(kernels, "paged_attention_decode")
-    except Exception as exc:  # triton missing or broken: fall back to the reference path
-        log.warning("Triton kernels unavailable, using the PyTorch reference path: %s", exc)
+    except Exception as exc:  # a broken install: fall back to the reference path
+        log.warning("kernels unavailable, using the PyTorch reference path: %s", exc)
         return False
+    if kernels.get_backend() == "triton":
+        return True
+    return device.type == "cuda" and kernels.get_backend() == "auto" and kernels.triton_available()

@@ -17,12 +17,18 @@ from hetero_infer.worker.attention import AttentionMetadata, paged_attention
 
 
 class RMSNorm(nn.Module):
+    use_kernels = False  # set per instance by LlamaForCausalLM.use_kernels
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_kernels:
+            from hetero_infer import kernels
+
+            return kernels.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -60,6 +66,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    use_kernels = False
+
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -78,7 +86,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache) -> torch.Tensor:
+    def forward(self, x, rope, meta: AttentionMetadata, kv_cache) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         hq, hk = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -87,13 +95,22 @@ class Attention(nn.Module):
         v = qkv[:, hq + hk :].view(t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        if self.use_kernels:
+            from hetero_infer import kernels
+
+            positions, cos_sin_cache = rope
+            q, k = kernels.rotary_embedding(positions, q, k, cos_sin_cache)
+        else:
+            cos, sin = rope
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         o = paged_attention(q, k, v.contiguous(), kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(o.reshape(t, hq))
 
 
 class MLP(nn.Module):
+    use_kernels = False
+
     def __init__(self, config) -> None:
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
@@ -105,6 +122,10 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
+        if self.use_kernels:
+            from hetero_infer import kernels
+
+            return self.down_proj(kernels.silu_and_mul(gate_up))
         return self.down_proj(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
 
 
@@ -116,8 +137,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h, cos, sin, meta, kv_cache):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, meta, kv_cache)
+    def forward(self, h, rope, meta, kv_cache):
+        h = h + self.self_attn(self.input_layernorm(h), rope, meta, kv_cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -134,17 +155,30 @@ class LlamaForCausalLM(nn.Module):
         self.max_positions = max_positions or config.max_position_embeddings
         self.cos: torch.Tensor | None = None
         self.sin: torch.Tensor | None = None
+        self.cos_sin_cache: torch.Tensor | None = None  # kernels' layout: cos half | sin half
+        self.kernels_enabled = False
 
     def init_rope(self, dtype: torch.dtype, device) -> None:
         cos, sin = rope_tables(self.config, self.max_positions, device)
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+        half = cos.shape[-1] // 2
+        self.cos_sin_cache = torch.cat((cos[:, :half], sin[:, :half]), dim=-1).contiguous()
+
+    def use_kernels(self, enabled: bool = True) -> None:
+        """Run norms, rotary, activation and attention through hetero_infer.kernels (Triton)."""
+        self.kernels_enabled = enabled
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, MLP)):
+                module.use_kernels = enabled
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        if self.kernels_enabled:
+            rope = (positions, self.cos_sin_cache)
+        else:
+            rope = (self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
         for layer, kv in zip(self.layers, kv_caches):
-            h = layer(h, cos, sin, meta, kv)
+            h = layer(h, rope, meta, kv)
         return self.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
