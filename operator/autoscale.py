@@ -47,6 +47,8 @@ SCALED_DOWN = "ScaledDown"
 STEADY = "Steady"  # the recommendation equals the current size
 STABILIZING = "ScaleDownStabilizing"  # lower recommendations, but not for the whole window yet
 UP_STABILIZING = "ScaleUpStabilizing"  # higher recommendations, but not for the whole up-window yet
+AT_MAX = "AtMaxReplicas"  # more replicas recommended than maxReplicas allows; already there
+AT_MIN = "AtMinReplicas"  # fewer replicas recommended than minReplicas allows; already there
 NO_METRICS = "NoMetrics"  # no ready pod answered: keep the size (only bounds are enforced)
 BOUNDS = "OutsideBounds"  # replicas moved into [min, max] regardless of metrics
 
@@ -191,7 +193,10 @@ def signal_recommendation(signal: str, obs: Observation, policy: Policy) -> Sign
     if cautious == 0:
         if abs(ratio - 1.0) <= tol:
             return SignalRecommendation(signal, average, target, current, "within tolerance")
-        return SignalRecommendation(signal, average, target, math.ceil(ratio * len(ready_values) - 1e-9))
+        replicas = math.ceil(ratio * len(ready_values) - 1e-9)
+        if (ratio < 1.0 and replicas > current) or (ratio > 1.0 and replicas < current):
+            replicas = current  # more pods listed than requested (a surge): never against the direction
+        return SignalRecommendation(signal, average, target, replicas)
     if ratio == 1.0:
         return SignalRecommendation(signal, average, target, current, "on target")
     fill = target if ratio < 1.0 else 0.0  # missing data never drives the recommendation
@@ -260,6 +265,8 @@ def decide(history: History, obs: Observation, policy: Policy, now: float) -> De
     else:
         desired = current
         reason = STABILIZING if recommendation < current else UP_STABILIZING if recommendation > current else STEADY
+        if reason == STEADY and raw != recommendation:
+            reason = AT_MAX if raw > recommendation else AT_MIN
 
     bounded = policy.bound(desired)
     if bounded != desired:
@@ -276,6 +283,8 @@ def _message(reason: str, current: int, desired: int, recommendation: int, summa
         SCALED_UP: f"scaling up from {current} to {desired}",
         SCALED_DOWN: f"scaling down from {current} to {desired}",
         STEADY: f"keeping {current} replicas",
+        AT_MAX: f"keeping {current} replicas (maxReplicas)",
+        AT_MIN: f"keeping {current} replicas (minReplicas)",
         STABILIZING: (f"keeping {current} replicas: {recommendation} recommended, waiting for "
                       f"{policy.scale_down_stabilization_seconds:g}s of lower recommendations"),
         UP_STABILIZING: (f"keeping {current} replicas: {recommendation} recommended, waiting for "
