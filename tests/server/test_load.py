@@ -84,7 +84,7 @@ async def test_300_streams_with_drops(server: ServerProcess) -> None:
         assert r["done"] and r["finish"] == "length", r
         assert r["usage"]["completion_tokens"] == MAX_TOKENS, r
         assert r["text"]
-    assert elapsed < 60
+    assert elapsed < 60, elapsed
     assert latencies and max(latencies) < 1.0, max(latencies)
 
     deadline = time.monotonic() + 10
@@ -100,5 +100,5 @@ async def test_300_streams_with_drops(server: ServerProcess) -> None:
     assert after["vllm:kv_cache_usage_perc"] == 0
     aborted = metric(after, "hetero_infer_requests_finished_total{finish_reason=abort}") - metric(
         before, "hetero_infer_requests_finished_total{finish_reason=abort}")
-    assert 0 < aborted <= len(drops)
+    assert 0 < aborted <= len(drops), (aborted, len(drops))
     assert metric(after, "hetero_infer_http_requests_total{route=/v1/completions,status=500}") == 0

@@ -159,11 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from hetero_infer.worker.server.logs import setup_logging
 
-    setup_logging(options.log_level, options.log_format)
+    listener = setup_logging(options.log_level, options.log_format)
     try:
         return asyncio.run(serve(options, engine_config))
     except KeyboardInterrupt:
         return 0
+    finally:
+        listener.stop()  # writes out what is still queued
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

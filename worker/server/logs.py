@@ -1,15 +1,18 @@
 """Logging: JSON lines (default) or text, and an access logger that writes one record per request.
 
 Access records carry the request id, method, path (never the query string), status, duration and the
-response size. Headers are never logged, so API keys never reach the logs.
+response size. Headers are never logged, so API keys never reach the logs. Records are written by a
+background thread (the event loop only enqueues them).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
 import sys
 import time
+from logging.handlers import QueueHandler, QueueListener
 from typing import Any
 
 from aiohttp.abc import AbstractAccessLogger
@@ -33,6 +36,8 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exc"] = record.exc_text
         return json.dumps(entry, ensure_ascii=False)
 
 
@@ -46,16 +51,37 @@ class TextFormatter(logging.Formatter):
         return f"{line} {' '.join(extras)}" if extras else line
 
 
-def setup_logging(level: str, fmt: str) -> None:
+class _EnqueueHandler(QueueHandler):
+    """Hands records to the writer thread; only merges the message (and a traceback) on the caller's side."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _TRACEBACK.formatException(record.exc_info)
+        record.msg = record.getMessage()
+        record.args = None
+        record.exc_info = None
+        return record
+
+
+_TRACEBACK = logging.Formatter()
+
+
+def setup_logging(level: str, fmt: str) -> QueueListener:
+    """Log records are formatted and written by a background thread, so the event loop never waits on
+    stderr. Returns the listener: `stop()` it before exiting to flush what is queued."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    listener = QueueListener(records, handler)
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
-    root.addHandler(handler)
+    root.addHandler(_EnqueueHandler(records))
     root.setLevel(level.upper())
     # aiohttp's own access logger would duplicate ours.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    listener.start()
+    return listener
 
 
 class AccessLogger(AbstractAccessLogger):

@@ -297,14 +297,12 @@ async def _stream(request: web.Request, stream: OutputStream, fmt: Formatter, in
         tail = b""
         if include_usage:
             tail = b"data: " + _dumps(fmt.usage_chunk()).encode() + b"\n\n"
-        await resp.write(tail + _DONE)
+        await resp.write_eof(tail + _DONE)  # the last event and the end of the body in one write
     except _STREAM_ERRORS as exc:
         err = _as_api_error(exc)
-        await resp.write(b"data: " + _dumps(err.body()).encode() + b"\n\n" + _DONE)
+        await resp.write_eof(b"data: " + _dumps(err.body()).encode() + b"\n\n" + _DONE)
     except ConnectionError:  # client went away; the caller's `finally` aborts the requests
         logger.info("client disconnected mid-stream", extra={"request_id": request.get("request_id")})
-        return resp
-    await resp.write_eof()
     return resp
 
 
