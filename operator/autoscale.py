@@ -15,7 +15,8 @@ scale-down) and 0 when they say "scale up" (a loading pod never causes a scale-u
 capacity it is about to add is counted instead). If that flips the direction or brings the
 ratio inside the tolerance, the signal recommends the current size. (The HPA ignores unready
 pods on a scale-down; here they hold their share, which is more careful with pods that were
-just added or replaced.)
+just added or replaced.) Beyond the HPA, no scale-down happens at all while a ready pod does
+not answer: its load is unknown and may be the reason it does not answer.
 
 Then, as the HPA's `behavior` does: the largest signal wins and is bounded by min/max; the
 result is recorded in the history; a scale-up uses the smallest recommendation of the last
@@ -46,6 +47,7 @@ SCALED_UP = "ScaledUp"
 SCALED_DOWN = "ScaledDown"
 STEADY = "Steady"  # the recommendation equals the current size
 STABILIZING = "ScaleDownStabilizing"  # lower recommendations, but not for the whole window yet
+HELD = "ScaleDownHeld"  # lower recommendations, but a ready pod did not answer: no scale-down on missing data
 UP_STABILIZING = "ScaleUpStabilizing"  # higher recommendations, but not for the whole up-window yet
 AT_MAX = "AtMaxReplicas"  # more replicas recommended than maxReplicas allows; already there
 AT_MIN = "AtMinReplicas"  # fewer replicas recommended than minReplicas allows; already there
@@ -116,6 +118,11 @@ class Observation:
     @property
     def answered(self) -> int:
         return sum(p.has_data for p in self.pods)
+
+    @property
+    def unanswered(self) -> int:
+        """Ready pods that did not answer (their load is unknown, possibly high)."""
+        return sum(p.ready and not p.has_data for p in self.pods)
 
     @property
     def without_data(self) -> int:
@@ -260,6 +267,8 @@ def decide(history: History, obs: Observation, policy: Policy, now: float) -> De
         if desired > cap:
             desired = cap
             limited.append(f"at most {cap} replicas in one step from {current}")
+    elif down < current and obs.unanswered:
+        desired, reason = current, HELD
     elif down < current:
         desired, reason = down, SCALED_DOWN
     else:
@@ -273,12 +282,12 @@ def decide(history: History, obs: Observation, policy: Policy, now: float) -> De
         desired, reason = bounded, BOUNDS
     if desired != current:
         new_history = replace(new_history, last_scale_time=now)
-    message = _message(reason, current, desired, recommendation, summary, limited, policy)
+    message = _message(reason, current, desired, recommendation, summary, limited, policy, obs.unanswered)
     return Decision(desired, current, recommendation, reason, message, signals, new_history, limited=limited)
 
 
 def _message(reason: str, current: int, desired: int, recommendation: int, summary: str, limited: Sequence[str],
-             policy: Policy) -> str:
+             policy: Policy, obs_unanswered: int) -> str:
     head = {
         SCALED_UP: f"scaling up from {current} to {desired}",
         SCALED_DOWN: f"scaling down from {current} to {desired}",
@@ -287,6 +296,8 @@ def _message(reason: str, current: int, desired: int, recommendation: int, summa
         AT_MIN: f"keeping {current} replicas (minReplicas)",
         STABILIZING: (f"keeping {current} replicas: {recommendation} recommended, waiting for "
                       f"{policy.scale_down_stabilization_seconds:g}s of lower recommendations"),
+        HELD: (f"keeping {current} replicas: {recommendation} recommended, but {obs_unanswered} ready pod(s) did "
+               "not answer (no scale-down on missing data)"),
         UP_STABILIZING: (f"keeping {current} replicas: {recommendation} recommended, waiting for "
                          f"{policy.scale_up_stabilization_seconds:g}s of higher recommendations"),
         BOUNDS: f"moving from {current} to {desired} replicas to stay within "

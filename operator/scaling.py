@@ -72,7 +72,7 @@ class Autoscaler:
         self.history = History()
         self.scrape_timeout = scrape_timeout
         self.model_name = model_name
-        self.last_reason: str | None = None
+        self.was_active = False
         self.failing: frozenset[str] = frozenset()
 
     async def step(self, policy: Policy, current_replicas: int, endpoints: list[Endpoint], now: float,
@@ -165,9 +165,10 @@ async def autoscale_once(body: Mapping[str, Any], client: Any, autoscaler: Autos
             return result
         record("Normal", "ScaledUp" if decision.desired > decision.current else "ScaledDown", decision.message)
         log.info(f"{ns}/{name}: {decision.message}")
-    elif not decision.active and autoscaler.last_reason != decision.reason:
+    elif not decision.active and autoscaler.was_active:
+        # Metrics were there and are gone (not at start-up, when workers are still loading).
         record("Warning", decision.reason, decision.message)
-    autoscaler.last_reason = decision.reason
+    autoscaler.was_active = decision.active
     return result
 
 

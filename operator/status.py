@@ -18,7 +18,7 @@ from hetero_infer.operator.spec import InferenceSpec
 
 # Reasons of the ScalingActive condition that the operator's autoscaler writes (mode operator).
 AUTOSCALER_REASONS = frozenset({
-    autoscale.SCALED_UP, autoscale.SCALED_DOWN, autoscale.STEADY, autoscale.STABILIZING,
+    autoscale.SCALED_UP, autoscale.SCALED_DOWN, autoscale.STEADY, autoscale.STABILIZING, autoscale.HELD,
     autoscale.UP_STABILIZING, autoscale.AT_MAX, autoscale.AT_MIN, autoscale.NO_METRICS, autoscale.BOUNDS,
 })
 

@@ -187,17 +187,30 @@ def test_bounds_are_enforced_even_without_metrics() -> None:
     assert d.desired == 4
 
 
-def test_missing_data_counts_as_the_target_on_a_scale_down() -> None:
-    # Two of four pods answer with a light load; one is loading, one does not answer: those two are
-    # assumed at the target, so only the light pods' share can go (4 -> 3, not 4 -> 1).
-    o = Observation(4, pods((0.2, 0.0), (0.2, 0.0), None, unready=1))
+def test_loading_pods_count_as_the_target_on_a_scale_down() -> None:
+    # Two of four pods answer with a light load, two are loading: those two are assumed at the target,
+    # so only the light pods' share can go (4 -> 3, not 4 -> 1), and only after the window.
+    o = Observation(4, pods((0.2, 0.0), (0.2, 0.0), unready=2))
     d = decide(History(), o, POLICY, now=0)
     kv = d.signal(a.KV_CACHE_USAGE)
     assert kv.replicas == 3 and "counted as 0.8" in kv.note  # (0.2 + 0.2 + 0.8 + 0.8) / 4 / 0.8 x 4
-    assert d.desired == 4  # and even that only after the window
+    assert d.desired == 4
     assert decide(d.history, o, POLICY, now=60).desired == 3
+
+
+def test_no_scale_down_while_a_ready_pod_does_not_answer() -> None:
+    o = Observation(4, pods((0.0, 0.0), (0.0, 0.0), (0.0, 0.0), None))
+    h = History()
+    for t in range(0, 400, 30):
+        d = decide(h, o, POLICY, now=t)
+        h = d.history
+        assert d.desired == 4
+    assert d.reason == a.HELD and d.recommendation == 1 and "did not answer" in d.message
+    # A scale-up is not held back by it (the silent pod counts 0 there).
+    d = decide(h, Observation(4, pods((1.0, 20.0), (1.0, 20.0), (1.0, 20.0), None)), POLICY, now=500)
+    assert d.desired > 4
     # With no answer at all: keep the size, ScalingActive False.
-    d = decide(d.history, Observation(4, pods(None, None, unready=2)), POLICY, now=500)
+    d = decide(h, Observation(4, pods(None, None, unready=2)), POLICY, now=600)
     assert (d.desired, d.reason, d.active) == (4, a.NO_METRICS, False)
     assert "no metrics" in d.message
 

@@ -1,0 +1,49 @@
+"""Fixtures for the autoscaling tests: the operator tests' KMock fixtures, reused, plus worker pods.
+
+`tests/operator` (its KMock emulator and the fixture that runs the real operator) is put on the
+import path and its conftest is loaded under its own name, so both suites use one definition.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import kmock as kmock_lib
+import pytest
+
+OPERATOR_TESTS = Path(__file__).resolve().parents[1] / "operator"
+if str(OPERATOR_TESTS) not in sys.path:
+    sys.path.insert(0, str(OPERATOR_TESTS))
+
+
+def _load(name: str, path: Path) -> Any:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_operator_fixtures = _load("operator_tests_conftest", OPERATOR_TESTS / "conftest.py")
+crd = _operator_fixtures.crd
+kmock_options = _operator_fixtures.kmock_options
+kubeconfig = _operator_fixtures.kubeconfig
+operator = _operator_fixtures.operator
+
+PODS = kmock_lib.resource("", "v1", "pods")
+
+
+@pytest.fixture(autouse=True)
+def _pods_resource(request: pytest.FixtureRequest) -> None:
+    """KMock serves only declared resources: declare pods for the tests that use the API server."""
+    if "kmock" in request.fixturenames:
+        server = request.getfixturevalue("kmock")
+        server.resources[PODS] = kmock_lib.ResourceInfo(kind="Pod", singular="pod", namespaced=True,
+                                                        verbs={"get", "list", "watch", "create", "patch",
+                                                               "delete"}, subresources={"status"})
