@@ -215,6 +215,7 @@ class LoadStats:
     failed: int = 0
     rejected: int = 0  # 429 from an overloaded worker
     unroutable: int = 0  # no ready worker at arrival
+    failed_by_worker: dict[str, int] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)
 
 
@@ -235,7 +236,7 @@ class LoadGenerator:
         self.outstanding: dict[str, int] = {}
         self._prompt = [1000 + i for i in range(config.prompt_tokens)]
 
-    async def _one(self, url: str) -> None:
+    async def _one(self, worker: str, url: str) -> None:
         started = time.monotonic()
         body = {"model": "mock", "prompt": self._prompt, "max_tokens": self.config.max_tokens,
                 "ignore_eos": True, "temperature": 0}
@@ -255,6 +256,7 @@ class LoadGenerator:
             self.stats.rejected += 1
         else:
             self.stats.failed += 1
+            self.stats.failed_by_worker[worker] = self.stats.failed_by_worker.get(worker, 0) + 1
 
     def burst(self, n: int) -> None:
         for _ in range(n):
@@ -269,7 +271,7 @@ class LoadGenerator:
         self._rr += 1
         worker = min(ready, key=lambda w: (self.outstanding.get(w.url, 0), (hash(w.name) + self._rr) % 7))
         self.outstanding[worker.url] = self.outstanding.get(worker.url, 0) + 1
-        task = asyncio.create_task(self._one(worker.url))
+        task = asyncio.create_task(self._one(worker.name, worker.url))
         self.in_flight.add(task)
         task.add_done_callback(self.in_flight.discard)
 
@@ -329,6 +331,7 @@ class Sample:
     kv: float | None  # average over the ready workers that answered
     queue: float | None
     reason: str
+    recommendation: int  # the largest signal's, bounded by min/max (before stabilization)
     kv_recommendation: int | None
     queue_recommendation: int | None
     scrape_errors: int
@@ -449,7 +452,8 @@ async def run_scenario(phases: Sequence[Phase], policy: Policy, interval: float 
                         t=round(now - t0, 3), tick=tick, phase=phase.name, current=d.current, replicas=d.desired,
                         ready=len(deployment.ready_workers()), pods=len(deployment.workers),
                         kv=d.signal(KV_CACHE_USAGE).average, queue=d.signal(QUEUE_DEPTH).average,
-                        reason=d.reason, kv_recommendation=d.signal(KV_CACHE_USAGE).replicas,
+                        reason=d.reason, recommendation=d.recommendation,
+                        kv_recommendation=d.signal(KV_CACHE_USAGE).replicas,
                         queue_recommendation=d.signal(QUEUE_DEPTH).replicas, scrape_errors=len(step.errors),
                         rate=load.rate)
                     tick += 1
@@ -477,6 +481,7 @@ async def run_scenario(phases: Sequence[Phase], policy: Policy, interval: float 
         lat = sorted(load.stats.latencies)
         trajectory.load = {"sent": load.stats.sent, "ok": load.stats.ok, "failed": load.stats.failed,
                            "rejected": load.stats.rejected, "unroutable": load.stats.unroutable,
+                           "failed_by_worker": load.stats.failed_by_worker,
                            "p50_latency_s": round(lat[len(lat) // 2], 3) if lat else None,
                            "p99_latency_s": round(lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)], 3)
                            if lat else None}
@@ -484,7 +489,7 @@ async def run_scenario(phases: Sequence[Phase], policy: Policy, interval: float 
 
 
 def plot(trajectory: Trajectory, path: Path, title: str = "") -> None:
-    """Replicas, queue depth and KV usage over time, with the phases shaded."""
+    """Replicas, queue depth and KV usage over time, with the phases shaded and named."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -493,50 +498,56 @@ def plot(trajectory: Trajectory, path: Path, title: str = "") -> None:
     s = trajectory.samples
     t = [x.t for x in s]
     policy = trajectory.policy
-    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True, constrained_layout=True)
+    fig, axes = plt.subplots(3, 1, figsize=(12, 8), sharex=True, constrained_layout=True)
     ax_r, ax_q, ax_kv = axes
+    outside = {"loc": "upper left", "bbox_to_anchor": (1.07, 1.0), "fontsize": 8, "frameon": False}
+
     ax_r.step(t, [x.replicas for x in s], where="post", label="replicas (decided)", color="C0", linewidth=2)
     ax_r.step(t, [x.ready for x in s], where="post", label="ready workers", color="C2", linestyle="--")
     ax_r.set_ylabel("replicas")
-    ax_r.set_ylim(0, policy["max_replicas"] + 1)
+    ax_r.set_ylim(0, policy["max_replicas"] + 1.2)
     ax_r.set_yticks(range(0, policy["max_replicas"] + 1))
     rate_ax = ax_r.twinx()
-    rate_ax.plot(t, [x.rate for x in s], color="C7", linewidth=1, alpha=0.7, label="offered load (req/s)")
-    rate_ax.set_ylabel("offered load (req/s)")
-    rate_ax.set_ylim(0, max([x.rate for x in s] + [1]) * 1.3)
+    rate_ax.step(t, [x.rate for x in s], where="post", color="C7", linewidth=1, alpha=0.7,
+                 label="offered load (req/s)")
+    rate_ax.set_ylabel("req/s")
+    rate_ax.set_ylim(0, max([x.rate for x in s] + [1]) * 1.15)
     h1, l1 = ax_r.get_legend_handles_labels()
     h2, l2 = rate_ax.get_legend_handles_labels()
-    ax_r.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=8)
+    ax_r.legend(h1 + h2, l1 + l2, **outside)
 
     ax_q.plot(t, [x.queue if x.queue is not None else float("nan") for x in s], color="C1",
-              label="queue depth (waiting requests per ready worker)")
+              label="queue depth\n(waiting per ready worker)")
     ax_q.axhline(policy["target_queue_depth"], color="C1", linestyle=":", label="targetQueueDepth")
     ax_q.set_ylabel("waiting requests")
-    ax_q.legend(loc="upper right", fontsize=8)
+    ax_q.legend(**outside)
 
     ax_kv.plot(t, [x.kv if x.kv is not None else float("nan") for x in s], color="C3",
-               label="KV-cache usage (average over ready workers)")
+               label="KV-cache usage\n(average over ready workers)")
     ax_kv.axhline(policy["target_kv_cache_usage"], color="C3", linestyle=":", label="targetKVCacheUsage")
     ax_kv.set_ylim(0, 1.05)
     ax_kv.set_ylabel("KV-cache usage")
     ax_kv.set_xlabel("seconds")
-    ax_kv.legend(loc="lower right", fontsize=8)
+    ax_kv.legend(**outside)
 
     for i, p in enumerate(trajectory.phases):
         end = p.get("end", t[-1] if t else 0)
         for ax in axes:
             if i % 2:
                 ax.axvspan(p["start"], end, color="grey", alpha=0.1, linewidth=0)
-        ax_q.text(p["start"] + 0.5, 0.97, p["name"], transform=ax_q.get_xaxis_transform(), fontsize=8, va="top")
+        ax_r.text(p["start"] + 0.4, 0.97, p["name"], transform=ax_r.get_xaxis_transform(), fontsize=9,
+                  va="top", fontweight="bold")
     for e in trajectory.events:
         if e.get("event") == "kill":
             for ax in axes:
                 ax.axvline(e["t"], color="black", linewidth=1, linestyle="--")
-            ax_kv.text(e["t"] + 0.3, 0.08, f"{e['worker']} killed", fontsize=8)
-    fig.suptitle(title or (f"operator autoscaling, closed loop: mock workers, interval {trajectory.interval:g}s, "
-                           f"scale-down window {policy['scale_down_stabilization_seconds']:g}s"), fontsize=10)
+            ax_r.text(e["t"] + 0.4, 0.84, f"{e['worker']} killed", transform=ax_r.get_xaxis_transform(),
+                      fontsize=8, va="top")
+    fig.suptitle(title or (f"operator autoscaling, closed loop (mock workers): interval {trajectory.interval:g}s, "
+                           f"scale-down window {policy['scale_down_stabilization_seconds']:g}s, "
+                           f"replicas {policy['min_replicas']}..{policy['max_replicas']}"), fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 

@@ -32,6 +32,7 @@ def _load(name: str, path: Path) -> Any:
 
 _operator_fixtures = _load("operator_tests_conftest", OPERATOR_TESTS / "conftest.py")
 crd = _operator_fixtures.crd
+helm_bin = _operator_fixtures.helm_bin
 kmock_options = _operator_fixtures.kmock_options
 kubeconfig = _operator_fixtures.kubeconfig
 operator = _operator_fixtures.operator

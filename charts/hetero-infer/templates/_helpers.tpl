@@ -74,6 +74,10 @@ app.kubernetes.io/component: worker
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# Autoscaling mode operator: find the worker pods (podIP) to scrape their /metrics.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list"]
 {{- if .Values.peering.enabled }}
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]

@@ -1,0 +1,116 @@
+"""The closed loop (closed_loop.py): real mock workers under load, the operator's scraper and decisions, a
+harness as the Deployment controller. Assertions are on the recorded trajectory, so they can fail.
+
+The default suite runs the short scenario (a spike to 2 replicas, then no load; about a minute with worker
+start-up). `pytest -m slow` runs the full one: spike to 3, steady load, a worker killed, no load (the one
+plotted in docs/autoscaling.png).
+"""
+
+from __future__ import annotations
+
+import pytest
+from closed_loop import (
+    FULL_POLICY,
+    SHORT_POLICY,
+    Sample,
+    Trajectory,
+    full_phases,
+    run_scenario,
+    short_phases,
+)
+
+from hetero_infer.operator.autoscale import Policy
+
+INTERVAL = 1.0
+
+
+def explain(trajectory: Trajectory) -> str:
+    return f"\nphases: {trajectory.phases}\nload: {trajectory.load}\n{trajectory.table()}"
+
+
+def check_bounds(trajectory: Trajectory, policy: Policy) -> None:
+    for s in trajectory.samples:
+        assert policy.min_replicas <= s.replicas <= policy.max_replicas, s
+        if s.replicas > s.current:
+            assert s.replicas <= max(2 * s.current, s.current + 1), s  # at most doubling
+
+
+def check_spike(trajectory: Trajectory, top: int) -> None:
+    spike = trajectory.phase("spike")
+    first_up = next(s for s in trajectory.samples if s.replicas > s.current)
+    # The spike starts right after pass `first_tick - 1`: scaled up within two passes (two intervals).
+    assert first_up.phase == "spike" and first_up.tick - spike["first_tick"] <= 1, first_up
+    # No scale-up before the spike, and none while idle.
+    assert all(s.replicas == s.current for s in trajectory.in_phase("idle"))
+    # The queue came back under its target with `top` workers ready (the phase's end condition).
+    assert spike["ended_by"] == "condition", spike
+    last = trajectory.in_phase("spike")[-1]
+    assert last.ready == top and last.queue is not None and last.queue < trajectory.policy["target_queue_depth"]
+
+
+def check_removal(trajectory: Trajectory, policy: Policy) -> None:
+    removed = trajectory.phase("removed")
+    samples = trajectory.in_phase("removed")
+    assert removed["ended_by"] == "condition", removed  # reached min
+    assert samples[-1].replicas == policy.min_replicas
+    downs = [s for s in samples if s.replicas < s.current]
+    assert downs, "never scaled down"
+    # Recommendations go low as soon as the load is gone; the replicas only once the window holds
+    # nothing but lower recommendations.
+    window = policy.scale_down_stabilization_seconds
+    before = [s for s in trajectory.samples if s.t < downs[0].t]
+    last_high = [s for s in before if s.recommendation >= downs[0].current][-1]
+    assert downs[0].t - last_high.t >= window - 0.05, (last_high, downs[0])
+    assert downs[0].t - last_high.t <= window + 2 * INTERVAL, (last_high, downs[0])
+    assert downs[0].t - removed["start"] <= window + 4 * INTERVAL, downs[0]
+    assert all(s.reason == "ScaleDownStabilizing" for s in samples if last_high.t < s.t < downs[0].t)
+
+
+def changes(samples: list[Sample]) -> list[tuple[float, int, int]]:
+    return [(s.t, s.current, s.replicas) for s in samples if s.replicas != s.current]
+
+
+async def test_closed_loop_spike_then_no_load() -> None:
+    policy = SHORT_POLICY
+    trajectory = await run_scenario(short_phases(policy), policy, INTERVAL)
+    why = explain(trajectory)
+    try:
+        check_bounds(trajectory, policy)
+        check_spike(trajectory, top=policy.max_replicas)
+        check_removal(trajectory, policy)
+        # No flapping: one scale-up (1 -> 2) and one scale-down (2 -> 1).
+        assert [(a, b) for _, a, b in changes(trajectory.samples)] == [(1, 2), (2, 1)]
+        assert trajectory.load["failed"] == 0  # overload answers 429, nothing breaks
+    except AssertionError as e:
+        raise AssertionError(f"{e}{why}") from e
+
+
+@pytest.mark.slow
+async def test_closed_loop_full_scenario() -> None:
+    policy = FULL_POLICY
+    top = policy.max_replicas
+    trajectory = await run_scenario(full_phases(policy), policy, INTERVAL)
+    why = explain(trajectory)
+    try:
+        check_bounds(trajectory, policy)
+        check_spike(trajectory, top)
+        # Steady load: replicas constant, nothing flaps.
+        steady = trajectory.in_phase("steady")
+        assert {s.replicas for s in steady} == {top} and not changes(steady)
+        # A worker killed: replaced (a new process started), and no scale-down on the missing data.
+        kill = trajectory.in_phase("kill")
+        assert trajectory.phase("kill")["ended_by"] == "condition"
+        assert trajectory.workers_replaced == 1
+        assert all(s.replicas >= top for s in kill)
+        assert any(s.scrape_errors or s.ready < top for s in kill)  # the loop did see the loss
+        check_removal(trajectory, policy)
+        # Only the requests in flight on the killed worker failed; overload elsewhere answers 429.
+        killed = {e["worker"] for e in trajectory.events if e.get("event") == "kill"}
+        assert set(trajectory.load["failed_by_worker"]) <= killed, trajectory.load
+        # No flapping: up during the spike only (1 -> 2 -> 3 at most), down only once the load is gone.
+        ups = [c for c in changes(trajectory.samples) if c[2] > c[1]]
+        downs = [c for c in changes(trajectory.samples) if c[2] < c[1]]
+        assert len(ups) <= 2 and all(t <= trajectory.phase("steady")["start"] for t, _, _ in ups)
+        assert 1 <= len(downs) <= 2 and all(t >= trajectory.phase("removed")["start"] for t, _, _ in downs)
+    except AssertionError as e:
+        raise AssertionError(f"{e}{why}") from e
