@@ -13,6 +13,7 @@ from typing import Any
 
 import kmock as kmock_lib
 import pytest
+from autoscale_fakes import PODS
 
 OPERATOR_TESTS = Path(__file__).resolve().parents[1] / "operator"
 if str(OPERATOR_TESTS) not in sys.path:
@@ -36,8 +37,6 @@ helm_bin = _operator_fixtures.helm_bin
 kmock_options = _operator_fixtures.kmock_options
 kubeconfig = _operator_fixtures.kubeconfig
 operator = _operator_fixtures.operator
-
-PODS = kmock_lib.resource("", "v1", "pods")
 
 
 @pytest.fixture(autouse=True)
