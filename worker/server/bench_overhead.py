@@ -1,6 +1,7 @@
 """What the serving path costs: the same workload on the engine alone, on the async engine (thread + asyncio,
-no HTTP) and through HTTP (`hetero-infer serve` in its own process, streaming clients), on the mock executor
-with zero step latency, where the serving layer's overhead is most visible.
+no HTTP) and through HTTP (`hetero-infer serve` in its own process, streaming clients). By default on the
+mock executor with zero step latency, where the serving layer's overhead is most visible; `--executor torch`
+or `--mock-step-latency-s` for steps that take time (and release the GIL) as a model's do.
 
     python -m hetero_infer.worker.server.bench_overhead --concurrency 64 --num-requests 256
 
@@ -163,8 +164,7 @@ async def run_http(url: str, prompts: list[list[int]], output_len: int, concurre
 
 
 def start_server(extra: list[str]) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "hetero_infer.cli", "serve", "--executor", "mock", "--port", "0",
-           "--mock-step-latency-s", "0", "--log-format", "text", *extra]
+    cmd = [sys.executable, "-m", "hetero_infer.cli", "serve", "--port", "0", "--log-format", "text", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     url = ""
@@ -191,15 +191,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stream-interval", type=float, default=0.01, help="as `serve --stream-interval`")
+    p.add_argument("--executor", choices=("mock", "torch"), default="mock")
+    p.add_argument("--mock-step-latency-s", type=float, default=0.0, help="mock executor: seconds per step")
+    p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--server-arg", action="append", default=[], help="extra `hetero-infer serve` argument")
     p.add_argument("--output-json", help="write the runs as JSON")
     args = p.parse_args(argv)
 
     from hetero_infer.worker.engine import LLMEngine
 
-    engine = LLMEngine(EngineConfig(executor="mock", mock_step_latency_s=0.0))
+    config = EngineConfig(executor=args.executor, mock_step_latency_s=args.mock_step_latency_s,
+                          max_model_len=args.max_model_len)
+    engine = LLMEngine(config)
     prompts = _prompts(args.num_requests, args.input_len, args.seed)
-    proc, url = start_server(["--stream-interval", str(args.stream_interval), *args.server_arg])
+    engine_args = ["--executor", args.executor, "--mock-step-latency-s", str(args.mock_step_latency_s)]
+    if args.max_model_len:
+        engine_args += ["--max-model-len", str(args.max_model_len)]
+    proc, url = start_server([*engine_args, "--stream-interval", str(args.stream_interval), *args.server_arg])
     runs: dict[str, list[Run]] = {"engine": [], "async engine": [], "HTTP": []}
     try:
         asyncio.run(run_http(url, prompts[:16], args.output_len, 16))  # warm-up
@@ -220,9 +228,11 @@ def main(argv: list[str] | None = None) -> int:
            for mode, rs in runs.items() if any(r.cpu_us_per_token is not None for r in rs)}
     median = {mode: statistics.median(r.tokens_per_s for r in rs) for mode, rs in runs.items()}
     base = best["engine"]
+    executor = (f"mock executor, {args.mock_step_latency_s * 1000:g} ms per step" if args.executor == "mock"
+                else f"{engine.model_name} on {args.executor}")
     print(f"{args.num_requests} requests, {args.concurrency} concurrent, {args.input_len} prompt + "
-          f"{args.output_len} output tokens, mock executor, zero step latency, stream interval "
-          f"{args.stream_interval * 1000:g} ms, {os.cpu_count()} CPUs, best of {args.repeats} runs\n")
+          f"{args.output_len} output tokens, {executor}, stream interval {args.stream_interval * 1000:g} ms, "
+          f"{os.cpu_count()} CPUs, best of {args.repeats} runs\n")
     print("| path | output tok/s | vs engine | median tok/s | request latency p50 / p99 (s) "
           "| serving CPU per token (µs) | vs engine |")
     print("|---|---:|---:|---:|---:|---:|---:|")

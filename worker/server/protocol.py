@@ -1,8 +1,9 @@
 """Request and response models of the OpenAI-compatible API (pydantic v2).
 
 Requests are validated strictly (no string-to-number coercion, no NaN/Infinity) and unknown fields are
-ignored, as OpenAI-compatible servers usually do. The response models document `/openapi.json`; handlers
-build the same shapes as plain dicts on the hot path (a test checks that the two agree).
+ignored, as OpenAI-compatible servers usually do. The response models document `/openapi.json`; on the hot
+path handlers build the same shapes directly as dicts or JSON text (tests/server/test_openapi.py checks
+real responses against the published schemas).
 """
 
 from __future__ import annotations
