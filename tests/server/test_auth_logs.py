@@ -11,13 +11,15 @@ from server_proc import ServerProcess, http
 
 FILE_KEY = "sk-file-key-0123456789"
 ENV_KEY = "sk-env-key-9876543210"
+SERVED = "acme/smol-test"  # a served name with a slash, as Hugging Face ids have
 
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     key_file: Path = tmp_path_factory.mktemp("keys") / "keys.txt"
     key_file.write_text(f"# one key per line\n{FILE_KEY}\n")
-    s = ServerProcess("--api-key-file", str(key_file), env={"HETERO_INFER_API_KEY": ENV_KEY})
+    s = ServerProcess("--api-key-file", str(key_file), "--served-model-name", SERVED,
+                      env={"HETERO_INFER_API_KEY": ENV_KEY})
     yield s
     assert s.stop() == 0
 
@@ -39,7 +41,9 @@ def test_keys_are_required_on_v1(keyed: ServerProcess) -> None:
 @pytest.mark.parametrize("key", [FILE_KEY, ENV_KEY])
 def test_valid_keys_work_with_the_openai_client(keyed: ServerProcess, key: str) -> None:
     client = openai.OpenAI(base_url=keyed.base_url, api_key=key, max_retries=0)
-    assert client.completions.create(model=client.models.list().data[0].id, prompt="hi", max_tokens=2).choices
+    assert [m.id for m in client.models.list().data] == [SERVED]
+    assert client.models.retrieve(SERVED).id == SERVED
+    assert client.completions.create(model=SERVED, prompt="hi", max_tokens=2).model == SERVED
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=keyed.base_url, api_key="nope", max_retries=0).models.list()
 

@@ -133,7 +133,7 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/v1/models/{model}", get_model)
+    app.router.add_get("/v1/models/{model:.+}", get_model)  # served names may contain "/"
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     return app
