@@ -93,11 +93,6 @@ class OutputStream:
         self._error: BaseException | None = None
         self._unfinished = set(request_ids)
 
-    @property
-    def finished(self) -> bool:
-        """True once every request has finished (or the stream failed)."""
-        return not self._unfinished or self._error is not None
-
     def _put(self, output: RequestOutput) -> None:
         self._latest[output.request_id] = output
         if output.finished:

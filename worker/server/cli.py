@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping
-from dataclasses import MISSING, fields
+from dataclasses import fields
 from typing import Any
 
 from aiohttp import web
@@ -143,10 +143,6 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str] | None 
     options = ServerOptions(**server)
     options.api_keys()  # a missing or empty key file fails now, not at the first request
     return options, EngineConfig.from_dict(engine)
-
-
-def server_defaults() -> dict[str, Any]:
-    return {f.name: f.default for f in fields(ServerOptions) if f.default is not MISSING}
 
 
 def main(argv: list[str] | None = None) -> int:
