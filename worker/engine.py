@@ -86,30 +86,9 @@ class LLMEngine:
     # -- requests -----------------------------------------------------------------------
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
         """Check a request without touching engine state; return its resolved max_tokens."""
-        params.validate()
-        n_prompt = len(prompt_token_ids)
-        if n_prompt == 0:
-            raise ValueError("the prompt is empty: at least one token is needed")
-        if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
-        if n_prompt >= self.max_model_len:
-            raise ValueError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
-                f"has {n_prompt} tokens, leaving no room for output."
-            )
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n_prompt
-        if n_prompt + max_tokens > self.max_model_len:
-            raise ValueError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion)."
-            )
-        needed = self.block_manager.blocks_for(n_prompt + max_tokens)
-        if needed > self.block_manager.num_blocks:
-            raise ValueError(
-                f"the request needs up to {needed} KV-cache blocks ({n_prompt + max_tokens} tokens) but the pool "
-                f"holds {self.block_manager.num_blocks}; lower max_tokens or raise --max-num-blocks"
-            )
-        return max_tokens
+        return validate_request(prompt_token_ids, params, vocab_size=self.vocab_size,
+                                max_model_len=self.max_model_len, block_size=self.block_manager.block_size,
+                                num_blocks=self.block_manager.num_blocks)
 
     def add_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams
@@ -291,6 +270,36 @@ class LLMEngine:
         """Fraction of allocated KV slots of running sequences that hold no token."""
         allocated, wasted = self.block_manager.slot_waste(self.scheduler.running)
         return wasted / allocated if allocated else 0.0
+
+
+def validate_request(prompt_token_ids: list[int], params: SamplingParams, *, vocab_size: int, max_model_len: int,
+                     block_size: int, num_blocks: int) -> int:
+    """The engine's request check from its limits alone (no engine needed: the server's process mode runs it
+    without the model); ValueError on a bad request, else the resolved max_tokens."""
+    params.validate()
+    n_prompt = len(prompt_token_ids)
+    if n_prompt == 0:
+        raise ValueError("the prompt is empty: at least one token is needed")
+    if any(not isinstance(t, int) or t < 0 or t >= vocab_size for t in prompt_token_ids):
+        raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
+    if n_prompt >= max_model_len:
+        raise ValueError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+            f"has {n_prompt} tokens, leaving no room for output."
+        )
+    max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - n_prompt
+    if n_prompt + max_tokens > max_model_len:
+        raise ValueError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion)."
+        )
+    needed = -(-(n_prompt + max_tokens) // block_size)
+    if needed > num_blocks:
+        raise ValueError(
+            f"the request needs up to {needed} KV-cache blocks ({n_prompt + max_tokens} tokens) but the pool "
+            f"holds {num_blocks}; lower max_tokens or raise --max-num-blocks"
+        )
+    return max_tokens
 
 
 def _max_model_len(config: EngineConfig, hf_config) -> int:

@@ -46,6 +46,8 @@ _SERVER_HELP = {
     "log_level": f"one of {', '.join(LOG_LEVELS)}",
     "log_format": f"one of {', '.join(LOG_FORMATS)} (default json)",
     "access_log": "log one line per HTTP request (default on)",
+    "engine_process": "run the engine core in its own process, so that it does not share the GIL with the HTTP "
+    "side (default on); --no-engine-process runs it on a thread of the server process",
 }
 
 
@@ -204,6 +206,35 @@ async def _load_engine(engine_config: EngineConfig) -> tuple[Any, Any]:
     return await future
 
 
+async def _load_engine_process(engine_config: EngineConfig, stream_interval: float) -> tuple[Any, Any, Any]:
+    """Spawn the engine-core process (here, on the loop's thread: the child's parent-death signal follows the
+    thread that created it) and wait on a daemon thread for its limits, loading the server's tokenizer
+    meanwhile."""
+    from hetero_infer.worker.engine_process import EngineInfo, EngineProcess, load_parent_tokenizer
+
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    core = EngineProcess(engine_config, stream_interval)
+    core.start()
+
+    def load() -> None:
+        try:
+            tokenizer = load_parent_tokenizer(engine_config)
+            limits = core.wait_ready()
+        except BaseException as exc:
+            core.stop(2.0)
+            loop.call_soon_threadsafe(_settle, future, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, future, (EngineInfo(limits, tokenizer), tokenizer, core), None)
+
+    threading.Thread(target=load, name="engine-load", daemon=True).start()
+    try:
+        return await future
+    except asyncio.CancelledError:
+        core.stop(2.0)
+        raise
+
+
 async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
     from hetero_infer.worker.server.app import create_app
     from hetero_infer.worker.server.errors import unavailable
@@ -237,7 +268,10 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    load = asyncio.ensure_future(_load_engine(engine_config))
+    if options.engine_process:
+        load = asyncio.ensure_future(_load_engine_process(engine_config, options.stream_interval))
+    else:
+        load = asyncio.ensure_future(_load_engine(engine_config))
     stopper = asyncio.ensure_future(stop.wait())
     await asyncio.wait([load, stopper], return_when=asyncio.FIRST_COMPLETED)
     if not load.done():  # stopped while loading
@@ -246,7 +280,7 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
         await runner.cleanup()
         return 0
     try:
-        engine, tokenizer = load.result()
+        engine, tokenizer, *rest = load.result()
     except Exception as exc:
         state.phase = FAILED
         state.load_error = f"{type(exc).__name__}: {exc}"
@@ -254,9 +288,12 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
         await runner.cleanup()
         return 1
 
-    async_engine = state.start_engine(engine, max_num_seqs=engine_config.max_num_seqs, tokenizer=tokenizer)
-    logger.info("ready: serving %s (max_model_len %d, executor %s)", engine.model_name, engine.max_model_len,
-                engine_config.executor)
+    core = rest[0] if rest else None
+    async_engine = state.start_engine(engine, max_num_seqs=engine_config.max_num_seqs, tokenizer=tokenizer,
+                                      core=core)
+    logger.info("ready: serving %s (max_model_len %d, executor %s, engine %s)", engine.model_name,
+                engine.max_model_len, engine_config.executor,
+                f"process pid {core.pid}" if core is not None else "thread")
 
     await stopper
     state.phase = DRAINING

@@ -27,6 +27,7 @@ class ServerOptions:
     log_level: str = "info"
     log_format: str = "json"
     access_log: bool = True
+    engine_process: bool = True  # run the engine core in its own process (False: on a thread of the server)
 
     def __post_init__(self) -> None:
         if isinstance(self.api_key, str):

@@ -40,12 +40,21 @@ class ServerState:
         self._validate: Any = None
 
     # ----------------------------------------------------------------- engine
-    def start_engine(self, engine: Any, *, max_num_seqs: int, tokenizer: Any = None) -> AsyncEngine:
+    def start_engine(self, engine: Any, *, max_num_seqs: int, tokenizer: Any = None,
+                     core: Any = None) -> AsyncEngine:
         """Run a loaded `LLMEngine` on its thread and start serving it (call on the event loop).
 
-        `tokenizer` is the loop's own copy (default: the engine's, shared with the engine thread).
+        `tokenizer` is the loop's own copy (default: the engine's, shared with the engine thread). With `core`
+        (an `EngineProcess` that is ready), the engine runs in that process and `engine` is its `EngineInfo`.
         """
-        async_engine = AsyncEngine(engine, timing_sink=self.metrics, stream_interval=self.options.stream_interval)
+        if core is not None:
+            from hetero_infer.worker.engine_process import ProcessAsyncEngine
+
+            async_engine: AsyncEngine = ProcessAsyncEngine(core, timing_sink=self.metrics,
+                                                           stream_interval=self.options.stream_interval)
+        else:
+            async_engine = AsyncEngine(engine, timing_sink=self.metrics,
+                                       stream_interval=self.options.stream_interval)
         async_engine.start()
         self._engine = async_engine
         self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
