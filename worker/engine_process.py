@@ -109,11 +109,10 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
 class _Sent:
     """What the parent already has of one sample: lengths of tokens, text and logprobs."""
 
-    __slots__ = ("tokens", "text", "text_len", "logprobs")
+    __slots__ = ("tokens", "text_len", "logprobs")
 
     def __init__(self) -> None:
         self.tokens = 0
-        self.text = ""
         self.text_len = 0
         self.logprobs = 0
 
@@ -173,8 +172,10 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
 
 def _delta(out: RequestOutput, sent: dict[str, dict[int, _Sent]]) -> tuple:
     per = sent.get(out.request_id)
+    metrics = None
     if per is None:
         per = sent[out.request_id] = {}
+        metrics = out.metrics
     samples = []
     for c in out.outputs:
         s = per.get(c.index)
@@ -182,12 +183,14 @@ def _delta(out: RequestOutput, sent: dict[str, dict[int, _Sent]]) -> tuple:
             s = per[c.index] = _Sent()
         new_ids = c.token_ids[s.tokens:]
         s.tokens = len(c.token_ids)
+        # The engine's text only ever grows (the detokenizer emits prefixes of every later text); a shorter one
+        # (never expected) is sent whole.
         text = c.text
-        if text.startswith(s.text):
+        if len(text) >= s.text_len:
             new_text, reset = text[s.text_len:], False
-        else:  # not an extension of what was sent (never expected): send it whole
+        else:
             new_text, reset = text, True
-        s.text, s.text_len = text, len(text)
+        s.text_len = len(text)
         new_lp = None
         if c.logprobs is not None:
             new_lp = c.logprobs[s.logprobs:]
@@ -196,7 +199,8 @@ def _delta(out: RequestOutput, sent: dict[str, dict[int, _Sent]]) -> tuple:
                         c.stop_reason))
     if out.finished:
         sent.pop(out.request_id, None)
-    return (out.request_id, out.finished, out.error, out.metrics, samples)
+        metrics = out.metrics
+    return (out.request_id, out.finished, out.error, metrics, samples)
 
 
 # ============================================================================ parent
@@ -269,7 +273,7 @@ class _Sample:
     def __init__(self, index: int) -> None:
         self.index = index
         self.token_ids: list[int] = []
-        self.text = ""
+        self.text: list[str] = []  # pieces, joined when an output is built
         self.logprobs: list[dict[int, float]] | None = None
         self.cumulative_logprob: float | None = None
         self.finish_reason: str | None = None
@@ -277,13 +281,16 @@ class _Sample:
 
 
 class _Tracked:
-    __slots__ = ("prompt", "prompt_token_ids", "samples", "order")
+    __slots__ = ("prompt", "prompt_token_ids", "samples", "order", "finished", "error", "metrics")
 
     def __init__(self, prompt: str | None, prompt_token_ids: list[int]) -> None:
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.samples: dict[int, _Sample] = {}
         self.order: list[_Sample] = []
+        self.finished = False
+        self.error: str | None = None
+        self.metrics: dict[str, float] = {}
 
 
 class ProcessAsyncEngine(AsyncEngine):
@@ -375,14 +382,15 @@ class ProcessAsyncEngine(AsyncEngine):
                         self._timings.pop(rid, None)
                         errs.append((rid, ValueError(message) if is_value_error else RuntimeError(message)))
                     loop.call_soon_threadsafe(self._on_rejected, errs)
+                touched: dict[str, _Tracked] = {}
                 for t0, t1, deltas in steps:
-                    outputs = self._apply(deltas)
+                    self._apply(deltas, t0, t1, touched)
                     self.steps += 1
-                    if outputs:
-                        self._record(outputs, t0, t1)
-                        with self._lock:
-                            for out in outputs:
-                                self._pending[out.request_id] = out
+                if touched:
+                    with self._lock:
+                        pending = self._pending
+                        for rid, t in touched.items():
+                            pending[rid] = _build(rid, t)
                 self._stats = stats
                 self._flush(loop)
         except BaseException as exc:
@@ -394,10 +402,11 @@ class ProcessAsyncEngine(AsyncEngine):
             except RuntimeError:  # loop already closed
                 pass
 
-    def _apply(self, deltas: list[tuple]) -> list[RequestOutput]:
-        """Append the deltas of one step; return a fresh cumulative `RequestOutput` per request touched."""
-        outputs = []
+    def _apply(self, deltas: list[tuple], step_start: float, step_end: float, touched: dict[str, _Tracked]) -> None:
+        """Append the deltas of one step to the requests' state and record their timing (as `_record` does in
+        thread mode); the outputs are built once per message, for the requests touched."""
         tracked = self._tracked
+        timings = self._timings
         for rid, finished, error, metrics, samples in deltas:
             t = tracked.pop(rid, None) if finished else tracked.get(rid)
             if t is None:  # aborted meanwhile
@@ -407,22 +416,60 @@ class ProcessAsyncEngine(AsyncEngine):
                 if s is None:
                     s = t.samples[index] = _Sample(index)
                     t.order.append(s)
-                s.token_ids.extend(new_ids)
-                s.text = new_text if reset else s.text + new_text
+                s.token_ids += new_ids
+                if reset:
+                    s.text = [new_text]
+                elif new_text:
+                    s.text.append(new_text)
                 if new_lp is not None:
                     if s.logprobs is None:
                         s.logprobs = []
-                    s.logprobs.extend(new_lp)
+                    s.logprobs += new_lp
                 s.cumulative_logprob = cum_lp
                 s.finish_reason = finish_reason
                 s.stop_reason = stop_reason
-            outs = [CompletionOutput(s.index, s.text, list(s.token_ids), s.cumulative_logprob,
+            if metrics is not None:
+                t.metrics = metrics
+            t.finished = finished
+            t.error = error
+            touched[rid] = t
+            timing = timings.get(rid)
+            if timing is None:
+                continue
+            if error:
+                self._end_timing(rid, step_end, "error")
+                continue
+            if timing.last_token is None:
+                timing.first_token = step_end
+                scheduled = t.metrics.get("first_scheduled_time")
+                timing.first_scheduled = step_start if scheduled is None else scheduled
+            else:
+                timing.inter_token.append(step_end - timing.last_token)
+            timing.last_token = step_end
+            if finished:
+                timing.num_tokens = sum(len(s.token_ids) for s in t.order)
+                self._end_timing(rid, step_end, _finish_reason_of(t))
+
+
+def _build(rid: str, t: _Tracked) -> RequestOutput:
+    outs = []
+    for s in t.order:
+        if len(s.text) > 1:
+            s.text = ["".join(s.text)]
+        outs.append(CompletionOutput(s.index, s.text[0] if s.text else "", list(s.token_ids), s.cumulative_logprob,
                                      list(s.logprobs) if s.logprobs is not None else None, s.finish_reason,
-                                     s.stop_reason) for s in t.order]
-            out = RequestOutput(rid, t.prompt, t.prompt_token_ids, outs, finished, metrics)
-            out.error = error
-            outputs.append(out)
-        return outputs
+                                     s.stop_reason))
+    out = RequestOutput(rid, t.prompt, t.prompt_token_ids, outs, t.finished, dict(t.metrics))
+    out.error = t.error
+    return out
+
+
+def _finish_reason_of(t: _Tracked) -> str:
+    reasons = {s.finish_reason for s in t.order}
+    for r in ("error", "abort", "length"):
+        if r in reasons:
+            return r
+    return "stop"
 
 
 class EngineInfo:

@@ -1,0 +1,197 @@
+"""Process mode (`--engine-process`, the default): the engine core runs in a child process.
+
+Same outputs as thread mode; a killed engine child turns /readyz red and fails open requests (never a hang);
+shutdown leaves no child behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import aiohttp
+import pytest
+from server_proc import ServerProcess, http
+
+from hetero_infer.worker.config import EngineConfig
+from hetero_infer.worker.engine import LLMEngine, validate_request
+from hetero_infer.worker.sampling_params import SamplingParams
+
+
+def _children(pid: int) -> list[int]:
+    """Live engine-core processes whose parent is `pid` (Linux /proc; not multiprocessing's resource tracker)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if b"resource_tracker" not in cmdline:
+                out.append(int(name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _engine_pid(s: ServerProcess) -> int:
+    kids = _children(s.proc.pid)
+    assert len(kids) == 1, kids
+    return kids[0]
+
+
+_REQUESTS = [
+    ("/v1/completions", {"prompt": "the same in both modes", "max_tokens": 24, "temperature": 1.0, "seed": 7, "n": 2}),
+    ("/v1/completions", {"prompt": [5, 17, 300, 42], "max_tokens": 16, "temperature": 0.8, "top_p": 0.9,
+                         "seed": 11, "echo": True}),
+    ("/v1/completions", {"prompt": "stop here", "max_tokens": 30, "temperature": 1.0, "seed": 3,
+                         "stop": ["e"]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "seed": 5,
+                              "temperature": 1.0}),
+]
+
+
+def _strip(body: dict) -> dict:
+    body = dict(body)
+    for key in ("id", "created", "system_fingerprint"):
+        body.pop(key, None)
+    return body
+
+
+async def _collect(url: str) -> list:
+    results = []
+    async with aiohttp.ClientSession() as session:
+        for path, body in _REQUESTS:
+            async with session.post(url + path, json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                results.append(_strip(await resp.json()))
+            async with session.post(url + path, json={**body, "stream": True}) as resp:
+                assert resp.status == 200
+                chunks = [line[6:] for line in (await resp.text()).splitlines() if line.startswith("data: ")]
+                assert chunks[-1] == "[DONE]"
+                results.append(_merge([json.loads(c) for c in chunks[:-1]]))
+    return results
+
+
+def _merge(chunks: list[dict]) -> dict:
+    """A stream as what it says, not how it was cut into chunks (coalescing depends on timing)."""
+    merged: dict = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices", []):
+            m = merged.setdefault(choice["index"], {"text": "", "finish_reason": None})
+            delta = choice.get("delta") or {}
+            m["text"] += choice.get("text") or delta.get("content") or ""
+            m["finish_reason"] = choice.get("finish_reason") or m["finish_reason"]
+            if choice.get("logprobs"):
+                m.setdefault("logprobs", []).append(choice["logprobs"])
+    return merged
+
+
+async def test_outputs_identical_between_thread_and_process_modes() -> None:
+    got = {}
+    for flag in ("--engine-process", "--no-engine-process"):
+        s = ServerProcess(flag, "--max-model-len", "512")
+        try:
+            assert (len(_children(s.proc.pid)) == 1) == (flag == "--engine-process")
+            got[flag] = await _collect(s.url)
+        finally:
+            assert s.stop() == 0, s.log()
+    assert got["--engine-process"] == got["--no-engine-process"]
+
+
+async def test_killed_engine_child_fails_requests_and_readyz() -> None:
+    s = ServerProcess("--mock-step-latency-s", "0.01", "--max-model-len", "512")
+    try:
+        child = _engine_pid(s)
+        async with aiohttp.ClientSession() as session:
+            streaming = await session.post(s.url + "/v1/completions",
+                                           json={"prompt": "doomed", "max_tokens": 400, "stream": True})
+            assert streaming.status == 200
+            plain = asyncio.create_task(session.post(s.url + "/v1/completions",
+                                                     json={"prompt": "doomed too", "max_tokens": 400}))
+            await asyncio.sleep(0.3)
+            os.kill(child, signal.SIGKILL)
+            resp = await asyncio.wait_for(plain, 15)
+            assert 500 <= resp.status < 600
+            assert "error" in await resp.json()
+            text = await asyncio.wait_for(streaming.text(), 15)
+            events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+            assert any('"error"' in e for e in events), events
+        ready = http("GET", s.url + "/readyz")
+        assert ready.status == 503 and ready.json()["status"] == "engine_failed"
+        refused = http("POST", s.url + "/v1/completions", {"prompt": "after", "max_tokens": 2})
+        assert refused.status == 503
+        assert http("GET", s.url + "/healthz").status == 200
+    finally:
+        s.stop()
+
+
+def test_shutdown_leaves_no_child_process() -> None:
+    s = ServerProcess("--max-model-len", "512")
+    child = _engine_pid(s)
+    assert http("POST", s.url + "/v1/completions", {"prompt": "x", "max_tokens": 3}).status == 200
+    assert s.stop() == 0, s.log()
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def test_killed_server_takes_the_engine_child_along() -> None:
+    s = ServerProcess("--max-model-len", "512")
+    child = _engine_pid(s)
+    s.proc.kill()
+    s.proc.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+@pytest.mark.parametrize("ids,params", [
+    ([], SamplingParams(max_tokens=4)),
+    ([1, 2, 10**9], SamplingParams(max_tokens=4)),
+    ([1] * 600, SamplingParams(max_tokens=4)),
+    ([1, 2, 3], SamplingParams(max_tokens=600)),
+    ([1, 2, 3], SamplingParams(max_tokens=8)),
+    ([1, 2, 3], SamplingParams()),
+])
+def test_validation_function_matches_engine(ids: list[int], params: SamplingParams) -> None:
+    engine = _engine()
+
+    def run(f):
+        try:
+            return f()
+        except ValueError as exc:
+            return str(exc)
+
+    bm = engine.block_manager
+    assert run(lambda: engine.validate_request(ids, params)) == run(lambda: validate_request(
+        ids, params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len, block_size=bm.block_size,
+        num_blocks=bm.num_blocks))
+
+
+_ENGINE: list[LLMEngine] = []
+
+
+def _engine() -> LLMEngine:
+    if not _ENGINE:
+        _ENGINE.append(LLMEngine(EngineConfig(executor="mock", max_model_len=512, max_num_blocks=64)))
+    return _ENGINE[0]
