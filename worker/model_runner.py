@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -12,6 +13,7 @@ from hetero_infer.worker.attention import AttentionMetadata, PrefillChunk
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.model_loader import iter_safetensors
 from hetero_infer.worker.models.llama import LlamaForCausalLM, head_dim_of
+from hetero_infer.worker.quantization import quantize_model, weight_bytes
 from hetero_infer.worker.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -54,44 +56,123 @@ class TorchExecutor:
         model.load_weights(iter_safetensors(folder))
         self.model = model.to(self.dtype).eval()
         self.model.init_rope(self.dtype, self.device)
+        self.weight_bytes = weight_bytes(self.model)
+        if config.quantization:
+            report = quantize_model(self.model, config.quantization)
+            self.weight_bytes = report.bytes_after
+            log.info("weights quantized to %s: %d layers, %.1f MiB -> %.1f MiB", report.method, report.num_quantized,
+                     report.bytes_before / 2**20, report.bytes_after / 2**20)
         self.num_layers = hf_config.num_hidden_layers
         self.num_kv_heads = hf_config.num_key_value_heads
         self.head_dim = head_dim_of(hf_config)
-        self.num_blocks = config.max_num_blocks or self._default_num_blocks()
-        self.kv_cache = torch.zeros(
-            self.num_layers, 2, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
-            dtype=self.dtype, device=self.device,
-        )
-        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(self.num_layers)]
+        self.max_model_len = max_model_len
         self.use_kernels = _kernels_available(self.device)
         self.model.use_kernels(self.use_kernels)
+        self.num_blocks = config.max_num_blocks or self._default_num_blocks()
+        self.kv_cache = self._new_kv_cache(self.num_blocks)
+        self.kv_caches = _layer_caches(self.kv_cache)
         self.cpu_decode_kernel = (
             self.device.type == "cpu" and cpu_paged_attention.supports(self.kv_cache) and cpu_paged_attention.available()
         )
+        self.decode_runner: DecodeRunner | None = None
+        if self.device.type == "cuda" and self.use_kernels:
+            max_batch = min(config.max_num_seqs, config.max_num_batched_tokens)
+            width = -(-max_model_len // self.block_size)
+            self.decode_runner = DecodeRunner(self.model, self.kv_caches, max_batch, width, self.device,
+                                              use_graphs=not config.enforce_eager)
 
     @property
     def block_bytes(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
 
+    def _new_kv_cache(self, num_blocks: int) -> torch.Tensor:
+        return torch.zeros(
+            self.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
+            dtype=self.dtype, device=self.device,
+        )
+
     def _default_num_blocks(self) -> int:
         if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            reserve = total * (1 - self.config.gpu_memory_utilization) + 2 * (1 << 30)  # activations
-            budget = max(free - reserve, self.block_bytes * 16)
-            return int(budget // self.block_bytes)
+            return self._profile_num_blocks()
         return max(int(CPU_KV_CACHE_BYTES // self.block_bytes), 16)
+
+    def _profile_num_blocks(self) -> int:
+        """KV blocks that fit in `gpu_memory_utilization` of the device next to the weights and the measured
+        activation peak of the largest step."""
+        dev = self.device
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+        self.profile_run()
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(dev)
+        activations = peak - torch.cuda.memory_allocated(dev)
+        # the CUDA context and other processes are invisible to torch's counters: never plan past what is free
+        budget = min(total * self.config.gpu_memory_utilization - peak, free - activations)
+        blocks = int(budget // self.block_bytes)
+        log.info("memory profile: weights %.2f GiB, activation peak %.2f GiB, KV cache %d blocks (%.2f GiB) "
+                 "at gpu_memory_utilization %.2f", self.weight_bytes / 2**30, activations / 2**30, blocks,
+                 blocks * self.block_bytes / 2**30, self.config.gpu_memory_utilization)
+        if blocks < 1:
+            raise ValueError(f"no GPU memory left for the KV cache (weights and activations take {peak / 2**30:.2f} "
+                             f"GiB of {total / 2**30:.2f} GiB); raise gpu_memory_utilization or lower "
+                             "max_num_batched_tokens")
+        return blocks
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """The largest step: `max_num_batched_tokens` prompt tokens (in sequences of at most max_model_len),
+        logits for `max_num_seqs` rows and the sampler's working copies of them."""
+        total = self.config.max_num_batched_tokens
+        lens = [min(self.max_model_len, total - s) for s in range(0, total, self.max_model_len)]
+        hidden = self.forward_prompts([[0] * n for n in lens])
+        logits = self.model.compute_logits(hidden[-min(self.config.max_num_seqs, total):]).float()
+        _ = logits.clone(), logits.log_softmax(-1)
+
+    @torch.inference_mode()
+    def forward_prompts(self, token_lists: list[list[int]]) -> torch.Tensor:
+        """Hidden states [T, hidden] of all tokens of `token_lists`, run as fresh prompts in one step over a
+        temporary KV cache (the engine's cache is untouched)."""
+        bs = self.block_size
+        lens = [len(t) for t in token_lists]
+        first_block = np.cumsum([0] + [-(-n // bs) for n in lens])
+        cu_q = np.cumsum([0, *lens])
+        pos = np.concatenate([np.arange(n) for n in lens])
+        slots = np.concatenate([b * bs + np.arange(n) for b, n in zip(first_block, lens)])
+        meta = AttentionMetadata(
+            slot_mapping=self._h2d(torch.from_numpy(slots)), num_decode_tokens=0, use_kernels=self.use_kernels,
+            prefill_chunks=tuple(PrefillChunk(int(q0), n, n, None) for q0, n in zip(cu_q, lens)),
+        )
+        if self.use_kernels:
+            tables = [list(range(b, e)) for b, e in zip(first_block[:-1], first_block[1:])]
+            meta.prefill_block_tables = self._h2d(_pad_tables(tables))
+            meta.prefill_cu_seqlens_q = self._h2d(torch.from_numpy(cu_q.astype(np.int32)))
+            meta.prefill_context_lens = self._h2d(torch.tensor(lens, dtype=torch.int32))
+        input_ids = self._h2d(torch.tensor([t for ids in token_lists for t in ids], dtype=torch.long))
+        kv = self._new_kv_cache(int(first_block[-1]))
+        return self.model(input_ids, self._h2d(torch.from_numpy(pos)), meta, _layer_caches(kv))
+
+    def _h2d(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device; on CUDA copied from pinned memory without blocking the host."""
+        if self.device.type == "cpu":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     # -- one step -----------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
         """Run the model on the scheduled tokens; return float32 logits for sequences that sample."""
         if sched.block_copies:
-            src = torch.tensor([s for s, _ in sched.block_copies], device=self.device)
-            dst = torch.tensor([d for _, d in sched.block_copies], device=self.device)
+            src = self._h2d(torch.tensor([s for s, _ in sched.block_copies]))
+            dst = self._h2d(torch.tensor([d for _, d in sched.block_copies]))
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
         input_ids, positions, meta, logits_index = self.prepare(sched)
-        hidden = self.model(input_ids, positions, meta, self.kv_caches)
+        if self.decode_runner is not None and self.decode_runner.accepts(meta):
+            hidden = self.decode_runner.run(input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, meta, self.kv_caches)
         return self.model.compute_logits(hidden[logits_index]).float()
 
     def prepare(self, sched: SchedulerOutput):
@@ -121,7 +202,7 @@ class TorchExecutor:
                 gather = None
                 if start > 0 and not self.use_kernels:
                     allp = np.arange(end, dtype=np.int64)
-                    gather = torch.from_numpy(table[allp // bs] * bs + allp % bs).to(dev)
+                    gather = self._h2d(torch.from_numpy(table[allp // bs] * bs + allp % bs))
                 chunks.append(PrefillChunk(row, n, end, gather))
                 prefill_tables.append(seq.block_table)
                 cu_q.append(cu_q[-1] + n)
@@ -133,15 +214,15 @@ class TorchExecutor:
             if item.samples:
                 logits_index.append(row - 1)
         meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(dev, non_blocking=True),
+            slot_mapping=self._h2d(torch.from_numpy(np.concatenate(slots))),
             num_decode_tokens=len(decode_lens),
             prefill_chunks=tuple(chunks),
             use_kernels=self.use_kernels,
             cpu_decode_kernel=self.cpu_decode_kernel,
         )
         if decode_lens:
-            table_t = _pad_tables(decode_tables).to(dev)
-            lens_t = torch.tensor(decode_lens, dtype=torch.int32, device=dev)
+            table_t = self._h2d(_pad_tables(decode_tables))
+            lens_t = self._h2d(torch.tensor(decode_lens, dtype=torch.int32))
             meta.decode_block_tables, meta.decode_context_lens = table_t, lens_t
             if not (self.use_kernels or self.cpu_decode_kernel):
                 lmax = max(decode_lens)
@@ -149,12 +230,93 @@ class TorchExecutor:
                 meta.decode_gather_index = idx
                 meta.decode_mask = (torch.arange(lmax, device=dev)[None, :] < lens_t[:, None])[:, None, None, :]
         if chunks and self.use_kernels:
-            meta.prefill_block_tables = _pad_tables(prefill_tables).to(dev)
-            meta.prefill_cu_seqlens_q = torch.tensor(cu_q, dtype=torch.int32, device=dev)
-            meta.prefill_context_lens = torch.tensor(prefill_lens, dtype=torch.int32, device=dev)
-        input_ids = torch.tensor(tokens, dtype=torch.long).to(dev, non_blocking=True)
-        positions = torch.from_numpy(np.concatenate(pos)).to(dev, non_blocking=True)
-        return input_ids, positions, meta, torch.tensor(logits_index, dtype=torch.long, device=dev)
+            meta.prefill_block_tables = self._h2d(_pad_tables(prefill_tables))
+            meta.prefill_cu_seqlens_q = self._h2d(torch.tensor(cu_q, dtype=torch.int32))
+            meta.prefill_context_lens = self._h2d(torch.tensor(prefill_lens, dtype=torch.int32))
+        input_ids = self._h2d(torch.tensor(tokens, dtype=torch.long))
+        positions = self._h2d(torch.from_numpy(np.concatenate(pos)))
+        return input_ids, positions, meta, self._h2d(torch.tensor(logits_index, dtype=torch.long))
+
+
+def decode_buckets(max_batch: int) -> list[int]:
+    """Batch sizes with a CUDA graph: powers of two up to `max_batch`, and `max_batch` itself."""
+    buckets = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch]
+    return [*buckets, max_batch]
+
+
+class DecodeRunner:
+    """Decode-only steps on CUDA, padded to a batch-size bucket in static input buffers.
+
+    Each bucket's forward is captured once as a CUDA graph and replayed. With `use_graphs=False`
+    (enforce_eager) the same padded forward runs eagerly: both modes launch the same kernels on
+    the same shapes, so they give identical numbers. Padding rows have slot -1 (the KV write
+    skips them) and context length 0 (attention returns zeros for them).
+    """
+
+    def __init__(self, model, kv_caches, max_batch: int, max_blocks_per_seq: int, device: torch.device,
+                 use_graphs: bool) -> None:
+        self.model, self.kv_caches = model, kv_caches
+        self.buckets = decode_buckets(max_batch)
+        n = self.buckets[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
+        # fixed width: the decode kernel plans its KV split from the table's shape, so every replay fits
+        self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.context_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.num_replays = 0
+        if use_graphs:
+            self.capture()
+
+    def accepts(self, meta: AttentionMetadata) -> bool:
+        return (not meta.prefill_chunks and 0 < meta.num_decode_tokens <= self.buckets[-1]
+                and meta.decode_block_tables.shape[1] <= self.block_tables.shape[1])
+
+    def _forward(self, bs: int) -> torch.Tensor:
+        meta = AttentionMetadata(
+            slot_mapping=self.slot_mapping[:bs], num_decode_tokens=bs, use_kernels=True,
+            decode_block_tables=self.block_tables[:bs], decode_context_lens=self.context_lens[:bs],
+        )
+        return self.model(self.input_ids[:bs], self.positions[:bs], meta, self.kv_caches)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        start, pool = time.perf_counter(), None
+        before = torch.cuda.memory_reserved()
+        for bs in reversed(self.buckets):  # largest first: the smaller graphs reuse its memory pool
+            self._forward(bs)  # warm-up outside the capture: Triton compiles, cuBLAS picks its kernels
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[bs] = self._forward(bs)
+            pool = graph.pool()
+            self.graphs[bs] = graph
+        log.info("captured CUDA graphs for decode batch sizes %s in %.1f s (%.0f MiB)", self.buckets,
+                 time.perf_counter() - start, (torch.cuda.memory_reserved() - before) / 2**20)
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states [bucket, hidden]; rows past the real batch are padding."""
+        n = input_ids.shape[0]
+        bs = next(b for b in self.buckets if b >= n)
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.slot_mapping[:n].copy_(meta.slot_mapping)
+        self.slot_mapping[n:bs].fill_(-1)
+        self.block_tables[:n, : meta.decode_block_tables.shape[1]].copy_(meta.decode_block_tables)
+        self.context_lens[:n].copy_(meta.decode_context_lens)
+        self.context_lens[n:bs].zero_()
+        graph = self.graphs.get(bs)
+        if graph is None:
+            return self._forward(bs)
+        graph.replay()
+        self.num_replays += 1
+        return self.outputs[bs]
+
+
+def _layer_caches(kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(kv_cache[i, 0], kv_cache[i, 1]) for i in range(kv_cache.shape[0])]
 
 
 def _pad_tables(tables: list[list[int]]) -> torch.Tensor:

@@ -1,0 +1,145 @@
+"""QuantizedLinear and quantize_model against float matmuls with the dequantized weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from quant_testing import tiny_config
+from torch import nn
+
+from hetero_infer import kernels
+from hetero_infer.worker.attention import AttentionMetadata, PrefillChunk
+from hetero_infer.worker.models.llama import LlamaForCausalLM
+from hetero_infer.worker.quantization import QuantizedLinear, int4_group_size, quantize_model, weight_bytes
+
+TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2)}
+
+
+def linear(k: int, n: int, bias: bool, dtype: torch.dtype, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    layer = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        layer.weight.normal_(0, 0.05)
+        layer.weight[3, 7] = 0.9  # an outlier in one channel / group
+        if bias:
+            layer.bias.normal_(0, 0.1)
+    return layer.to(dtype)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_forward_is_the_dequantized_matmul(method, dtype, bias):
+    dense = linear(256, 96, bias, dtype)
+    q = QuantizedLinear.from_linear(dense, method)
+    x = torch.randn(2, 5, 256).to(dtype)  # leading dims are kept
+    y = q(x)
+    assert y.shape == (2, 5, 96) and y.dtype == dtype
+    w = q.dequantized_weight(torch.float32)
+    expected = F.linear(x.float(), w, None if dense.bias is None else dense.bias.float())
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(y.float(), expected, atol=atol, rtol=rtol)
+    # and the quantized weight approximates the dense one (per-channel / per-group error bound)
+    err = (w - dense.weight.float()).abs()
+    if method == "int8":
+        bound = q.scales[:, None] / 2
+    else:
+        bound = q.scales.repeat_interleave(q.group_size, dim=1) / 2
+    assert bool((err <= bound * 1.001 + 1e-6).all())
+
+
+def test_buffers_hold_the_kernel_formats():
+    dense = linear(256, 64, False, torch.float32)
+    q8 = QuantizedLinear.from_linear(dense, "int8")
+    assert (q8.qweight.dtype, tuple(q8.qweight.shape), tuple(q8.scales.shape)) == (torch.int8, (64, 256), (64,))
+    ref_q, ref_s = kernels.quantize_int8(dense.weight)
+    assert torch.equal(q8.qweight, ref_q) and torch.equal(q8.scales, ref_s)
+    q4 = QuantizedLinear.from_linear(dense, "int4")
+    assert q4.group_size == 128 and q4.qweight.dtype == torch.uint8
+    assert tuple(q4.qweight.shape) == (64, 128) and tuple(q4.scales.shape) == tuple(q4.zeros.shape) == (64, 2)
+
+
+def test_int4_group_falls_back_to_a_divisor_of_k():
+    assert int4_group_size(1536) == 128
+    assert int4_group_size(576) == 64  # SmolLM2's hidden size
+    assert int4_group_size(96) == 32
+    with pytest.raises(ValueError, match="divisible"):
+        int4_group_size(48)
+    q = QuantizedLinear.from_linear(linear(576, 16, False, torch.float32), "int4")
+    assert q.group_size == 64 and tuple(q.scales.shape) == (16, 9)
+
+
+def test_unknown_method_is_rejected():
+    with pytest.raises(ValueError, match="int8"):
+        QuantizedLinear.from_linear(linear(64, 8, False, torch.float32), "fp8")
+    with pytest.raises(ValueError, match="int8"):
+        quantize_model(nn.Sequential(), "int2")
+
+
+def _model(arch: str, dtype: torch.dtype) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_config(arch), max_positions=64)
+    for p in model.parameters():
+        nn.init.normal_(p, 0, 0.1)
+    model = model.to(dtype).eval()
+    model.init_rope(dtype, "cpu")
+    return model
+
+
+def _prefill(model: LlamaForCausalLM, ids: torch.Tensor) -> torch.Tensor:
+    cfg = model.config
+    t = ids.shape[0]
+    kv = torch.zeros(2, 1, t, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
+                     dtype=model.embed_tokens.weight.dtype)
+    meta = AttentionMetadata(slot_mapping=torch.arange(t), num_decode_tokens=0,
+                             prefill_chunks=(PrefillChunk(0, t, t, None),))
+    with torch.inference_mode():
+        return model.compute_logits(model(ids, torch.arange(t), meta, [(kv[0], kv[1])] * len(model.layers)))
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # untied lm_head; qkv bias + tied embeddings
+def test_quantize_model_replaces_projections_only(arch, method):
+    model = _model(arch, torch.float32)
+    ids = torch.randint(0, 49152, (9,))
+    before = weight_bytes(model)
+    report = quantize_model(model, method)
+    cfg = model.config
+    layers = cfg.num_hidden_layers
+    assert report.num_quantized == 4 * layers and report.bytes_before == before
+    for layer in model.layers:
+        for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            assert isinstance(proj, QuantizedLinear) and proj.method == method
+    assert type(model.embed_tokens) is nn.Embedding and model.embed_tokens.weight.dtype == torch.float32
+    if arch == "llama":
+        assert type(model.lm_head) is nn.Linear
+    assert model.norm.weight.dtype == torch.float32
+    # bytes: exact accounting of what was replaced
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    shapes = [(h + 2 * (h // 2), h), (h, h), (2 * i, h), (h, i)]  # [N, K]: 4 heads, 2 KV heads
+    per_layer_float = sum(n * k for n, k in shapes) * 4
+    if method == "int8":
+        per_layer_quant = sum(n * k + 4 * n for n, k in shapes)
+    else:
+        per_layer_quant = sum(n * k // 2 + 5 * n * k // 128 for n, k in shapes)
+    assert report.bytes_after == before - layers * (per_layer_float - per_layer_quant)
+    assert report.bytes_after == weight_bytes(model)
+
+    # the quantized model is the float model with dequantized weights
+    dense = _model(arch, torch.float32)
+    with torch.no_grad():
+        for qlayer, dlayer in zip(model.layers, dense.layers):
+            for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+                dlayer.get_submodule(name).weight.copy_(qlayer.get_submodule(name).dequantized_weight())
+    torch.testing.assert_close(_prefill(model, ids), _prefill(dense, ids), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(_prefill(model, ids), _prefill(_model(arch, torch.float32), ids), atol=1e-3)
+
+
+def test_bfloat16_model_keeps_its_dtype_outside_the_projections():
+    model = _model("llama", torch.bfloat16)
+    quantize_model(model, "int8")
+    assert model.embed_tokens.weight.dtype == model.lm_head.weight.dtype == torch.bfloat16
+    assert model.layers[0].self_attn.qkv_proj.scales.dtype == torch.float32
+    logits = _prefill(model, torch.randint(0, 49152, (5,)))
+    assert logits.dtype == torch.bfloat16 and bool(torch.isfinite(logits).all())
