@@ -10,6 +10,9 @@ of its requests (coalesced), never a backlog.
 If `step()` itself raises, the engine is considered broken: every open request fails with
 `EngineDeadError`, `healthy` turns False (the server's /readyz goes red) and new requests are refused.
 Per-request failures reported by the engine (finish_reason "error") only end the requests concerned.
+
+`hetero_infer.worker.engine_process.ProcessAsyncEngine` is the same interface with the engine in its own
+process (the server's default): a receiver thread takes this engine thread's place.
 """
 
 from __future__ import annotations

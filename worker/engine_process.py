@@ -80,7 +80,13 @@ def _set_parent_death_signal() -> None:
 
 def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: int, interval: float) -> None:
     _set_parent_death_signal()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent drains on SIGINT/SIGTERM and then stops us
+    # A signal sent to the whole process group (Ctrl-C in a terminal, `kill -TERM -pgid`) must not kill the
+    # engine under a draining server: the parent drains first, then stops us. Hence a process group of our own.
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if os.getppid() != parent_pid:
         return
     try:

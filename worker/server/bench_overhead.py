@@ -1,5 +1,6 @@
 """What the serving path costs: the same workload on the engine alone, on the async engine (thread + asyncio,
-no HTTP) and through HTTP (`hetero-infer serve` in its own process, streaming clients). By default on the
+no HTTP; with `--process-engine` also in its own process) and through HTTP (`hetero-infer serve` in its own
+process, streaming clients; `--server-arg=--no-engine-process` for the thread mode). By default on the
 mock executor with zero step latency, where the serving layer's overhead is most visible; `--executor torch`
 or `--mock-step-latency-s` for steps that take time (and release the GIL) as a model's do.
 
@@ -38,7 +39,8 @@ class Run:
     seconds: float
     tokens: int
     latencies: list[float]
-    cpu_seconds: float | None = None  # CPU time of the serving side (engine thread, or the whole server)
+    cpu_seconds: float | None = None  # CPU time of the serving side (engine thread, or the whole server with
+    # its engine process)
 
     @property
     def tokens_per_s(self) -> float:
@@ -90,11 +92,16 @@ def run_engine(engine: Any, prompts: list[list[int]], output_len: int, concurren
 
 
 async def run_async_engine(engine: Any, prompts: list[list[int]], output_len: int, concurrency: int,
-                           tag: str, stream_interval: float) -> Run:
-    """The engine on its thread, driven by asyncio tasks (no HTTP)."""
+                           tag: str, stream_interval: float, core: Any = None) -> Run:
+    """The engine on its thread (or, with `core`, in its process), driven by asyncio tasks (no HTTP)."""
     from hetero_infer.worker.async_engine import AsyncEngine, EngineRequest
 
-    ae = AsyncEngine(engine, stream_interval=stream_interval)
+    if core is not None:
+        from hetero_infer.worker.engine_process import ProcessAsyncEngine
+
+        ae: AsyncEngine = ProcessAsyncEngine(core, stream_interval=stream_interval)
+    else:
+        ae = AsyncEngine(engine, stream_interval=stream_interval)
     ae.start()
     queue = list(enumerate(prompts))
     latencies: list[float] = []
@@ -112,11 +119,14 @@ async def run_async_engine(engine: Any, prompts: list[list[int]], output_len: in
             latencies.append(time.perf_counter() - t)
             tokens += sum(len(c.token_ids) for c in last.outputs) if last else 0
 
+    child0 = process_cpu_seconds(core.pid) or 0.0 if core is not None else 0.0
     t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*[worker() for _ in range(concurrency)])
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    if core is not None:  # the engine process's CPU too
+        cpu += (process_cpu_seconds(core.pid) or 0.0) - child0
     ae.shutdown()
-    return Run("async engine", seconds, tokens, latencies, cpu)
+    return Run("async engine" if core is None else "process engine", seconds, tokens, latencies, cpu)
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -127,6 +137,28 @@ def process_cpu_seconds(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU time of a process plus its live children (the server and its engine process), None where unavailable."""
+    total = process_cpu_seconds(pid)
+    if total is None:
+        return None
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return total
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            total += process_cpu_seconds(int(name)) or 0.0
+    return total
 
 
 async def run_http(url: str, prompts: list[list[int]], output_len: int, concurrency: int,
@@ -154,11 +186,11 @@ async def run_http(url: str, prompts: list[list[int]], output_len: int, concurre
             tokens += usage["completion_tokens"] if usage else 0
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        cpu0 = process_cpu_seconds(server_pid) if server_pid else None
+        cpu0 = tree_cpu_seconds(server_pid) if server_pid else None
         t0 = time.perf_counter()
         await asyncio.gather(*[worker(session) for _ in range(concurrency)])
         seconds = time.perf_counter() - t0
-        cpu1 = process_cpu_seconds(server_pid) if server_pid else None
+        cpu1 = tree_cpu_seconds(server_pid) if server_pid else None
     cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     return Run("HTTP", seconds, tokens, latencies, cpu)
 
@@ -195,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mock-step-latency-s", type=float, default=0.0, help="mock executor: seconds per step")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--server-arg", action="append", default=[], help="extra `hetero-infer serve` argument")
+    p.add_argument("--process-engine", action="store_true",
+                   help="also run the engine in its own process (as `serve --engine-process`), driven by "
+                   "asyncio tasks, no HTTP")
     p.add_argument("--output-json", help="write the runs as JSON")
     args = p.parse_args(argv)
 
@@ -209,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         engine_args += ["--max-model-len", str(args.max_model_len)]
     proc, url = start_server([*engine_args, "--stream-interval", str(args.stream_interval), *args.server_arg])
     runs: dict[str, list[Run]] = {"engine": [], "async engine": [], "HTTP": []}
+    if args.process_engine:
+        runs["process engine"] = []
     try:
         asyncio.run(run_http(url, prompts[:16], args.output_len, 16))  # warm-up
         run_engine(engine, prompts[:16], args.output_len, 16, "warm")
@@ -216,6 +253,14 @@ def main(argv: list[str] | None = None) -> int:
             runs["engine"].append(run_engine(engine, prompts, args.output_len, args.concurrency, f"e{r}"))
             runs["async engine"].append(asyncio.run(
                 run_async_engine(engine, prompts, args.output_len, args.concurrency, f"a{r}", args.stream_interval)))
+            if args.process_engine:  # a fresh engine process per run, started before the clock starts
+                from hetero_infer.worker.engine_process import EngineProcess
+
+                core = EngineProcess(config, args.stream_interval)
+                core.start()
+                core.wait_ready()
+                runs["process engine"].append(asyncio.run(run_async_engine(
+                    engine, prompts, args.output_len, args.concurrency, f"p{r}", args.stream_interval, core)))
             runs["HTTP"].append(asyncio.run(run_http(url, prompts, args.output_len, args.concurrency, proc.pid)))
     finally:
         proc.terminate()

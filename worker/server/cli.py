@@ -5,7 +5,8 @@ server and engine keys in snake_case; precedence flag > environment > file > def
 validated before anything slow happens; a bad option exits with status 2 and a one-line reason.
 
 Start-up binds the port first (so /healthz answers and /readyz says "loading" while the model loads), then
-builds the engine on a background thread, then turns ready. SIGTERM/SIGINT drain: /readyz fails at once,
+builds the engine in its own process (`--engine-process`, the default; see worker/engine_process.py) or on a
+background thread (`--no-engine-process`), then turns ready. SIGTERM/SIGINT drain: /readyz fails at once,
 new requests get 503, in-flight requests have `--shutdown-grace` seconds to finish, then the process exits 0.
 """
 
@@ -206,7 +207,7 @@ async def _load_engine(engine_config: EngineConfig) -> tuple[Any, Any]:
     return await future
 
 
-async def _load_engine_process(engine_config: EngineConfig, stream_interval: float) -> tuple[Any, Any, Any]:
+async def _load_engine_process(engine_config: EngineConfig, stream_interval: float) -> tuple[Any, ...]:
     """Spawn the engine-core process (here, on the loop's thread: the child's parent-death signal follows the
     thread that created it) and wait on a daemon thread for its limits, loading the server's tokenizer
     meanwhile."""
@@ -215,7 +216,11 @@ async def _load_engine_process(engine_config: EngineConfig, stream_interval: flo
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
     core = EngineProcess(engine_config, stream_interval)
-    core.start()
+    try:
+        core.start()
+    except OSError as exc:  # no processes to be had here: the thread mode still works
+        logger.warning("could not start the engine process (%s); running the engine on a thread", exc)
+        return await _load_engine(engine_config)
 
     def load() -> None:
         try:
