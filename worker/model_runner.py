@@ -266,7 +266,7 @@ class DecodeRunner:
         self.context_lens = torch.zeros(n, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
-        self.num_replays = 0
+        self.num_steps = 0
         if use_graphs:
             self.capture()
 
@@ -307,11 +307,11 @@ class DecodeRunner:
         self.block_tables[:n, : meta.decode_block_tables.shape[1]].copy_(meta.decode_block_tables)
         self.context_lens[:n].copy_(meta.decode_context_lens)
         self.context_lens[n:bs].zero_()
+        self.num_steps += 1
         graph = self.graphs.get(bs)
         if graph is None:
             return self._forward(bs)
         graph.replay()
-        self.num_replays += 1
         return self.outputs[bs]
 
 

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import gc
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))  # quant_testing
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """Factory: arch -> (folder, float32 HF model on the CPU); random weights, the default tokenizer."""
+    from quant_testing import save_tiny_model
+
+    cache = {}
+
+    def make(arch: str):
+        if arch not in cache:
+            folder = tmp_path_factory.mktemp(f"gpu-model-{arch}")
+            cache[arch] = (folder, save_tiny_model(arch, folder))
+        return cache[arch]
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def release_cuda_memory():
+    """Each test's engines hold most of the GPU (KV pools): free them before the next test."""
+    yield
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
