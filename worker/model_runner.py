@@ -47,6 +47,8 @@ class TorchExecutor:
     def __init__(self, config: EngineConfig, hf_config, folder, max_model_len: int) -> None:
         self.config = config
         self.device = resolve_device(config.device)
+        if self.device.type == "cuda" and self.device.index is not None:
+            torch.cuda.set_device(self.device)  # one worker, one GPU: graphs and memory stats use the current one
         self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
         self.block_size = config.block_size
         self.vocab_size = hf_config.vocab_size

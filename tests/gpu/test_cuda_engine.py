@@ -90,8 +90,9 @@ def test_kv_pool_sized_from_the_memory_profile(tiny_model, utilization):
     folder, _ = tiny_model("llama")
     free_before, total = torch.cuda.mem_get_info()
     torch.cuda.reset_peak_memory_stats()
+    # 256-token blocks: the tiny model's 8 KiB per 16 tokens would make millions of blocks
     llm = cuda_llm(folder, dtype="bfloat16", max_num_blocks=None, gpu_memory_utilization=utilization,
-                   enforce_eager=True)
+                   enforce_eager=True, block_size=256)
     ex = llm.engine.executor
     kv_bytes = ex.num_blocks * ex.block_bytes
     budget = utilization * total
