@@ -39,7 +39,7 @@ void NAME(const float* q, const void* kc, const void* vc, const int32_t* tables,
           const int32_t* lens, float* out, int B, int H, int KVH, int D, int bs,               \
           int max_blocks, float scale) {                                                       \
     int g = H / KVH;                                                                           \
-    _Pragma("omp parallel for collapse(2) schedule(dynamic)")                                  \
+    _Pragma("omp parallel for collapse(2) schedule(static)")                                   \
     for (int b = 0; b < B; b++) {                                                              \
         for (int h = 0; h < KVH; h++) {                                                        \
             int len = lens[b];                                                                 \
