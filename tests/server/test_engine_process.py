@@ -1,4 +1,4 @@
-"""Process mode (`--engine-process`, the default): the engine core runs in a child process.
+"""Process mode (`--engine-process`; the default with 4 or more CPUs): the engine core runs in a child process.
 
 Same outputs as thread mode; a killed engine child turns /readyz red and fails open requests (never a hang);
 shutdown leaves no child behind.
@@ -117,7 +117,7 @@ async def test_outputs_identical_between_thread_and_process_modes() -> None:
 
 
 async def test_killed_engine_child_fails_requests_and_readyz() -> None:
-    s = ServerProcess("--mock-step-latency-s", "0.01", "--max-model-len", "512")
+    s = ServerProcess("--engine-process", "--mock-step-latency-s", "0.01", "--max-model-len", "512")
     try:
         child = _engine_pid(s)
         async with aiohttp.ClientSession() as session:
@@ -144,7 +144,7 @@ async def test_killed_engine_child_fails_requests_and_readyz() -> None:
 
 
 def test_shutdown_leaves_no_child_process() -> None:
-    s = ServerProcess("--max-model-len", "512")
+    s = ServerProcess("--engine-process", "--max-model-len", "512")
     child = _engine_pid(s)
     assert http("POST", s.url + "/v1/completions", {"prompt": "x", "max_tokens": 3}).status == 200
     assert s.stop() == 0, s.log()
@@ -155,7 +155,7 @@ def test_shutdown_leaves_no_child_process() -> None:
 
 
 def test_killed_server_takes_the_engine_child_along() -> None:
-    s = ServerProcess("--max-model-len", "512")
+    s = ServerProcess("--engine-process", "--max-model-len", "512")
     child = _engine_pid(s)
     s.proc.kill()
     s.proc.wait()
@@ -186,6 +186,22 @@ def test_validation_function_matches_engine(ids: list[int], params: SamplingPara
     assert run(lambda: engine.validate_request(ids, params)) == run(lambda: validate_request(
         ids, params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len, block_size=bm.block_size,
         num_blocks=bm.num_blocks))
+
+
+def test_engine_process_option() -> None:
+    from hetero_infer.worker.server.cli import _server_env, build_parser
+    from hetero_infer.worker.server.options import ENGINE_PROCESS_MIN_CPUS, ServerOptions, usable_cpus
+
+    assert ServerOptions().use_engine_process() == (usable_cpus() >= ENGINE_PROCESS_MIN_CPUS)
+    assert ServerOptions(engine_process=True).use_engine_process()
+    assert not ServerOptions(engine_process=False).use_engine_process()
+    assert build_parser().parse_args(["--no-engine-process"]).engine_process is False
+    assert build_parser().parse_args(["--engine-process"]).engine_process is True
+    assert build_parser().parse_args([]).engine_process is None
+    assert _server_env({"HETERO_INFER_ENGINE_PROCESS": "auto"}) == {"engine_process": None}
+    assert _server_env({"HETERO_INFER_ENGINE_PROCESS": "0"}) == {"engine_process": False}
+    with pytest.raises(ValueError):
+        _server_env({"HETERO_INFER_ENGINE_PROCESS": "maybe"})
 
 
 _ENGINE: list[LLMEngine] = []

@@ -48,7 +48,8 @@ _SERVER_HELP = {
     "log_format": f"one of {', '.join(LOG_FORMATS)} (default json)",
     "access_log": "log one line per HTTP request (default on)",
     "engine_process": "run the engine core in its own process, so that it does not share the GIL with the HTTP "
-    "side (default on); --no-engine-process runs it on a thread of the server process",
+    "side; --no-engine-process runs it on a thread of the server process (default: a process when at least 4 "
+    "CPUs are usable, else a thread)",
 }
 
 
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     for f in fields(ServerOptions):
         flag = "--" + f.name.replace("_", "-")
         kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": _SERVER_HELP.get(f.name, "")}
-        if f.type == "bool":
+        if f.type in ("bool", "bool | None"):
             kwargs["action"] = argparse.BooleanOptionalAction
         elif f.type == "int":
             kwargs["type"] = int
@@ -81,6 +82,7 @@ def _check_type(name: str, value: Any, source: str) -> Any:
         "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
         "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
         "bool": lambda v: isinstance(v, bool),
+        "bool | None": lambda v: v is None or isinstance(v, bool),
         "str": lambda v: isinstance(v, str),
         "str | None": lambda v: v is None or isinstance(v, str),
         "list[str]": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
@@ -103,7 +105,10 @@ def _server_env(environ: Mapping[str, str]) -> dict[str, Any]:
                 out[name] = int(raw)
             elif t == "float":
                 out[name] = float(raw)
-            elif t == "bool":
+            elif t in ("bool", "bool | None"):
+                if raw.lower() in ("auto",) and t == "bool | None":
+                    out[name] = None
+                    continue
                 if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
                     raise ValueError(raw)
                 out[name] = raw.lower() in ("1", "true", "yes", "on")
@@ -273,7 +278,7 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    if options.engine_process:
+    if options.use_engine_process():
         load = asyncio.ensure_future(_load_engine_process(engine_config, options.stream_interval))
     else:
         load = asyncio.ensure_future(_load_engine(engine_config))

@@ -27,7 +27,9 @@ class ServerOptions:
     log_level: str = "info"
     log_format: str = "json"
     access_log: bool = True
-    engine_process: bool = True  # run the engine core in its own process (False: on a thread of the server)
+    # Run the engine core in its own process (False: on a thread of the server). None: auto, a process when
+    # at least ENGINE_PROCESS_MIN_CPUS CPUs are usable (fewer: the extra process only competes for them).
+    engine_process: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.api_key, str):
@@ -67,6 +69,11 @@ class ServerOptions:
         if self.log_format not in LOG_FORMATS:
             bad("log_format", f"must be one of {', '.join(LOG_FORMATS)}")
 
+    def use_engine_process(self) -> bool:
+        if self.engine_process is not None:
+            return self.engine_process
+        return usable_cpus() >= ENGINE_PROCESS_MIN_CPUS
+
     def api_keys(self) -> list[str]:
         """Keys from --api-key plus those in --api-key-file (one per line, # comments)."""
         keys = [k.strip() for k in self.api_key]
@@ -81,6 +88,16 @@ class ServerOptions:
     @classmethod
     def field_types(cls) -> dict[str, Any]:
         return {f.name: f.type for f in fields(cls)}
+
+
+ENGINE_PROCESS_MIN_CPUS = 4
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def read_key_file(path: str | os.PathLike[str]) -> list[str]:
