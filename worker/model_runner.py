@@ -64,6 +64,8 @@ class TorchExecutor:
             self.weight_bytes = report.bytes_after
             log.info("weights quantized to %s: %d layers, %.1f MiB -> %.1f MiB", report.method, report.num_quantized,
                      report.bytes_before / 2**20, report.bytes_after / 2**20)
+        else:
+            log.info("weights: %.1f MiB (%s)", self.weight_bytes / 2**20, str(self.dtype).removeprefix("torch."))
         self.num_layers = hf_config.num_hidden_layers
         self.num_kv_heads = hf_config.num_key_value_heads
         self.head_dim = head_dim_of(hf_config)
