@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from hetero_infer.worker import cpu_paged_attention
+from hetero_infer.worker import cpu_linear, cpu_paged_attention
 from hetero_infer.worker.attention import AttentionMetadata, PrefillChunk
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.model_loader import iter_safetensors
@@ -66,6 +66,8 @@ class TorchExecutor:
                      report.bytes_before / 2**20, report.bytes_after / 2**20)
         else:
             log.info("weights: %.1f MiB (%s)", self.weight_bytes / 2**20, str(self.dtype).removeprefix("torch."))
+        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and cpu_linear.available():
+            log.info("packed %d linear layers for oneDNN", self.model.pack_for_cpu())
         self.num_layers = hf_config.num_hidden_layers
         self.num_kv_heads = hf_config.num_key_value_heads
         self.head_dim = head_dim_of(hf_config)

@@ -46,8 +46,9 @@ def test_mixed_lengths_match_hf(tiny_model, arch):
 
 @pytest.mark.parametrize("cpu_kernel", [True, False], ids=["c-kernel", "torch-reference"])
 def test_preemption_keeps_outputs_identical(tiny_model, monkeypatch, cpu_kernel):
-    if not cpu_kernel:
+    if not cpu_kernel:  # the plain PyTorch path: gathered-block attention, MKL linears
         monkeypatch.setenv("HETERO_INFER_CPU_KERNEL", "0")
+        monkeypatch.setenv("HETERO_INFER_ONEDNN", "0")
     folder, hf = tiny_model("llama")
     prompts = random_prompts([20, 25, 18, 30, 22, 27], seed=2)
     # 6 requests need ~6 * 3 blocks of 16 at the end; 10 blocks force recompute preemption

@@ -157,6 +157,7 @@ class LlamaForCausalLM(nn.Module):
         self.sin: torch.Tensor | None = None
         self.cos_sin_cache: torch.Tensor | None = None  # kernels' layout: cos half | sin half
         self.kernels_enabled = False
+        self.packed_logits_weight: torch.Tensor | None = None
 
     def init_rope(self, dtype: torch.dtype, device) -> None:
         cos, sin = rope_tables(self.config, self.max_positions, device)
@@ -182,8 +183,22 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.packed_logits_weight is not None:
+            from hetero_infer.worker.cpu_linear import packed_linear
+
+            return packed_linear(hidden, self.packed_logits_weight, None)
         weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         return F.linear(hidden, weight)
+
+    def pack_for_cpu(self) -> int:
+        """Pre-pack every projection and the LM head for oneDNN (see cpu_linear); return the count."""
+        from hetero_infer.worker.cpu_linear import pack_linears, pack_weight
+
+        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        self.packed_logits_weight = pack_weight(weight)
+        if not self.tie_word_embeddings:
+            del self.lm_head  # its packed copy is all the logits need
+        return pack_linears(self) + 1
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face tensors into the fused parameters; error on anything missing or unknown."""
