@@ -31,55 +31,63 @@ _SOURCE = r"""
 
 static inline float load_f32(const void* p, size_t i) { return ((const float*)p)[i]; }
 static inline float load_bf16(const void* p, size_t i) {
-    uint32_t u = ((uint32_t)((const uint16_t*)p)[i]) << 16; float f; memcpy(&f, &u, 4); return f;
+    union { uint32_t u; float f; } v;
+    v.u = ((uint32_t)((const uint16_t*)p)[i]) << 16;
+    return v.f;
 }
 
+/* One sequence per iteration; each cached token's K (then V) row of all KV heads is read once,
+   contiguously, so the hardware prefetcher sees a plain stream per block. */
 #define DEFINE_DECODE(NAME, LOAD)                                                              \
 void NAME(const float* q, const void* kc, const void* vc, const int32_t* tables,              \
           const int32_t* lens, float* out, int B, int H, int KVH, int D, int bs,               \
           int max_blocks, float scale) {                                                       \
     int g = H / KVH;                                                                           \
-    _Pragma("omp parallel for collapse(2) schedule(static)")                                   \
+    int row = KVH * D;                                                                         \
+    _Pragma("omp parallel for schedule(static)")                                               \
     for (int b = 0; b < B; b++) {                                                              \
-        for (int h = 0; h < KVH; h++) {                                                        \
-            int len = lens[b];                                                                 \
-            float* s = (float*)malloc(sizeof(float) * (size_t)g * len);                        \
-            float kbuf[512];                                                                   \
-            const float* qh = q + ((size_t)b * H + (size_t)h * g) * D;                         \
-            for (int p = 0; p < len; p++) {                                                    \
-                size_t base = (((size_t)tables[b * max_blocks + p / bs] * bs + p % bs) * KVH + h) * D; \
-                for (int d = 0; d < D; d++) kbuf[d] = LOAD(kc, base + d);                      \
-                for (int j = 0; j < g; j++) {                                                  \
-                    const float* qq = qh + (size_t)j * D;                                      \
-                    float acc = 0.f;                                                           \
-                    _Pragma("omp simd reduction(+:acc)")                                       \
-                    for (int d = 0; d < D; d++) acc += qq[d] * kbuf[d];                        \
-                    s[(size_t)j * len + p] = acc * scale;                                      \
-                }                                                                              \
+        int len = lens[b];                                                                     \
+        float* s = (float*)malloc(sizeof(float) * ((size_t)H * len + row));                    \
+        float* buf = s + (size_t)H * len;                                                      \
+        const float* qb = q + (size_t)b * H * D;                                               \
+        const int32_t* table = tables + (size_t)b * max_blocks;                                \
+        for (int p = 0; p < len; p++) {                                                        \
+            size_t base = ((size_t)table[p / bs] * bs + p % bs) * row;                         \
+            _Pragma("omp simd")                                                                \
+            for (int i = 0; i < row; i++) buf[i] = LOAD(kc, base + i);                         \
+            for (int h = 0; h < H; h++) {                                                      \
+                const float* qq = qb + (size_t)h * D;                                          \
+                const float* kk = buf + (size_t)(h / g) * D;                                   \
+                float acc = 0.f;                                                               \
+                _Pragma("omp simd reduction(+:acc)")                                           \
+                for (int d = 0; d < D; d++) acc += qq[d] * kk[d];                              \
+                s[(size_t)h * len + p] = acc * scale;                                          \
             }                                                                                  \
-            for (int j = 0; j < g; j++) {                                                      \
-                float* sj = s + (size_t)j * len;                                               \
-                float m = -INFINITY;                                                           \
-                for (int p = 0; p < len; p++) m = sj[p] > m ? sj[p] : m;                       \
-                float sum = 0.f;                                                               \
-                for (int p = 0; p < len; p++) { sj[p] = expf(sj[p] - m); sum += sj[p]; }       \
-                float inv = 1.f / sum;                                                         \
-                for (int p = 0; p < len; p++) sj[p] *= inv;                                    \
-            }                                                                                  \
-            float* oh = out + ((size_t)b * H + (size_t)h * g) * D;                             \
-            memset(oh, 0, sizeof(float) * (size_t)g * D);                                      \
-            for (int p = 0; p < len; p++) {                                                    \
-                size_t base = (((size_t)tables[b * max_blocks + p / bs] * bs + p % bs) * KVH + h) * D; \
-                for (int d = 0; d < D; d++) kbuf[d] = LOAD(vc, base + d);                      \
-                for (int j = 0; j < g; j++) {                                                  \
-                    float w = s[(size_t)j * len + p];                                          \
-                    float* oo = oh + (size_t)j * D;                                            \
-                    _Pragma("omp simd")                                                        \
-                    for (int d = 0; d < D; d++) oo[d] += w * kbuf[d];                          \
-                }                                                                              \
-            }                                                                                  \
-            free(s);                                                                           \
         }                                                                                      \
+        for (int h = 0; h < H; h++) {                                                          \
+            float* sh = s + (size_t)h * len;                                                   \
+            float m = -INFINITY;                                                               \
+            for (int p = 0; p < len; p++) m = sh[p] > m ? sh[p] : m;                           \
+            float sum = 0.f;                                                                   \
+            for (int p = 0; p < len; p++) { sh[p] = expf(sh[p] - m); sum += sh[p]; }           \
+            float inv = 1.f / sum;                                                             \
+            for (int p = 0; p < len; p++) sh[p] *= inv;                                        \
+        }                                                                                      \
+        float* ob = out + (size_t)b * H * D;                                                   \
+        memset(ob, 0, sizeof(float) * (size_t)H * D);                                          \
+        for (int p = 0; p < len; p++) {                                                        \
+            size_t base = ((size_t)table[p / bs] * bs + p % bs) * row;                         \
+            _Pragma("omp simd")                                                                \
+            for (int i = 0; i < row; i++) buf[i] = LOAD(vc, base + i);                         \
+            for (int h = 0; h < H; h++) {                                                      \
+                float w = s[(size_t)h * len + p];                                              \
+                const float* vv = buf + (size_t)(h / g) * D;                                   \
+                float* oo = ob + (size_t)h * D;                                                \
+                _Pragma("omp simd")                                                            \
+                for (int d = 0; d < D; d++) oo[d] += w * vv[d];                                \
+            }                                                                                  \
+        }                                                                                      \
+        free(s);                                                                               \
     }                                                                                          \
 }
 
@@ -87,7 +95,6 @@ DEFINE_DECODE(paged_decode_f32, load_f32)
 DEFINE_DECODE(paged_decode_bf16, load_bf16)
 """
 
-_MAX_HEAD_DIM = 512
 _lib: ctypes.CDLL | None = None
 _tried = False
 
@@ -139,7 +146,7 @@ def available() -> bool:
 
 
 def supports(k_cache: torch.Tensor) -> bool:
-    return k_cache.dtype in (torch.float32, torch.bfloat16) and k_cache.shape[-1] <= _MAX_HEAD_DIM
+    return k_cache.dtype in (torch.float32, torch.bfloat16)
 
 
 def paged_decode(
