@@ -67,8 +67,10 @@ void NAME(const float* q, const void* kc, const void* vc, const int32_t* tables,
         for (int h = 0; h < H; h++) {                                                          \
             float* sh = s + (size_t)h * len;                                                   \
             float m = -INFINITY;                                                               \
+            _Pragma("omp simd reduction(max:m)")                                               \
             for (int p = 0; p < len; p++) m = sh[p] > m ? sh[p] : m;                           \
             float sum = 0.f;                                                                   \
+            _Pragma("omp simd reduction(+:sum)")                                               \
             for (int p = 0; p < len; p++) { sh[p] = expf(sh[p] - m); sum += sh[p]; }           \
             float inv = 1.f / sum;                                                             \
             for (int p = 0; p < len; p++) sh[p] *= inv;                                        \
@@ -117,7 +119,7 @@ def _build() -> ctypes.CDLL | None:
         src = folder / f"paged_decode_{digest}.c"
         src.write_text(_SOURCE)
         tmp = lib_path.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(tmp), "-lm"]
+        cmd = [cc, "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC", str(src), "-o", str(tmp), "-lm"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             log.warning("building the CPU attention kernel failed, using the PyTorch path:\n%s", proc.stderr[-2000:])
