@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sysconfig
-from pathlib import Path
 
 import torch
 

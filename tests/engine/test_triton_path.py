@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from test_hf_equivalence import hf_greedy, random_prompts
 
 SCRIPT = """
