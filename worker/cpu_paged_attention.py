@@ -50,17 +50,21 @@ void NAME(const float* q, const void* kc, const void* vc, const int32_t* tables,
         float* buf = s + (size_t)H * len;                                                      \
         const float* qb = q + (size_t)b * H * D;                                               \
         const int32_t* table = tables + (size_t)b * max_blocks;                                \
-        for (int p = 0; p < len; p++) {                                                        \
-            size_t base = ((size_t)table[p / bs] * bs + p % bs) * row;                         \
-            _Pragma("omp simd")                                                                \
-            for (int i = 0; i < row; i++) buf[i] = LOAD(kc, base + i);                         \
-            for (int h = 0; h < H; h++) {                                                      \
-                const float* qq = qb + (size_t)h * D;                                          \
-                const float* kk = buf + (size_t)(h / g) * D;                                   \
-                float acc = 0.f;                                                               \
-                _Pragma("omp simd reduction(+:acc)")                                           \
-                for (int d = 0; d < D; d++) acc += qq[d] * kk[d];                              \
-                s[(size_t)h * len + p] = acc * scale;                                          \
+        for (int p0 = 0; p0 < len; p0 += bs) {                                                 \
+            int n = len - p0 < bs ? len - p0 : bs;                                             \
+            size_t block = (size_t)table[p0 / bs] * bs * row;                                  \
+            for (int t = 0; t < n; t++) {                                                      \
+                size_t base = block + (size_t)t * row;                                         \
+                _Pragma("omp simd")                                                            \
+                for (int i = 0; i < row; i++) buf[i] = LOAD(kc, base + i);                     \
+                for (int h = 0; h < H; h++) {                                                  \
+                    const float* qq = qb + (size_t)h * D;                                      \
+                    const float* kk = buf + (size_t)(h / g) * D;                               \
+                    float acc = 0.f;                                                           \
+                    _Pragma("omp simd reduction(+:acc)")                                       \
+                    for (int d = 0; d < D; d++) acc += qq[d] * kk[d];                          \
+                    s[(size_t)h * len + p0 + t] = acc * scale;                                 \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
         for (int h = 0; h < H; h++) {                                                          \
@@ -76,16 +80,20 @@ void NAME(const float* q, const void* kc, const void* vc, const int32_t* tables,
         }                                                                                      \
         float* ob = out + (size_t)b * H * D;                                                   \
         memset(ob, 0, sizeof(float) * (size_t)H * D);                                          \
-        for (int p = 0; p < len; p++) {                                                        \
-            size_t base = ((size_t)table[p / bs] * bs + p % bs) * row;                         \
-            _Pragma("omp simd")                                                                \
-            for (int i = 0; i < row; i++) buf[i] = LOAD(vc, base + i);                         \
-            for (int h = 0; h < H; h++) {                                                      \
-                float w = s[(size_t)h * len + p];                                              \
-                const float* vv = buf + (size_t)(h / g) * D;                                   \
-                float* oo = ob + (size_t)h * D;                                                \
+        for (int p0 = 0; p0 < len; p0 += bs) {                                                 \
+            int n = len - p0 < bs ? len - p0 : bs;                                             \
+            size_t block = (size_t)table[p0 / bs] * bs * row;                                  \
+            for (int t = 0; t < n; t++) {                                                      \
+                size_t base = block + (size_t)t * row;                                         \
                 _Pragma("omp simd")                                                            \
-                for (int d = 0; d < D; d++) oo[d] += w * vv[d];                                \
+                for (int i = 0; i < row; i++) buf[i] = LOAD(vc, base + i);                     \
+                for (int h = 0; h < H; h++) {                                                  \
+                    float w = s[(size_t)h * len + p0 + t];                                     \
+                    const float* vv = buf + (size_t)(h / g) * D;                               \
+                    float* oo = ob + (size_t)h * D;                                            \
+                    _Pragma("omp simd")                                                        \
+                    for (int d = 0; d < D; d++) oo[d] += w * vv[d];                            \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
         free(s);                                                                               \
