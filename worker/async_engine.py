@@ -198,18 +198,23 @@ class AsyncEngine:
     # ----------------------------------------------------------------- requests (loop thread)
     def submit(self, requests: Sequence[EngineRequest], arrival: float | None = None) -> OutputStream:
         """Queue requests for the engine; their outputs arrive on the returned stream."""
+        stream, arrival = self._register(requests, arrival)
+        for r in requests:
+            self._inbox.append((_ADD, (r, arrival)))
+        self._wake.set()
+        return stream
+
+    def _register(self, requests: Sequence[EngineRequest], arrival: float | None) -> tuple[OutputStream, float]:
+        """Check the engine is alive and the ids are new; map every id to one new stream."""
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
-        arrival = time.monotonic() if arrival is None else arrival
         stream = OutputStream([r.request_id for r in requests])
         for r in requests:
             if r.request_id in self._streams:
                 raise ValueError(f"duplicate request id {r.request_id!r}")
         for r in requests:
             self._streams[r.request_id] = stream
-            self._inbox.append((_ADD, (r, arrival)))
-        self._wake.set()
-        return stream
+        return stream, time.monotonic() if arrival is None else arrival
 
     def abort(self, stream: OutputStream) -> None:
         """Abort every unfinished request of a stream; the engine frees their KV blocks at its next turn."""

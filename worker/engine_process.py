@@ -331,15 +331,8 @@ class ProcessAsyncEngine(AsyncEngine):
 
     # ----------------------------------------------------------------- requests (loop thread)
     def submit(self, requests: Sequence[EngineRequest], arrival: float | None = None) -> OutputStream:
-        if self._dead is not None:
-            raise EngineDeadError(str(self._dead))
-        arrival = time.monotonic() if arrival is None else arrival
-        stream = OutputStream([r.request_id for r in requests])
+        stream, arrival = self._register(requests, arrival)
         for r in requests:
-            if r.request_id in self._streams:
-                raise ValueError(f"duplicate request id {r.request_id!r}")
-        for r in requests:
-            self._streams[r.request_id] = stream
             self._tracked[r.request_id] = _Tracked(r.prompt, list(r.prompt_token_ids))
             self._timings[r.request_id] = RequestTiming(arrival, len(r.prompt_token_ids))
             try:
