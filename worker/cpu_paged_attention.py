@@ -17,92 +17,13 @@ import os
 import shutil
 import subprocess
 import sysconfig
+from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
 
-_SOURCE = r"""
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-static inline float load_f32(const void* p, size_t i) { return ((const float*)p)[i]; }
-static inline float load_bf16(const void* p, size_t i) {
-    union { uint32_t u; float f; } v;
-    v.u = ((uint32_t)((const uint16_t*)p)[i]) << 16;
-    return v.f;
-}
-
-/* One sequence per iteration; each cached token's K (then V) row of all KV heads is read once,
-   contiguously, so the hardware prefetcher sees a plain stream per block. */
-#define DEFINE_DECODE(NAME, LOAD)                                                              \
-void NAME(const float* q, const void* kc, const void* vc, const int32_t* tables,              \
-          const int32_t* lens, float* out, int B, int H, int KVH, int D, int bs,               \
-          int max_blocks, float scale) {                                                       \
-    int g = H / KVH;                                                                           \
-    int row = KVH * D;                                                                         \
-    _Pragma("omp parallel for schedule(static)")                                               \
-    for (int b = 0; b < B; b++) {                                                              \
-        int len = lens[b];                                                                     \
-        float* s = (float*)malloc(sizeof(float) * ((size_t)H * len + row));                    \
-        float* buf = s + (size_t)H * len;                                                      \
-        const float* qb = q + (size_t)b * H * D;                                               \
-        const int32_t* table = tables + (size_t)b * max_blocks;                                \
-        for (int p0 = 0; p0 < len; p0 += bs) {                                                 \
-            int n = len - p0 < bs ? len - p0 : bs;                                             \
-            size_t block = (size_t)table[p0 / bs] * bs * row;                                  \
-            for (int t = 0; t < n; t++) {                                                      \
-                size_t base = block + (size_t)t * row;                                         \
-                _Pragma("omp simd")                                                            \
-                for (int i = 0; i < row; i++) buf[i] = LOAD(kc, base + i);                     \
-                for (int h = 0; h < H; h++) {                                                  \
-                    const float* qq = qb + (size_t)h * D;                                      \
-                    const float* kk = buf + (size_t)(h / g) * D;                               \
-                    float acc = 0.f;                                                           \
-                    _Pragma("omp simd reduction(+:acc)")                                       \
-                    for (int d = 0; d < D; d++) acc += qq[d] * kk[d];                          \
-                    s[(size_t)h * len + p0 + t] = acc * scale;                                 \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
-        for (int h = 0; h < H; h++) {                                                          \
-            float* sh = s + (size_t)h * len;                                                   \
-            float m = -INFINITY;                                                               \
-            _Pragma("omp simd reduction(max:m)")                                               \
-            for (int p = 0; p < len; p++) m = sh[p] > m ? sh[p] : m;                           \
-            float sum = 0.f;                                                                   \
-            _Pragma("omp simd reduction(+:sum)")                                               \
-            for (int p = 0; p < len; p++) { sh[p] = expf(sh[p] - m); sum += sh[p]; }           \
-            float inv = 1.f / sum;                                                             \
-            for (int p = 0; p < len; p++) sh[p] *= inv;                                        \
-        }                                                                                      \
-        float* ob = out + (size_t)b * H * D;                                                   \
-        memset(ob, 0, sizeof(float) * (size_t)H * D);                                          \
-        for (int p0 = 0; p0 < len; p0 += bs) {                                                 \
-            int n = len - p0 < bs ? len - p0 : bs;                                             \
-            size_t block = (size_t)table[p0 / bs] * bs * row;                                  \
-            for (int t = 0; t < n; t++) {                                                      \
-                size_t base = block + (size_t)t * row;                                         \
-                _Pragma("omp simd")                                                            \
-                for (int i = 0; i < row; i++) buf[i] = LOAD(vc, base + i);                     \
-                for (int h = 0; h < H; h++) {                                                  \
-                    float w = s[(size_t)h * len + p0 + t];                                     \
-                    const float* vv = buf + (size_t)(h / g) * D;                               \
-                    float* oo = ob + (size_t)h * D;                                            \
-                    _Pragma("omp simd")                                                        \
-                    for (int d = 0; d < D; d++) oo[d] += w * vv[d];                            \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
-        free(s);                                                                               \
-    }                                                                                          \
-}
-
-DEFINE_DECODE(paged_decode_f32, load_f32)
-DEFINE_DECODE(paged_decode_bf16, load_bf16)
-"""
+_SOURCE = (Path(__file__).parent / "cpu_paged_attention.c").read_text()
 
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -137,6 +58,8 @@ def _build() -> ctypes.CDLL | None:
         fn = getattr(lib, name)
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float]
+    lib.paged_decode_variant.restype = ctypes.c_char_p
+    lib.paged_decode_variant.argtypes = []
     return lib
 
 
@@ -154,6 +77,12 @@ def available() -> bool:
     return _lib is not None
 
 
+def variant() -> str:
+    """Which implementation serves head dims 64 and 128 here: "avx512+bf16", "avx512" or "portable"."""
+    assert _lib is not None, "call available() first"
+    return _lib.paged_decode_variant().decode()
+
+
 def supports(k_cache: torch.Tensor) -> bool:
     return k_cache.dtype in (torch.float32, torch.bfloat16)
 
@@ -169,11 +98,11 @@ def paged_decode(
     assert _lib is not None, "call available() first"
     b, h, d = q.shape
     _, bs, kvh, _ = k_cache.shape
-    qf = q.float().contiguous()
-    out = torch.empty_like(qf)
+    qc = q.to(k_cache.dtype).contiguous()
+    out = torch.empty_like(qc)
     tables = block_tables.contiguous()
     lens = context_lens.contiguous()
     fn = _lib.paged_decode_f32 if k_cache.dtype == torch.float32 else _lib.paged_decode_bf16
-    fn(qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
+    fn(qc.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
        b, h, kvh, d, bs, tables.shape[1], float(scale))
     return out.to(q.dtype)

@@ -32,6 +32,8 @@ def tiny_config(arch: str):
         rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 64, "rope_theta": 500000.0}
         return LlamaConfig(vocab_size=vocab, tie_word_embeddings=True, rope_parameters=rope, **TINY)
+    if arch == "llama-hd64":  # the default model's head dim: the C decode kernel's AVX-512 path
+        return LlamaConfig(vocab_size=vocab, tie_word_embeddings=False, head_dim=64, **TINY)
     if arch == "mistral":
         return MistralConfig(vocab_size=vocab, tie_word_embeddings=False, sliding_window=None, **TINY)
     if arch == "qwen2":

@@ -23,16 +23,17 @@ def reference(q, k_cache, v_cache, tables, lens, scale):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (16, 2)])  # GQA ratios 1, 4, 8
-@pytest.mark.parametrize("block_size", [1, 5, 16])
-def test_matches_float64_reference(dtype, tol, heads, kv_heads, block_size):
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (16, 2), (9, 3)])  # GQA ratios 1, 4, 8
+@pytest.mark.parametrize("block_size", [1, 5, 16, 32])
+@pytest.mark.parametrize("d", [40, 64, 128])  # 64 and 128 take the AVX-512 path where the CPU has it
+def test_matches_float64_reference(dtype, tol, heads, kv_heads, block_size, d):
     assert cpu_paged_attention.available(), "the C kernel must build on these machines"
-    gen = torch.Generator().manual_seed(heads * 100 + block_size)
-    num_blocks, d = 64, 40
+    gen = torch.Generator().manual_seed(heads * 100 + block_size + d)
+    num_blocks = 64
     k_cache = torch.randn(num_blocks, block_size, kv_heads, d, generator=gen).to(dtype)
     v_cache = torch.randn(num_blocks, block_size, kv_heads, d, generator=gen).to(dtype)
-    lens = torch.tensor([1, 7, 33, 2 * block_size, 61 // block_size * block_size + 1], dtype=torch.int32)
-    lens = lens.clamp(max=num_blocks * block_size // 5)
+    lens = torch.tensor([1, 7, 16, 17, 33, 2 * block_size, 61 // block_size * block_size + 1, 300], dtype=torch.int32)
+    lens = lens.clamp(max=num_blocks * block_size // 8)
     max_blocks = int(-(-lens.max() // block_size))
     tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:max_blocks] for _ in lens]).int()
     q = torch.randn(len(lens), heads, d, generator=gen).to(dtype)

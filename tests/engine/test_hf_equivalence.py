@@ -9,7 +9,7 @@ import torch
 
 from hetero_infer import LLM, SamplingParams
 
-ARCHS = ["llama", "llama3-tied", "mistral", "qwen2", "qwen3"]  # see conftest.tiny_config
+ARCHS = ["llama", "llama-hd64", "llama3-tied", "mistral", "qwen2", "qwen3"]  # see conftest.tiny_config
 
 MAX_NEW = 10
 

@@ -1,0 +1,320 @@
+/* Paged decode attention for the CPU: one query token per sequence, K/V read in place from the block pool.
+ *
+ * Layouts: q and out [B, H, D]; caches [num_blocks, bs, KVH, D]; tables [B, max_blocks]; lens [B].
+ * q, the caches and out share one element type (float32 or bfloat16); all arithmetic is float32.
+ *
+ * Work is split over (sequence, KV head) pairs; the g = H / KVH query heads of a KV head share every K/V
+ * row they read. Two implementations:
+ *   - AVX-512 (compiled with -march=native on a CPU that has it; D = 64 or 128): scores of 16 tokens are
+ *     summed with one transpose-add tree instead of a horizontal reduction per dot product; bfloat16 dot
+ *     products use VDPBF16PS where the CPU has AVX512_BF16 (exact bf16 x bf16 products, float32 sums);
+ *     the exponential is a vector polynomial; the output accumulators of up to 16 / (D / 16) heads stay
+ *     in registers while V is streamed once per head tile.
+ *   - portable C for everything else (any D), vectorized by the compiler.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float bf16_to_f32(uint16_t x) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)x << 16;
+    return v.f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
+    union { uint32_t u; float f; } v;
+    v.f = f;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* NaN stays NaN */
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+
+/* ---------------------------------------------------------------- portable path */
+
+#define DEFINE_GENERIC(NAME, T, LOAD, STORE)                                                          \
+static void NAME(const T* q, const T* kc, const T* vc, const int32_t* table, int len, T* out, int kh,  \
+                 int g, int KVH, int D, int bs, float scale, float* s, float* qf, float* acc) {        \
+    size_t row = (size_t)KVH * D;                                                                     \
+    for (int i = 0; i < g * D; i++) qf[i] = LOAD(q[(size_t)kh * g * D + i]);                          \
+    for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                            \
+        int n = len - p0 < bs ? len - p0 : bs;                                                        \
+        const T* kb = kc + (size_t)table[blk] * bs * row + (size_t)kh * D;                            \
+        for (int t = 0; t < n; t++) {                                                                 \
+            const T* kr = kb + t * row;                                                               \
+            for (int h = 0; h < g; h++) {                                                             \
+                const float* qq = qf + (size_t)h * D;                                                 \
+                float a = 0.f;                                                                        \
+                _Pragma("omp simd reduction(+:a)")                                                    \
+                for (int d = 0; d < D; d++) a += qq[d] * LOAD(kr[d]);                                 \
+                s[(size_t)h * len + p0 + t] = a * scale;                                              \
+            }                                                                                         \
+        }                                                                                             \
+    }                                                                                                 \
+    for (int h = 0; h < g; h++) {                                                                     \
+        float* sh = s + (size_t)h * len;                                                              \
+        float m = -INFINITY, sum = 0.f;                                                               \
+        for (int p = 0; p < len; p++) m = sh[p] > m ? sh[p] : m;                                      \
+        _Pragma("omp simd reduction(+:sum)")                                                          \
+        for (int p = 0; p < len; p++) { sh[p] = expf(sh[p] - m); sum += sh[p]; }                      \
+        float inv = 1.f / sum;                                                                        \
+        for (int p = 0; p < len; p++) sh[p] *= inv;                                                   \
+    }                                                                                                 \
+    memset(acc, 0, sizeof(float) * (size_t)g * D);                                                    \
+    for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                            \
+        int n = len - p0 < bs ? len - p0 : bs;                                                        \
+        const T* vb = vc + (size_t)table[blk] * bs * row + (size_t)kh * D;                            \
+        for (int t = 0; t < n; t++) {                                                                 \
+            const T* vr = vb + t * row;                                                               \
+            for (int h = 0; h < g; h++) {                                                             \
+                float w = s[(size_t)h * len + p0 + t];                                                \
+                float* oo = acc + (size_t)h * D;                                                      \
+                _Pragma("omp simd")                                                                   \
+                for (int d = 0; d < D; d++) oo[d] += w * LOAD(vr[d]);                                 \
+            }                                                                                         \
+        }                                                                                             \
+    }                                                                                                 \
+    for (int i = 0; i < g * D; i++) out[(size_t)kh * g * D + i] = STORE(acc[i]);                      \
+}
+
+#define ID(x) (x)
+DEFINE_GENERIC(item_generic_f32, float, ID, ID)
+DEFINE_GENERIC(item_generic_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
+
+/* ---------------------------------------------------------------- AVX-512 path */
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define HAVE_AVX512 1
+
+/* exp for x <= 0 (scores minus their max): Cephes' expf polynomial, 2^n applied with scalef. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* r[i] = sum of the 16 lanes of v[i]: a transpose-add tree, 45 instructions for 16 sums. */
+static inline __m512 reduce16(const __m512* v) {
+    __m512 u[8], w[4], x0, x1;
+    for (int i = 0; i < 8; i++)
+        u[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(u[2 * i]), b = _mm512_castps_pd(u[2 * i + 1]);
+        w[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    x0 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
+    x1 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x88), _mm512_shuffle_f32x4(w[2], w[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x88), _mm512_shuffle_f32x4(x0, x1, 0xdd));
+}
+
+/* bfloat16 pairs -> two float32 vectors: the even elements and the odd ones. */
+static inline __m512 bf16_even(__m512i x) { return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)); }
+static inline __m512 bf16_odd(__m512i x) {
+    return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* Dot products of one query head (NC 16-lane chunks, already in registers) with one K row. */
+static inline __m512 dot_f32(const __m512* qv, const float* kr, int nc) {
+    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+    for (int c = 1; c < nc; c++) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), a);
+    return a;
+}
+
+#if defined(__AVX512BF16__)
+typedef __m512bh qvec_bf16;
+static inline qvec_bf16 qload_bf16(const uint16_t* q) { return (__m512bh)_mm512_loadu_si512(q); }
+static inline __m512 dot_bf16(const qvec_bf16* qv, const uint16_t* kr, int nc) { /* nc = D / 32 */
+    __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], (__m512bh)_mm512_loadu_si512(kr));
+    for (int c = 1; c < nc; c++) a = _mm512_dpbf16_ps(a, qv[c], (__m512bh)_mm512_loadu_si512(kr + 32 * c));
+    return a;
+}
+#else
+typedef __m512i qvec_bf16;
+static inline qvec_bf16 qload_bf16(const uint16_t* q) { return _mm512_loadu_si512(q); }
+static inline __m512 dot_bf16(const qvec_bf16* qv, const uint16_t* kr, int nc) {
+    __m512 a = _mm512_setzero_ps();
+    for (int c = 0; c < nc; c++) {
+        __m512i k = _mm512_loadu_si512(kr + 32 * c);
+        a = _mm512_fmadd_ps(bf16_even(qv[c]), bf16_even(k), a);
+        a = _mm512_fmadd_ps(bf16_odd(qv[c]), bf16_odd(k), a);
+    }
+    return a;
+}
+#endif
+
+/* softmax numerators in place over s[0..len); returns 1 / their sum */
+static inline float softmax_row(float* s, int len) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int p = 0;
+    for (; p + 16 <= len; p += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + p));
+    if (p < len) m = _mm512_mask_max_ps(m, (__mmask16)((1u << (len - p)) - 1), m, _mm512_loadu_ps(s + p));
+    __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m)), sum = _mm512_setzero_ps();
+    for (p = 0; p + 16 <= len; p += 16) {
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + p), mx));
+        _mm512_storeu_ps(s + p, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    if (p < len) {
+        __mmask16 k = (__mmask16)((1u << (len - p)) - 1);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + p), mx));
+        _mm512_mask_storeu_ps(s + p, k, e);
+        sum = _mm512_mask_add_ps(sum, k, sum, e);
+    }
+    return 1.f / _mm512_reduce_add_ps(sum);
+}
+
+/* NC = D / 16 chunks per row; HT = heads whose accumulators stay in registers while V streams. */
+#define DEFINE_AVX512(NAME, T, NC, IS_BF16)                                                            \
+static void NAME(const T* q, const T* kc, const T* vc, const int32_t* table, int len, T* out, int kh,   \
+                 int g, int KVH, int bs, float scale, float* s) {                                       \
+    enum { D = NC * 16, HT = 16 / NC };                                                                 \
+    size_t row = (size_t)KVH * D;                                                                       \
+    const T* qh = q + (size_t)kh * g * D;                                                               \
+    /* scores */                                                                                        \
+    for (int h = 0; h < g; h++) {                                                                       \
+        QREGS_##IS_BF16(NC)                                                                             \
+        for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                          \
+            int n = len - p0 < bs ? len - p0 : bs;                                                      \
+            const T* kb = kc + (size_t)table[blk] * bs * row + (size_t)kh * D;                          \
+            for (int t0 = 0; t0 < n; t0 += 16) {                                                        \
+                int m = n - t0 < 16 ? n - t0 : 16;                                                      \
+                __m512 acc[16];                                                                         \
+                _Pragma("GCC unroll 16")                                                                \
+                for (int t = 0; t < 16; t++)                                                            \
+                    acc[t] = t < m ? DOT_##IS_BF16(qv, kb + (size_t)(t0 + t) * row, NC) : _mm512_setzero_ps(); \
+                __m512 r = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale));                         \
+                _mm512_mask_storeu_ps(s + (size_t)h * len + p0 + t0, (__mmask16)((1u << m) - 1), r);    \
+            }                                                                                           \
+        }                                                                                               \
+    }                                                                                                   \
+    float inv[256];                                                                                     \
+    for (int h = 0; h < g; h++) inv[h] = softmax_row(s + (size_t)h * len, len);                        \
+    /* weighted sum of V, HT heads at a time */                                                         \
+    for (int h0 = 0; h0 < g; h0 += HT) {                                                                \
+        int ht = g - h0 < HT ? g - h0 : HT;                                                             \
+        __m512 acc[HT][NC];                                                                             \
+        for (int i = 0; i < HT; i++) for (int c = 0; c < NC; c++) acc[i][c] = _mm512_setzero_ps();      \
+        for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                          \
+            int n = len - p0 < bs ? len - p0 : bs;                                                      \
+            const T* vb = vc + (size_t)table[blk] * bs * row + (size_t)kh * D;                          \
+            for (int t = 0; t < n; t++) {                                                               \
+                const T* vr = vb + (size_t)t * row;                                                     \
+                VROW_##IS_BF16(NC)                                                                      \
+                _Pragma("GCC unroll 16")                                                                \
+                for (int i = 0; i < HT; i++) {                                                          \
+                    if (i < ht) {                                                                       \
+                        __m512 w = _mm512_set1_ps(s[(size_t)(h0 + i) * len + p0 + t]);                  \
+                        _Pragma("GCC unroll 8")                                                         \
+                        for (int c = 0; c < NC; c++) acc[i][c] = _mm512_fmadd_ps(w, vv[c], acc[i][c]); \
+                    }                                                                                   \
+                }                                                                                       \
+            }                                                                                           \
+        }                                                                                               \
+        for (int i = 0; i < ht; i++) {                                                                  \
+            __m512 sc = _mm512_set1_ps(inv[h0 + i]);                                                    \
+            T* o = out + ((size_t)kh * g + h0 + i) * D;                                                 \
+            STORE_##IS_BF16(NC)                                                                         \
+        }                                                                                               \
+    }                                                                                                   \
+}
+
+/* float32 pieces */
+#define QREGS_0(NC) __m512 qv[NC]; for (int c = 0; c < NC; c++) qv[c] = _mm512_loadu_ps(qh + (size_t)h * D + 16 * c);
+#define DOT_0(qv, kr, NC) dot_f32(qv, kr, NC)
+#define VROW_0(NC) __m512 vv[NC]; for (int c = 0; c < NC; c++) vv[c] = _mm512_loadu_ps(vr + 16 * c);
+#define STORE_0(NC) for (int c = 0; c < NC; c++) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[i][c], sc));
+
+/* bfloat16 pieces: V rows are split into even and odd elements (vv[2c], vv[2c+1]), so the accumulators
+   hold the output de-interleaved; STORE puts the elements back in order and rounds to bfloat16. */
+#define QREGS_1(NC) qvec_bf16 qv[NC / 2]; for (int c = 0; c < NC / 2; c++) qv[c] = qload_bf16(qh + (size_t)h * D + 32 * c);
+#define DOT_1(qv, kr, NC) dot_bf16(qv, kr, NC / 2)
+#define VROW_1(NC) __m512 vv[NC];                                                                       \
+    for (int c = 0; c < NC / 2; c++) {                                                                  \
+        __m512i x = _mm512_loadu_si512(vr + 32 * c);                                                    \
+        vv[2 * c] = bf16_even(x); vv[2 * c + 1] = bf16_odd(x);                                          \
+    }
+#define STORE_1(NC)                                                                                     \
+    for (int c = 0; c < NC / 2; c++) {                                                                  \
+        const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);    \
+        const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8); \
+        __m512 e = _mm512_mul_ps(acc[i][2 * c], sc), od = _mm512_mul_ps(acc[i][2 * c + 1], sc);         \
+        store_bf16(o + 32 * c, _mm512_permutex2var_ps(e, lo, od));                                      \
+        store_bf16(o + 32 * c + 16, _mm512_permutex2var_ps(e, hi, od));                                 \
+    }
+
+static inline void store_bf16(uint16_t* dst, __m512 x) {
+#if defined(__AVX512BF16__)
+    _mm256_storeu_si256((__m256i*)dst, (__m256i)_mm512_cvtneps_pbh(x));
+#else
+    float tmp[16];
+    _mm512_storeu_ps(tmp, x);
+    for (int i = 0; i < 16; i++) dst[i] = f32_to_bf16(tmp[i]);
+#endif
+}
+
+DEFINE_AVX512(item_avx512_f32_d64, float, 4, 0)
+DEFINE_AVX512(item_avx512_f32_d128, float, 8, 0)
+DEFINE_AVX512(item_avx512_bf16_d64, uint16_t, 4, 1)
+DEFINE_AVX512(item_avx512_bf16_d128, uint16_t, 8, 1)
+#else
+#define HAVE_AVX512 0
+#endif
+
+/* ---------------------------------------------------------------- entry points */
+
+#define DEFINE_ENTRY(NAME, T, GENERIC, FAST64, FAST128)                                                 \
+void NAME(const T* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens, T* out,     \
+          int B, int H, int KVH, int D, int bs, int max_blocks, float scale) {                          \
+    int g = H / KVH;                                                                                    \
+    int fast = HAVE_AVX512 && (D == 64 || D == 128) && g <= 256;                                        \
+    _Pragma("omp parallel for collapse(2) schedule(dynamic)")                                           \
+    for (int b = 0; b < B; b++) {                                                                       \
+        for (int kh = 0; kh < KVH; kh++) {                                                              \
+            int len = lens[b];                                                                          \
+            const int32_t* table = tables + (size_t)b * max_blocks;                                     \
+            const T* qb = q + (size_t)b * H * D;                                                        \
+            T* ob = out + (size_t)b * H * D;                                                            \
+            float* s = (float*)malloc(sizeof(float) * ((size_t)g * len + 2 * (size_t)g * D));           \
+            if (fast) {                                                                                 \
+                if (D == 64) FAST64(qb, kc, vc, table, len, ob, kh, g, KVH, bs, scale, s);              \
+                else FAST128(qb, kc, vc, table, len, ob, kh, g, KVH, bs, scale, s);                     \
+            } else {                                                                                    \
+                float* qf = s + (size_t)g * len;                                                        \
+                GENERIC(qb, kc, vc, table, len, ob, kh, g, KVH, D, bs, scale, s, qf, qf + (size_t)g * D); \
+            }                                                                                           \
+            free(s);                                                                                    \
+        }                                                                                               \
+    }                                                                                                   \
+}
+
+#if HAVE_AVX512
+DEFINE_ENTRY(paged_decode_f32, float, item_generic_f32, item_avx512_f32_d64, item_avx512_f32_d128)
+DEFINE_ENTRY(paged_decode_bf16, uint16_t, item_generic_bf16, item_avx512_bf16_d64, item_avx512_bf16_d128)
+#else
+#define NONE(...) (void)0
+DEFINE_ENTRY(paged_decode_f32, float, item_generic_f32, NONE, NONE)
+DEFINE_ENTRY(paged_decode_bf16, uint16_t, item_generic_bf16, NONE, NONE)
+#endif
+
+/* which implementation serves D = 64 / 128 (the Python side reports it) */
+const char* paged_decode_variant(void) {
+#if HAVE_AVX512 && defined(__AVX512BF16__)
+    return "avx512+bf16";
+#elif HAVE_AVX512
+    return "avx512";
+#else
+    return "portable";
+#endif
+}
