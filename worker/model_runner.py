@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from hetero_infer.worker import cpu_linear, cpu_paged_attention
+from hetero_infer.worker import cpu_linear, cpu_ops, cpu_paged_attention
 from hetero_infer.worker.attention import AttentionMetadata, PrefillChunk
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.model_loader import iter_safetensors
@@ -74,6 +74,8 @@ class TorchExecutor:
         self.max_model_len = max_model_len
         self.use_kernels = _kernels_available(self.device)
         self.model.use_kernels(self.use_kernels)
+        if self.device.type == "cpu" and cpu_ops.available(self.dtype):
+            self.model.use_cpu_ops()
         self.num_blocks = config.max_num_blocks or self._default_num_blocks()
         self.kv_cache = self._new_kv_cache(self.num_blocks)
         self.kv_caches = _layer_caches(self.kv_cache)

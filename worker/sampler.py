@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hetero_infer.worker import cpu_ops
 from hetero_infer.worker.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -87,7 +88,7 @@ class Sampler:
         tokens = torch.empty(num_rows, dtype=torch.long, device=device)
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         if greedy:
-            tokens[_index(greedy, device)] = _take_rows(x, greedy).max(dim=-1).indices
+            tokens[_index(greedy, device)] = _argmax(_take_rows(x, greedy))
         filtered = [i for i, r in enumerate(rows) if not r.params.greedy and _has_top_k_or_p(r.params, vocab)]
         plain = [i for i, r in enumerate(rows) if not r.params.greedy and not _has_top_k_or_p(r.params, vocab)]
         if filtered:
@@ -123,6 +124,13 @@ def _has_penalties(p: SamplingParams) -> bool:
 
 def _has_top_k_or_p(p: SamplingParams, vocab: int) -> bool:
     return 0 < p.top_k < vocab or p.top_p < 1.0
+
+
+def _argmax(x: torch.Tensor) -> torch.Tensor:
+    """First index of each row's maximum; on the CPU through the vectorized C kernel when it is built."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and cpu_ops.available(x.dtype):
+        return cpu_ops.argmax(x)
+    return x.max(dim=-1).indices
 
 
 def _index(idx: list[int], device: torch.device) -> torch.Tensor:

@@ -13,22 +13,35 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetero_infer.worker.attention import AttentionMetadata, paged_attention
+from hetero_infer.worker import cpu_ops
+from hetero_infer.worker.attention import AttentionMetadata, paged_attention, reference_paged_attention
 
 
 class RMSNorm(nn.Module):
     use_kernels = False  # set per instance by LlamaForCausalLM.use_kernels
+    use_cpu_ops = False  # set per instance by LlamaForCausalLM.use_cpu_ops
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """RMSNorm(x); with `residual`, (RMSNorm(residual + x), residual + x), the sum in x's dtype."""
         if self.use_kernels:
             from hetero_infer import kernels
 
-            return kernels.rms_norm(x, self.weight, self.eps)
+            return kernels.rms_norm(x, self.weight, self.eps, residual)
+        if self.use_cpu_ops and x.dim() == 2 and x.is_contiguous():
+            if residual is None:
+                return cpu_ops.add_rms_norm(None, x, self.weight, self.eps)
+            return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps), residual  # residual updated in place
+        if residual is not None:
+            residual = residual + x
+            return self._norm(residual), residual
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -67,6 +80,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class Attention(nn.Module):
     use_kernels = False
+    use_cpu_ops = False
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__()
@@ -100,6 +114,12 @@ class Attention(nn.Module):
 
             positions, cos_sin_cache = rope
             q, k = kernels.rotary_embedding(positions, q, k, cos_sin_cache)
+        elif self.use_cpu_ops:  # rotary in place and the cache write in one pass
+            positions, cos, sin = rope
+            k_cache, v_cache = kv_cache
+            cpu_ops.rope_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, meta.slot_mapping)
+            o = reference_paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            return self.o_proj(o.reshape(t, hq))
         else:
             cos, sin = rope
             q = q * cos + rotate_half(q) * sin
@@ -110,6 +130,7 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     use_kernels = False
+    use_cpu_ops = False
 
     def __init__(self, config) -> None:
         super().__init__()
@@ -126,6 +147,8 @@ class MLP(nn.Module):
             from hetero_infer import kernels
 
             return self.down_proj(kernels.silu_and_mul(gate_up))
+        if self.use_cpu_ops:
+            return self.down_proj(cpu_ops.silu_and_mul(gate_up))
         return self.down_proj(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
 
 
@@ -137,9 +160,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h, rope, meta, kv_cache):
-        h = h + self.self_attn(self.input_layernorm(h), rope, meta, kv_cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h, residual, rope, meta, kv_cache):
+        """(layer input, residual stream) -> (MLP output, residual stream); residual None on the first layer."""
+        if residual is None:
+            residual = h
+            h = self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(h, rope, meta, kv_cache)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -157,6 +187,7 @@ class LlamaForCausalLM(nn.Module):
         self.sin: torch.Tensor | None = None
         self.cos_sin_cache: torch.Tensor | None = None  # kernels' layout: cos half | sin half
         self.kernels_enabled = False
+        self.cpu_ops_enabled = False
         self.packed_logits_weight: torch.Tensor | None = None
 
     def init_rope(self, dtype: torch.dtype, device) -> None:
@@ -172,15 +203,25 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.use_kernels = enabled
 
+    def use_cpu_ops(self, enabled: bool = True) -> None:
+        """Run norms, rotary + cache write and activation through the fused C ops of `cpu_ops`."""
+        self.cpu_ops_enabled = enabled
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, MLP)):
+                module.use_cpu_ops = enabled
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         if self.kernels_enabled:
             rope = (positions, self.cos_sin_cache)
+        elif self.cpu_ops_enabled:
+            rope = (positions, self.cos, self.sin)
         else:
             rope = (self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+        residual = None
         for layer, kv in zip(self.layers, kv_caches):
-            h = layer(h, rope, meta, kv)
-        return self.norm(h)
+            h, residual = layer(h, residual, rope, meta, kv)
+        return self.norm(h, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed_logits_weight is not None:

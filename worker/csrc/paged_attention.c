@@ -12,24 +12,7 @@
  *     in registers while V is streamed once per head tile.
  *   - portable C for everything else (any D), vectorized by the compiler.
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-static inline float bf16_to_f32(uint16_t x) {
-    union { uint32_t u; float f; } v;
-    v.u = (uint32_t)x << 16;
-    return v.f;
-}
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* NaN stays NaN */
-    v.u += 0x7fffu + ((v.u >> 16) & 1u);
-    return (uint16_t)(v.u >> 16);
-}
+#include "simd.h"
 
 /* ---------------------------------------------------------------- portable path */
 
@@ -84,27 +67,7 @@ DEFINE_GENERIC(item_generic_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
 
 /* ---------------------------------------------------------------- AVX-512 path */
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define HAVE_AVX512 1
-
-/* exp for x <= 0 (scores minus their max): Cephes' expf polynomial, 2^n applied with scalef. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-
+#if HAVE_AVX512
 /* r[i] = sum of the 16 lanes of v[i]: a transpose-add tree, 45 instructions for 16 sums. */
 static inline __m512 reduce16(const __m512* v) {
     __m512 u[8], w[4], x0, x1;
@@ -117,12 +80,6 @@ static inline __m512 reduce16(const __m512* v) {
     x0 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
     x1 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x88), _mm512_shuffle_f32x4(w[2], w[3], 0xdd));
     return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x88), _mm512_shuffle_f32x4(x0, x1, 0xdd));
-}
-
-/* bfloat16 pairs -> two float32 vectors: the even elements and the odd ones. */
-static inline __m512 bf16_even(__m512i x) { return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)); }
-static inline __m512 bf16_odd(__m512i x) {
-    return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 /* Dot products of one query head (NC 16-lane chunks, already in registers) with one K row. */
@@ -254,22 +211,10 @@ static void NAME(const T* q, const T* kc, const T* vc, const int32_t* table, int
         store_bf16(o + 32 * c + 16, _mm512_permutex2var_ps(e, hi, od));                                 \
     }
 
-static inline void store_bf16(uint16_t* dst, __m512 x) {
-#if defined(__AVX512BF16__)
-    _mm256_storeu_si256((__m256i*)dst, (__m256i)_mm512_cvtneps_pbh(x));
-#else
-    float tmp[16];
-    _mm512_storeu_ps(tmp, x);
-    for (int i = 0; i < 16; i++) dst[i] = f32_to_bf16(tmp[i]);
-#endif
-}
-
 DEFINE_AVX512(item_avx512_f32_d64, float, 4, 0)
 DEFINE_AVX512(item_avx512_f32_d128, float, 8, 0)
 DEFINE_AVX512(item_avx512_bf16_d64, uint16_t, 4, 1)
 DEFINE_AVX512(item_avx512_bf16_d128, uint16_t, 8, 1)
-#else
-#define HAVE_AVX512 0
 #endif
 
 /* ---------------------------------------------------------------- entry points */

@@ -1,0 +1,91 @@
+"""The CPU kernels in `worker/csrc/`, compiled once with the system C compiler and loaded through ctypes.
+
+One shared library holds them all (paged decode attention, fused norm/rotary/activation, argmax). It is
+built with `-march=native` into the cache folder, keyed by a digest of the sources, flags and compiler,
+so a change to any of them rebuilds it (about two seconds; no torch headers are needed). Its OpenMP
+calls resolve to the libgomp torch has already loaded, so the kernels share torch's thread pool. Without a
+C compiler, or with HETERO_INFER_CPU_KERNEL=0, `library()` is None and the engine keeps its PyTorch paths.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCES = Path(__file__).parent / "csrc"
+# -ffp-contract=off: a * b + c stays two roundings, as in PyTorch's elementwise ops (float32 outputs then
+# match PyTorch's bit for bit where the same operations run in the same order).
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
+         "-shared", "-fPIC"]
+
+_lib: ctypes.CDLL | None = None
+_tried = False
+_functions: dict[str, object] = {}
+
+
+def _compiler() -> str | None:
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None:
+        cc = shutil.which("gcc") or shutil.which("cc") or ""
+    return cc or None
+
+
+def _build() -> ctypes.CDLL | None:
+    cc = _compiler()
+    if cc is None:
+        log.info("no C compiler found: the engine uses its PyTorch paths on the CPU")
+        return None
+    from hetero_infer.worker.model_loader import cache_dir
+
+    files = sorted(SOURCES.glob("*.[ch]"))
+    digest = hashlib.sha256()
+    for part in [cc, *FLAGS, *(f.name + f.read_text() for f in files)]:
+        digest.update(part.encode())
+    folder = cache_dir() / "cpu_kernels"
+    lib_path = folder / f"hetero_infer_cpu_{digest.hexdigest()[:16]}.so"
+    if not lib_path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = lib_path.with_suffix(f".{os.getpid()}.tmp")
+        sources = [str(f) for f in files if f.suffix == ".c"]
+        proc = subprocess.run([cc, *FLAGS, f"-I{SOURCES}", *sources, "-o", str(tmp), "-lm"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            log.warning("building the CPU kernels failed, using the PyTorch paths:\n%s", proc.stderr[-2000:])
+            return None
+        os.replace(tmp, lib_path)
+    return ctypes.CDLL(str(lib_path))
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library, or None when disabled or unbuildable (the reason is logged once)."""
+    global _lib, _tried
+    if os.environ.get("HETERO_INFER_CPU_KERNEL", "1") == "0":
+        return None
+    if not _tried:
+        _tried = True
+        try:
+            _lib = _build()
+        except OSError as exc:
+            log.warning("CPU kernels unavailable: %s", exc)
+            _lib = None
+    return _lib
+
+
+def function(name: str, argtypes: list, restype=None):
+    """A function of the library with its ctypes signature set, or None without the library."""
+    lib = library()
+    if lib is None:
+        return None
+    fn = _functions.get(name)
+    if fn is None:
+        fn = _functions[name] = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, restype
+    return fn

@@ -1,0 +1,181 @@
+/* Fused elementwise ops of the decoder layer on the CPU, one pass over the data each, with PyTorch's
+ * numerics: the same operations and roundings as the PyTorch expressions they replace (see cpu_ops.py),
+ * float32 arithmetic, bfloat16 results rounded to nearest even at the points PyTorch rounds them.
+ *
+ *   add_rms_norm:  residual += x (optional); out = w * (residual * rsqrt(mean(residual^2) + eps))
+ *   rope_and_cache: neox rotary embedding of q and k in place, then k and v written to their cache slots
+ *   silu_and_mul:  out = silu(gate) * up over [gate | up] rows
+ *   argmax_rows:   first index of each row's maximum (float32)
+ */
+#include "simd.h"
+
+#include <float.h>
+
+/* threads only where the work is worth waking them for: `par` is set by each loop's caller */
+#define PAR_ROWS _Pragma("omp parallel for schedule(static) if (par)")
+
+static inline float rd_f32(float x) { return x; }
+static inline float rd_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+/* ------------------------------------------------------------------ RMSNorm with residual add */
+
+#define DEFINE_ADD_RMS_NORM(NAME, T, LOAD, STORE, ROUND)                                                \
+void NAME(const T* x, T* residual, const T* w, T* out, int rows, int n, float eps) {                     \
+    int par = (rows) >= 64;                                                                                       \
+    PAR_ROWS for (int r = 0; r < rows; r++) {                                                                     \
+        T* res = residual + (size_t)r * n;                                                               \
+        T* o = out + (size_t)r * n;                                                                      \
+        if (x) {                                                                                         \
+            const T* xr = x + (size_t)r * n;                                                             \
+            _Pragma("omp simd")                                                                          \
+            for (int i = 0; i < n; i++) res[i] = STORE(ROUND(LOAD(res[i]) + LOAD(xr[i])));              \
+        }                                                                                                \
+        float ss = 0.f;                                                                                  \
+        _Pragma("omp simd reduction(+:ss)")                                                              \
+        for (int i = 0; i < n; i++) { float v = LOAD(res[i]); ss += v * v; }                            \
+        float inv = 1.0f / sqrtf(ss / n + eps);                                                          \
+        _Pragma("omp simd")                                                                              \
+        for (int i = 0; i < n; i++) o[i] = STORE(LOAD(w[i]) * ROUND(LOAD(res[i]) * inv));                \
+    }                                                                                                    \
+}
+
+#define ID(x) (x)
+DEFINE_ADD_RMS_NORM(add_rms_norm_f32, float, ID, ID, rd_f32)
+DEFINE_ADD_RMS_NORM(add_rms_norm_bf16, uint16_t, bf16_to_f32, f32_to_bf16, rd_bf16)
+
+/* ------------------------------------------------------------------ rotary embedding + KV-cache write */
+
+/* x' = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]; each product and the sum rounded as
+   PyTorch rounds them. cos/sin rows are [D] (both halves), indexed by position. */
+#define DEFINE_ROPE(NAME, T, LOAD, STORE, ROUND)                                                        \
+static inline void NAME##_head(T* x, const T* cs, const T* sn, int D) {                                 \
+    int half = D / 2;                                                                                    \
+    float a[256], b[256];                                                                                \
+    for (int i = 0; i < half; i++) { a[i] = LOAD(x[i]); b[i] = LOAD(x[i + half]); }                      \
+    _Pragma("omp simd")                                                                                  \
+    for (int i = 0; i < half; i++) {                                                                     \
+        x[i] = STORE(ROUND(ROUND(a[i] * LOAD(cs[i])) + ROUND(-b[i] * LOAD(sn[i]))));                     \
+        x[i + half] = STORE(ROUND(ROUND(b[i] * LOAD(cs[i + half])) + ROUND(a[i] * LOAD(sn[i + half])))); \
+    }                                                                                                    \
+}                                                                                                        \
+void NAME(T* q, long q_stride, T* k, long k_stride, const T* v, long v_stride, const int64_t* positions, \
+          const T* cos_t, const T* sin_t, T* k_cache, T* v_cache, const int64_t* slots, int tokens,      \
+          int H, int KVH, int D) {                                                                       \
+    int par = (tokens) >= 64;                                                                                     \
+    PAR_ROWS for (int t = 0; t < tokens; t++) {                                                                   \
+        const T* cs = cos_t + (size_t)positions[t] * D;                                                  \
+        const T* sn = sin_t + (size_t)positions[t] * D;                                                  \
+        for (int h = 0; h < H; h++) NAME##_head(q + t * q_stride + (size_t)h * D, cs, sn, D);            \
+        for (int h = 0; h < KVH; h++) NAME##_head(k + t * k_stride + (size_t)h * D, cs, sn, D);          \
+        if (slots[t] < 0) continue; /* padding row */                                                    \
+        memcpy(k_cache + (size_t)slots[t] * KVH * D, k + t * k_stride, sizeof(T) * (size_t)KVH * D);     \
+        memcpy(v_cache + (size_t)slots[t] * KVH * D, v + t * v_stride, sizeof(T) * (size_t)KVH * D);     \
+    }                                                                                                    \
+}
+
+DEFINE_ROPE(rope_and_cache_f32, float, ID, ID, rd_f32)
+DEFINE_ROPE(rope_and_cache_bf16, uint16_t, bf16_to_f32, f32_to_bf16, rd_bf16)
+
+/* ------------------------------------------------------------------ SiLU and multiply */
+
+/* silu(g) = g / (1 + exp(-g)), as PyTorch's vectorized CPU kernel computes it */
+#if HAVE_AVX512
+static inline __m512 silu512(__m512 g) {
+    __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+void silu_and_mul_f32(const float* gu, float* out, int rows, int n) {
+    int par = (rows * n / 256) >= 64;
+    PAR_ROWS for (int r = 0; r < rows; r++) {
+        const float* g = gu + (size_t)r * 2 * n;
+        const float* u = g + n;
+        float* o = out + (size_t)r * n;
+        int i = 0;
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(o + i, _mm512_mul_ps(silu512(_mm512_loadu_ps(g + i)), _mm512_loadu_ps(u + i)));
+        if (i < n) {
+            __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+            _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(silu512(_mm512_maskz_loadu_ps(m, g + i)),
+                                                          _mm512_maskz_loadu_ps(m, u + i)));
+        }
+    }
+}
+
+static inline __m512 round_bf16x16(__m512 x) { /* float32 -> nearest bfloat16, kept as float32 */
+    uint16_t tmp[16];
+    store_bf16(tmp, x);
+    return load_bf16x16(tmp);
+}
+
+void silu_and_mul_bf16(const uint16_t* gu, uint16_t* out, int rows, int n) {
+    int par = (rows * n / 256) >= 64;
+    PAR_ROWS for (int r = 0; r < rows; r++) {
+        const uint16_t* g = gu + (size_t)r * 2 * n;
+        const uint16_t* u = g + n;
+        uint16_t* o = out + (size_t)r * n;
+        int i = 0;
+        for (; i + 16 <= n; i += 16)
+            store_bf16(o + i, _mm512_mul_ps(round_bf16x16(silu512(load_bf16x16(g + i))), load_bf16x16(u + i)));
+        for (; i < n; i++) {
+            float gv = bf16_to_f32(g[i]);
+            o[i] = f32_to_bf16(rd_bf16(gv / (1.0f + expf(-gv))) * bf16_to_f32(u[i]));
+        }
+    }
+}
+#else
+#define DEFINE_SILU(NAME, T, LOAD, STORE, ROUND)                                                        \
+void NAME(const T* gu, T* out, int rows, int n) {                                                        \
+    int par = (rows * n / 256) >= 64;                                                                             \
+    PAR_ROWS for (int r = 0; r < rows; r++) {                                                                     \
+        const T* g = gu + (size_t)r * 2 * n;                                                             \
+        const T* u = g + n;                                                                              \
+        T* o = out + (size_t)r * n;                                                                      \
+        for (int i = 0; i < n; i++) {                                                                    \
+            float gv = LOAD(g[i]);                                                                       \
+            o[i] = STORE(ROUND(gv / (1.0f + expf(-gv))) * LOAD(u[i]));                                   \
+        }                                                                                                \
+    }                                                                                                    \
+}
+DEFINE_SILU(silu_and_mul_f32, float, ID, ID, rd_f32)
+DEFINE_SILU(silu_and_mul_bf16, uint16_t, bf16_to_f32, f32_to_bf16, rd_bf16)
+#endif
+
+/* ------------------------------------------------------------------ argmax */
+
+/* out[r] = first index of the maximum of row r; -1 if the row holds a NaN (the caller decides then) */
+void argmax_rows(const float* x, int rows, int n, int64_t* out) {
+    int par = (rows * n / 4096) >= 64;
+    PAR_ROWS for (int r = 0; r < rows; r++) {
+        const float* row = x + (size_t)r * n;
+        float best = -INFINITY;
+        int nan = 0;
+#if HAVE_AVX512
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        __mmask16 bad = 0;
+        int i = 0;
+        for (; i + 16 <= n; i += 16) {
+            __m512 v = _mm512_loadu_ps(row + i);
+            bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            m = _mm512_max_ps(m, v);
+        }
+        best = _mm512_reduce_max_ps(m);
+        for (; i < n; i++) {
+            if (row[i] != row[i]) bad = 1;
+            if (row[i] > best) best = row[i];
+        }
+        nan = bad != 0;
+#else
+        for (int i = 0; i < n; i++) {
+            if (row[i] != row[i]) nan = 1;
+            if (row[i] > best) best = row[i];
+        }
+#endif
+        int64_t at = 0;
+        if (nan) at = -1;
+        else
+            for (int i = 0; i < n; i++)
+                if (row[i] == best) { at = i; break; }
+        out[r] = at;
+    }
+}
