@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hetero_infer.worker.outputs import RequestOutput
+from hetero_infer.worker.outputs import CompletionOutput, RequestOutput
 from hetero_infer.worker.sampling_params import SamplingParams
 
 logger = logging.getLogger("hetero_infer.async_engine")
@@ -45,7 +45,8 @@ class RequestRejectedError(ValueError):
 
 class EngineLike(Protocol):
     def add_request(
-        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams
+        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+        *, delta: bool = False,
     ) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
     def step(self) -> list[RequestOutput]: ...
@@ -63,8 +64,8 @@ class EngineRequest:
 
 @dataclass(slots=True)
 class RequestTiming:
-    """One engine request as the engine thread saw it: times are `time.monotonic()`; `num_tokens` is set
-    when it finishes."""
+    """One engine request as the engine thread saw it: times are `time.monotonic()`; `num_tokens` counts the
+    tokens generated so far."""
 
     arrival: float
     prompt_tokens: int
@@ -81,47 +82,187 @@ class TimingSink(Protocol):
     def observe_request(self, timing: RequestTiming, finished_at: float, finish_reason: str) -> None: ...
 
 
-class OutputStream:
-    """Cumulative outputs of one or more engine requests, as seen by the event loop.
+class SampleState:
+    """One sample (choice) of a request, accumulated from delta outputs. Reads like a `CompletionOutput`
+    (`index`, `text`, `token_ids`, `logprobs`, `cumulative_logprob`, `finish_reason`, `stop_reason`), but is the
+    live state: read it on the event loop before yielding to it, or take `output()`, a copy."""
 
-    Only the latest output of each request is kept, so a slow consumer receives coalesced updates.
+    __slots__ = ("index", "token_ids", "_text", "_pieces", "logprobs", "cumulative_logprob", "finish_reason",
+                 "stop_reason")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.token_ids: list[int] = []
+        self._text = ""
+        self._pieces: list[str] = []  # text deltas not yet joined into `_text`
+        self.logprobs: list[dict[int, float]] | None = None
+        self.cumulative_logprob: float | None = None
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+
+    @property
+    def text(self) -> str:
+        if self._pieces:
+            self._pieces.insert(0, self._text)
+            self._text = "".join(self._pieces)
+            self._pieces.clear()
+        return self._text
+
+    def add(self, token_ids: list[int], text: str, logprobs: list[dict[int, float]] | None,
+            cumulative_logprob: float | None, finish_reason: str | None, stop_reason: int | str | None) -> None:
+        if token_ids:
+            self.token_ids += token_ids
+        if text:
+            self._pieces.append(text)
+        if logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = list(logprobs)
+            else:
+                self.logprobs += logprobs
+        self.cumulative_logprob = cumulative_logprob
+        self.finish_reason = finish_reason
+        self.stop_reason = stop_reason
+
+    def output(self) -> CompletionOutput:
+        return CompletionOutput(self.index, self.text, list(self.token_ids), self.cumulative_logprob,
+                                None if self.logprobs is None else list(self.logprobs), self.finish_reason,
+                                self.stop_reason)
+
+
+class RequestState:
+    """One engine request, accumulated from delta outputs. Reads like a `RequestOutput` (`request_id`,
+    `outputs`, `finished`, ...) but is the live state (see `SampleState`); `output()` is a cumulative
+    `RequestOutput` (a copy: later deltas do not change it)."""
+
+    __slots__ = ("request_id", "prompt", "prompt_token_ids", "outputs", "finished", "error", "metrics")
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int]) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.outputs: list[SampleState] = []  # by sample index (they arrive in order)
+        self.finished = False
+        self.error: str | None = None
+        self.metrics: dict[str, float] = {}
+
+    def sample(self, index: int) -> SampleState:
+        samples = self.outputs
+        while len(samples) <= index:
+            samples.append(SampleState(len(samples)))
+        return samples[index]
+
+    def output(self) -> RequestOutput:
+        out = RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [s.output() for s in self.outputs],
+                            self.finished, dict(self.metrics))
+        out.error = self.error
+        return out
+
+
+class OutputStream:
+    """Outputs of one or more engine requests, as seen by the event loop.
+
+    The engine side hands over deltas (`AsyncEngine._apply_entries`); the stream accumulates them per request.
+    `next()` returns the cumulative output of each request that progressed since the previous call (so a slow
+    consumer receives coalesced updates); `next_states()` the same as live `RequestState`s, without copies.
     """
 
-    __slots__ = ("request_ids", "_latest", "_event", "_error", "_unfinished")
+    __slots__ = ("request_ids", "_states", "_changed", "_waiter", "_error", "_unfinished")
 
-    def __init__(self, request_ids: Sequence[str]) -> None:
-        self.request_ids = tuple(request_ids)
-        self._latest: dict[str, RequestOutput] = {}
-        self._event = asyncio.Event()
+    def __init__(self, requests: Sequence[EngineRequest]) -> None:
+        self.request_ids = tuple(r.request_id for r in requests)
+        self._states = {r.request_id: RequestState(r.request_id, r.prompt, r.prompt_token_ids) for r in requests}
+        self._changed: dict[str, RequestState] = {}
+        self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
-        self._unfinished = set(request_ids)
+        self._unfinished = set(self.request_ids)
 
-    def _put(self, output: RequestOutput) -> None:
-        self._latest[output.request_id] = output
-        if output.finished:
-            self._unfinished.discard(output.request_id)
-        self._event.set()
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _changed_request(self, request_id: str, finished: bool) -> RequestState:
+        """The state of a request that the caller is about to update (event-loop thread)."""
+        state = self._states[request_id]
+        self._changed[request_id] = state
+        if finished:
+            self._unfinished.discard(request_id)
+        self._wake()
+        return state
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
             self._error = error
-        self._event.set()
+        self._wake()
 
-    async def next(self) -> list[RequestOutput]:
-        """Wait for news; return the latest output of every request that progressed since the last call.
+    async def next_states(self) -> list[RequestState]:
+        """Wait for news; return the live state of every request that progressed since the last call.
 
         Returns [] once everything has finished; raises the stream's error if it failed.
         """
-        while not self._latest:
+        while not self._changed:
             if self._error is not None:
                 raise self._error
             if not self._unfinished:
                 return []
-            self._event.clear()
-            await self._event.wait()
-        latest = list(self._latest.values())
-        self._latest.clear()
-        return latest
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        changed = list(self._changed.values())
+        self._changed.clear()
+        return changed
+
+    async def next(self) -> list[RequestOutput]:
+        """As `next_states`, as cumulative `RequestOutput`s (copies)."""
+        return [state.output() for state in await self.next_states()]
+
+
+# ------------------------------------------------------------------------------------------- delta entries
+# What the engine side hands the loop, per request that progressed since the previous hand-over: the deltas of
+# all steps in between, merged. An entry: (request id, finished, error, metrics, samples); a sample: (token ids,
+# text, logprobs entries or None, cumulative logprob, finish reason, stop reason).
+
+
+def merge_deltas(pending: dict[str, list], outputs: list[RequestOutput]) -> None:
+    """Merge one step's delta outputs (`add_request(..., delta=True)`) into `pending`: request id -> [finished,
+    error, metrics, samples], a sample [token ids, text pieces, logprobs, cumulative logprob, finish reason,
+    stop reason]. The lists of the outputs are taken over (the engine makes new ones for every output)."""
+    for out in outputs:
+        e = pending.get(out.request_id)
+        if e is None:
+            pending[out.request_id] = [out.finished, out.error, out.metrics, [
+                [c.token_ids, [c.text], c.logprobs, c.cumulative_logprob, c.finish_reason, c.stop_reason]
+                for c in out.outputs]]
+            continue
+        e[0] = out.finished
+        e[1] = out.error
+        e[2] = out.metrics
+        samples = e[3]
+        for c in out.outputs:
+            if c.index >= len(samples):
+                samples.append([c.token_ids, [c.text], c.logprobs, c.cumulative_logprob, c.finish_reason,
+                                c.stop_reason])
+                continue
+            smp = samples[c.index]
+            smp[0] += c.token_ids
+            smp[1].append(c.text)
+            if c.logprobs is not None:
+                if smp[2] is None:
+                    smp[2] = c.logprobs
+                else:
+                    smp[2] += c.logprobs
+            smp[3] = c.cumulative_logprob
+            smp[4] = c.finish_reason
+            smp[5] = c.stop_reason
+
+
+def take_entries(pending: dict[str, list]) -> list[tuple]:
+    """The entries of what `merge_deltas` gathered."""
+    return [(rid, e[0], e[1], e[2], [(ids, "".join(pieces), lps, cum, fr, sr) for ids, pieces, lps, cum, fr, sr
+                                     in e[3]])
+            for rid, e in pending.items()]
 
 
 _ADD = 0
@@ -131,8 +272,8 @@ _ABORT = 1
 class AsyncEngine:
     """Runs an engine on its own thread and exposes it to asyncio code.
 
-    `stream_interval` (seconds) bounds how often the engine thread wakes the event loop: outputs of the
-    steps in between are coalesced (outputs are cumulative, the latest wins). With steps slower than the
+    `stream_interval` (seconds) bounds how often the engine thread wakes the event loop: the delta outputs of
+    the steps in between are merged per request. With steps slower than the
     interval (any real model) every step is delivered at once; with very fast steps (the mock executor)
     the loop is woken at most every `stream_interval`, which keeps the serving overhead per token small.
     """
@@ -147,9 +288,10 @@ class AsyncEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Outputs waiting for the loop (engine thread writes, loop takes), guarded by _lock.
+        # Delta outputs of the steps not yet handed to the loop, merged per request (`merge_deltas`; the
+        # engine thread merges, the loop takes), guarded by _lock.
         self._lock = threading.Lock()
-        self._pending: dict[str, RequestOutput] = {}
+        self._pending: dict[str, list] = {}
         self._delivery_scheduled = False
         # Engine-thread state.
         self._timings: dict[str, RequestTiming] = {}
@@ -208,7 +350,7 @@ class AsyncEngine:
         """Check the engine is alive and the ids are new; map every id to one new stream."""
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
-        stream = OutputStream([r.request_id for r in requests])
+        stream = OutputStream(requests)
         for r in requests:
             if r.request_id in self._streams:
                 raise ValueError(f"duplicate request id {r.request_id!r}")
@@ -252,7 +394,7 @@ class AsyncEngine:
                         request, arrival = item
                         try:
                             engine.add_request(request.request_id, request.prompt, request.prompt_token_ids,
-                                               request.params)
+                                               request.params, delta=True)
                         except Exception as exc:  # a refused request must not stop the engine
                             rejected.append((request.request_id, exc))
                         else:
@@ -276,8 +418,7 @@ class AsyncEngine:
                 if outputs:
                     self._record(outputs, t0, t1)
                     with self._lock:
-                        for out in outputs:
-                            self._pending[out.request_id] = out
+                        merge_deltas(self._pending, outputs)
                     if t1 - last_flush >= self.stream_interval:
                         self._flush(loop)
                         last_flush = t1
@@ -298,26 +439,9 @@ class AsyncEngine:
         loop.call_soon_threadsafe(self._deliver)
 
     def _record(self, outputs: list[RequestOutput], step_start: float, step_end: float) -> None:
-        """Per-request timing (engine thread): first scheduled, first token, gaps between output steps."""
-        timings = self._timings
-        for out in outputs:
-            timing = timings.get(out.request_id)
-            if timing is None:
-                continue
-            if out.error:
-                self._end_timing(out.request_id, step_end, "error")
-                continue
-            # The engine returns an output for a request only when the step gave it new tokens.
-            if timing.last_token is None:
-                timing.first_token = step_end
-                scheduled = out.metrics.get("first_scheduled_time") if out.metrics else None
-                timing.first_scheduled = step_start if scheduled is None else scheduled
-            else:
-                timing.inter_token.append(step_end - timing.last_token)
-            timing.last_token = step_end
-            if out.finished:
-                timing.num_tokens = sum(len(c.token_ids) for c in out.outputs)
-                self._end_timing(out.request_id, step_end, _finish_reason(out))
+        """Per-request timing (engine thread): first scheduled, first token, gaps between output steps, tokens
+        (the outputs are deltas)."""
+        record_step(self._timings, outputs, step_start, step_end, self._end_timing)
 
     def _end_timing(self, rid: str, now: float, reason: str) -> None:
         timing = self._timings.pop(rid, None)
@@ -333,17 +457,27 @@ class AsyncEngine:
             batch = self._pending
             self._pending = {}
             self._delivery_scheduled = False
+        self._apply_entries(take_entries(batch))
+
+    def _apply_entries(self, entries: list[tuple]) -> None:
+        """Merge delta entries into the requests' streams (and end the streams of failed requests)."""
         streams = self._streams
-        for rid, out in batch.items():
+        for rid, finished, error, metrics, samples in entries:
             stream = streams.get(rid)
             if stream is None:  # aborted meanwhile
                 continue
-            if out.finished:
+            if finished:
                 del streams[rid]
-                if out.error:
-                    stream._fail(RequestFailedError(str(out.error)))
+                if error:
+                    stream._fail(RequestFailedError(str(error)))
                     continue
-            stream._put(out)
+            acc = stream._changed_request(rid, finished)
+            for index, (ids, text, logprobs, cum_lp, finish_reason, stop_reason) in enumerate(samples):
+                acc.sample(index).add(ids, text, logprobs, cum_lp, finish_reason, stop_reason)
+            acc.finished = finished
+            acc.error = error
+            if metrics:
+                acc.metrics = metrics
 
     def _on_rejected(self, rejected: list[tuple[str, BaseException]]) -> None:
         for rid, exc in rejected:
@@ -360,6 +494,31 @@ class AsyncEngine:
             stream._fail(error)
         self._streams.clear()
         self._inbox.clear()
+
+
+def record_step(timings: dict[str, RequestTiming], outputs: list[RequestOutput], step_start: float, step_end: float,
+                end: Any) -> None:
+    """Per-request timing of one step's delta outputs: first scheduled, first token, the gap since the request's
+    previous output step, its tokens; `end(request_id, now, finish_reason)` for the requests that ended."""
+    for out in outputs:
+        timing = timings.get(out.request_id)
+        if timing is None:
+            continue
+        if out.error:
+            end(out.request_id, step_end, "error")
+            continue
+        # The engine returns an output for a request only when the step gave it new tokens.
+        if timing.last_token is None:
+            timing.first_token = step_end
+            scheduled = out.metrics.get("first_scheduled_time") if out.metrics else None
+            timing.first_scheduled = step_start if scheduled is None else scheduled
+        else:
+            timing.inter_token.append(step_end - timing.last_token)
+        timing.last_token = step_end
+        for c in out.outputs:
+            timing.num_tokens += len(c.token_ids)
+        if out.finished:
+            end(out.request_id, step_end, _finish_reason(out))
 
 
 def _finish_reason(out: RequestOutput) -> str:

@@ -18,10 +18,11 @@ from hetero_infer.worker.outputs import CompletionOutput, RequestOutput
 from hetero_infer.worker.sampler import Sampler, SamplingRow, make_generator
 from hetero_infer.worker.sampling_params import SamplingParams
 from hetero_infer.worker.scheduler import Scheduler, SchedulerOutput
-from hetero_infer.worker.sequence import Sequence
+from hetero_infer.worker.sequence import Sequence, SequenceStatus
 from hetero_infer.worker.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+_FINISHED = SequenceStatus.FINISHED
 
 
 @dataclass
@@ -47,6 +48,9 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     error: str | None = None
+    # Delta outputs (`add_request(..., delta=True)`): per sample, what earlier outputs already carried
+    # ([tokens, characters of text, logprobs entries]); None for cumulative outputs.
+    sent: list[list[int]] | None = None
 
     @property
     def finished(self) -> bool:
@@ -91,14 +95,20 @@ class LLMEngine:
                                 num_blocks=self.block_manager.num_blocks)
 
     def add_request(
-        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams
+        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+        *, delta: bool = False,
     ) -> None:
+        """Queue a request. Its outputs are cumulative (every output holds all the tokens, text and logprobs so
+        far), or with `delta=True` carry only what is new since the request's previous output (finish reasons,
+        stop reasons and cumulative logprobs stay absolute): what a streaming consumer that accumulates needs,
+        without copying each request's whole output at every step."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         max_tokens = self.validate_request(prompt_token_ids, params)
         seq = self._new_sequence(request_id, list(prompt_token_ids), params, max_tokens, 0)
         seq.forks_pending = params.n - 1
-        self.requests[request_id] = Request(request_id, prompt, list(prompt_token_ids), params, [seq])
+        self.requests[request_id] = Request(request_id, prompt, list(prompt_token_ids), params, [seq],
+                                            sent=[] if delta else None)
         self.scheduler.add(seq)
 
     def _new_sequence(self, request_id, token_ids, params, max_tokens, sample_index) -> Sequence:
@@ -227,20 +237,39 @@ class LLMEngine:
         return outputs
 
     def _output(self, request: Request) -> RequestOutput:
-        finished = request.finished or request.error is not None
+        seqs = request.seqs
+        finished = len(seqs) == request.params.n  # every sample forked and finished (Request.finished)
+        with_logprobs = request.params.logprobs is not None
+        sent = request.sent
         outs = []
-        for seq in request.seqs:
-            outs.append(
-                CompletionOutput(
-                    index=seq.sample_index,
-                    text=seq.detokenizer.emittable_text(seq.is_finished),
-                    token_ids=seq.output_token_ids,
-                    cumulative_logprob=seq.cumulative_logprob if seq.params.logprobs is not None else None,
-                    logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-                    finish_reason=seq.finish_reason,
-                    stop_reason=seq.stop_reason,
-                )
-            )
+        for i, seq in enumerate(seqs):
+            done = seq.status is _FINISHED
+            finished = finished and done
+            text = seq.detokenizer.emittable_text(done)
+            logprobs = seq.logprobs
+            if sent is None:  # cumulative
+                token_ids = seq.token_ids[seq.num_prompt_tokens:]
+                if logprobs is not None:
+                    logprobs = list(logprobs)
+            else:  # delta: only what the previous outputs did not carry
+                if i == len(sent):
+                    sent.append([0, 0, 0])
+                s = sent[i]
+                start = seq.num_prompt_tokens + s[0]
+                token_ids = seq.token_ids[start:]
+                s[0] += len(token_ids)
+                # The emittable text only ever grows (each is a prefix of every later one).
+                n_chars = len(text)
+                text = text[s[1]:]
+                s[1] = n_chars
+                if logprobs is not None:
+                    n_lp = len(logprobs)
+                    logprobs = logprobs[s[2]:]
+                    s[2] = n_lp
+            outs.append(CompletionOutput(seq.sample_index, text, token_ids,
+                                         seq.cumulative_logprob if with_logprobs else None, logprobs,
+                                         seq.finish_reason, seq.stop_reason))
+        finished = finished or request.error is not None
         metrics = {"arrival_time": request.arrival_time}
         if request.first_scheduled_time is not None:
             metrics["first_scheduled_time"] = request.first_scheduled_time

@@ -1,19 +1,20 @@
 """The engine core in its own process, so that the engine loop and the HTTP event loop do not share one GIL.
 
 The child (`spawn` context, daemon) builds `LLMEngine(config)` and loops: it applies the commands of the parent
-(add / abort / shutdown) — without blocking while it has work, blocking when idle —, runs `step()`, and sends
-back per step only what is NEW: for each output the new token ids, new text and new logprobs entries of every
-sample, its finish/stop reasons, error and metrics; plus the `EngineStats` snapshot and the step start/end
-times (`time.monotonic()`, the same clock in both processes on Linux). Steps are batched into one message at
-most every `stream_interval` seconds (and always when the engine turns idle), so a slow parent gets fewer,
-bigger messages rather than a backlog.
+(batches of add / abort / shutdown) — without blocking while it has work, blocking when idle —, runs `step()`
+with delta outputs, and sends back only what is NEW, at most every `stream_interval` seconds (and always when
+the engine turns idle): one entry per request that progressed since the previous message, with the new token
+ids, new text and new logprobs entries of every sample (the deltas of all steps in between, merged), its
+finish/stop reasons, error and metrics; plus the `EngineStats` snapshot and the timing of the requests that
+ended (first scheduled, first token, the gap between every two output steps, tokens: recorded per step in the
+child with `time.monotonic()`, the same clock in both processes on Linux). A slow parent gets fewer, bigger
+messages rather than a backlog.
 
 The parent side is `ProcessAsyncEngine`: the `AsyncEngine` interface the server uses (submit / abort /
-fail_all / stats / healthy / error / shutdown, `OutputStream`), with a receiver thread in place of the engine
-thread. It rebuilds the cumulative `RequestOutput` of each request from the deltas and feeds the same
-pending / flush / deliver machinery and timing recording, so consumers see what they see in thread mode.
-If the child dies (crash, killed), the receiver sees end-of-file and the engine turns dead (/readyz red,
-open requests fail with `EngineDeadError`).
+fail_all / stats / healthy / error / shutdown, `OutputStream`), without a thread: the event loop reads the
+child's pipe when it is readable and merges the deltas into the requests' streams, which hand out cumulative
+outputs exactly as in thread mode. If the child dies (crash, killed), the pipe reads end-of-file and the engine
+turns dead (/readyz red, open requests fail with `EngineDeadError`).
 
 The child never outlives the parent: it is a daemon process (terminated at the parent's exit), it asks the
 kernel for SIGKILL when the parent dies (Linux PR_SET_PDEATHSIG) and it exits on end-of-file of the command
@@ -23,6 +24,8 @@ pipe or when its parent process id changes.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import gc
 import logging
 import multiprocessing
 import os
@@ -41,13 +44,17 @@ from hetero_infer.worker.async_engine import (
     OutputStream,
     RequestTiming,
     TimingSink,
+    merge_deltas,
+    record_step,
+    take_entries,
 )
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.outputs import CompletionOutput, RequestOutput
 
 logger = logging.getLogger("hetero_infer.engine_process")
 
 _PROTO = pickle.HIGHEST_PROTOCOL  # 5 on the supported Pythons
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
+_PIPE_SIZE = 1 << 20
 
 # Commands (parent -> child)
 _C_ADD, _C_ABORT, _C_SHUTDOWN = 0, 1, 2
@@ -99,6 +106,10 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
     except BaseException as exc:
         out_conn.send_bytes(pickle.dumps((_M_LOAD_ERROR, f"{type(exc).__name__}: {exc}"), _PROTO))
         return
+    # As the server does once loaded (`freeze_startup_objects`): full garbage collections must not walk the
+    # model, the tokenizer and the modules again and again.
+    gc.collect()
+    gc.freeze()
     out_conn.send_bytes(pickle.dumps((_M_READY, (limits, engine.stats())), _PROTO))
     try:
         _child_loop(engine, cmd_conn, out_conn, parent_pid, interval)
@@ -112,101 +123,78 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
             pass
 
 
-class _Sent:
-    """What the parent already has of one sample: lengths of tokens, text and logprobs."""
-
-    __slots__ = ("tokens", "text_len", "logprobs")
-
-    def __init__(self) -> None:
-        self.tokens = 0
-        self.text_len = 0
-        self.logprobs = 0
-
-
 def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, interval: float) -> None:
+    """Apply commands, step, and send what is new at most every `interval` seconds (always when idle).
+
+    Requests are added with delta outputs; the deltas of the steps between two messages are merged per request
+    here, so a message holds one entry per request that progressed (not one per step), and the per-request
+    timing (first token, the gap between output steps, tokens) is recorded here too, per step, and sent when
+    the request ends.
+    """
     loads, dumps = pickle.loads, pickle.dumps
-    sent: dict[str, dict[int, _Sent]] = {}
-    steps: list[tuple[float, float, list[tuple]]] = []
+    pending: dict[str, list] = {}  # the deltas of the steps since the last message (`merge_deltas`)
+    timings: dict[str, RequestTiming] = {}
+    ended: list[tuple] = []  # (request id, timing fields, end time, finish reason)
     rejected: list[tuple[str, str, bool]] = []
-    aborted: list[str] = []
+    num_steps = 0
     last_send = 0.0
     dirty = False  # something happened since the last message (stats to refresh)
 
+    def end(rid: str, now: float, reason: str) -> None:
+        t = timings.pop(rid, None)
+        if t is not None:
+            ended.append((rid, (t.first_scheduled, t.first_token, t.last_token, t.inter_token, t.num_tokens), now,
+                          reason))
+
     def send() -> None:
-        nonlocal steps, rejected, aborted, dirty
-        out_conn.send_bytes(dumps((_M_BATCH, (steps, rejected, aborted, engine.stats())), _PROTO))
-        steps, rejected, aborted = [], [], []
+        nonlocal pending, ended, rejected, num_steps, dirty
+        out_conn.send_bytes(dumps((_M_BATCH, (num_steps, take_entries(pending), rejected, ended, engine.stats())),
+                                  _PROTO))
+        pending, ended, rejected = {}, [], []
+        num_steps = 0
         dirty = False
 
     while True:
         busy = engine.has_unfinished_requests()
         if not busy:
-            if dirty or steps or rejected or aborted:
+            if dirty or pending or rejected or ended:
                 send()
             # Idle: block on the command pipe, checking now and then that the parent still lives.
             while not cmd_conn.poll(1.0):
                 if os.getppid() != parent_pid:
                     return
         while cmd_conn.poll():
-            kind, item = loads(cmd_conn.recv_bytes())
             dirty = True
-            if kind == _C_ADD:
-                rid, prompt, ids, params = item
-                try:
-                    engine.add_request(rid, prompt, ids, params)
-                except Exception as exc:  # a refused request must not stop the engine
-                    rejected.append((rid, str(exc), isinstance(exc, ValueError)))
-            elif kind == _C_ABORT:
-                for rid in item:
-                    if rid in engine.requests:
-                        engine.abort_request(rid)
-                        aborted.append(rid)
-                    sent.pop(rid, None)
-            else:
-                return
+            for kind, item in loads(cmd_conn.recv_bytes()):
+                if kind == _C_ADD:
+                    rid, prompt, ids, params = item
+                    try:
+                        engine.add_request(rid, prompt, ids, params, delta=True)
+                    except Exception as exc:  # a refused request must not stop the engine
+                        rejected.append((rid, str(exc), isinstance(exc, ValueError)))
+                    else:
+                        timings[rid] = RequestTiming(0.0, len(ids))
+                elif kind == _C_ABORT:
+                    now = time.monotonic()
+                    for rid in item:
+                        if rid in engine.requests:
+                            engine.abort_request(rid)
+                            end(rid, now, "abort")
+                        pending.pop(rid, None)
+                else:
+                    return
         if not engine.has_unfinished_requests():
             continue
         t0 = time.monotonic()
         outputs = engine.step()
         t1 = time.monotonic()
+        num_steps += 1
         if outputs:
-            steps.append((t0, t1, [_delta(out, sent) for out in outputs]))
-        if t1 - last_send >= interval and (steps or rejected or aborted):
+            record_step(timings, outputs, t0, t1, end)
+            merge_deltas(pending, outputs)
+        if t1 - last_send >= interval:
             send()
             last_send = t1
-
-
-def _delta(out: RequestOutput, sent: dict[str, dict[int, _Sent]]) -> tuple:
-    per = sent.get(out.request_id)
-    metrics = None
-    if per is None:
-        per = sent[out.request_id] = {}
-        metrics = out.metrics
-    samples = []
-    for c in out.outputs:
-        s = per.get(c.index)
-        if s is None:
-            s = per[c.index] = _Sent()
-        new_ids = c.token_ids[s.tokens:]
-        s.tokens = len(c.token_ids)
-        # The engine's text only ever grows (the detokenizer emits prefixes of every later text); a shorter one
-        # (never expected) is sent whole.
-        text = c.text
-        if len(text) >= s.text_len:
-            new_text, reset = text[s.text_len:], False
-        else:
-            new_text, reset = text, True
-        s.text_len = len(text)
-        new_lp = None
-        if c.logprobs is not None:
-            new_lp = c.logprobs[s.logprobs:]
-            s.logprobs = len(c.logprobs)
-        samples.append((c.index, new_ids, new_text, reset, new_lp, c.cumulative_logprob, c.finish_reason,
-                        c.stop_reason))
-    if out.finished:
-        sent.pop(out.request_id, None)
-        metrics = out.metrics
-    return (out.request_id, out.finished, out.error, metrics, samples)
 
 
 # ============================================================================ parent
@@ -229,6 +217,11 @@ class EngineProcess:
         self.process.start()
         self._cmd_recv.close()  # the child's ends: closed here, so that either side's death reads as EOF
         self._out_send.close()
+        for conn in (self.cmd_conn, self.out_conn):  # room for bursts, so that neither side waits on the other
+            try:
+                fcntl.fcntl(conn.fileno(), _F_SETPIPE_SZ, _PIPE_SIZE)
+            except OSError:
+                pass
 
     def wait_ready(self) -> EngineLimits:
         """Block until the child has built its engine (RuntimeError with its reason if it could not)."""
@@ -243,8 +236,9 @@ class EngineProcess:
         self.limits, self.initial_stats = item
         return self.limits
 
-    def send(self, kind: int, item: Any) -> None:
-        data = pickle.dumps((kind, item), _PROTO)
+    def send(self, commands: list[tuple[int, Any]]) -> None:
+        """Send commands (kind, item) to the child, in one message."""
+        data = pickle.dumps(commands, _PROTO)
         with self._send_lock:
             self.cmd_conn.send_bytes(data)
 
@@ -252,7 +246,7 @@ class EngineProcess:
         """Ask the child to stop, then make sure it is gone (terminate, then kill)."""
         if self.process.is_alive():
             try:
-                self.send(_C_SHUTDOWN, None)
+                self.send([(_C_SHUTDOWN, None)])
             except OSError:
                 pass
             self.process.join(timeout)
@@ -273,202 +267,149 @@ class EngineProcess:
         return self.process.pid
 
 
-class _Sample:
-    __slots__ = ("index", "token_ids", "text", "logprobs", "cumulative_logprob", "finish_reason", "stop_reason")
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.token_ids: list[int] = []
-        self.text: list[str] = []  # pieces, joined when an output is built
-        self.logprobs: list[dict[int, float]] | None = None
-        self.cumulative_logprob: float | None = None
-        self.finish_reason: str | None = None
-        self.stop_reason: int | str | None = None
-
-
-class _Tracked:
-    __slots__ = ("prompt", "prompt_token_ids", "samples", "order", "finished", "error", "metrics")
-
-    def __init__(self, prompt: str | None, prompt_token_ids: list[int]) -> None:
-        self.prompt = prompt
-        self.prompt_token_ids = prompt_token_ids
-        self.samples: dict[int, _Sample] = {}
-        self.order: list[_Sample] = []
-        self.finished = False
-        self.error: str | None = None
-        self.metrics: dict[str, float] = {}
-
-
 class ProcessAsyncEngine(AsyncEngine):
-    """`AsyncEngine` whose engine runs in an `EngineProcess`; a receiver thread takes the engine thread's place."""
+    """`AsyncEngine` whose engine runs in an `EngineProcess`.
+
+    There is no thread on this side: the event loop reads the child's messages itself when its pipe is readable
+    (`add_reader`) and merges them straight into the requests' streams; commands to the child are batched per
+    loop iteration (one pickle, one write).
+    """
 
     def __init__(self, core: EngineProcess, *, timing_sink: TimingSink | None = None,
                  stream_interval: float = 0.0) -> None:
         super().__init__(None, timing_sink=timing_sink, stream_interval=stream_interval)  # type: ignore[arg-type]
         self.core = core
-        self._tracked: dict[str, _Tracked] = {}  # written by the loop (submit), read/popped by the receiver
+        self._started = False
+        self._fd = -1
+        self._buf = bytearray()
+        self._outbox: list[tuple[int, Any]] = []
 
     # ----------------------------------------------------------------- lifecycle (loop thread)
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        if self._thread is not None:
+        if self._started:
             raise RuntimeError("AsyncEngine already started")
         self._loop = loop or asyncio.get_running_loop()
         self._stats = self.core.initial_stats
-        self._thread = threading.Thread(target=self._run, name="engine-receiver", daemon=True)
-        self._thread.start()
+        self._fd = self.core.out_conn.fileno()
+        os.set_blocking(self._fd, False)
+        self._loop.add_reader(self._fd, self._on_readable)
+        self._started = True
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stop = True
+        self._send_outbox()
+        self._remove_reader()
         self.core.stop(timeout)
-        if self._thread is not None:
-            self._thread.join(timeout)
         if self._dead is None:
             self._on_dead(EngineDeadError("the engine was shut down"))
 
+    def _remove_reader(self) -> None:
+        if self._fd >= 0 and self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        self._fd = -1
+
     @property
     def healthy(self) -> bool:
-        return super().healthy and self.core.process.is_alive()
+        return self._dead is None and self._started and not self._stop and self.core.process.is_alive()
 
     # ----------------------------------------------------------------- requests (loop thread)
     def submit(self, requests: Sequence[EngineRequest], arrival: float | None = None) -> OutputStream:
         stream, arrival = self._register(requests, arrival)
         for r in requests:
-            self._tracked[r.request_id] = _Tracked(r.prompt, list(r.prompt_token_ids))
             self._timings[r.request_id] = RequestTiming(arrival, len(r.prompt_token_ids))
-            try:
-                self.core.send(_C_ADD, (r.request_id, r.prompt, r.prompt_token_ids, r.params))
-            except OSError as exc:  # the child is gone; the receiver reports it
-                raise EngineDeadError(f"the engine process is gone: {exc}") from None
+            self._command(_C_ADD, (r.request_id, r.prompt, r.prompt_token_ids, r.params))
         return stream
 
     def abort(self, stream: OutputStream) -> None:
         rids = [rid for rid in stream.request_ids if self._streams.pop(rid, None) is not None]
         if rids:
+            self._command(_C_ABORT, rids)
+
+    def _command(self, kind: int, item: Any) -> None:
+        """Queue a command; everything queued in one loop iteration goes to the child in one message."""
+        if not self._outbox:
+            assert self._loop is not None
+            self._loop.call_soon(self._send_outbox)
+        self._outbox.append((kind, item))
+
+    def _send_outbox(self) -> None:
+        commands, self._outbox = self._outbox, []
+        if commands and self._dead is None:
             try:
-                self.core.send(_C_ABORT, rids)
-            except OSError:
+                self.core.send(commands)
+            except OSError:  # the child is gone: its pipe reads end-of-file, which fails everything
                 pass
 
-    # ----------------------------------------------------------------- receiver thread
-    def _run(self) -> None:
-        loop = self._loop
-        assert loop is not None
-        conn = self.core.out_conn
-        loads = pickle.loads
+    # ----------------------------------------------------------------- messages (loop thread)
+    def _on_readable(self) -> None:
         try:
-            while not self._stop:
-                try:
-                    data = conn.recv_bytes()
-                except (EOFError, OSError):
-                    if self._stop:
-                        return
-                    self.core.process.join(2)
-                    raise EngineDeadError(
-                        f"engine failure: the engine process exited (exit code {self.core.process.exitcode})"
-                    ) from None
-                kind, item = loads(data)
-                if kind == _M_FATAL:
-                    raise EngineDeadError(item)
-                steps, rejected, aborted, stats = item
-                now = time.monotonic()
-                for rid in aborted:
-                    self._tracked.pop(rid, None)
-                    self._end_timing(rid, now, "abort")
-                if rejected:
-                    errs: list[tuple[str, BaseException]] = []
-                    for rid, message, is_value_error in rejected:
-                        self._tracked.pop(rid, None)
-                        self._timings.pop(rid, None)
-                        errs.append((rid, ValueError(message) if is_value_error else RuntimeError(message)))
-                    loop.call_soon_threadsafe(self._on_rejected, errs)
-                touched: dict[str, _Tracked] = {}
-                for t0, t1, deltas in steps:
-                    self._apply(deltas, t0, t1, touched)
-                    self.steps += 1
-                if touched:
-                    with self._lock:
-                        pending = self._pending
-                        for rid, t in touched.items():
-                            pending[rid] = _build(rid, t)
-                self._stats = stats
-                self._flush(loop)
-        except BaseException as exc:
-            err = exc if isinstance(exc, EngineDeadError) else \
-                EngineDeadError(f"engine failure: {type(exc).__name__}: {exc}")
-            logger.error("%s; the engine is stopped", err)
+            data = os.read(self._fd, _PIPE_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # end of file: the child is gone
+            self._remove_reader()
+            if not self._stop:
+                self.core.process.join(2)
+                self._fail_dead(f"engine failure: the engine process exited (exit code {self.core.process.exitcode})")
+            return
+        buf = self._buf
+        buf += data
+        pos, n = 0, len(buf)
+        messages = []
+        while n - pos >= 4:  # multiprocessing.Connection framing: a signed 32-bit size, or -1 and a 64-bit one
+            size = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
+            head = 4
+            if size == -1:
+                if n - pos < 12:
+                    break
+                size = int.from_bytes(buf[pos + 4:pos + 12], "big")
+                head = 12
+            if n - pos - head < size:
+                break
+            messages.append(buf[pos + head:pos + head + size])
+            pos += head + size
+        del buf[:pos]
+        for data in messages:
+            if self._dead is not None:
+                return
             try:
-                loop.call_soon_threadsafe(self._on_dead, err)
-            except RuntimeError:  # loop already closed
-                pass
+                kind, item = pickle.loads(data)
+                if kind == _M_FATAL:
+                    self._fail_dead(item)
+                elif kind == _M_BATCH:
+                    self._apply(*item)
+            except Exception as exc:  # a message we cannot use: the engine can no longer be trusted
+                logger.exception("bad message from the engine process")
+                self._fail_dead(f"engine failure: {type(exc).__name__}: {exc}")
 
-    def _apply(self, deltas: list[tuple], step_start: float, step_end: float, touched: dict[str, _Tracked]) -> None:
-        """Append the deltas of one step to the requests' state and record their timing (as `_record` does in
-        thread mode); the outputs are built once per message, for the requests touched."""
-        tracked = self._tracked
+    def _fail_dead(self, message: str) -> None:
+        err = EngineDeadError(message)
+        logger.error("%s; the engine is stopped", err)
+        self._remove_reader()
+        self._on_dead(err)
+
+    def _apply(self, num_steps: int, entries: list[tuple], rejected: list[tuple[str, str, bool]],
+               ended: list[tuple], stats: Any) -> None:
+        """One message of the child: merge its deltas into the streams, end the timings of finished requests."""
+        self.steps += num_steps
+        self._stats = stats
+        if rejected:
+            errs: list[tuple[str, BaseException]] = []
+            for rid, message, is_value_error in rejected:
+                self._timings.pop(rid, None)
+                errs.append((rid, ValueError(message) if is_value_error else RuntimeError(message)))
+            self._on_rejected(errs)
+        self._apply_entries(entries)
         timings = self._timings
-        for rid, finished, error, metrics, samples in deltas:
-            t = tracked.pop(rid, None) if finished else tracked.get(rid)
-            if t is None:  # aborted meanwhile
-                continue
-            for index, new_ids, new_text, reset, new_lp, cum_lp, finish_reason, stop_reason in samples:
-                s = t.samples.get(index)
-                if s is None:
-                    s = t.samples[index] = _Sample(index)
-                    t.order.append(s)
-                s.token_ids += new_ids
-                if reset:
-                    s.text = [new_text]
-                elif new_text:
-                    s.text.append(new_text)
-                if new_lp is not None:
-                    if s.logprobs is None:
-                        s.logprobs = []
-                    s.logprobs += new_lp
-                s.cumulative_logprob = cum_lp
-                s.finish_reason = finish_reason
-                s.stop_reason = stop_reason
-            if metrics is not None:
-                t.metrics = metrics
-            t.finished = finished
-            t.error = error
-            touched[rid] = t
+        for rid, (first_scheduled, first_token, last_token, inter_token, num_tokens), now, reason in ended:
             timing = timings.get(rid)
             if timing is None:
                 continue
-            if error:
-                self._end_timing(rid, step_end, "error")
-                continue
-            if timing.last_token is None:
-                timing.first_token = step_end
-                scheduled = t.metrics.get("first_scheduled_time")
-                timing.first_scheduled = step_start if scheduled is None else scheduled
-            else:
-                timing.inter_token.append(step_end - timing.last_token)
-            timing.last_token = step_end
-            if finished:
-                timing.num_tokens = sum(len(s.token_ids) for s in t.order)
-                self._end_timing(rid, step_end, _finish_reason_of(t))
-
-
-def _build(rid: str, t: _Tracked) -> RequestOutput:
-    outs = []
-    for s in t.order:
-        if len(s.text) > 1:
-            s.text = ["".join(s.text)]
-        outs.append(CompletionOutput(s.index, s.text[0] if s.text else "", list(s.token_ids), s.cumulative_logprob,
-                                     list(s.logprobs) if s.logprobs is not None else None, s.finish_reason,
-                                     s.stop_reason))
-    out = RequestOutput(rid, t.prompt, t.prompt_token_ids, outs, t.finished, dict(t.metrics))
-    out.error = t.error
-    return out
-
-
-def _finish_reason_of(t: _Tracked) -> str:
-    reasons = {s.finish_reason for s in t.order}
-    for r in ("error", "abort", "length"):
-        if r in reasons:
-            return r
-    return "stop"
+            timing.first_scheduled, timing.first_token, timing.last_token = first_scheduled, first_token, last_token
+            timing.inter_token, timing.num_tokens = inter_token, num_tokens
+            self._end_timing(rid, now, reason)
 
 
 class EngineInfo:

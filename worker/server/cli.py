@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import gc
 import logging
 import os
 import signal
@@ -172,6 +173,15 @@ def main(argv: list[str] | None = None) -> int:
         listener.stop()  # writes out what is still queued
 
 
+def freeze_startup_objects() -> None:
+    """Move everything allocated so far (modules, the model, the tokenizer: several 100k objects) out of the
+    cyclic garbage collector's reach (`gc.freeze`), once loading is over. Otherwise every full collection,
+    which the objects of requests in flight trigger every few hundred milliseconds under load, walks all of
+    them again (about 200 ms each on the mock executor's process, a third of the serving CPU)."""
+    gc.collect()
+    gc.freeze()
+
+
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
     if future.done():
         return
@@ -301,6 +311,7 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
     core = rest[0] if rest else None
     async_engine = state.start_engine(engine, max_num_seqs=engine_config.max_num_seqs, tokenizer=tokenizer,
                                       core=core)
+    freeze_startup_objects()
     logger.info("ready: serving %s (max_model_len %d, executor %s, engine %s)", engine.model_name,
                 engine.max_model_len, engine_config.executor,
                 f"process pid {core.pid}" if core is not None else "thread")

@@ -26,8 +26,9 @@ from hetero_infer.worker.async_engine import (
     OutputStream,
     RequestFailedError,
     RequestRejectedError,
+    RequestState,
+    SampleState,
 )
-from hetero_infer.worker.outputs import CompletionOutput, RequestOutput
 from hetero_infer.worker.sampling_params import SamplingParams
 from hetero_infer.worker.server.errors import APIError, bad_request
 from hetero_infer.worker.server.ids import new_id
@@ -265,10 +266,10 @@ _STREAM_ERRORS = (APIError, RequestRejectedError, RequestFailedError, EngineDead
 
 
 async def _collect(stream: OutputStream, fmt: Formatter) -> web.Response:
-    latest: dict[str, RequestOutput] = {}
+    latest: dict[str, RequestState] = {}
     try:
         while True:
-            outputs = await stream.next()
+            outputs = await stream.next_states()
             if not outputs:
                 break
             for out in outputs:
@@ -288,12 +289,12 @@ async def _stream(request: web.Request, stream: OutputStream, fmt: Formatter, in
     fmt.set_include_usage(include_usage)
     await resp.prepare(request)  # the client learns at once that the request was accepted
     try:
-        outputs = await stream.next()
+        outputs = await stream.next_states()
         while outputs:
             chunks = fmt.chunks(outputs)
             if chunks:
                 await resp.write("".join(f"data: {c}\n\n" for c in chunks).encode())
-            outputs = await stream.next()
+            outputs = await stream.next_states()
         tail = b""
         if include_usage:
             tail = b"data: " + _dumps(fmt.usage_chunk()).encode() + b"\n\n"
@@ -328,7 +329,8 @@ class _Choice:
 
 
 class Formatter(ABC):
-    """Turns cumulative engine outputs into OpenAI responses and stream chunks."""
+    """Turns the requests' accumulated outputs (`RequestState`, read at once on the loop) into OpenAI responses
+    and stream chunks."""
 
     object_name = ""
     chunk_object = ""
@@ -365,7 +367,7 @@ class Formatter(ABC):
         return {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
                 "choices": [], "usage": self.usage()}
 
-    def _outputs(self, outputs: list[RequestOutput]) -> list[tuple[int, CompletionOutput]]:
+    def _outputs(self, outputs: list[RequestState]) -> list[tuple[int, SampleState]]:
         found = []
         for out in outputs:
             base = self.prompt_index[out.request_id] * self.n
@@ -373,7 +375,7 @@ class Formatter(ABC):
                 found.append((base + c.index, c))
         return found
 
-    def chunks(self, outputs: list[RequestOutput]) -> list[str]:
+    def chunks(self, outputs: list[RequestState]) -> list[str]:
         """Stream chunks (JSON text) for everything new in `outputs` (one chunk per choice that changed)."""
         chunks = []
         for idx, c in self._outputs(outputs):
@@ -394,7 +396,7 @@ class Formatter(ABC):
             chunks.append(chunk)
         return chunks
 
-    def response(self, latest: dict[str, RequestOutput]) -> dict[str, Any]:
+    def response(self, latest: dict[str, RequestState]) -> dict[str, Any]:
         choices = []
         for idx, c in sorted(self._outputs(list(latest.values())), key=lambda x: x[0]):
             self.completion_tokens[idx] = len(c.token_ids)
@@ -406,7 +408,7 @@ class Formatter(ABC):
         """A whole chunk around one choice's JSON (the constant parts are encoded once per request)."""
         return self._chunk_head + choice + self._chunk_tail
 
-    def _token_logprobs(self, c: CompletionOutput, start: int, end: int, top_n: int) -> list[tuple[str, float, list[tuple[str, float]]]]:
+    def _token_logprobs(self, c: SampleState, start: int, end: int, top_n: int) -> list[tuple[str, float, list[tuple[str, float]]]]:
         """(token text, logprob, top-N (text, logprob)) for generated tokens [start, end)."""
         entries = c.logprobs or []
         text_of = self.state.token_text
@@ -419,11 +421,11 @@ class Formatter(ABC):
         return result
 
     @abstractmethod
-    def _chunk(self, idx: int, c: CompletionOutput, ch: _Choice, new_text: str, new_tokens: int) -> dict[str, Any]:
+    def _chunk(self, idx: int, c: SampleState, ch: _Choice, new_text: str, new_tokens: int) -> dict[str, Any]:
         """The stream chunk for one choice that changed."""
 
     @abstractmethod
-    def _choice(self, idx: int, c: CompletionOutput) -> dict[str, Any]:
+    def _choice(self, idx: int, c: SampleState) -> dict[str, Any]:
         """The final (non-streamed) choice."""
 
 
@@ -445,7 +447,7 @@ class CompletionFormatter(Formatter):
             self._echo_text[p_idx] = p.text if p.text is not None else self.state.tokenizer.decode(p.token_ids)
         return self._echo_text[p_idx]
 
-    def _logprobs(self, c: CompletionOutput, start: int, end: int, offset: int) -> tuple[dict[str, Any], int]:
+    def _logprobs(self, c: SampleState, start: int, end: int, offset: int) -> tuple[dict[str, Any], int]:
         tokens, token_lps, tops, offsets = [], [], [], []
         for text, lp, top in self._token_logprobs(c, start, end, self.top_n or 0):
             tokens.append(text)
@@ -455,7 +457,7 @@ class CompletionFormatter(Formatter):
             offset += len(text)
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}, offset
 
-    def _chunk(self, idx: int, c: CompletionOutput, ch: _Choice, new_text: str, new_tokens: int) -> dict[str, Any]:
+    def _chunk(self, idx: int, c: SampleState, ch: _Choice, new_text: str, new_tokens: int) -> dict[str, Any]:
         if self.echo and not ch.started:
             new_text = self._prompt_text(idx) + new_text
         logprobs = None
@@ -469,7 +471,7 @@ class CompletionFormatter(Formatter):
         return self._base_chunk(_dumps({"index": idx, "text": new_text, "logprobs": logprobs,
                                         "finish_reason": c.finish_reason}))
 
-    def _choice(self, idx: int, c: CompletionOutput) -> dict[str, Any]:
+    def _choice(self, idx: int, c: SampleState) -> dict[str, Any]:
         prefix = self._prompt_text(idx) if self.echo else ""
         logprobs = None
         if self.top_n is not None:
@@ -486,7 +488,7 @@ class ChatFormatter(Formatter):
         super().__init__(state, req, prompts)
         self.top_n = (req.top_logprobs or 0) if req.logprobs else None
 
-    def _logprobs(self, c: CompletionOutput, start: int, end: int) -> dict[str, Any]:
+    def _logprobs(self, c: SampleState, start: int, end: int) -> dict[str, Any]:
         content = []
         for text, lp, top in self._token_logprobs(c, start, end, self.top_n or 0):
             content.append({
@@ -495,7 +497,7 @@ class ChatFormatter(Formatter):
             })
         return {"content": content}
 
-    def _chunk(self, idx: int, c: CompletionOutput, ch: _Choice, new_text: str, new_tokens: int) -> dict[str, Any]:
+    def _chunk(self, idx: int, c: SampleState, ch: _Choice, new_text: str, new_tokens: int) -> dict[str, Any]:
         role = "" if ch.started else '"role":"assistant",'
         if self.top_n is None:
             return self._base_chunk(f'{{"index":{idx},"delta":{{{role}"content":{_str(new_text)}}},"logprobs":null,'
@@ -505,7 +507,7 @@ class ChatFormatter(Formatter):
         return self._base_chunk(_dumps({"index": idx, "delta": delta, "logprobs": logprobs,
                                         "finish_reason": c.finish_reason}))
 
-    def _choice(self, idx: int, c: CompletionOutput) -> dict[str, Any]:
+    def _choice(self, idx: int, c: SampleState) -> dict[str, Any]:
         logprobs = self._logprobs(c, 0, len(c.token_ids)) if self.top_n is not None else None
         return {"index": idx, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
                 "finish_reason": c.finish_reason}
