@@ -31,7 +31,8 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor | None = None  # [Bd] int32
     decode_gather_index: torch.Tensor | None = None  # [Bd, Lmax] int64 (reference path)
     decode_mask: torch.Tensor | None = None  # [Bd, 1, 1, Lmax] bool (reference path)
-    cpu_decode_kernel: bool = False  # decode attention through the C kernel (CPU, no gather)
+    row_block_tables: torch.Tensor | None = None  # [T, max_blocks] int32: every row through the C kernel (CPU)
+    row_context_lens: torch.Tensor | None = None  # [T] int32: each row's causal context length
     prefill_chunks: tuple[PrefillChunk, ...] = ()
     prefill_block_tables: torch.Tensor | None = None  # [Bp, max_blocks] int32 (kernel path)
     prefill_cu_seqlens_q: torch.Tensor | None = None  # [Bp + 1] int32 (kernel path)
@@ -78,15 +79,14 @@ def reference_paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata
     kvh, d = k_cache.shape[-2:]
     flat_k = k_cache.view(-1, kvh, d)
     flat_v = v_cache.view(-1, kvh, d)
-    out = torch.empty_like(q)
     nd = meta.num_decode_tokens
-    if nd and meta.cpu_decode_kernel:
+    if meta.row_block_tables is not None:
         from hetero_infer.worker import cpu_paged_attention
 
-        out[:nd] = cpu_paged_attention.paged_decode(
-            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
-        )
-    elif nd:
+        return cpu_paged_attention.paged_decode(q, k_cache, v_cache, meta.row_block_tables, meta.row_context_lens,
+                                                scale)
+    out = torch.empty_like(q)
+    if nd:
         idx = meta.decode_gather_index  # [Bd, L]
         keys = flat_k[idx].transpose(1, 2)  # [Bd, KVH, L, D]
         values = flat_v[idx].transpose(1, 2)

@@ -74,13 +74,14 @@ class TorchExecutor:
         self.max_model_len = max_model_len
         self.use_kernels = _kernels_available(self.device)
         self.model.use_kernels(self.use_kernels)
-        if self.device.type == "cpu" and cpu_ops.available(self.dtype):
+        if self.device.type == "cpu" and not self.use_kernels and cpu_ops.available(self.dtype):
             self.model.use_cpu_ops()
         self.num_blocks = config.max_num_blocks or self._default_num_blocks()
         self.kv_cache = self._new_kv_cache(self.num_blocks)
         self.kv_caches = _layer_caches(self.kv_cache)
-        self.cpu_decode_kernel = (
-            self.device.type == "cpu" and cpu_paged_attention.supports(self.kv_cache) and cpu_paged_attention.available()
+        self.cpu_decode_kernel = (  # attention of every row through the C kernel (CPU, not the Triton path)
+            self.device.type == "cpu" and not self.use_kernels and cpu_paged_attention.supports(self.kv_cache)
+            and cpu_paged_attention.available()
         )
         self.decode_runner: DecodeRunner | None = None
         if self.device.type == "cuda" and self.use_kernels:
@@ -196,6 +197,9 @@ class TorchExecutor:
         prefill_tables: list[list[int]] = []
         cu_q = [0]
         prefill_lens: list[int] = []
+        item_tables: list[list[int]] = []  # C-kernel attention: one table per item, one context length per row
+        row_items: list[np.ndarray] = []
+        row_lens: list[np.ndarray] = []
         row = 0
         for item in sched.scheduled:
             seq = item.seq
@@ -206,9 +210,13 @@ class TorchExecutor:
             tokens.extend(seq.token_ids[start:end])
             pos.append(p)
             slots.append(table[p // bs] * bs + p % bs)
+            if self.cpu_decode_kernel:
+                row_items.append(np.full(n, len(item_tables), dtype=np.int64))
+                row_lens.append(p.astype(np.int32) + 1)  # causal: each row sees its prefix and itself
+                item_tables.append(seq.block_table)
             if seq.is_prefill:
                 gather = None
-                if start > 0 and not self.use_kernels:
+                if start > 0 and not (self.use_kernels or self.cpu_decode_kernel):
                     allp = np.arange(end, dtype=np.int64)
                     gather = self._h2d(torch.from_numpy(table[allp // bs] * bs + allp % bs))
                 chunks.append(PrefillChunk(row, n, end, gather))
@@ -226,13 +234,18 @@ class TorchExecutor:
             num_decode_tokens=len(decode_lens),
             prefill_chunks=tuple(chunks),
             use_kernels=self.use_kernels,
-            cpu_decode_kernel=self.cpu_decode_kernel,
         )
-        if decode_lens:
+        if self.cpu_decode_kernel:
+            # Every query row, prefill rows too, attends over its causal prefix in the cache through the C
+            # kernel: one call per layer, no gather, cached prefixes included.
+            tables = _pad_tables(item_tables).numpy()
+            meta.row_block_tables = torch.from_numpy(np.ascontiguousarray(tables[np.concatenate(row_items)]))
+            meta.row_context_lens = torch.from_numpy(np.concatenate(row_lens))
+        elif decode_lens:
             table_t = self._h2d(_pad_tables(decode_tables))
             lens_t = self._h2d(torch.tensor(decode_lens, dtype=torch.int32))
             meta.decode_block_tables, meta.decode_context_lens = table_t, lens_t
-            if not (self.use_kernels or self.cpu_decode_kernel):
+            if not self.use_kernels:
                 lmax = max(decode_lens)
                 idx = (table_t.long()[:, :, None] * bs + torch.arange(bs, device=dev)).flatten(1)[:, :lmax]
                 meta.decode_gather_index = idx
