@@ -41,6 +41,7 @@ class Run:
     latencies: list[float]
     cpu_seconds: float | None = None  # CPU time of the serving side (engine thread, or the whole server with
     # its engine process)
+    client_cpu_seconds: float | None = None  # HTTP: CPU time of the load generator (this process)
 
     @property
     def tokens_per_s(self) -> float:
@@ -162,20 +163,25 @@ def tree_cpu_seconds(pid: int) -> float | None:
 
 
 async def run_http(url: str, prompts: list[list[int]], output_len: int, concurrency: int,
-                   server_pid: int | None = None) -> Run:
-    """Streaming /v1/completions requests, `concurrency` at a time, tokens counted from `usage`."""
+                   server_pid: int | None = None, client: str = "lean") -> Run:
+    """Streaming /v1/completions requests, `concurrency` at a time, tokens counted from `usage`; `client` "lean"
+    (keep-alive connections driven by `_SSEConnection`) or "aiohttp" (`aiohttp.ClientSession`)."""
     queue = list(prompts)
     latencies: list[float] = []
     tokens = 0
+    host, port = _host_port(url)
 
-    async def worker(session: aiohttp.ClientSession) -> None:
+    def body(ids: list[int]) -> bytes:
+        return json.dumps({"prompt": ids, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
+                           "stream": True, "stream_options": {"include_usage": True}}).encode()
+
+    async def aiohttp_worker(session: aiohttp.ClientSession) -> None:
         nonlocal tokens
         while queue:
-            ids = queue.pop()
-            body = {"prompt": ids, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
-                    "stream": True, "stream_options": {"include_usage": True}}
+            data = body(queue.pop())
             t = time.perf_counter()
-            async with session.post(url + "/v1/completions", json=body) as resp:
+            async with session.post(url + "/v1/completions", data=data,
+                                    headers={"Content-Type": "application/json"}) as resp:
                 if resp.status != 200:
                     raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
                 usage = None
@@ -185,14 +191,116 @@ async def run_http(url: str, prompts: list[list[int]], output_len: int, concurre
             latencies.append(time.perf_counter() - t)
             tokens += usage["completion_tokens"] if usage else 0
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        cpu0 = tree_cpu_seconds(server_pid) if server_pid else None
-        t0 = time.perf_counter()
-        await asyncio.gather(*[worker(session) for _ in range(concurrency)])
-        seconds = time.perf_counter() - t0
-        cpu1 = tree_cpu_seconds(server_pid) if server_pid else None
+    async def lean_worker() -> None:
+        nonlocal tokens
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(_SSEConnection, host, port)
+        try:
+            while queue:
+                data = body(queue.pop())
+                request = (b"POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n" % (host.encode(), port, len(data))) + data
+                t = time.perf_counter()
+                last = await conn.request(request)
+                latencies.append(time.perf_counter() - t)
+                usage = None
+                for line in last.split(b"\n"):
+                    if line.startswith(b'data: {"id"') and b'"usage":{' in line:
+                        usage = json.loads(line[6:])["usage"]
+                tokens += usage["completion_tokens"] if usage else 0
+        finally:
+            conn.close()
+
+    cpu0 = tree_cpu_seconds(server_pid) if server_pid else None
+    own0 = time.process_time()
+    t0 = time.perf_counter()
+    if client == "aiohttp":
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await asyncio.gather(*[aiohttp_worker(session) for _ in range(concurrency)])
+    else:
+        await asyncio.gather(*[lean_worker() for _ in range(concurrency)])
+    seconds = time.perf_counter() - t0
+    own = time.process_time() - own0
+    cpu1 = tree_cpu_seconds(server_pid) if server_pid else None
     cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
-    return Run("HTTP", seconds, tokens, latencies, cpu)
+    return Run("HTTP", seconds, tokens, latencies, cpu, own)
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    m = re.match(r"http://([^:/]+):(\d+)", url)
+    if not m:
+        raise ValueError(f"not an http://host:port URL: {url}")
+    return m.group(1), int(m.group(2))
+
+
+class _SSEConnection(asyncio.Protocol):
+    """The lean load generator: one keep-alive HTTP/1.1 connection, one streaming request at a time. It parses the
+    status line and the chunked body, and keeps the body's last non-empty chunk (the usage event and [DONE]):
+    a small fraction of the CPU of an `aiohttp` client, which matters because the load generator shares the
+    machine (here: 2 CPUs) with the server it measures."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.future: asyncio.Future[bytes] | None = None
+        self.in_body = False
+        self.last = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def request(self, data: bytes) -> asyncio.Future[bytes]:
+        assert self.transport is not None and self.future is None
+        self.future = asyncio.get_running_loop().create_future()
+        self.in_body = False
+        self.last = b""
+        self.transport.write(data)
+        return self.future
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos = 0
+        if not self.in_body:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(buf[:end])
+            if not head.startswith(b"HTTP/1.1 200") or b"transfer-encoding: chunked" not in head.lower():
+                self._fail(RuntimeError(f"unexpected response: {head[:200]!r}"))
+                return
+            self.in_body = True
+            pos = end + 4
+        while True:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            size = int(buf[pos:eol], 16)
+            if len(buf) < eol + 2 + size + 2:
+                break
+            if size == 0:  # the last chunk: the response is complete
+                del buf[:eol + 4]
+                future, self.future = self.future, None
+                if future is not None and not future.done():
+                    future.set_result(self.last)
+                return
+            self.last = bytes(buf[eol + 2:eol + 2 + size])
+            pos = eol + 2 + size + 2
+        del buf[:pos]
+
+    def _fail(self, exc: BaseException) -> None:
+        future, self.future = self.future, None
+        if future is not None and not future.done():
+            future.set_exception(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._fail(exc or ConnectionError("connection closed"))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
 
 def start_server(extra: list[str]) -> tuple[subprocess.Popen[str], str]:
@@ -230,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--process-engine", action="store_true",
                    help="also run the engine in its own process (as `serve --engine-process`), driven by "
                    "asyncio tasks, no HTTP")
+    p.add_argument("--client", choices=("lean", "aiohttp"), default="lean",
+                   help="the HTTP load generator: lean keep-alive connections (default) or aiohttp.ClientSession "
+                   "(several times the CPU per token, taken from the same CPUs as the server's)")
     p.add_argument("--output-json", help="write the runs as JSON")
     args = p.parse_args(argv)
 
@@ -247,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.process_engine:
         runs["process engine"] = []
     try:
-        asyncio.run(run_http(url, prompts[:16], args.output_len, 16))  # warm-up
+        asyncio.run(run_http(url, prompts[:16], args.output_len, 16, client=args.client))  # warm-up
         run_engine(engine, prompts[:16], args.output_len, 16, "warm")
         for r in range(args.repeats):
             runs["engine"].append(run_engine(engine, prompts, args.output_len, args.concurrency, f"e{r}"))
@@ -261,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                 core.wait_ready()
                 runs["process engine"].append(asyncio.run(run_async_engine(
                     engine, prompts, args.output_len, args.concurrency, f"p{r}", args.stream_interval, core)))
-            runs["HTTP"].append(asyncio.run(run_http(url, prompts, args.output_len, args.concurrency, proc.pid)))
+            runs["HTTP"].append(asyncio.run(run_http(url, prompts, args.output_len, args.concurrency, proc.pid,
+                                                     args.client)))
     finally:
         proc.terminate()
         proc.wait(30)
@@ -287,10 +399,15 @@ def main(argv: list[str] | None = None) -> int:
         c_text = f"{c:.1f} | {c / cpu['engine'] - 1.0:+.1%}" if c is not None and "engine" in cpu else "n/a | n/a"
         print(f"| {mode} | {run.tokens_per_s:,.0f} | {change:+.1%} | {median[mode]:,.0f} | {run.latency(0.5):.3f} / "
               f"{run.latency(0.99):.3f} | {c_text} |")
+    client_cpu = [r.client_cpu_seconds / r.tokens * 1e6 for r in runs["HTTP"] if r.client_cpu_seconds is not None]
+    if client_cpu:
+        print(f"\nload generator ({args.client} client, in this process, on the same CPUs): "
+              f"{min(client_cpu):.1f} µs CPU per token (least of the runs)")
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump({m: [{"tokens_per_s": r.tokens_per_s, "seconds": r.seconds, "tokens": r.tokens,
-                            "cpu_seconds": r.cpu_seconds, "latency_p50": r.latency(0.5),
+                            "cpu_seconds": r.cpu_seconds, "client_cpu_seconds": r.client_cpu_seconds,
+                            "latency_p50": r.latency(0.5),
                             "latency_p99": r.latency(0.99)} for r in rs]
                        for m, rs in runs.items()}, f, indent=2)
     return 0
