@@ -176,6 +176,11 @@ class OutputStream:
         self._error: BaseException | None = None
         self._unfinished = set(self.request_ids)
 
+    @property
+    def done(self) -> bool:
+        """Every request finished and everything taken: the next `next_states()` returns []."""
+        return not self._unfinished and not self._changed and self._error is None
+
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,6 +53,12 @@ def test_keys_never_logged_and_access_log_is_structured(keyed: ServerProcess) ->
     http("GET", keyed.url + "/v1/models?api_key=" + FILE_KEY, headers={"Authorization": f"Bearer {FILE_KEY}",
                                                                       "X-Request-Id": "auth-log-1"})
     http("GET", keyed.url + "/v1/models", headers={"Authorization": "Bearer " + ENV_KEY + "-typo"})
+    deadline = time.monotonic() + 10  # records are written by a background thread, in batches
+    while time.monotonic() < deadline:
+        access = [r for r in keyed.records() if r.get("logger") == "hetero_infer.access"]
+        if any(r.get("request_id") == "auth-log-1" for r in access) and any(r["status"] == 401 for r in access):
+            break
+        time.sleep(0.02)
     log = keyed.log()
     assert FILE_KEY not in log and ENV_KEY not in log
     access = [r for r in keyed.records() if r.get("logger") == "hetero_infer.access"]

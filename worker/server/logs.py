@@ -1,18 +1,18 @@
 """Logging: JSON lines (default) or text, and an access logger that writes one record per request.
 
 Access records carry the request id, method, path (never the query string), status, duration and the
-response size. Headers are never logged, so API keys never reach the logs. Records are written by a
-background thread (the event loop only enqueues them).
+response size. Headers are never logged, so API keys never reach the logs. Records are formatted and written
+by a background thread, in batches (the event loop only appends them to a queue).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
-import queue
 import sys
+import threading
 import time
-from logging.handlers import QueueHandler, QueueListener
 from typing import Any
 
 from aiohttp.abc import AbstractAccessLogger
@@ -51,37 +51,93 @@ class TextFormatter(logging.Formatter):
         return f"{line} {' '.join(extras)}" if extras else line
 
 
-class _EnqueueHandler(QueueHandler):
-    """Hands records to the writer thread; only merges the message (and a traceback) on the caller's side."""
-
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        if record.exc_info and not record.exc_text:
-            record.exc_text = _TRACEBACK.formatException(record.exc_info)
-        record.msg = record.getMessage()
-        record.args = None
-        record.exc_info = None
-        return record
-
-
 _TRACEBACK = logging.Formatter()
 
 
-def setup_logging(level: str, fmt: str) -> QueueListener:
+def _prepare(record: logging.LogRecord) -> logging.LogRecord:
+    """Merge the message (and a traceback) on the caller's side, so the writer thread formats plain data."""
+    if record.exc_info and not record.exc_text:
+        record.exc_text = _TRACEBACK.formatException(record.exc_info)
+    record.msg = record.getMessage()
+    record.args = None
+    record.exc_info = None
+    return record
+
+
+class LogWriter(logging.Handler):
+    """Hands records to a writer thread that formats and writes them in batches.
+
+    A record is only appended to a deque on the caller's side: the writer is woken once per batch (at most every
+    `interval` seconds while records keep coming), not once per record, which would cost the event loop a
+    thread wake-up (and a GIL hand-over) per request. Warnings and errors wake it at once. `stop()` writes out
+    what is still queued.
+    """
+
+    def __init__(self, target: logging.Handler, interval: float = 0.05) -> None:
+        super().__init__()
+        self.target = target
+        self.interval = interval
+        self._records: collections.deque[logging.LogRecord] = collections.deque()
+        self._wake = threading.Event()
+        self._urgent = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def handle(self, record: logging.LogRecord) -> bool:  # no handler lock: deque.append is thread-safe
+        if not self.filter(record):
+            return False
+        self._records.append(_prepare(record))
+        if record.levelno >= logging.WARNING:
+            self._urgent.set()
+            self._wake.set()
+        elif not self._wake.is_set():
+            self._wake.set()
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.handle(record)
+
+    def _run(self) -> None:
+        records = self._records
+        while True:
+            self._wake.wait()
+            if not self._stopped:
+                self._urgent.wait(self.interval)  # gather a batch, unless something urgent came
+            self._wake.clear()
+            self._urgent.clear()
+            while records:
+                self.target.handle(records.popleft())
+            if self._stopped:
+                return
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._urgent.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+        while self._records:  # never started, or did not stop in time
+            self.target.handle(self._records.popleft())
+
+
+def setup_logging(level: str, fmt: str) -> LogWriter:
     """Log records are formatted and written by a background thread, so the event loop never waits on
-    stderr. Returns the listener: `stop()` it before exiting to flush what is queued."""
+    stderr. Returns the writer: `stop()` it before exiting to flush what is queued."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    listener = QueueListener(records, handler)
+    writer = LogWriter(handler)
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
-    root.addHandler(_EnqueueHandler(records))
+    root.addHandler(writer)
     root.setLevel(level.upper())
     # aiohttp's own access logger would duplicate ours.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    listener.start()
-    return listener
+    writer.start()
+    return writer
 
 
 class AccessLogger(AbstractAccessLogger):

@@ -150,6 +150,14 @@ class ServerMetrics(Collector):
         self._http = Counter("hetero_infer_http_requests", "HTTP requests by route and status.",
                              [LABEL, "route", "status"], registry=r)
         self._bound = False
+        self._children: dict[tuple, Any] = {}  # (counter, label values) -> its labelled child (hot paths)
+
+    def _child(self, counter: Counter, *labels: str) -> Any:
+        key = (id(counter), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(*labels)
+        return child
 
     def bind(self, model_name: str, stats: Callable[[], Any], healthy: Callable[[], bool]) -> None:
         """Attach the engine once it is loaded (before that, engine metrics export no samples)."""
@@ -176,13 +184,13 @@ class ServerMetrics(Collector):
         self.prompt_len.observe(timing.prompt_tokens)
         if finish_reason in ("stop", "length"):
             self.gen_len.observe(timing.num_tokens)
-        self._finished.labels(self.model_name, finish_reason).inc()
+        self._child(self._finished, self.model_name, finish_reason).inc()
 
     def rejected(self, reason: str) -> None:
-        self._rejected.labels(self.model_name, reason).inc()
+        self._child(self._rejected, self.model_name, reason).inc()
 
     def http_request(self, route: str, status: int) -> None:
-        self._http.labels(self.model_name, route, str(status)).inc()
+        self._child(self._http, self.model_name, route, str(status)).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

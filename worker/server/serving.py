@@ -289,16 +289,20 @@ async def _stream(request: web.Request, stream: OutputStream, fmt: Formatter, in
     fmt.set_include_usage(include_usage)
     await resp.prepare(request)  # the client learns at once that the request was accepted
     try:
+        last = b""
         outputs = await stream.next_states()
         while outputs:
             chunks = fmt.chunks(outputs)
-            if chunks:
-                await resp.write("".join(f"data: {c}\n\n" for c in chunks).encode())
+            data = "".join(f"data: {c}\n\n" for c in chunks).encode() if chunks else b""
+            if stream.done:  # nothing more to wait for: these events go out with the end of the stream
+                last = data
+                break
+            if data:
+                await resp.write(data)
             outputs = await stream.next_states()
-        tail = b""
         if include_usage:
-            tail = b"data: " + _dumps(fmt.usage_chunk()).encode() + b"\n\n"
-        await resp.write_eof(tail + _DONE)  # the last event and the end of the body in one write
+            last += b"data: " + _dumps(fmt.usage_chunk()).encode() + b"\n\n"
+        await resp.write_eof(last + _DONE)  # the last events and the end of the body in one write
     except _STREAM_ERRORS as exc:
         err = _as_api_error(exc)
         await resp.write_eof(b"data: " + _dumps(err.body()).encode() + b"\n\n" + _DONE)
