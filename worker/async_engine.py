@@ -226,20 +226,23 @@ class OutputStream:
 
 # ------------------------------------------------------------------------------------------- delta entries
 # What the engine side hands the loop, per request that progressed since the previous hand-over: the deltas of
-# all steps in between, merged. An entry: (request id, finished, error, metrics, samples); a sample: (token ids,
-# text, logprobs entries or None, cumulative logprob, finish reason, stop reason).
+# all steps in between, merged. An entry: (request id, finished, error, metrics, samples, step times); a sample:
+# (token ids, text, logprobs entries or None, cumulative logprob, finish reason, stop reason); step times: the
+# end of every step that gave the request tokens (`time.monotonic()`), when the caller of `merge_deltas` asked
+# for them (process mode: the parent records the per-request timing from them), else None.
 
 
-def merge_deltas(pending: dict[str, list], outputs: list[RequestOutput]) -> None:
+def merge_deltas(pending: dict[str, list], outputs: list[RequestOutput], step_end: float | None = None) -> None:
     """Merge one step's delta outputs (`add_request(..., delta=True)`) into `pending`: request id -> [finished,
-    error, metrics, samples], a sample [token ids, text pieces, logprobs, cumulative logprob, finish reason,
-    stop reason]. The lists of the outputs are taken over (the engine makes new ones for every output)."""
+    error, metrics, samples, step times], a sample [token ids, text pieces, logprobs, cumulative logprob,
+    finish reason, stop reason]. The lists of the outputs are taken over (the engine makes new ones for every
+    output). With `step_end`, it is appended to the step times of every request in `outputs`."""
     for out in outputs:
         e = pending.get(out.request_id)
         if e is None:
             pending[out.request_id] = [out.finished, out.error, out.metrics, [
                 [c.token_ids, [c.text], c.logprobs, c.cumulative_logprob, c.finish_reason, c.stop_reason]
-                for c in out.outputs]]
+                for c in out.outputs], None if step_end is None else [step_end]]
             continue
         e[0] = out.finished
         e[1] = out.error
@@ -261,13 +264,41 @@ def merge_deltas(pending: dict[str, list], outputs: list[RequestOutput]) -> None
             smp[3] = c.cumulative_logprob
             smp[4] = c.finish_reason
             smp[5] = c.stop_reason
+        if step_end is not None:
+            e[4].append(step_end)
 
 
 def take_entries(pending: dict[str, list]) -> list[tuple]:
     """The entries of what `merge_deltas` gathered."""
     return [(rid, e[0], e[1], e[2], [(ids, "".join(pieces), lps, cum, fr, sr) for ids, pieces, lps, cum, fr, sr
-                                     in e[3]])
+                                     in e[3]], e[4])
             for rid, e in pending.items()]
+
+
+def record_entry(timing: RequestTiming, finished: bool, error: str | None, metrics: dict[str, float] | None,
+                 samples: list[tuple], step_times: list[float]) -> str | None:
+    """Per-request timing from a delta entry with step times (as `record_step` does per step): first
+    scheduled, first token, the gap between every two output steps, tokens. Returns the finish reason when the
+    entry ends the request (None while it runs); an error ends it at its last step."""
+    if error:
+        step_times = step_times[:-1]
+    if step_times:
+        last = timing.last_token
+        if last is None:
+            timing.first_token = step_times[0]
+            scheduled = metrics.get("first_scheduled_time") if metrics else None
+            timing.first_scheduled = step_times[0] if scheduled is None else scheduled
+        else:
+            timing.inter_token.append(step_times[0] - last)
+        gaps = timing.inter_token
+        for i in range(1, len(step_times)):
+            gaps.append(step_times[i] - step_times[i - 1])
+        timing.last_token = step_times[-1]
+    for smp in samples:
+        timing.num_tokens += len(smp[0])
+    if error:
+        return "error"
+    return _reason_of({smp[4] for smp in samples}) if finished else None
 
 
 _ADD = 0
@@ -467,7 +498,7 @@ class AsyncEngine:
     def _apply_entries(self, entries: list[tuple]) -> None:
         """Merge delta entries into the requests' streams (and end the streams of failed requests)."""
         streams = self._streams
-        for rid, finished, error, metrics, samples in entries:
+        for rid, finished, error, metrics, samples, _ in entries:
             stream = streams.get(rid)
             if stream is None:  # aborted meanwhile
                 continue
@@ -527,7 +558,11 @@ def record_step(timings: dict[str, RequestTiming], outputs: list[RequestOutput],
 
 
 def _finish_reason(out: RequestOutput) -> str:
-    reasons = {c.finish_reason for c in out.outputs}
+    return _reason_of({c.finish_reason for c in out.outputs})
+
+
+def _reason_of(reasons: set[str | None]) -> str:
+    """A request's finish reason from those of its samples."""
     if "error" in reasons:
         return "error"
     if "abort" in reasons:
@@ -535,4 +570,3 @@ def _finish_reason(out: RequestOutput) -> str:
     if "length" in reasons:
         return "length"
     return "stop"
-

@@ -5,10 +5,10 @@ The child (`spawn` context, daemon) builds `LLMEngine(config)` and loops: it app
 with delta outputs, and sends back only what is NEW, at most every `stream_interval` seconds (and always when
 the engine turns idle): one entry per request that progressed since the previous message, with the new token
 ids, new text and new logprobs entries of every sample (the deltas of all steps in between, merged), its
-finish/stop reasons, error and metrics; plus the `EngineStats` snapshot and the timing of the requests that
-ended (first scheduled, first token, the gap between every two output steps, tokens: recorded per step in the
-child with `time.monotonic()`, the same clock in both processes on Linux). A slow parent gets fewer, bigger
-messages rather than a backlog.
+finish/stop reasons, error and metrics, and the end time of every step that gave it tokens
+(`time.monotonic()`, the same clock in both processes on Linux: the parent records the per-request timing, first
+token and the gap between every two output steps, from them); plus the requests it refused or aborted and the
+`EngineStats` snapshot. A slow parent gets fewer, bigger messages rather than a backlog.
 
 The parent side is `ProcessAsyncEngine`: the `AsyncEngine` interface the server uses (submit / abort /
 fail_all / stats / healthy / error / shutdown, `OutputStream`), without a thread: the event loop reads the
@@ -45,7 +45,7 @@ from hetero_infer.worker.async_engine import (
     RequestTiming,
     TimingSink,
     merge_deltas,
-    record_step,
+    record_entry,
     take_entries,
 )
 from hetero_infer.worker.config import EngineConfig
@@ -127,37 +127,31 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
     """Apply commands, step, and send what is new at most every `interval` seconds (always when idle).
 
     Requests are added with delta outputs; the deltas of the steps between two messages are merged per request
-    here, so a message holds one entry per request that progressed (not one per step), and the per-request
-    timing (first token, the gap between output steps, tokens) is recorded here too, per step, and sent when
-    the request ends.
+    here (`merge_deltas`), with the end time of every step that gave the request tokens, so a message holds one
+    entry per request that progressed (not one per step) and the parent records the per-request timing from
+    those times.
     """
     loads, dumps = pickle.loads, pickle.dumps
+    monotonic = time.monotonic
     pending: dict[str, list] = {}  # the deltas of the steps since the last message (`merge_deltas`)
-    timings: dict[str, RequestTiming] = {}
-    ended: list[tuple] = []  # (request id, timing fields, end time, finish reason)
     rejected: list[tuple[str, str, bool]] = []
+    aborted: list[tuple[str, float, list[float] | None]] = []  # (request id, when, its step times not yet sent)
     num_steps = 0
     last_send = 0.0
     dirty = False  # something happened since the last message (stats to refresh)
 
-    def end(rid: str, now: float, reason: str) -> None:
-        t = timings.pop(rid, None)
-        if t is not None:
-            ended.append((rid, (t.first_scheduled, t.first_token, t.last_token, t.inter_token, t.num_tokens), now,
-                          reason))
-
     def send() -> None:
-        nonlocal pending, ended, rejected, num_steps, dirty
-        out_conn.send_bytes(dumps((_M_BATCH, (num_steps, take_entries(pending), rejected, ended, engine.stats())),
-                                  _PROTO))
-        pending, ended, rejected = {}, [], []
+        nonlocal pending, rejected, aborted, num_steps, dirty
+        out_conn.send_bytes(dumps((_M_BATCH, (num_steps, take_entries(pending), rejected, aborted,
+                                               engine.stats())), _PROTO))
+        pending, rejected, aborted = {}, [], []
         num_steps = 0
         dirty = False
 
     while True:
         busy = engine.has_unfinished_requests()
         if not busy:
-            if dirty or pending or rejected or ended:
+            if dirty or pending or rejected or aborted:
                 send()
             # Idle: block on the command pipe, checking now and then that the parent still lives.
             while not cmd_conn.poll(1.0):
@@ -172,29 +166,25 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
                         engine.add_request(rid, prompt, ids, params, delta=True)
                     except Exception as exc:  # a refused request must not stop the engine
                         rejected.append((rid, str(exc), isinstance(exc, ValueError)))
-                    else:
-                        timings[rid] = RequestTiming(0.0, len(ids))
                 elif kind == _C_ABORT:
-                    now = time.monotonic()
+                    now = monotonic()
                     for rid in item:
+                        e = pending.pop(rid, None)
                         if rid in engine.requests:
                             engine.abort_request(rid)
-                            end(rid, now, "abort")
-                        pending.pop(rid, None)
+                            aborted.append((rid, now, None if e is None else e[4]))
                 else:
                     return
         if not engine.has_unfinished_requests():
             continue
-        t0 = time.monotonic()
         outputs = engine.step()
-        t1 = time.monotonic()
+        t = monotonic()
         num_steps += 1
         if outputs:
-            record_step(timings, outputs, t0, t1, end)
-            merge_deltas(pending, outputs)
-        if t1 - last_send >= interval:
+            merge_deltas(pending, outputs, t)
+        if t - last_send >= interval:
             send()
-            last_send = t1
+            last_send = t
 
 
 # ============================================================================ parent
@@ -391,25 +381,30 @@ class ProcessAsyncEngine(AsyncEngine):
         self._on_dead(err)
 
     def _apply(self, num_steps: int, entries: list[tuple], rejected: list[tuple[str, str, bool]],
-               ended: list[tuple], stats: Any) -> None:
-        """One message of the child: merge its deltas into the streams, end the timings of finished requests."""
+               aborted: list[tuple[str, float, list[float] | None]], stats: Any) -> None:
+        """One message of the child: merge its deltas into the streams, record the requests' timing."""
         self.steps += num_steps
         self._stats = stats
+        timings = self._timings
         if rejected:
             errs: list[tuple[str, BaseException]] = []
             for rid, message, is_value_error in rejected:
-                self._timings.pop(rid, None)
+                timings.pop(rid, None)
                 errs.append((rid, ValueError(message) if is_value_error else RuntimeError(message)))
             self._on_rejected(errs)
         self._apply_entries(entries)
-        timings = self._timings
-        for rid, (first_scheduled, first_token, last_token, inter_token, num_tokens), now, reason in ended:
+        for rid, finished, error, metrics, samples, step_times in entries:
             timing = timings.get(rid)
-            if timing is None:
-                continue
-            timing.first_scheduled, timing.first_token, timing.last_token = first_scheduled, first_token, last_token
-            timing.inter_token, timing.num_tokens = inter_token, num_tokens
-            self._end_timing(rid, now, reason)
+            if timing is not None:
+                reason = record_entry(timing, finished, error, metrics, samples, step_times)
+                if reason is not None:
+                    self._end_timing(rid, step_times[-1] if step_times else time.monotonic(), reason)
+        for rid, when, step_times in aborted:
+            timing = timings.get(rid)
+            if timing is not None:
+                if step_times:
+                    record_entry(timing, False, None, None, (), step_times)
+                self._end_timing(rid, when, "abort")
 
 
 class EngineInfo:

@@ -60,7 +60,7 @@ def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParam
             continue
         pending: dict[str, list] = {}
         merge_deltas(pending, outputs)
-        for rid, finished, error, _metrics, samples in take_entries(pending):
+        for rid, finished, error, _metrics, samples, _times in take_entries(pending):
             state = states[rid]
             for index, sample in enumerate(samples):
                 state.sample(index).add(*sample)
