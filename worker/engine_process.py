@@ -30,6 +30,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import threading
 import time
@@ -133,6 +134,9 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
     """
     loads, dumps = pickle.loads, pickle.dumps
     monotonic = time.monotonic
+    poller = select.poll()  # one poll object: Connection.poll() builds a selector per call (5 us, once per step)
+    poller.register(cmd_conn.fileno(), select.POLLIN)
+    poll = poller.poll
     pending: dict[str, list] = {}  # the deltas of the steps since the last message (`merge_deltas`)
     rejected: list[tuple[str, str, bool]] = []
     aborted: list[tuple[str, float, list[float] | None]] = []  # (request id, when, its step times not yet sent)
@@ -154,10 +158,10 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
             if dirty or pending or rejected or aborted:
                 send()
             # Idle: block on the command pipe, checking now and then that the parent still lives.
-            while not cmd_conn.poll(1.0):
+            while not poll(1000):
                 if os.getppid() != parent_pid:
                     return
-        while cmd_conn.poll():
+        while poll(0):
             dirty = True
             for kind, item in loads(cmd_conn.recv_bytes()):
                 if kind == _C_ADD:
