@@ -1,23 +1,33 @@
-"""Linear layers with weights pre-packed for oneDNN, for the CPU path.
+"""Linear layers with weights pre-packed once at load time, for the CPU path.
 
 PyTorch's `F.linear` on CPU goes to MKL; on the AMD EPYC machines this project runs on,
 oneDNN's packed-weight GEMM is 2-4x faster in float32 for decode-sized batches (measured:
-32x576x3072 0.90 -> 0.35 ms; the 49152-row LM head 32 -> 7.3 ms) and ~1.3x in bfloat16.
-It is the same packing torch.compile's CPU backend applies ("weight prepacking"), done once
-at load time here. HETERO_INFER_ONEDNN=0 keeps plain `F.linear`.
+32x576x3072 0.90 -> 0.35 ms; the 49152-row LM head 32 -> 7.3 ms). It is the same packing
+torch.compile's CPU backend applies ("weight prepacking"). In bfloat16, on CPUs with
+AVX512_BF16, the project's own GEMM (worker/csrc/gemm.c) replaces oneDNN: it overlaps weight
+streaming with compute, which oneDNN does not at decode batch sizes (one decode step's linears
+of the default model, one thread: 27.5 -> 23.8 ms at 32 rows, 10.8 -> 8.0 ms at one row; equal
+or faster at prefill sizes). HETERO_INFER_ONEDNN=0 keeps plain `F.linear` everywhere.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import os
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from hetero_infer.worker import cpu_native
+
 log = logging.getLogger(__name__)
 
-_BATCH_HINT = 32  # the packed layout is valid for any batch; the hint only tunes it
+_BATCH_HINT = 32  # the oneDNN packed layout is valid for any batch; the hint only tunes it
+_PANEL = 64  # output columns per panel of the bfloat16 GEMM's layout (NR * 16 in gemm.c)
+_P, _I = ctypes.c_void_p, ctypes.c_int
 
 
 def available() -> bool:
@@ -26,12 +36,52 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _BATCH_HINT)
+@functools.cache
+def _gemm_bf16():
+    """The C bfloat16 GEMM, or None where the library or AVX512_BF16 is missing."""
+    if cpu_native.library() is None:
+        return None
+    if not cpu_native.function("gemm_bf16_available", [], ctypes.c_int)():
+        return None
+    return cpu_native.function("gemm_bf16", [_P, _I, _I, _P, _I, _P, _P], ctypes.c_int)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+@dataclass
+class PackedWeight:
+    """A weight [N, K] in the layout of the GEMM that will use it: "onednn" or "gemm_bf16"."""
+
+    kind: str
+    data: torch.Tensor
+    out_features: int
+    in_features: int
+
+
+def pack_weight(weight: torch.Tensor) -> PackedWeight:
+    n, k = weight.shape
+    weight = weight.detach()
+    if weight.dtype == torch.bfloat16 and k % 2 == 0 and _gemm_bf16() is not None:
+        # panels of 64 columns; row kp of a panel holds each column's pair (W[n, 2kp], W[n, 2kp + 1])
+        padded = -(-n // _PANEL) * _PANEL
+        w = torch.zeros(padded, k, dtype=torch.bfloat16)
+        w[:n] = weight
+        data = w.view(padded // _PANEL, _PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+        return PackedWeight("gemm_bf16", data, n, k)
+    return PackedWeight("onednn", torch.ops.mkldnn._reorder_linear_weight(weight, _BATCH_HINT), n, k)
+
+
+def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    if packed.kind == "onednn":
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.data, bias, "none", [], "")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, packed.in_features).to(torch.bfloat16).contiguous()
+    out = torch.empty(x2.shape[0], packed.out_features, dtype=torch.bfloat16)
+    if bias is not None:
+        bias = bias.float().contiguous()
+    rc = _gemm_bf16()(x2.data_ptr(), x2.shape[0], packed.in_features, packed.data.data_ptr(), packed.out_features,
+                      None if bias is None else bias.data_ptr(), out.data_ptr())
+    if rc != 0:
+        raise RuntimeError(f"gemm_bf16 failed ({rc})")
+    return out.view(*lead, packed.out_features)
 
 
 class PackedLinear(nn.Module):
@@ -40,11 +90,11 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("packed_weight", pack_weight(linear.weight), persistent=False)
+        self.packed = pack_weight(linear.weight)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return packed_linear(x, self.packed_weight, self.bias)
+        return packed_linear(x, self.packed, self.bias)
 
 
 def pack_linears(model: nn.Module) -> int:

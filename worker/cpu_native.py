@@ -12,11 +12,15 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import math
 import os
 import shutil
 import subprocess
+import sys
 import sysconfig
 from pathlib import Path
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -89,3 +93,25 @@ def function(name: str, argtypes: list, restype=None):
         fn = _functions[name] = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, restype
     return fn
+
+
+def empty_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed CPU tensor whose memory is backed by transparent huge pages where the kernel allows it.
+
+    For large, randomly accessed buffers (the paged KV cache): with 4 KiB pages every KV block a decode step
+    reads is another TLB miss once the step's weights have swept the TLB, which measured as much as the
+    arithmetic itself. madvise(MADV_HUGEPAGE) must come before the pages are first touched, hence empty,
+    advise, then zero.
+    """
+    huge = 2 << 20
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    nbytes = itemsize * math.prod(shape)
+    raw = torch.empty(nbytes + 2 * huge, dtype=torch.uint8)  # room to start and end on 2 MiB boundaries
+    offset = -raw.data_ptr() % huge
+    t = raw[offset : offset + nbytes].view(dtype).view(shape)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        if libc.madvise(t.data_ptr(), -(-nbytes // huge) * huge, 14) != 0:  # MADV_HUGEPAGE
+            log.debug("madvise(MADV_HUGEPAGE) failed: errno %d", ctypes.get_errno())
+    return t.zero_()

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from hetero_infer.worker import cpu_linear, cpu_ops, cpu_paged_attention
+from hetero_infer.worker import cpu_linear, cpu_native, cpu_ops, cpu_paged_attention
 from hetero_infer.worker.attention import AttentionMetadata, PrefillChunk
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.model_loader import iter_safetensors
@@ -96,10 +96,10 @@ class TorchExecutor:
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
 
     def _new_kv_cache(self, num_blocks: int) -> torch.Tensor:
-        return torch.zeros(
-            self.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
-            dtype=self.dtype, device=self.device,
-        )
+        shape = (self.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        if self.device.type == "cpu":
+            return cpu_native.empty_huge_pages(shape, self.dtype)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def _default_num_blocks(self) -> int:
         if self.device.type == "cuda":

@@ -23,6 +23,34 @@ def test_packed_linear_matches_nn_linear(dtype, tol, bias, rows):
         torch.testing.assert_close(packed(x[:, :].t().contiguous().t()).float(), linear(x).float(), atol=tol, rtol=tol)
 
 
+def bf16_gemm_here() -> bool:
+    return cpu_linear._gemm_bf16() is not None
+
+
+@pytest.mark.parametrize("rows,k,n", [(1, 576, 960), (7, 96, 200), (32, 576, 49152 // 64), (300, 1536, 33), (13, 2, 1)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf16_gemm_against_float64(rows, k, n, bias):
+    """The C bfloat16 GEMM: exact bf16 products, float32 sums, one rounding to bfloat16 at the end."""
+    assert bf16_gemm_here() == ("avx512_bf16" in open("/proc/cpuinfo").read()), "built where the CPU has it"
+    if not bf16_gemm_here():
+        pytest.skip("this CPU has no AVX512_BF16: the oneDNN path is tested above")
+    gen = torch.Generator().manual_seed(rows * k + n)
+    linear = nn.Linear(k, n, bias=bias).to(torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(n, k, generator=gen))
+        if bias:
+            linear.bias.copy_(torch.randn(n, generator=gen))
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    packed = cpu_linear.PackedLinear(linear)
+    assert packed.packed.kind == "gemm_bf16"
+    with torch.no_grad():
+        out = packed(x)
+    ref = x.double() @ linear.weight.double().T + (linear.bias.double() if bias else 0)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, n)
+    # float32 accumulation error is far below bfloat16's half-ulp rounding of the result
+    torch.testing.assert_close(out.double(), ref, rtol=2**-8, atol=1e-3 * k**0.5)
+
+
 def test_pack_linears_replaces_only_plain_linears():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)), nn.Embedding(5, 8))
     assert cpu_linear.pack_linears(model) == 2

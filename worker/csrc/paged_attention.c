@@ -3,13 +3,14 @@
  * Layouts: q and out [B, H, D]; caches [num_blocks, bs, KVH, D]; tables [B, max_blocks]; lens [B].
  * q, the caches and out share one element type (float32 or bfloat16); all arithmetic is float32.
  *
- * Work is split over (sequence, KV head) pairs; the g = H / KVH query heads of a KV head share every K/V
- * row they read. Two implementations:
- *   - AVX-512 (compiled with -march=native on a CPU that has it; D = 64 or 128): scores of 16 tokens are
- *     summed with one transpose-add tree instead of a horizontal reduction per dot product; bfloat16 dot
- *     products use VDPBF16PS where the CPU has AVX512_BF16 (exact bf16 x bf16 products, float32 sums);
- *     the exponential is a vector polynomial; the output accumulators of up to 16 / (D / 16) heads stay
- *     in registers while V is streamed once per head tile.
+ * Work is split over sequences (rows); the g = H / KVH query heads of a KV head share every K/V row they
+ * read. Two implementations:
+ *   - AVX-512 (compiled with -march=native on a CPU that has it; D = 64 or 128): blocks are read whole, as
+ *     contiguous streams, with the next block prefetched; scores of 16 tokens are summed with one
+ *     transpose-add tree instead of a horizontal reduction per dot product; bfloat16 dot products use
+ *     VDPBF16PS where the CPU has AVX512_BF16 (exact bf16 x bf16 products, float32 sums); the exponential
+ *     is a vector polynomial; the output accumulators of up to 16 / (D / 16) heads stay in registers while
+ *     a block's V rows stream by.
  *   - portable C for everything else (any D), vectorized by the compiler.
  */
 #include "simd.h"
@@ -132,42 +133,66 @@ static inline float softmax_row(float* s, int len) {
     return 1.f / _mm512_reduce_add_ps(sum);
 }
 
-/* NC = D / 16 chunks per row; HT = heads whose accumulators stay in registers while V streams. */
+static inline void prefetch_lines(const void* p, size_t bytes) {
+    for (size_t i = 0; i < bytes; i += 64) _mm_prefetch((const char*)p + i, _MM_HINT_T0);
+}
+/* the next block is prefetched in H shares, one per head processed, so the requests spread over the block's
+   compute instead of arriving in one burst (bytes per share, whole cache lines) */
+#define PREFETCH_SHARE(tokens_left, H, ELEM)                                                            \
+    (((ELEM) * row * (size_t)((tokens_left) < bs ? (tokens_left) : bs) + 64 * (size_t)(H) - 1) /    \
+     (64 * (size_t)(H)) * 64)
+
+/* One sequence, all KV heads, block by block: each block's K (then V) rows are read as one contiguous
+   stream while the next block is prefetched (decode attention is bound by memory once the weights of a
+   step have flushed the caches). NC = D / 16 chunks per row; HT = heads whose accumulators stay in
+   registers while a block's V rows stream by. s: [H][len] scores, o: [H][D] float32 partial outputs. */
 #define DEFINE_AVX512(NAME, T, NC, IS_BF16)                                                            \
-static void NAME(const T* q, const T* kc, const T* vc, const int32_t* table, int len, T* out, int kh,   \
-                 int g, int KVH, int bs, float scale, float* s) {                                       \
+static void NAME(const T* qb, const T* kc, const T* vc, const int32_t* table, int len, T* ob, int H,    \
+                 int KVH, int bs, float scale, float* s, float* o) {                                    \
     enum { D = NC * 16, HT = 16 / NC };                                                                 \
-    size_t row = (size_t)KVH * D;                                                                       \
-    const T* qh = q + (size_t)kh * g * D;                                                               \
-    /* scores */                                                                                        \
-    for (int h = 0; h < g; h++) {                                                                       \
-        QREGS_##IS_BF16(NC)                                                                             \
-        for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                          \
-            int n = len - p0 < bs ? len - p0 : bs;                                                      \
-            const T* kb = kc + (size_t)table[blk] * bs * row + (size_t)kh * D;                          \
+    int g = H / KVH;                                                                                    \
+    size_t row = (size_t)KVH * D, block = (size_t)bs * row;                                             \
+    for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                              \
+        int n = len - p0 < bs ? len - p0 : bs;                                                          \
+        const T* kb = kc + (size_t)table[blk] * block;                                                  \
+        const char* next = p0 + bs < len ? (const char*)(kc + (size_t)table[blk + 1] * block) : 0;      \
+        size_t share = next ? PREFETCH_SHARE(len - p0 - bs, H, sizeof(T)) : 0;                                 \
+        for (int h = 0; h < H; h++) {                                                                   \
+            if (next) prefetch_lines(next + h * share, share);                                          \
+            const T* kh_base = kb + (size_t)(h / g) * D;                                                \
+            QREGS_##IS_BF16(NC)                                                                         \
             for (int t0 = 0; t0 < n; t0 += 16) {                                                        \
                 int m = n - t0 < 16 ? n - t0 : 16;                                                      \
                 __m512 acc[16];                                                                         \
                 _Pragma("GCC unroll 16")                                                                \
                 for (int t = 0; t < 16; t++)                                                            \
-                    acc[t] = t < m ? DOT_##IS_BF16(qv, kb + (size_t)(t0 + t) * row, NC) : _mm512_setzero_ps(); \
+                    acc[t] = t < m ? DOT_##IS_BF16(qv, kh_base + (size_t)(t0 + t) * row, NC) : _mm512_setzero_ps(); \
                 __m512 r = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale));                         \
                 _mm512_mask_storeu_ps(s + (size_t)h * len + p0 + t0, (__mmask16)((1u << m) - 1), r);    \
             }                                                                                           \
         }                                                                                               \
     }                                                                                                   \
-    float inv[256];                                                                                     \
-    for (int h = 0; h < g; h++) inv[h] = softmax_row(s + (size_t)h * len, len);                        \
-    /* weighted sum of V, HT heads at a time */                                                         \
-    for (int h0 = 0; h0 < g; h0 += HT) {                                                                \
-        int ht = g - h0 < HT ? g - h0 : HT;                                                             \
-        __m512 acc[HT][NC];                                                                             \
-        for (int i = 0; i < HT; i++) for (int c = 0; c < NC; c++) acc[i][c] = _mm512_setzero_ps();      \
-        for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                          \
-            int n = len - p0 < bs ? len - p0 : bs;                                                      \
-            const T* vb = vc + (size_t)table[blk] * bs * row + (size_t)kh * D;                          \
+    float inv[H];                                                                                       \
+    for (int h = 0; h < H; h++) inv[h] = softmax_row(s + (size_t)h * len, len);                        \
+    memset(o, 0, sizeof(float) * (size_t)H * D);                                                        \
+    for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                              \
+        int n = len - p0 < bs ? len - p0 : bs;                                                          \
+        const T* vb = vc + (size_t)table[blk] * block;                                                  \
+        const char* next = p0 + bs < len ? (const char*)(vc + (size_t)table[blk + 1] * block) : 0;      \
+        size_t share = next ? PREFETCH_SHARE(len - p0 - bs, H, sizeof(T)) : 0;                                 \
+        for (int h0 = 0, ht; h0 < H; h0 += ht) {                                                        \
+            if (next) prefetch_lines(next + h0 * share, share * HT);                                    \
+            /* a tile of heads never straddles two KV heads: it ends at the group's end */              \
+            int group_end = (h0 / g + 1) * g;                                                           \
+            ht = group_end - h0 < HT ? group_end - h0 : HT;                                             \
+            const T* vh_base = vb + (size_t)(h0 / g) * D;                                               \
+            __m512 acc[HT][NC];                                                                         \
+            _Pragma("GCC unroll 16")                                                                    \
+            for (int i = 0; i < HT; i++)                                                                \
+                if (i < ht)                                                                             \
+                    for (int c = 0; c < NC; c++) acc[i][c] = _mm512_loadu_ps(o + (size_t)(h0 + i) * D + 16 * c); \
             for (int t = 0; t < n; t++) {                                                               \
-                const T* vr = vb + (size_t)t * row;                                                     \
+                const T* vr = vh_base + (size_t)t * row;                                                \
                 VROW_##IS_BF16(NC)                                                                      \
                 _Pragma("GCC unroll 16")                                                                \
                 for (int i = 0; i < HT; i++) {                                                          \
@@ -178,24 +203,29 @@ static void NAME(const T* q, const T* kc, const T* vc, const int32_t* table, int
                     }                                                                                   \
                 }                                                                                       \
             }                                                                                           \
+            _Pragma("GCC unroll 16")                                                                    \
+            for (int i = 0; i < HT; i++)                                                                \
+                if (i < ht)                                                                             \
+                    for (int c = 0; c < NC; c++) _mm512_storeu_ps(o + (size_t)(h0 + i) * D + 16 * c, acc[i][c]); \
         }                                                                                               \
-        for (int i = 0; i < ht; i++) {                                                                  \
-            __m512 sc = _mm512_set1_ps(inv[h0 + i]);                                                    \
-            T* o = out + ((size_t)kh * g + h0 + i) * D;                                                 \
-            STORE_##IS_BF16(NC)                                                                         \
-        }                                                                                               \
+    }                                                                                                   \
+    for (int h = 0; h < H; h++) {                                                                       \
+        __m512 sc = _mm512_set1_ps(inv[h]), a[NC];                                                      \
+        for (int c = 0; c < NC; c++) a[c] = _mm512_loadu_ps(o + (size_t)h * D + 16 * c);                \
+        T* dst = ob + (size_t)h * D;                                                                    \
+        STORE_##IS_BF16(NC)                                                                             \
     }                                                                                                   \
 }
 
 /* float32 pieces */
-#define QREGS_0(NC) __m512 qv[NC]; for (int c = 0; c < NC; c++) qv[c] = _mm512_loadu_ps(qh + (size_t)h * D + 16 * c);
+#define QREGS_0(NC) __m512 qv[NC]; for (int c = 0; c < NC; c++) qv[c] = _mm512_loadu_ps(qb + (size_t)h * D + 16 * c);
 #define DOT_0(qv, kr, NC) dot_f32(qv, kr, NC)
 #define VROW_0(NC) __m512 vv[NC]; for (int c = 0; c < NC; c++) vv[c] = _mm512_loadu_ps(vr + 16 * c);
-#define STORE_0(NC) for (int c = 0; c < NC; c++) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[i][c], sc));
+#define STORE_0(NC) for (int c = 0; c < NC; c++) _mm512_storeu_ps(dst + 16 * c, _mm512_mul_ps(a[c], sc));
 
 /* bfloat16 pieces: V rows are split into even and odd elements (vv[2c], vv[2c+1]), so the accumulators
    hold the output de-interleaved; STORE puts the elements back in order and rounds to bfloat16. */
-#define QREGS_1(NC) qvec_bf16 qv[NC / 2]; for (int c = 0; c < NC / 2; c++) qv[c] = qload_bf16(qh + (size_t)h * D + 32 * c);
+#define QREGS_1(NC) qvec_bf16 qv[NC / 2]; for (int c = 0; c < NC / 2; c++) qv[c] = qload_bf16(qb + (size_t)h * D + 32 * c);
 #define DOT_1(qv, kr, NC) dot_bf16(qv, kr, NC / 2)
 #define VROW_1(NC) __m512 vv[NC];                                                                       \
     for (int c = 0; c < NC / 2; c++) {                                                                  \
@@ -206,9 +236,9 @@ static void NAME(const T* q, const T* kc, const T* vc, const int32_t* table, int
     for (int c = 0; c < NC / 2; c++) {                                                                  \
         const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);    \
         const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8); \
-        __m512 e = _mm512_mul_ps(acc[i][2 * c], sc), od = _mm512_mul_ps(acc[i][2 * c + 1], sc);         \
-        store_bf16(o + 32 * c, _mm512_permutex2var_ps(e, lo, od));                                      \
-        store_bf16(o + 32 * c + 16, _mm512_permutex2var_ps(e, hi, od));                                 \
+        __m512 e = _mm512_mul_ps(a[2 * c], sc), od = _mm512_mul_ps(a[2 * c + 1], sc);                   \
+        store_bf16(dst + 32 * c, _mm512_permutex2var_ps(e, lo, od));                                    \
+        store_bf16(dst + 32 * c + 16, _mm512_permutex2var_ps(e, hi, od));                               \
     }
 
 DEFINE_AVX512(item_avx512_f32_d64, float, 4, 0)
@@ -223,24 +253,23 @@ DEFINE_AVX512(item_avx512_bf16_d128, uint16_t, 8, 1)
 void NAME(const T* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens, T* out,     \
           int B, int H, int KVH, int D, int bs, int max_blocks, float scale) {                          \
     int g = H / KVH;                                                                                    \
-    int fast = HAVE_AVX512 && (D == 64 || D == 128) && g <= 256;                                        \
-    _Pragma("omp parallel for collapse(2) schedule(dynamic)")                                           \
+    int fast = HAVE_AVX512 && (D == 64 || D == 128) && H <= 1024;                                       \
+    _Pragma("omp parallel for schedule(dynamic)")                                                       \
     for (int b = 0; b < B; b++) {                                                                       \
-        for (int kh = 0; kh < KVH; kh++) {                                                              \
-            int len = lens[b];                                                                          \
-            const int32_t* table = tables + (size_t)b * max_blocks;                                     \
-            const T* qb = q + (size_t)b * H * D;                                                        \
-            T* ob = out + (size_t)b * H * D;                                                            \
-            float* s = (float*)malloc(sizeof(float) * ((size_t)g * len + 2 * (size_t)g * D));           \
-            if (fast) {                                                                                 \
-                if (D == 64) FAST64(qb, kc, vc, table, len, ob, kh, g, KVH, bs, scale, s);              \
-                else FAST128(qb, kc, vc, table, len, ob, kh, g, KVH, bs, scale, s);                     \
-            } else {                                                                                    \
-                float* qf = s + (size_t)g * len;                                                        \
+        int len = lens[b];                                                                              \
+        const int32_t* table = tables + (size_t)b * max_blocks;                                         \
+        const T* qb = q + (size_t)b * H * D;                                                            \
+        T* ob = out + (size_t)b * H * D;                                                                \
+        float* s = (float*)malloc(sizeof(float) * ((size_t)H * len + 2 * (size_t)H * D));               \
+        if (fast) {                                                                                     \
+            if (D == 64) FAST64(qb, kc, vc, table, len, ob, H, KVH, bs, scale, s, s + (size_t)H * len); \
+            else FAST128(qb, kc, vc, table, len, ob, H, KVH, bs, scale, s, s + (size_t)H * len);        \
+        } else {                                                                                        \
+            float* qf = s + (size_t)g * len;                                                            \
+            for (int kh = 0; kh < KVH; kh++)                                                            \
                 GENERIC(qb, kc, vc, table, len, ob, kh, g, KVH, D, bs, scale, s, qf, qf + (size_t)g * D); \
-            }                                                                                           \
-            free(s);                                                                                    \
         }                                                                                               \
+        free(s);                                                                                        \
     }                                                                                                   \
 }
 
