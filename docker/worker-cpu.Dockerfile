@@ -16,7 +16,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 
-RUN python -m venv /opt/venv \
+# gcc: the engine's CPU kernels (worker/csrc) are compiled at first start with -march=native, for the
+# node's own CPU (AVX-512 / AVX512_BF16 where it has them); without a compiler they fall back to PyTorch.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/* \
+ && python -m venv /opt/venv \
  && pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
 
 WORKDIR /src
