@@ -1,8 +1,8 @@
 """The CPU kernels in `worker/csrc/`, compiled once with the system C compiler and loaded through ctypes.
 
-One shared library holds them all (paged decode attention, fused norm/rotary/activation, argmax). It is
-built with `-march=native` into the cache folder, keyed by a digest of the sources, flags and compiler,
-so a change to any of them rebuilds it (about two seconds; no torch headers are needed). Its OpenMP
+One shared library holds them all (paged attention, fused norm/rotary/activation, argmax, the bfloat16
+GEMM). It is built with `-march=native` into the cache folder, keyed by a digest of the sources, flags,
+compiler and CPU features, so a change to any of them rebuilds it (about two seconds; no torch headers are needed). Its OpenMP
 calls resolve to the libgomp torch has already loaded, so the kernels share torch's thread pool. Without a
 C compiler, or with HETERO_INFER_CPU_KERNEL=0, `library()` is None and the engine keeps its PyTorch paths.
 """
@@ -14,6 +14,7 @@ import hashlib
 import logging
 import math
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,14 @@ def _compiler() -> str | None:
     return cc or None
 
 
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
 def _build() -> ctypes.CDLL | None:
     cc = _compiler()
     if cc is None:
@@ -51,7 +60,9 @@ def _build() -> ctypes.CDLL | None:
 
     files = sorted(SOURCES.glob("*.[ch]"))
     digest = hashlib.sha256()
-    for part in [cc, *FLAGS, *(f.name + f.read_text() for f in files)]:
+    # -march=native: a library built on one CPU may not run on another (a cache folder shared between
+    # nodes), so the CPU's feature flags are part of the key
+    for part in [cc, *FLAGS, _cpu_flags(), *(f.name + f.read_text() for f in files)]:
         digest.update(part.encode())
     folder = cache_dir() / "cpu_kernels"
     lib_path = folder / f"hetero_infer_cpu_{digest.hexdigest()[:16]}.so"
