@@ -64,8 +64,8 @@ class EngineRequest:
 
 @dataclass(slots=True)
 class RequestTiming:
-    """One engine request as the engine thread saw it: times are `time.monotonic()`; `num_tokens` counts the
-    tokens generated so far."""
+    """The timing of one engine request (recorded on the event loop from the step times of its delta entries):
+    times are `time.monotonic()`; `num_tokens` counts the tokens generated so far."""
 
     arrival: float
     prompt_tokens: int
@@ -324,14 +324,15 @@ class AsyncEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Delta outputs of the steps not yet handed to the loop, merged per request (`merge_deltas`; the
-        # engine thread merges, the loop takes), guarded by _lock.
+        # Delta outputs of the steps not yet handed to the loop, merged per request with their step times
+        # (`merge_deltas`), and the requests aborted meanwhile; the engine thread writes, the loop takes,
+        # guarded by _lock.
         self._lock = threading.Lock()
         self._pending: dict[str, list] = {}
+        self._aborted: list[tuple[str, float, list[float] | None, int]] = []
         self._delivery_scheduled = False
-        # Engine-thread state.
-        self._timings: dict[str, RequestTiming] = {}
         # Loop-side state (only touched on the event-loop thread).
+        self._timings: dict[str, RequestTiming] = {}
         self._streams: dict[str, OutputStream] = {}
         self._dead: BaseException | None = None
         # Written by the engine thread, read anywhere (a reference swap is atomic).
@@ -378,7 +379,8 @@ class AsyncEngine:
         """Queue requests for the engine; their outputs arrive on the returned stream."""
         stream, arrival = self._register(requests, arrival)
         for r in requests:
-            self._inbox.append((_ADD, (r, arrival)))
+            self._timings[r.request_id] = RequestTiming(arrival, len(r.prompt_token_ids))
+            self._inbox.append((_ADD, r))
         self._wake.set()
         return stream
 
@@ -427,17 +429,23 @@ class AsyncEngine:
                 while inbox:
                     kind, item = inbox.popleft()
                     if kind == _ADD:
-                        request, arrival = item
                         try:
-                            engine.add_request(request.request_id, request.prompt, request.prompt_token_ids,
-                                               request.params, delta=True)
+                            engine.add_request(item.request_id, item.prompt, item.prompt_token_ids, item.params,
+                                               delta=True)
                         except Exception as exc:  # a refused request must not stop the engine
-                            rejected.append((request.request_id, exc))
-                        else:
-                            self._timings[request.request_id] = RequestTiming(arrival, len(request.prompt_token_ids))
+                            rejected.append((item.request_id, exc))
                     else:
                         engine.abort_request(item)
-                        self._end_timing(item, time.monotonic(), "abort")
+                        now = time.monotonic()
+                        with self._lock:
+                            # Deltas not yet handed over die with the request, unless it had finished (its
+                            # last output stands, and the abort came too late to matter).
+                            e = self._pending.get(item)
+                            if e is not None and not e[0]:
+                                del self._pending[item]
+                                self._aborted.append((item, now, e[4], sum(len(smp[0]) for smp in e[3])))
+                            elif e is None:
+                                self._aborted.append((item, now, None, 0))
                 if rejected:
                     loop.call_soon_threadsafe(self._on_rejected, rejected)
                 if not engine.has_unfinished_requests():
@@ -446,15 +454,13 @@ class AsyncEngine:
                     if not inbox:
                         wake.wait()
                     continue
-                t0 = time.monotonic()
                 outputs = engine.step()
                 t1 = time.monotonic()
                 self.steps += 1
                 self._stats = engine.stats()  # cheap counters; read by /metrics at scrape time
                 if outputs:
-                    self._record(outputs, t0, t1)
                     with self._lock:
-                        merge_deltas(self._pending, outputs)
+                        merge_deltas(self._pending, outputs, t1)
                     if t1 - last_flush >= self.stream_interval:
                         self._flush(loop)
                         last_flush = t1
@@ -469,15 +475,10 @@ class AsyncEngine:
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wake the loop for the pending outputs (once: the loop takes everything pending when it runs)."""
         with self._lock:
-            if not self._pending or self._delivery_scheduled:
+            if not (self._pending or self._aborted) or self._delivery_scheduled:
                 return
             self._delivery_scheduled = True
         loop.call_soon_threadsafe(self._deliver)
-
-    def _record(self, outputs: list[RequestOutput], step_start: float, step_end: float) -> None:
-        """Per-request timing (engine thread): first scheduled, first token, gaps between output steps, tokens
-        (the outputs are deltas)."""
-        record_step(self._timings, outputs, step_start, step_end, self._end_timing)
 
     def _end_timing(self, rid: str, now: float, reason: str) -> None:
         timing = self._timings.pop(rid, None)
@@ -490,10 +491,30 @@ class AsyncEngine:
     # ----------------------------------------------------------------- callbacks (loop thread)
     def _deliver(self) -> None:
         with self._lock:
-            batch = self._pending
-            self._pending = {}
+            batch, aborted = self._pending, self._aborted
+            self._pending, self._aborted = {}, []
             self._delivery_scheduled = False
-        self._apply_entries(take_entries(batch))
+        self._apply(take_entries(batch), aborted)
+
+    def _apply(self, entries: list[tuple], aborted: list[tuple[str, float, list[float] | None, int]]) -> None:
+        """Hand delta entries to the requests' streams and record the requests' timing from their step times
+        (`record_entry`); `aborted`: (request id, when, step times and number of tokens not handed over) of the
+        requests the engine aborted while they ran."""
+        self._apply_entries(entries)
+        timings = self._timings
+        for rid, finished, error, metrics, samples, step_times in entries:
+            timing = timings.get(rid)
+            if timing is not None:
+                reason = record_entry(timing, finished, error, metrics, samples, step_times)
+                if reason is not None:
+                    self._end_timing(rid, step_times[-1] if step_times else time.monotonic(), reason)
+        for rid, when, step_times, tokens in aborted:
+            timing = timings.get(rid)
+            if timing is not None:
+                if step_times:
+                    record_entry(timing, False, None, None, (), step_times)
+                timing.num_tokens += tokens
+                self._end_timing(rid, when, "abort")
 
     def _apply_entries(self, entries: list[tuple]) -> None:
         """Merge delta entries into the requests' streams (and end the streams of failed requests)."""
@@ -517,6 +538,7 @@ class AsyncEngine:
 
     def _on_rejected(self, rejected: list[tuple[str, BaseException]]) -> None:
         for rid, exc in rejected:
+            self._timings.pop(rid, None)
             stream = self._streams.pop(rid, None)
             if stream is not None:
                 # Its sibling requests (multi-prompt) are no longer wanted either.
@@ -530,35 +552,6 @@ class AsyncEngine:
             stream._fail(error)
         self._streams.clear()
         self._inbox.clear()
-
-
-def record_step(timings: dict[str, RequestTiming], outputs: list[RequestOutput], step_start: float, step_end: float,
-                end: Any) -> None:
-    """Per-request timing of one step's delta outputs: first scheduled, first token, the gap since the request's
-    previous output step, its tokens; `end(request_id, now, finish_reason)` for the requests that ended."""
-    for out in outputs:
-        timing = timings.get(out.request_id)
-        if timing is None:
-            continue
-        if out.error:
-            end(out.request_id, step_end, "error")
-            continue
-        # The engine returns an output for a request only when the step gave it new tokens.
-        if timing.last_token is None:
-            timing.first_token = step_end
-            scheduled = out.metrics.get("first_scheduled_time") if out.metrics else None
-            timing.first_scheduled = step_start if scheduled is None else scheduled
-        else:
-            timing.inter_token.append(step_end - timing.last_token)
-        timing.last_token = step_end
-        for c in out.outputs:
-            timing.num_tokens += len(c.token_ids)
-        if out.finished:
-            end(out.request_id, step_end, _finish_reason(out))
-
-
-def _finish_reason(out: RequestOutput) -> str:
-    return _reason_of({c.finish_reason for c in out.outputs})
 
 
 def _reason_of(reasons: set[str | None]) -> str:

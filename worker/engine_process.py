@@ -46,7 +46,6 @@ from hetero_infer.worker.async_engine import (
     RequestTiming,
     TimingSink,
     merge_deltas,
-    record_entry,
     take_entries,
 )
 from hetero_infer.worker.config import EngineConfig
@@ -139,7 +138,8 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
     poll = poller.poll
     pending: dict[str, list] = {}  # the deltas of the steps since the last message (`merge_deltas`)
     rejected: list[tuple[str, str, bool]] = []
-    aborted: list[tuple[str, float, list[float] | None]] = []  # (request id, when, its step times not yet sent)
+    aborted: list[tuple[str, float, list[float] | None, int]] = []  # (request id, when, its step times and tokens
+    # not sent yet)
     num_steps = 0
     last_send = 0.0
     dirty = False  # something happened since the last message (stats to refresh)
@@ -173,10 +173,12 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
                 elif kind == _C_ABORT:
                     now = monotonic()
                     for rid in item:
-                        e = pending.pop(rid, None)
-                        if rid in engine.requests:
-                            engine.abort_request(rid)
-                            aborted.append((rid, now, None if e is None else e[4]))
+                        if rid not in engine.requests:  # finished already: its last entry stands
+                            continue
+                        engine.abort_request(rid)
+                        e = pending.pop(rid, None)  # deltas not sent yet die with the request
+                        aborted.append((rid, now, None, 0) if e is None else
+                                       (rid, now, e[4], sum(len(smp[0]) for smp in e[3])))
                 else:
                     return
         if not engine.has_unfinished_requests():
@@ -373,7 +375,7 @@ class ProcessAsyncEngine(AsyncEngine):
                 if kind == _M_FATAL:
                     self._fail_dead(item)
                 elif kind == _M_BATCH:
-                    self._apply(*item)
+                    self._apply_message(*item)
             except Exception as exc:  # a message we cannot use: the engine can no longer be trusted
                 logger.exception("bad message from the engine process")
                 self._fail_dead(f"engine failure: {type(exc).__name__}: {exc}")
@@ -384,31 +386,15 @@ class ProcessAsyncEngine(AsyncEngine):
         self._remove_reader()
         self._on_dead(err)
 
-    def _apply(self, num_steps: int, entries: list[tuple], rejected: list[tuple[str, str, bool]],
-               aborted: list[tuple[str, float, list[float] | None]], stats: Any) -> None:
+    def _apply_message(self, num_steps: int, entries: list[tuple], rejected: list[tuple[str, str, bool]],
+                       aborted: list[tuple[str, float, list[float] | None, int]], stats: Any) -> None:
         """One message of the child: merge its deltas into the streams, record the requests' timing."""
         self.steps += num_steps
         self._stats = stats
-        timings = self._timings
         if rejected:
-            errs: list[tuple[str, BaseException]] = []
-            for rid, message, is_value_error in rejected:
-                timings.pop(rid, None)
-                errs.append((rid, ValueError(message) if is_value_error else RuntimeError(message)))
-            self._on_rejected(errs)
-        self._apply_entries(entries)
-        for rid, finished, error, metrics, samples, step_times in entries:
-            timing = timings.get(rid)
-            if timing is not None:
-                reason = record_entry(timing, finished, error, metrics, samples, step_times)
-                if reason is not None:
-                    self._end_timing(rid, step_times[-1] if step_times else time.monotonic(), reason)
-        for rid, when, step_times in aborted:
-            timing = timings.get(rid)
-            if timing is not None:
-                if step_times:
-                    record_entry(timing, False, None, None, (), step_times)
-                self._end_timing(rid, when, "abort")
+            self._on_rejected([(rid, ValueError(message) if is_value_error else RuntimeError(message))
+                               for rid, message, is_value_error in rejected])
+        self._apply(entries, aborted)
 
 
 class EngineInfo:
