@@ -129,6 +129,10 @@ def setup_logging(level: str, fmt: str) -> LogWriter:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     writer = LogWriter(handler)
+    # Neither format shows threads or processes: do not look them up for every record.
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)

@@ -363,8 +363,9 @@ class Formatter(ABC):
     def set_include_usage(self, include_usage: bool) -> None:
         """Streaming: with usage, every chunk carries `"usage": null` and a last chunk the totals."""
         self.include_usage = include_usage
-        head = {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model}
-        self._chunk_head = _dumps(head)[:-1] + ',"choices":['
+        if not hasattr(self, "_chunk_head"):  # the constant start of every chunk, encoded once
+            self._chunk_head = (f'{{"id":{_str(self.id)},"object":{_str(self.chunk_object)},"created":{self.created},'
+                                f'"model":{_str(self.model)},"choices":[')
         self._chunk_tail = '],"usage":null}' if include_usage else "]}"
 
     def usage_chunk(self) -> dict[str, Any]:
