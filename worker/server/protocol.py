@@ -71,13 +71,17 @@ class _Sampling(_Strict):
 class CompletionRequest(_Sampling):
     prompt: (
         str
-        | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
         | Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_length=1)]
+        | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
         | Annotated[
             list[Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_length=1)]],
             Field(min_length=1, max_length=MAX_PROMPTS),
         ]
-    ) = Field(description="text, a list of texts, token ids, or a list of token-id lists")
+    ) = Field(description="text, a list of texts, token ids, or a list of token-id lists",
+              # The members are disjoint (strict mode), so the first that fits is the only one; token ids (the
+              # long lists) are tried right after text. Pydantic's default "smart" mode would validate them
+              # against every list member, collecting an error per element (6x the time of the whole request).
+              union_mode="left_to_right")
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="default 16")
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
