@@ -131,6 +131,24 @@ class LLMEngine:
 
     # -- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One scheduler step; an output for every request that got new tokens (or failed) in it."""
+        return [self._output(r) for r in self._step()]
+
+    def step_merged(self, pending: dict[str, list]) -> int:
+        """One step, like `step()`, for requests added with `delta=True`: instead of returning their delta
+        outputs, merge them into `pending` (request id -> merged deltas in the format of
+        `hetero_infer.worker.outputs.merge_deltas`, with this step's end time), without building output objects.
+        What a consumer that forwards outputs in batches (the engine process) needs. Returns the number of
+        requests that progressed."""
+        touched = self._step()
+        if touched:
+            step_end = time.monotonic()
+            for request in touched:
+                self._merge_output(request, pending, step_end)
+        return len(touched)
+
+    def _step(self) -> list[Request]:
+        """Schedule and run one step; the requests that got new tokens (or failed) in it."""
         t = time.perf_counter()
         sched = self.scheduler.schedule()
         self.last_schedule_seconds = time.perf_counter() - t
@@ -144,11 +162,10 @@ class LLMEngine:
                 request.first_scheduled_time = now
         try:
             result = self.executor.execute(sched)
-            touched = self._update(sched, result)
+            return self._update(sched, result)
         except Exception as exc:  # one bad step fails only its own requests
             log.exception("engine step failed; failing the %d requests in it", len(sched.scheduled))
             return self._fail_step(sched, f"{type(exc).__name__}: {exc}")
-        return [self._output(r) for r in touched]
 
     def _update(self, sched: SchedulerOutput, result) -> list[Request]:
         rows: list[tuple[Sequence, int]] = []  # (sequence that gets a token, logits row)
@@ -221,20 +238,18 @@ class LLMEngine:
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             self.scheduler.finish(seq, "length")
 
-    def _fail_step(self, sched: SchedulerOutput, message: str) -> list[RequestOutput]:
+    def _fail_step(self, sched: SchedulerOutput, message: str) -> list[Request]:
         failed: dict[str, Request] = {}
         for item in sched.scheduled:
             request = self.requests.get(item.seq.request_id)
             if request is not None:
                 failed[request.request_id] = request
-        outputs = []
         for request in failed.values():
             request.error = message
             for seq in request.seqs:
                 if not seq.is_finished:
                     self.scheduler.finish(seq, "error")
-            outputs.append(self._output(request))
-        return outputs
+        return list(failed.values())
 
     def _output(self, request: Request) -> RequestOutput:
         seqs = request.seqs
@@ -280,6 +295,65 @@ class LLMEngine:
         if finished:
             self.requests.pop(request.request_id, None)
         return out
+
+    def _merge_output(self, request: Request, pending: dict[str, list], step_end: float) -> None:
+        """`_output` in delta mode, merged straight into `pending` (see `step_merged`)."""
+        seqs = request.seqs
+        finished = len(seqs) == request.params.n
+        with_logprobs = request.params.logprobs is not None
+        sent = request.sent
+        if sent is None:
+            sent = request.sent = []
+        e = pending.get(request.request_id)
+        if e is None:
+            metrics = {"arrival_time": request.arrival_time}
+            if request.first_scheduled_time is not None:
+                metrics["first_scheduled_time"] = request.first_scheduled_time
+            if request.first_token_time is not None:
+                metrics["first_token_time"] = request.first_token_time
+            e = pending[request.request_id] = [False, None, metrics, [], [step_end]]
+        else:
+            e[4].append(step_end)
+        samples = e[3]
+        for i, seq in enumerate(seqs):
+            done = seq.status is _FINISHED
+            finished = finished and done
+            text = seq.detokenizer.emittable_text(done)
+            if i == len(sent):
+                sent.append([0, 0, 0])
+            s = sent[i]
+            token_ids = seq.token_ids[seq.num_prompt_tokens + s[0]:]
+            s[0] += len(token_ids)
+            n_chars = len(text)
+            text = text[s[1]:]
+            s[1] = n_chars
+            logprobs = seq.logprobs
+            if logprobs is not None:
+                n_lp = len(logprobs)
+                logprobs = logprobs[s[2]:]
+                s[2] = n_lp
+            cumulative_logprob = seq.cumulative_logprob if with_logprobs else None
+            if i == len(samples):
+                samples.append([token_ids, [text], logprobs, cumulative_logprob, seq.finish_reason, seq.stop_reason])
+                continue
+            smp = samples[i]
+            if token_ids:
+                smp[0] += token_ids
+            if text:
+                smp[1].append(text)
+            if logprobs is not None:
+                if smp[2] is None:
+                    smp[2] = logprobs
+                else:
+                    smp[2] += logprobs
+            smp[3] = cumulative_logprob
+            smp[4] = seq.finish_reason
+            smp[5] = seq.stop_reason
+        finished = finished or request.error is not None
+        e[0] = finished
+        e[1] = request.error
+        if finished:
+            self.requests.pop(request.request_id, None)
 
     # -- observability ------------------------------------------------------------------
     def stats(self) -> EngineStats:

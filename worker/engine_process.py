@@ -45,7 +45,6 @@ from hetero_infer.worker.async_engine import (
     OutputStream,
     RequestTiming,
     TimingSink,
-    merge_deltas,
     take_entries,
 )
 from hetero_infer.worker.config import EngineConfig
@@ -126,17 +125,17 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
 def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, interval: float) -> None:
     """Apply commands, step, and send what is new at most every `interval` seconds (always when idle).
 
-    Requests are added with delta outputs; the deltas of the steps between two messages are merged per request
-    here (`merge_deltas`), with the end time of every step that gave the request tokens, so a message holds one
-    entry per request that progressed (not one per step) and the parent records the per-request timing from
-    those times.
+    Requests are added with delta outputs; the engine merges the deltas of the steps between two messages per
+    request (`LLMEngine.step_merged`), with the end time of every step that gave the request tokens, so a
+    message holds one entry per request that progressed (not one per step) and the parent records the
+    per-request timing from those times.
     """
     loads, dumps = pickle.loads, pickle.dumps
     monotonic = time.monotonic
     poller = select.poll()  # one poll object: Connection.poll() builds a selector per call (5 us, once per step)
     poller.register(cmd_conn.fileno(), select.POLLIN)
     poll = poller.poll
-    pending: dict[str, list] = {}  # the deltas of the steps since the last message (`merge_deltas`)
+    pending: dict[str, list] = {}  # the deltas of the steps since the last message (merged)
     rejected: list[tuple[str, str, bool]] = []
     aborted: list[tuple[str, float, list[float] | None, int]] = []  # (request id, when, its step times and tokens
     # not sent yet)
@@ -183,11 +182,9 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
                     return
         if not engine.has_unfinished_requests():
             continue
-        outputs = engine.step()
+        engine.step_merged(pending)  # the step's deltas, merged straight into `pending` (no output objects)
         t = monotonic()
         num_steps += 1
-        if outputs:
-            merge_deltas(pending, outputs, t)
         if t - last_send >= interval:
             send()
             last_send = t

@@ -1,7 +1,7 @@
-"""The engine's delta outputs (`add_request(..., delta=True)`, what the server's engine thread and engine process
-use): accumulated, they give exactly the cumulative outputs, step by step (tokens, text, logprobs, finish and stop
-reasons), with n > 1, stop strings and logprobs; and the async layer's accumulation (`merge_deltas`,
-`OutputStream`) gives them too."""
+"""The engine's delta outputs (`add_request(..., delta=True)`: what the server's engine thread uses; merged
+straight into batches by `step_merged` in the engine process): accumulated, they give exactly the cumulative
+outputs, step by step (tokens, text, logprobs, finish and stop reasons), with n > 1, stop strings and logprobs;
+and the async layer's accumulation (`merge_deltas`, `OutputStream`) gives them too."""
 
 from __future__ import annotations
 
@@ -42,25 +42,29 @@ def _snapshot(out: Any) -> tuple:
                                       for c in out.outputs])
 
 
-def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], delta: bool) -> dict[str, list]:
-    """Every request's output after every step that touched it (deltas accumulated in a RequestState, through
-    the async layer's own merge)."""
-    tag = "d" if delta else "c"
+def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], mode: str) -> dict[str, list]:
+    """Every request's output after every step that touched it: "cumulative" outputs as they are; "delta"
+    outputs merged per step (`merge_deltas`) and "merged" ones (`step_merged`) accumulated in a RequestState."""
+    tag = mode[0]
     states = {}
     for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
         rid = f"{tag}{i}"
-        engine.add_request(rid, None, ids, p, delta=delta)
+        engine.add_request(rid, None, ids, p, delta=mode != "cumulative")
         states[rid] = RequestState(rid, None, ids)
     seen: dict[str, list] = {rid: [] for rid in states}
     while engine.has_unfinished_requests():
-        outputs = engine.step()
-        if not delta:
-            for out in outputs:
-                seen[out.request_id].append(_snapshot(out))
-            continue
         pending: dict[str, list] = {}
-        merge_deltas(pending, outputs)
-        for rid, finished, error, _metrics, samples, _times in take_entries(pending):
+        if mode == "merged":
+            engine.step_merged(pending)
+        else:
+            outputs = engine.step()
+            if mode == "cumulative":
+                for out in outputs:
+                    seen[out.request_id].append(_snapshot(out))
+                continue
+            merge_deltas(pending, outputs, 1.0)
+        for rid, finished, error, _metrics, samples, times in take_entries(pending):
+            assert len(times) == 1
             state = states[rid]
             for index, sample in enumerate(samples):
                 state.sample(index).add(*sample)
@@ -77,9 +81,9 @@ def mock_engine() -> Iterator[LLMEngine]:
 def test_mock_deltas_accumulate_to_the_cumulative_outputs(mock_engine: LLMEngine) -> None:
     tok = mock_engine.tokenizer
     prompts = [tok.encode(f"prompt number {i} says hello") for i in range(len(MOCK_PARAMS))]
-    cumulative = _run(mock_engine, prompts, MOCK_PARAMS, delta=False)
-    delta = _run(mock_engine, prompts, MOCK_PARAMS, delta=True)
-    assert delta == cumulative
+    cumulative = _run(mock_engine, prompts, MOCK_PARAMS, "cumulative")
+    assert _run(mock_engine, prompts, MOCK_PARAMS, "delta") == cumulative
+    assert _run(mock_engine, prompts, MOCK_PARAMS, "merged") == cumulative
     reasons = {c[5] for steps in cumulative.values() for c in steps[-1][2]}
     assert {"stop", "length"} <= reasons  # the stop strings and ids did stop some samples
     assert all(len(steps[-1][2]) == p.n for steps, p in zip(cumulative.values(), MOCK_PARAMS, strict=True))
@@ -89,9 +93,9 @@ def test_torch_deltas_with_logprobs_accumulate_to_the_cumulative_outputs() -> No
     engine = LLMEngine(EngineConfig(executor="torch", max_model_len=128, enable_prefix_caching=False))
     tok = engine.tokenizer
     prompts = [tok.encode("The capital of France is"), tok.encode("Once upon a time")]
-    cumulative = _run(engine, prompts, TORCH_PARAMS, delta=False)
-    delta = _run(engine, prompts, TORCH_PARAMS, delta=True)
-    assert delta == cumulative
+    cumulative = _run(engine, prompts, TORCH_PARAMS, "cumulative")
+    assert _run(engine, prompts, TORCH_PARAMS, "delta") == cumulative
+    assert _run(engine, prompts, TORCH_PARAMS, "merged") == cumulative
     last = cumulative["0"][-1][2]
     assert all(c[3] is not None and len(c[3]) == len(c[2]) for c in last)  # a logprobs entry per token
 
@@ -101,7 +105,7 @@ async def test_async_engine_streams_the_cumulative_outputs(mock_engine: LLMEngin
     request is the engine's cumulative one, and every intermediate one is a prefix of it."""
     tok = mock_engine.tokenizer
     prompts = [tok.encode(f"prompt number {i} says hello") for i in range(len(MOCK_PARAMS))]
-    expected = {rid: steps[-1] for rid, steps in _run(mock_engine, prompts, MOCK_PARAMS, delta=False).items()}
+    expected = {rid: steps[-1] for rid, steps in _run(mock_engine, prompts, MOCK_PARAMS, "cumulative").items()}
     ae = AsyncEngine(mock_engine, stream_interval=0.001)
     ae.start()
     try:
@@ -120,3 +124,28 @@ async def test_async_engine_streams_the_cumulative_outputs(mock_engine: LLMEngin
     finally:
         ae.shutdown()
     assert {str(i): g for i, g in enumerate(got)} == expected
+
+
+@pytest.mark.parametrize("mode", ["cumulative", "merged"])
+def test_a_failed_step_ends_its_requests_with_an_error(mock_engine: LLMEngine, mode: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = mock_engine.tokenizer.encode("doomed")
+    mock_engine.add_request(f"fail-{mode}", None, ids, SamplingParams(n=2, max_tokens=10, temperature=1.0, seed=1),
+                            delta=mode == "merged")
+    mock_engine.step()  # prefill: both samples exist
+
+    def boom(sched: Any) -> Any:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(mock_engine.executor, "execute", boom)
+    if mode == "merged":
+        pending: dict[str, list] = {}
+        assert mock_engine.step_merged(pending) == 1
+        [(rid, finished, error, _metrics, samples, _times)] = take_entries(pending)
+        reasons = [s[4] for s in samples]
+    else:
+        [out] = mock_engine.step()
+        rid, finished, error, reasons = out.request_id, out.finished, out.error, [c.finish_reason
+                                                                                   for c in out.outputs]
+    assert rid == f"fail-{mode}" and finished and "injected" in error and reasons == ["error", "error"]
+    assert not mock_engine.has_unfinished_requests()
