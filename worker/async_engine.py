@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hetero_infer.worker.outputs import CompletionOutput, RequestOutput, merge_deltas, take_entries
+from hetero_infer.worker.outputs import CompletionOutput, RequestOutput, take_entries
 from hetero_infer.worker.sampling_params import SamplingParams
 
 logger = logging.getLogger("hetero_infer.async_engine")
@@ -49,7 +49,7 @@ class EngineLike(Protocol):
         *, delta: bool = False,
     ) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
-    def step(self) -> list[RequestOutput]: ...
+    def step_merged(self, pending: dict[str, list]) -> int: ...
     def has_unfinished_requests(self) -> bool: ...
     def stats(self) -> Any: ...
 
@@ -225,7 +225,8 @@ class OutputStream:
 
 
 # ------------------------------------------------------------------------------------------- delta entries
-# What the engine side hands the loop: `merge_deltas` / `take_entries` (hetero_infer.worker.outputs).
+# What the engine side hands the loop: merged delta outputs (`LLMEngine.step_merged`, `take_entries`; the format
+# is described in hetero_infer.worker.outputs).
 
 
 def record_entry(timing: RequestTiming, finished: bool, error: str | None, metrics: dict[str, float] | None,
@@ -262,7 +263,7 @@ class AsyncEngine:
     """Runs an engine on its own thread and exposes it to asyncio code.
 
     `stream_interval` (seconds) bounds how often the engine thread wakes the event loop: the delta outputs of
-    the steps in between are merged per request. With steps slower than the
+    the steps in between are merged per request (`LLMEngine.step_merged`). With steps slower than the
     interval (any real model) every step is delivered at once; with very fast steps (the mock executor)
     the loop is woken at most every `stream_interval`, which keeps the serving overhead per token small.
     """
@@ -277,12 +278,11 @@ class AsyncEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Delta outputs of the steps not yet handed to the loop, merged per request with their step times
-        # (`merge_deltas`), and the requests aborted meanwhile; the engine thread writes, the loop takes,
-        # guarded by _lock.
+        # What the engine thread hands the loop at each flush: (merged delta outputs of the steps since the
+        # previous flush, with their step times, as `LLMEngine.step_merged` makes them; the requests aborted
+        # meanwhile), guarded by _lock.
         self._lock = threading.Lock()
-        self._pending: dict[str, list] = {}
-        self._aborted: list[tuple[str, float, list[float] | None, int]] = []
+        self._handoff: list[tuple[dict[str, list], list[tuple[str, float, list[float] | None, int]]]] = []
         self._delivery_scheduled = False
         # Loop-side state (only touched on the event-loop thread).
         self._timings: dict[str, RequestTiming] = {}
@@ -374,7 +374,25 @@ class AsyncEngine:
         wake = self._wake
         loop = self._loop
         assert loop is not None
+        monotonic = time.monotonic
         last_flush = 0.0
+        # The deltas of the steps since the last flush, merged per request (the engine thread's own, until it
+        # hands them over), and the requests aborted meanwhile.
+        pending: dict[str, list] = {}
+        aborted: list[tuple[str, float, list[float] | None, int]] = []
+
+        def flush() -> None:
+            nonlocal pending, aborted
+            if not pending and not aborted:
+                return
+            with self._lock:
+                self._handoff.append((pending, aborted))
+                schedule = not self._delivery_scheduled
+                self._delivery_scheduled = True
+            pending, aborted = {}, []
+            if schedule:
+                loop.call_soon_threadsafe(self._deliver)
+
         try:
             while not self._stop:
                 wake.clear()
@@ -389,34 +407,29 @@ class AsyncEngine:
                             rejected.append((item.request_id, exc))
                     else:
                         engine.abort_request(item)
-                        now = time.monotonic()
-                        with self._lock:
-                            # Deltas not yet handed over die with the request, unless it had finished (its
-                            # last output stands, and the abort came too late to matter).
-                            e = self._pending.get(item)
-                            if e is not None and not e[0]:
-                                del self._pending[item]
-                                self._aborted.append((item, now, e[4], sum(len(smp[0]) for smp in e[3])))
-                            elif e is None:
-                                self._aborted.append((item, now, None, 0))
+                        # Deltas not handed over yet die with the request, unless it had finished (its last
+                        # output stands, and the abort came too late to matter).
+                        e = pending.get(item)
+                        if e is None:
+                            aborted.append((item, monotonic(), None, 0))
+                        elif not e[0]:
+                            del pending[item]
+                            aborted.append((item, monotonic(), e[4], sum(len(smp[0]) for smp in e[3])))
                 if rejected:
                     loop.call_soon_threadsafe(self._on_rejected, rejected)
                 if not engine.has_unfinished_requests():
                     self._stats = engine.stats()
-                    self._flush(loop)
+                    flush()
                     if not inbox:
                         wake.wait()
                     continue
-                outputs = engine.step()
-                t1 = time.monotonic()
+                engine.step_merged(pending)
                 self.steps += 1
                 self._stats = engine.stats()  # cheap counters; read by /metrics at scrape time
-                if outputs:
-                    with self._lock:
-                        merge_deltas(self._pending, outputs, t1)
-                    if t1 - last_flush >= self.stream_interval:
-                        self._flush(loop)
-                        last_flush = t1
+                now = monotonic()
+                if now - last_flush >= self.stream_interval:
+                    flush()
+                    last_flush = now
         except BaseException as exc:  # the engine is broken: fail everything, turn unhealthy
             logger.exception("engine step failed; the engine is stopped")
             err = EngineDeadError(f"engine failure: {type(exc).__name__}: {exc}")
@@ -424,14 +437,6 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(self._on_dead, err)
             except RuntimeError:  # loop already closed
                 pass
-
-    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Wake the loop for the pending outputs (once: the loop takes everything pending when it runs)."""
-        with self._lock:
-            if not (self._pending or self._aborted) or self._delivery_scheduled:
-                return
-            self._delivery_scheduled = True
-        loop.call_soon_threadsafe(self._deliver)
 
     def _end_timing(self, rid: str, now: float, reason: str) -> None:
         timing = self._timings.pop(rid, None)
@@ -444,10 +449,11 @@ class AsyncEngine:
     # ----------------------------------------------------------------- callbacks (loop thread)
     def _deliver(self) -> None:
         with self._lock:
-            batch, aborted = self._pending, self._aborted
-            self._pending, self._aborted = {}, []
+            handoff = self._handoff
+            self._handoff = []
             self._delivery_scheduled = False
-        self._apply(take_entries(batch), aborted)
+        for pending, aborted in handoff:
+            self._apply(take_entries(pending), aborted)
 
     def _apply(self, entries: list[tuple], aborted: list[tuple[str, float, list[float] | None, int]]) -> None:
         """Hand delta entries to the requests' streams and record the requests' timing from their step times

@@ -11,15 +11,10 @@ from typing import Any
 
 import pytest
 
-from hetero_infer.worker.async_engine import (
-    AsyncEngine,
-    EngineRequest,
-    RequestState,
-    merge_deltas,
-    take_entries,
-)
+from hetero_infer.worker.async_engine import AsyncEngine, EngineRequest, RequestState
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.engine import LLMEngine
+from hetero_infer.worker.outputs import merge_deltas, take_entries
 from hetero_infer.worker.sampling_params import SamplingParams
 
 MOCK_PARAMS = [

@@ -93,15 +93,15 @@ async def test_failed_step_fails_only_its_requests(served: tuple[str, ServerStat
 async def test_broken_engine_turns_readyz_red(served: tuple[str, ServerState, LLMEngine],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     url, state, engine = served
-    real_step = engine.step
+    real_step = engine.step_merged  # what the engine thread calls
     broken = {"now": False}
 
-    def step() -> Any:
+    def step(pending: dict[str, list]) -> Any:
         if broken["now"]:
             raise RuntimeError("scheduler invariant violated")
-        return real_step()
+        return real_step(pending)
 
-    monkeypatch.setattr(engine, "step", step)
+    monkeypatch.setattr(engine, "step_merged", step)
     async with aiohttp.ClientSession() as session:
         stream = await session.post(url + "/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "stream": True})
