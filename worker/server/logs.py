@@ -129,10 +129,12 @@ def setup_logging(level: str, fmt: str) -> LogWriter:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     writer = LogWriter(handler)
-    # Neither format shows threads or processes: do not look them up for every record.
+    # Neither format shows threads, processes or source locations: do not look them up for every record (the
+    # "Optimization" section of the logging documentation).
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
+    logging._srcfile = None  # type: ignore[attr-defined]
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
