@@ -11,11 +11,10 @@ read, the bandwidth that implies, and the speed-up over the PyTorch path.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from timing import median_ms
 
 from hetero_infer.worker import cpu_native, cpu_paged_attention
 
@@ -55,22 +54,6 @@ def torch_path(q, k, v, tables, lens, scale):
     return F.scaled_dot_product_attention(
         q.unsqueeze(2), keys, values, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
     ).squeeze(2)
-
-
-def median_ms(fn, repeats: int, flush: torch.Tensor | None = None) -> float:
-    """Median wall time of fn(); with `flush`, a buffer larger than the last-level cache is read before
-    each call (untimed; read, as weights are), so the KV cache comes from memory as in the engine, where a step's weights have
-    streamed through the caches between two attention calls."""
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if flush is not None:
-            flush.sum()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:

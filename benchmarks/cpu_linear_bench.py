@@ -12,25 +12,14 @@ the weight bandwidth and the arithmetic rate it implies, per implementation.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from timing import median_ms
 
 from hetero_infer.worker import cpu_linear
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)] * 30 + [(576, 49152)]  # (in, out)
-
-
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:
@@ -58,9 +47,9 @@ def main() -> None:
             for packed in (ours, onednn):
                 step = [(xs[k], p) for (k, _), p in zip(SHAPES, packed)]
                 ms.append(median_ms(lambda step=step: [cpu_linear.packed_linear(x, p, None) for x, p in step],
-                                    args.repeats))
+                                    args.repeats, warmup=1))
             plain = [(xs[k], w) for (k, _), w in zip(SHAPES, weights)]
-            ms.append(median_ms(lambda plain=plain: [F.linear(x, w) for x, w in plain], args.repeats))
+            ms.append(median_ms(lambda plain=plain: [F.linear(x, w) for x, w in plain], args.repeats, warmup=1))
             print(f"| {threads} | {m} | {ms[0]:.2f} | {ms[1]:.2f} | {ms[2]:.2f} | {ms[1] / ms[0]:.2f}x | "
                   f"{nbytes / ms[0] / 1e6:.1f} | {flops_per_row * m / ms[0] / 1e6:.0f} |")
 
