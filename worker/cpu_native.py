@@ -28,8 +28,13 @@ log = logging.getLogger(__name__)
 SOURCES = Path(__file__).parent / "csrc"
 # -ffp-contract=off: a * b + c stays two roundings, as in PyTorch's elementwise ops (float32 outputs then
 # match PyTorch's bit for bit where the same operations run in the same order).
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
-         "-shared", "-fPIC"]
+FLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-shared", "-fPIC"]
+
+
+def _march() -> str:
+    """-march for the build: the CPU it runs on, unless HETERO_INFER_CPU_MARCH names a target (e.g. x86-64-v2
+    for a library that a cache folder shares between unlike machines; it also tests the portable paths)."""
+    return "-march=" + os.environ.get("HETERO_INFER_CPU_MARCH", "native")
 
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -62,7 +67,8 @@ def _build() -> ctypes.CDLL | None:
     digest = hashlib.sha256()
     # -march=native: a library built on one CPU may not run on another (a cache folder shared between
     # nodes), so the CPU's feature flags are part of the key
-    for part in [cc, *FLAGS, _cpu_flags(), *(f.name + f.read_text() for f in files)]:
+    flags = [_march(), *FLAGS]
+    for part in [cc, *flags, _cpu_flags(), *(f.name + f.read_text() for f in files)]:
         digest.update(part.encode())
     folder = cache_dir() / "cpu_kernels"
     lib_path = folder / f"hetero_infer_cpu_{digest.hexdigest()[:16]}.so"
@@ -70,7 +76,7 @@ def _build() -> ctypes.CDLL | None:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = lib_path.with_suffix(f".{os.getpid()}.tmp")
         sources = [str(f) for f in files if f.suffix == ".c"]
-        proc = subprocess.run([cc, *FLAGS, f"-I{SOURCES}", *sources, "-o", str(tmp), "-lm"],
+        proc = subprocess.run([cc, *flags, f"-I{SOURCES}", *sources, "-o", str(tmp), "-lm"],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             log.warning("building the CPU kernels failed, using the PyTorch paths:\n%s", proc.stderr[-2000:])
