@@ -262,10 +262,12 @@ _ABORT = 1
 class AsyncEngine:
     """Runs an engine on its own thread and exposes it to asyncio code.
 
-    `stream_interval` (seconds) bounds how often the engine thread wakes the event loop: the delta outputs of
-    the steps in between are merged per request (`LLMEngine.step_merged`). With steps slower than the
-    interval (any real model) every step is delivered at once; with very fast steps (the mock executor)
-    the loop is woken at most every `stream_interval`, which keeps the serving overhead per token small.
+    `stream_interval` (seconds) bounds how often the engine thread wakes the event loop for running requests:
+    the delta outputs of the steps in between are merged per request (`LLMEngine.step_merged`). With steps
+    slower than the interval (any real model) every step is delivered at once; with very fast steps (the mock
+    executor) the loop is woken at most every `stream_interval`, which keeps the serving overhead per token
+    small. Requests that end are handed over at once: a client waits for the end of its request (and then
+    sends the next one), not for more tokens.
     """
 
     def __init__(self, engine: EngineLike, *, timing_sink: TimingSink | None = None,
@@ -381,15 +383,20 @@ class AsyncEngine:
         pending: dict[str, list] = {}
         aborted: list[tuple[str, float, list[float] | None, int]] = []
 
-        def flush() -> None:
+        def flush(ended_only: bool = False) -> None:
+            """Hand everything over, or (`ended_only`) only the requests that ended."""
             nonlocal pending, aborted
-            if not pending and not aborted:
+            if ended_only:
+                batch = {rid: pending.pop(rid) for rid in [rid for rid, e in pending.items() if e[0]]}
+            else:
+                batch, pending = pending, {}
+            if not batch and not aborted:
                 return
             with self._lock:
-                self._handoff.append((pending, aborted))
+                self._handoff.append((batch, aborted))
                 schedule = not self._delivery_scheduled
                 self._delivery_scheduled = True
-            pending, aborted = {}, []
+            aborted = []
             if schedule:
                 loop.call_soon_threadsafe(self._deliver)
 
@@ -423,13 +430,15 @@ class AsyncEngine:
                     if not inbox:
                         wake.wait()
                     continue
-                engine.step_merged(pending)
+                ended = engine.step_merged(pending)
                 self.steps += 1
                 self._stats = engine.stats()  # cheap counters; read by /metrics at scrape time
                 now = monotonic()
                 if now - last_flush >= self.stream_interval:
                     flush()
                     last_flush = now
+                elif ended:  # requests that ended go out at once: their clients wait for the end, not for tokens
+                    flush(ended_only=True)
         except BaseException as exc:  # the engine is broken: fail everything, turn unhealthy
             logger.exception("engine step failed; the engine is stopped")
             err = EngineDeadError(f"engine failure: {type(exc).__name__}: {exc}")

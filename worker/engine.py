@@ -139,13 +139,14 @@ class LLMEngine:
         outputs, merge them into `pending` (request id -> merged deltas in the format of
         `hetero_infer.worker.outputs.merge_deltas`, with this step's end time), without building output objects.
         What a consumer that forwards outputs in batches (the engine process) needs. Returns the number of
-        requests that progressed."""
+        requests that ended (finished or failed) in this step."""
         touched = self._step()
+        ended = 0
         if touched:
             step_end = time.monotonic()
             for request in touched:
-                self._merge_output(request, pending, step_end)
-        return len(touched)
+                ended += self._merge_output(request, pending, step_end)
+        return ended
 
     def _step(self) -> list[Request]:
         """Schedule and run one step; the requests that got new tokens (or failed) in it."""
@@ -296,8 +297,9 @@ class LLMEngine:
             self.requests.pop(request.request_id, None)
         return out
 
-    def _merge_output(self, request: Request, pending: dict[str, list], step_end: float) -> None:
-        """`_output` in delta mode, merged straight into `pending` (see `step_merged`)."""
+    def _merge_output(self, request: Request, pending: dict[str, list], step_end: float) -> bool:
+        """`_output` in delta mode, merged straight into `pending` (see `step_merged`); whether the request
+        ended."""
         seqs = request.seqs
         finished = len(seqs) == request.params.n
         with_logprobs = request.params.logprobs is not None
@@ -354,6 +356,7 @@ class LLMEngine:
         e[1] = request.error
         if finished:
             self.requests.pop(request.request_id, None)
+        return finished
 
     # -- observability ------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -128,7 +128,7 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
     Requests are added with delta outputs; the engine merges the deltas of the steps between two messages per
     request (`LLMEngine.step_merged`), with the end time of every step that gave the request tokens, so a
     message holds one entry per request that progressed (not one per step) and the parent records the
-    per-request timing from those times.
+    per-request timing from those times. Requests that end are sent at once, in a message of their own.
     """
     loads, dumps = pickle.loads, pickle.dumps
     monotonic = time.monotonic
@@ -143,19 +143,19 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
     last_send = 0.0
     dirty = False  # something happened since the last message (stats to refresh)
 
-    def send() -> None:
-        nonlocal pending, rejected, aborted, num_steps, dirty
-        out_conn.send_bytes(dumps((_M_BATCH, (num_steps, take_entries(pending), rejected, aborted,
-                                               engine.stats())), _PROTO))
-        pending, rejected, aborted = {}, [], []
-        num_steps = 0
+    def send(batch: dict[str, list], steps: int) -> None:
+        nonlocal rejected, aborted, dirty
+        out_conn.send_bytes(dumps((_M_BATCH, (steps, take_entries(batch), rejected, aborted, engine.stats())),
+                                  _PROTO))
+        rejected, aborted = [], []
         dirty = False
 
     while True:
         busy = engine.has_unfinished_requests()
         if not busy:
             if dirty or pending or rejected or aborted:
-                send()
+                send(pending, num_steps)
+                pending, num_steps = {}, 0
             # Idle: block on the command pipe, checking now and then that the parent still lives.
             while not poll(1000):
                 if os.getppid() != parent_pid:
@@ -182,12 +182,15 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
                     return
         if not engine.has_unfinished_requests():
             continue
-        engine.step_merged(pending)  # the step's deltas, merged straight into `pending` (no output objects)
+        ended = engine.step_merged(pending)  # the step's deltas, merged straight into `pending` (no objects)
         t = monotonic()
         num_steps += 1
         if t - last_send >= interval:
-            send()
+            send(pending, num_steps)
+            pending, num_steps = {}, 0
             last_send = t
+        elif ended:  # requests that ended go out at once: their clients wait for the end, not for more tokens
+            send({rid: pending.pop(rid) for rid in [rid for rid, e in pending.items() if e[0]]}, 0)
 
 
 # ============================================================================ parent
