@@ -14,6 +14,21 @@ Formats (weights are ``[N, K]``: N output features, K input features, like
 Quantizing and dequantizing are one-off weight transformations done with PyTorch
 operations on whatever device the weight lives on; the matmuls are Triton kernels on the
 GPU and the PyTorch reference elsewhere.
+
+How the integers are chosen is free within the format (the kernels only dequantize):
+
+* round to nearest over each group's min/max range (the default);
+* ``clip_search=True`` (INT4): each group's range ``[min, max]`` is shrunk at either end
+  by the factors, among ``CLIP_SHRINKS``, with the least squared reconstruction error (the
+  clip search of AWQ, over both ends as llama.cpp's ``make_qkx`` searches scale and
+  minimum); min/max is one of the candidates, so the error never grows;
+* ``hessian=H`` (``[K, K]``, the mean of ``x x^T`` over calibration inputs of the layer):
+  GPTQ (Frantar et al., 2022) with "act order" and static groups: the columns are rounded
+  one at a time, most active input first, and each rounding error is compensated on the
+  columns not yet rounded through the inverse Hessian, which minimises the error of the
+  layer's outputs ``||x W^T - x Wq^T||`` rather than of the weights. Scales and zeros are
+  fixed before that (from the original weights; with ``clip_search``, weighted by
+  ``diag(H)``), so the result is an ordinary INT8 / INT4 tensor.
 """
 
 from __future__ import annotations
@@ -24,9 +39,11 @@ from . import reference
 from ._backend import FLOAT_DTYPES, check_out, check_same_device, check_tensor, use_triton
 
 __all__ = [
+    "CLIP_SHRINKS",
     "quantize_int8",
     "dequantize_int8",
     "quantize_int4",
+    "int4_group_params",
     "dequantize_int4",
     "unpack_int4",
     "int8_matmul",
@@ -37,6 +54,9 @@ __all__ = [
 #: Group sizes the INT4 format and kernel support.
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
+#: Shrink factors the INT4 clip search tries for each end of a group's range (1.0: the min/max range).
+CLIP_SHRINKS = tuple(1.0 - i / 20 for i in range(11))  # 1.0, 0.95, ..., 0.5
+
 
 def _check_weight(w: torch.Tensor) -> None:
     check_tensor("w", w, ndim=2, dtypes=FLOAT_DTYPES)
@@ -46,13 +66,22 @@ def _check_weight(w: torch.Tensor) -> None:
         raise ValueError("w contains inf or NaN")
 
 
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_int8(
+    w: torch.Tensor, *, hessian: torch.Tensor | None = None, damp: float = 0.01
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel INT8 quantization of ``w [N, K]``.
 
-    Returns ``(qweight int8 [N, K], scales float32 [N])``.
+    Returns ``(qweight int8 [N, K], scales float32 [N])``; ``scales = amax / 127`` per row.
+    With ``hessian`` (``[K, K]``) the integers come from GPTQ instead of rounding to nearest
+    (see the module docstring; ``damp``: diagonal dampening, a fraction of its mean).
     """
     _check_weight(w)
-    return reference.quantize_int8(w)
+    if hessian is None:
+        return reference.quantize_int8(w)
+    _check_hessian(hessian, w)
+    _, scales = reference.quantize_int8(w)
+    q = _gptq(w, hessian, scales[:, None].expand(w.shape), torch.zeros((), device=w.device), -127, 127, damp)
+    return q.to(torch.int8), scales
 
 
 def dequantize_int8(
@@ -68,16 +97,134 @@ def _check_group(group_size: int) -> None:
         raise ValueError(f"group_size must be one of {INT4_GROUP_SIZES}, got {group_size}")
 
 
-def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_int4(
+    w: torch.Tensor,
+    group_size: int = 128,
+    *,
+    clip_search: bool = False,
+    hessian: torch.Tensor | None = None,
+    damp: float = 0.01,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Asymmetric group-wise INT4 quantization of ``w [N, K]`` (K a multiple of ``group_size``).
 
     Returns ``(packed uint8 [N, K/2], scales float32 [N, K/G], zeros uint8 [N, K/G])``.
+    ``clip_search``: choose each group's range by the clip search; ``hessian`` (``[K, K]``):
+    choose the integers by GPTQ (see the module docstring; ``damp``: diagonal dampening).
     """
     _check_weight(w)
     _check_group(group_size)
     if w.shape[1] % group_size:
         raise ValueError(f"K={w.shape[1]} must be a multiple of group_size={group_size}")
-    return reference.quantize_int4(w, group_size)
+    if hessian is not None:
+        _check_hessian(hessian, w)
+    if hessian is None and not clip_search:
+        return reference.quantize_int4(w, group_size)
+    n, kdim = w.shape
+    groups = w.to(torch.float32).reshape(n, kdim // group_size, group_size)
+    importance = None
+    if hessian is not None:
+        importance = hessian.diagonal().to(torch.float32).clamp(min=0).reshape(kdim // group_size, group_size)
+    scales, zeros = int4_group_params(groups, importance) if clip_search else reference.int4_range_params(
+        groups.amin(dim=2), groups.amax(dim=2))
+    if hessian is None:
+        q = reference.int4_levels(groups, scales[..., None], zeros[..., None]).reshape(n, kdim)
+    else:
+        q = _gptq(w, hessian, scales.repeat_interleave(group_size, dim=1),
+                  zeros.repeat_interleave(group_size, dim=1), 0, 15, damp)
+    return reference.pack_int4(q, group_size), scales, zeros.to(torch.uint8)
+
+
+def int4_group_params(
+    groups: torch.Tensor, importance: torch.Tensor | None = None, shrinks: tuple[float, ...] = CLIP_SHRINKS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """INT4 ``(scales, zeros)`` ``[..., K/G]`` (float32) of ``groups [..., K/G, G]`` by clip search.
+
+    Every pair of factors ``(a, b)`` of ``shrinks`` gives a candidate range ``[a * min, b * max]``;
+    each group keeps the candidate whose quantization has the least squared error, weighted by
+    ``importance`` (``[K/G, G]``, per column, e.g. the mean squared input; None: unweighted).
+    Ties keep the earlier candidate, so with 1.0 first the result is never worse than min/max.
+    """
+    wmin, wmax = groups.amin(dim=-1), groups.amax(dim=-1)
+    best_err = best_scales = best_zeros = None
+    for a in shrinks:
+        for b in shrinks:
+            scales, zeros = reference.int4_range_params(wmin * a, wmax * b)
+            levels = reference.int4_levels(groups, scales[..., None], zeros[..., None])
+            err = ((levels - zeros[..., None]) * scales[..., None] - groups).square_()
+            if importance is not None:
+                err *= importance
+            err = err.sum(dim=-1)
+            if best_err is None:
+                best_err, best_scales, best_zeros = err, scales, zeros
+                continue
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best_scales = torch.where(better, scales, best_scales)
+            best_zeros = torch.where(better, zeros, best_zeros)
+    return best_scales, best_zeros
+
+
+def _check_hessian(hessian: torch.Tensor, w: torch.Tensor) -> None:
+    check_tensor("hessian", hessian, ndim=2, dtypes=(torch.float32, torch.float64))
+    k = w.shape[1]
+    if tuple(hessian.shape) != (k, k):
+        raise ValueError(f"hessian must be [K, K] = [{k}, {k}], got {tuple(hessian.shape)}")
+    check_same_device(w=w, hessian=hessian)
+    if not bool(torch.isfinite(hessian).all()):
+        raise ValueError("hessian contains inf or NaN")
+
+
+def _gptq(
+    w: torch.Tensor,
+    hessian: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    qmin: int,
+    qmax: int,
+    damp: float,
+    block: int = 128,
+) -> torch.Tensor:
+    """GPTQ: integer levels ``q [N, K]`` (float32) with ``w ~= (q - zeros) * scales`` (both ``[N, K]``, or
+    broadcastable) chosen to minimise ``tr(E H E^T)``, ``E`` the weight error (Frantar et al., 2022, Algorithm 1,
+    with "act order": columns in decreasing order of ``diag(H)``)."""
+    n, k = w.shape
+    W = w.to(torch.float32).clone()
+    H = hessian.to(torch.float32).clone()
+    dead = H.diagonal() <= 0  # inputs that are always 0: their weights do not matter
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    order = torch.argsort(H.diagonal(), descending=True)
+    W, H = W[:, order], H[order][:, order]
+    scales, zeros = scales.expand(n, k)[:, order], zeros.expand(n, k)[:, order]
+    Hinv = _inverse_cholesky(H, damp)
+    Q = torch.empty_like(W)
+    for i1 in range(0, k, block):
+        i2 = min(i1 + block, k)
+        W1, Hinv1 = W[:, i1:i2].clone(), Hinv[i1:i2, i1:i2]
+        E1 = torch.empty_like(W1)
+        for i in range(i2 - i1):
+            c = i1 + i
+            q = (torch.round(W1[:, i] / scales[:, c]) + zeros[:, c]).clamp_(qmin, qmax)
+            Q[:, c] = q
+            err = (W1[:, i] - (q - zeros[:, c]) * scales[:, c]) / Hinv1[i, i]
+            W1[:, i:] -= err[:, None] * Hinv1[i, i:][None, :]
+            E1[:, i] = err
+        W[:, i2:] -= E1 @ Hinv[i1:i2, i2:]  # the block's errors, on the columns after it
+    return Q[:, torch.argsort(order)]
+
+
+def _inverse_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor:
+    """Upper Cholesky factor of ``(H + damp * mean(diag(H)) * I)^-1``; the dampening grows until H is definite."""
+    eye = torch.eye(H.shape[0], dtype=H.dtype, device=H.device)
+    mean_diag = H.diagonal().mean()
+    for attempt in range(6):
+        L, info = torch.linalg.cholesky_ex(H + damp * 10**attempt * mean_diag * eye)
+        if int(info) == 0:
+            Hinv = torch.cholesky_inverse(L)
+            U, info = torch.linalg.cholesky_ex(Hinv, upper=True)
+            if int(info) == 0:
+                return U
+    raise ValueError("hessian is not positive semi-definite")
 
 
 def unpack_int4(packed: torch.Tensor, group_size: int = 128) -> torch.Tensor:

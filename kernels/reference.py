@@ -378,6 +378,33 @@ def dequantize_int8(qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     return (qweight.to(torch.float32) * scales.to(torch.float32)[:, None]).to(dtype)
 
 
+def int4_range_params(wmin: torch.Tensor, wmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """INT4 ``(scale, zero)`` (float32, the zero an integer in [0, 15]) of groups spanning ``[wmin, wmax]``.
+
+    The range is widened to include 0, ``scale = (max - min) / 15`` (1 for an all-zero group) and
+    ``zero = round(-min / scale)``.
+    """
+    wmin = wmin.clamp(max=0.0)
+    wmax = wmax.clamp(min=0.0)
+    scales = (wmax - wmin) / 15.0
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    return scales, torch.round(-wmin / scales).clamp_(0, 15)
+
+
+def int4_levels(w: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """The 4-bit levels ``clamp(round(w / scale) + zero, 0, 15)`` (float32), scale and zero broadcast against w."""
+    return (torch.round(w / scales) + zeros).clamp_(0, 15)
+
+
+def pack_int4(q: torch.Tensor, group_size: int = 128) -> torch.Tensor:
+    """Levels ``[N, K]`` (any dtype, values in [0, 15]) -> packed uint8 ``[N, K/2]`` (see :func:`quantize_int4`)."""
+    n, kdim = q.shape
+    g = group_size
+    q = q.to(torch.uint8).reshape(n, kdim // g, g)
+    lo, hi = q[..., : g // 2], q[..., g // 2 :]
+    return (lo | (hi << 4)).reshape(n, kdim // 2)
+
+
 def quantize_int4(
     w: torch.Tensor, group_size: int = 128
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -386,7 +413,7 @@ def quantize_int4(
 
     Each group's range is widened to include 0, ``scale = (max - min) / 15``,
     ``zero = round(-min / scale)``, ``q = clamp(round(w / scale) + zero, 0, 15)`` and
-    ``w ~= (q - zero) * scale``.
+    ``w ~= (q - zero) * scale`` (round to nearest over the group's min/max range).
 
     Packing: within each group of G columns, byte ``i`` (``0 <= i < G/2``) holds column
     ``i`` in its low nibble and column ``i + G/2`` in its high nibble (so a kernel reads a
@@ -395,15 +422,9 @@ def quantize_int4(
     n, kdim = w.shape
     g = group_size
     wf = w.to(torch.float32).reshape(n, kdim // g, g)
-    wmin = wf.amin(dim=2).clamp(max=0.0)
-    wmax = wf.amax(dim=2).clamp(min=0.0)
-    scales = (wmax - wmin) / 15.0
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-    zeros = torch.round(-wmin / scales).clamp_(0, 15)
-    q = (torch.round(wf / scales[..., None]) + zeros[..., None]).clamp_(0, 15).to(torch.uint8)
-    lo, hi = q[..., : g // 2], q[..., g // 2 :]
-    packed = (lo | (hi << 4)).reshape(n, kdim // 2)
-    return packed, scales, zeros.to(torch.uint8)
+    scales, zeros = int4_range_params(wf.amin(dim=2), wf.amax(dim=2))
+    q = int4_levels(wf, scales[..., None], zeros[..., None])
+    return pack_int4(q.reshape(n, kdim), g), scales, zeros.to(torch.uint8)
 
 
 def unpack_int4(packed: torch.Tensor, group_size: int = 128) -> torch.Tensor:

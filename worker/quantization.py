@@ -3,16 +3,33 @@ groups along K (W4A16), through `hetero_infer.kernels` (Triton on CUDA, PyTorch 
 
 Only the decoder's projections are quantized (qkv_proj, o_proj, gate_up_proj, down_proj);
 embeddings, lm_head and norms stay in the model dtype, as in most weight-only schemes.
+
+How the integers are chosen (the format, and so the kernels, are the same either way):
+
+* GPTQ, when calibration text is at hand (by default: the fixed chat conversations of
+  `quant_calibration`, rendered with the tokenizer of the model's folder). As in the GPTQ
+  reference implementation, layers are quantized in order, each projection from the inputs
+  it sees with everything before it already quantized: the calibration tokens run through
+  the model once to the first decoder layer, then through each layer as it is quantized.
+* Otherwise round to nearest: INT8 over each row's range, INT4 over each group's range
+  chosen by clip search (`kernels.quantize_int4`). HETERO_INFER_GPTQ=0 asks for this
+  (a faster load: GPTQ takes 30-50 s for the default model on 2 CPU cores).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from hetero_infer import kernels
+
+log = logging.getLogger(__name__)
 
 METHODS = ("int8", "int4")
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -25,6 +42,7 @@ class QuantReport:
     bytes_before: int  # parameters and buffers of the whole model, before
     bytes_after: int
     num_quantized: int  # Linear layers replaced
+    calibration_tokens: int = 0  # tokens the GPTQ statistics came from; 0: rounded to nearest
 
     @property
     def ratio(self) -> float:
@@ -67,17 +85,20 @@ class QuantizedLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, method: str, group_size: int = INT4_GROUP_SIZE) -> QuantizedLinear:
+    def from_linear(cls, linear: nn.Linear, method: str, group_size: int = INT4_GROUP_SIZE,
+                    hessian: torch.Tensor | None = None) -> QuantizedLinear:
+        """Quantize `linear`: GPTQ with `hessian` (the mean of x x^T over calibration inputs), else round to nearest
+        (INT4 with clip search)."""
         w = linear.weight.detach()
         if method == "int4":
             group_size = int4_group_size(linear.in_features, group_size)
         layer = cls(linear.in_features, linear.out_features, method, group_size, linear.bias, device=w.device)
         if method == "int8":
-            q, s = kernels.quantize_int8(w)
+            q, s = kernels.quantize_int8(w, hessian=hessian)
             layer.qweight.copy_(q)
             layer.scales.copy_(s)
         else:
-            q, s, z = kernels.quantize_int4(w, layer.group_size)
+            q, s, z = kernels.quantize_int4(w, layer.group_size, clip_search=True, hessian=hessian)
             layer.qweight.copy_(q)
             layer.scales.copy_(s)
             layer.zeros.copy_(z)
@@ -105,15 +126,144 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+_AUTO = "auto"
+
+
 @torch.no_grad()
-def quantize_model(model: nn.Module, method: str, group_size: int = INT4_GROUP_SIZE) -> QuantReport:
-    """Replace the projection Linears of a loaded model by QuantizedLinear, in place."""
+def quantize_model(model: nn.Module, method: str, group_size: int = INT4_GROUP_SIZE,
+                   calibration: Sequence[Sequence[int]] | str | None = _AUTO) -> QuantReport:
+    """Replace the projection Linears of a loaded model by QuantizedLinear, in place.
+
+    calibration: token-id sequences for GPTQ; "auto": `calibration_tokens(model)` (None when the model has no
+    tokenizer folder or HETERO_INFER_GPTQ=0); None (or a model without decoder `layers`): round to nearest.
+    """
     if method not in METHODS:
         raise ValueError(f"unknown quantization method {method!r}; expected one of {METHODS}")
     before = weight_bytes(model)
-    # (parent, name) only: holding no reference to the float Linear frees it as soon as it is replaced
-    targets = [(parent, name) for parent in model.modules() for name, child in parent.named_children()
-               if name in PROJECTIONS and isinstance(child, nn.Linear)]
-    for parent, name in targets:
-        setattr(parent, name, QuantizedLinear.from_linear(getattr(parent, name), method, group_size))
-    return QuantReport(method, before, weight_bytes(model), len(targets))
+    if isinstance(calibration, str):
+        if calibration != _AUTO:
+            raise ValueError(f"calibration must be token-id sequences, None or {_AUTO!r}")
+        calibration = calibration_tokens(model) if os.environ.get("HETERO_INFER_GPTQ", "1") != "0" else None
+    tokens = 0
+    if calibration and isinstance(getattr(model, "layers", None), nn.ModuleList):
+        count, tokens = _quantize_sequential(model, method, group_size, [list(s) for s in calibration])
+    else:
+        # (parent, name) only: holding no reference to the float Linear frees it as soon as it is replaced
+        targets = [(parent, name) for parent in model.modules() for name, child in parent.named_children()
+                   if name in PROJECTIONS and isinstance(child, nn.Linear)]
+        for parent, name in targets:
+            setattr(parent, name, QuantizedLinear.from_linear(getattr(parent, name), method, group_size))
+        count = len(targets)
+    return QuantReport(method, before, weight_bytes(model), count, tokens)
+
+
+def calibration_tokens(model: nn.Module) -> list[list[int]] | None:
+    """The `quant_calibration` conversations, tokenized by the tokenizer in the model's folder
+    (`config.name_or_path`; through its chat template when it has one, else as plain text) and cut to the model's
+    length; None without a local tokenizer."""
+    from hetero_infer.worker.quant_calibration import CONVERSATIONS
+    from hetero_infer.worker.tokenizer import Tokenizer
+
+    folder = getattr(getattr(model, "config", None), "name_or_path", None)
+    if not folder or not Path(folder).is_dir():
+        return None
+    try:
+        tokenizer = Tokenizer.from_pretrained(folder)
+        if getattr(tokenizer.hf, "chat_template", None):
+            seqs = [tokenizer.apply_chat_template([{"role": "user", "content": prompt},
+                                                   {"role": "assistant", "content": answer}],
+                                                  add_generation_prompt=False)
+                    for prompt, answer in CONVERSATIONS]
+        else:
+            seqs = [tokenizer.encode(f"{prompt}\n{answer}") for prompt, answer in CONVERSATIONS]
+    except Exception as e:  # no usable tokenizer in the folder
+        log.warning("no calibration text for GPTQ (%s: %s): rounding to nearest", type(e).__name__, e)
+        return None
+    limit = getattr(model, "max_positions", None) or max(len(s) for s in seqs)
+    return [s[:limit] for s in seqs]
+
+
+class _Captured(Exception):
+    """Raised by a hook to stop a forward pass once it has what it needs."""
+
+
+def _quantize_sequential(model: nn.Module, method: str, group_size: int, seqs: list[list[int]]) -> tuple[int, int]:
+    """GPTQ layer by layer ("true sequential"); returns (Linears replaced, calibration tokens)."""
+    inputs = _first_layer_inputs(model, seqs)
+    count = 0
+    for layer in model.layers:
+        # projections in execution order; each one's inputs come through the projections quantized before it
+        targets = [(parent, name) for name in PROJECTIONS for parent in layer.modules()
+                   if isinstance(getattr(parent, name, None), nn.Linear)]
+        quantized = []
+        for parent, name in targets:
+            linear = getattr(parent, name)
+            hessian = _input_hessian(layer, linear, inputs)
+            quantized.append(QuantizedLinear.from_linear(linear, method, group_size, hessian=hessian))
+            # until the layer is done, a float Linear with the quantized weight (faster than the CPU reference)
+            linear.weight.copy_(quantized[-1].dequantized_weight(linear.weight.dtype))
+        # a layer returns the leading arguments of the next one (hidden states, or hidden states and residual)
+        out = layer(*_copies(inputs))
+        out = out if isinstance(out, tuple) else (out,)
+        inputs = (*out, *inputs[len(out):])
+        for (parent, name), q in zip(targets, quantized, strict=True):
+            setattr(parent, name, q)
+        count += len(targets)
+    return count, sum(len(s) for s in seqs)
+
+
+def _copies(inputs: tuple) -> tuple:
+    """`inputs` with its tensors cloned: a layer may update its residual input in place."""
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in inputs)
+
+
+def _first_layer_inputs(model: nn.Module, seqs: list[list[int]]) -> tuple:
+    """The arguments of the first decoder layer for `seqs` (one prefill chunk each): hidden states (and whatever
+    else the model passes from layer to layer), then rotary tables, attention metadata and a scratch KV cache,
+    the same for every layer."""
+    from hetero_infer.worker.attention import AttentionMetadata, PrefillChunk
+
+    device = model.embed_tokens.weight.device
+    lens = [len(s) for s in seqs]
+    starts = [sum(lens[:i]) for i in range(len(lens))]
+    total = sum(lens)
+    attn = model.layers[0].self_attn
+    kv = torch.zeros(2, total, 1, attn.num_kv_heads, attn.head_dim, dtype=model.embed_tokens.weight.dtype,
+                     device=device)  # prefill chunks without a cached prefix attend to their own fresh K/V
+    meta = AttentionMetadata(slot_mapping=torch.arange(total, device=device), num_decode_tokens=0,
+                             prefill_chunks=tuple(PrefillChunk(s, n, n, None) for s, n in zip(starts, lens)))
+    ids = torch.tensor([t for s in seqs for t in s], device=device)
+    positions = torch.cat([torch.arange(n) for n in lens]).to(device)
+    captured = {}
+
+    def capture(module, inputs):
+        captured["inputs"] = inputs
+        raise _Captured
+
+    hook = model.layers[0].register_forward_pre_hook(capture)
+    try:
+        model(ids, positions, meta, [(kv[0], kv[1])] * len(model.layers))
+    except _Captured:
+        pass
+    finally:
+        hook.remove()
+    return captured["inputs"]
+
+
+def _input_hessian(layer: nn.Module, linear: nn.Linear, inputs: tuple) -> torch.Tensor:
+    """Mean of x x^T (float32 [K, K]) over the inputs x that `linear` receives when `layer` runs on `inputs`."""
+    captured = {}
+
+    def capture(module, args):
+        captured["x"] = args[0]
+        raise _Captured
+
+    hook = linear.register_forward_pre_hook(capture)
+    try:
+        layer(*_copies(inputs))
+    except _Captured:
+        pass
+    finally:
+        hook.remove()
+    x = captured["x"].reshape(-1, linear.in_features).to(torch.float32)
+    return x.t() @ x / x.shape[0]

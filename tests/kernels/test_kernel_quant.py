@@ -57,6 +57,74 @@ def test_int4_packing_layout():
             assert byte >> 4 == int(vals[grp * g + g // 2 + i])
 
 
+def _group_sq_err(w, packed, scales, zeros, g):
+    deq = kernels.dequantize_int4(packed, scales, zeros, g)
+    return (deq - w).square().reshape(w.shape[0], -1, g).sum(-1)
+
+
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_int4_clip_search_never_worse_than_minmax(group_size):
+    """Per group, the clip search's squared error is at most min/max rounding's, and clearly lower on average."""
+    torch.manual_seed(0)
+    n, k = 64, 1024
+    w = torch.randn(n, k) * torch.rand(n, 1)  # Gaussian rows of varied scale
+    w[:8] = torch.rand(8, k) + 0.5  # all-positive groups (the range is widened to 0)
+    w[8:16] = torch.distributions.StudentT(2.0).sample((8, k))  # heavy tails: outliers
+    w[16, :group_size] = 0.25  # a constant group
+    w[17, :group_size] = 0.0  # an all-zero group
+    clip = kernels.quantize_int4(w, group_size, clip_search=True)
+    minmax = kernels.quantize_int4(w, group_size)
+    err_clip, err_minmax = _group_sq_err(w, *clip, group_size), _group_sq_err(w, *minmax, group_size)
+    assert bool((err_clip <= err_minmax * (1 + 1e-6)).all())
+    assert float(err_clip.sum()) < 0.98 * float(err_minmax.sum())
+    assert float(err_clip[17, 0]) == 0.0 and torch.equal(clip[2], kernels.quantize_int4(w, group_size, clip_search=True)[2])
+    assert int(clip[2].max()) <= 15 and clip[1].dtype == torch.float32
+
+
+def _hessian(k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Correlated inputs with a few large channels (as in LLM activations) and their mean x x^T."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4096, k, generator=g) @ (torch.eye(k) + 0.3 * torch.randn(k, k, generator=g) / k**0.5)
+    x = x * (torch.rand(k, generator=g) * 2 + 0.1)
+    x[:, :4] *= 10
+    return x, x.t() @ x / x.shape[0]
+
+
+def _output_err(w, deq, x):
+    return float((x @ (deq - w).t()).square().mean() / (x @ w.t()).square().mean())
+
+
+def test_gptq_lowers_the_output_error():
+    """With the inputs' Hessian, the layer-output error is below round-to-nearest's, in the same formats."""
+    torch.manual_seed(1)
+    w = torch.randn(96, 256)
+    x, h = _hessian(256)
+    packed, scales, zeros = kernels.quantize_int4(w, 64, clip_search=True, hessian=h)
+    assert packed.shape == (96, 128) and scales.shape == zeros.shape == (96, 4) and int(zeros.max()) <= 15
+    gptq4 = _output_err(w, kernels.dequantize_int4(packed, scales, zeros, 64), x)
+    rtn4 = _output_err(w, kernels.dequantize_int4(*kernels.quantize_int4(w, 64, clip_search=True), 64), x)
+    assert gptq4 < 0.8 * rtn4
+    q, s = kernels.quantize_int8(w, hessian=h)
+    assert q.dtype == torch.int8 and int(q.abs().max()) <= 127
+    assert torch.equal(s, kernels.quantize_int8(w)[1])  # same scales, other integers
+    gptq8 = _output_err(w, kernels.dequantize_int8(q, s), x)
+    assert gptq8 < 0.9 * _output_err(w, kernels.dequantize_int8(*kernels.quantize_int8(w)), x)
+
+
+def test_gptq_dead_inputs_and_errors():
+    w = torch.randn(8, 128)
+    x, h = _hessian(128)
+    h[5, :] = h[:, 5] = 0.0  # an input that is always 0
+    packed, scales, zeros = kernels.quantize_int4(w, 32, hessian=h)
+    assert bool(torch.isfinite(kernels.dequantize_int4(packed, scales, zeros, 32)).all())
+    with pytest.raises(ValueError, match=r"\[K, K\]"):
+        kernels.quantize_int4(w, 32, hessian=h[:64, :64])
+    with pytest.raises(ValueError, match="inf or NaN"):
+        kernels.quantize_int8(w, hessian=torch.full((128, 128), float("nan")))
+    with pytest.raises(TypeError, match="dtype"):
+        kernels.quantize_int8(w, hessian=h.to(torch.bfloat16))
+
+
 def test_quantize_errors():
     with pytest.raises(ValueError, match="multiple of group_size"):
         kernels.quantize_int4(torch.randn(4, 100))
