@@ -32,6 +32,18 @@ PROMPTS = [
     "Why is the sky blue?",
 ]
 
+# A second, larger prompt set (16 x 32 tokens) for the printed measurements (`test_agreement.py --more`).
+MORE_PROMPTS = [
+    "What are the benefits of regular exercise?", "Describe a sunset in two sentences.",
+    "How does a computer store numbers?", "Name three famous painters.",
+    "What should I pack for a beach trip?", "Explain photosynthesis briefly.",
+    "Write a short poem about autumn.", "What is the difference between a virus and a bacterium?",
+    "How can I improve my sleep?", "Summarize the plot of Romeo and Juliet.",
+    "What is an API?", "Give me three ideas for a birthday party.",
+    "Why do cats purr?", "How do airplanes fly?", "What is the Pythagorean theorem?",
+    "Suggest a name for a pet goldfish.",
+]
+
 
 def tiny_config(arch: str):
     from transformers import LlamaConfig, Qwen2Config

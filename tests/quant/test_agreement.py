@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from quant_testing import PROMPTS, forced_greedy, position_agreement, prefix_agreement
+from quant_testing import MORE_PROMPTS, PROMPTS, forced_greedy, position_agreement, prefix_agreement
 
 from hetero_infer import LLM, SamplingParams
 
@@ -25,13 +25,13 @@ MAX_NEW = 24
 BOUNDS = {"int8": 0.95, "int4": 0.85}  # the issue's targets
 
 
-def chat_prompts(llm) -> list[list[int]]:
+def chat_prompts(llm, texts: list[str] = PROMPTS) -> list[list[int]]:
     tok = llm.get_tokenizer()
-    return [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True) for p in PROMPTS]
+    return [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True) for p in texts]
 
 
-def greedy(llm, prompts: list[list[int]]) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+def greedy(llm, prompts: list[list[int]], max_new: int = MAX_NEW) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_new, ignore_eos=True)
     return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
 
 
@@ -70,7 +70,8 @@ def projection_bytes(llm) -> tuple[int, int]:
 def main() -> None:
     """Print every number of docs/benchmarks.md "Quantized weights" (slow for INT4: 24 decode steps).
 
-    `--rtn`: round to nearest instead of GPTQ (HETERO_INFER_GPTQ=0), the numbers before calibration.
+    `--rtn`: round to nearest instead of GPTQ (HETERO_INFER_GPTQ=0), the numbers before calibration;
+    `--more`: the 16 prompts of MORE_PROMPTS, 32 tokens each, instead of the asserted set.
     """
     import os
     import platform
@@ -80,12 +81,14 @@ def main() -> None:
 
     if "--rtn" in sys.argv[1:]:
         os.environ["HETERO_INFER_GPTQ"] = "0"
+    texts, max_new = (MORE_PROMPTS, 32) if "--more" in sys.argv[1:] else (PROMPTS, MAX_NEW)
     print(f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads; "
-          f"{'round to nearest' if os.environ.get('HETERO_INFER_GPTQ') == '0' else 'GPTQ'}")
+          f"{'round to nearest' if os.environ.get('HETERO_INFER_GPTQ') == '0' else 'GPTQ'}; "
+          f"{len(texts)} prompts x {max_new} tokens")
     llm = load(None)
-    prompts = chat_prompts(llm)
+    prompts = chat_prompts(llm, texts)
     start = time.perf_counter()
-    ref = greedy(llm, prompts)
+    ref = greedy(llm, prompts, max_new)
     seconds = time.perf_counter() - start
     ref_forced = forced_greedy(llm, prompts, ref)
     bf16_bytes = llm.engine.executor.weight_bytes
@@ -100,7 +103,7 @@ def main() -> None:
         proj, proj_bf16 = projection_bytes(llm)
         forced = position_agreement(ref_forced, forced_greedy(llm, prompts, ref))
         start = time.perf_counter()
-        free = greedy(llm, prompts)
+        free = greedy(llm, prompts, max_new)
         seconds = time.perf_counter() - start
         print(f"{method}: weights {ex.weight_bytes / 2**20:.1f} MiB ({ex.weight_bytes / bf16_bytes:.2f}x), "
               f"projections {proj / 2**20:.1f} MiB (bf16 {proj_bf16 / 2**20:.1f} MiB, {proj / proj_bf16:.2f}x); "
