@@ -1,4 +1,4 @@
-"""Process mode (`--engine-process`; the default with 4 or more CPUs): the engine core runs in a child process.
+"""Process mode (`--engine-process`; the default with 2 or more CPUs): the engine core runs in a child process.
 
 Same outputs as thread mode; a killed engine child turns /readyz red and fails open requests (never a hang);
 shutdown leaves no child behind.

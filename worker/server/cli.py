@@ -49,7 +49,7 @@ _SERVER_HELP = {
     "log_format": f"one of {', '.join(LOG_FORMATS)} (default json)",
     "access_log": "log one line per HTTP request (default on)",
     "engine_process": "run the engine core in its own process, so that it does not share the GIL with the HTTP "
-    "side; --no-engine-process runs it on a thread of the server process (default: a process when at least 4 "
+    "side; --no-engine-process runs it on a thread of the server process (default: a process when at least 2 "
     "CPUs are usable, else a thread)",
 }
 

@@ -28,7 +28,7 @@ class ServerOptions:
     log_format: str = "json"
     access_log: bool = True
     # Run the engine core in its own process (False: on a thread of the server). None: auto, a process when
-    # at least ENGINE_PROCESS_MIN_CPUS CPUs are usable (fewer: the extra process only competes for them).
+    # at least ENGINE_PROCESS_MIN_CPUS CPUs are usable (with one CPU the two processes only compete for it).
     engine_process: bool | None = None
 
     def __post_init__(self) -> None:
@@ -90,7 +90,9 @@ class ServerOptions:
         return {f.name: f.type for f in fields(cls)}
 
 
-ENGINE_PROCESS_MIN_CPUS = 4
+# Measured on 2 CPUs (docs/benchmarks.md, "Serving overhead"): the process is faster than the thread with a
+# pure-Python engine (mock executor) and as fast with the CPU model.
+ENGINE_PROCESS_MIN_CPUS = 2
 
 
 def usable_cpus() -> int:
