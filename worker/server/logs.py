@@ -108,10 +108,35 @@ class LogWriter(logging.Handler):
                 self._urgent.wait(self.interval)  # gather a batch, unless something urgent came
             self._wake.clear()
             self._urgent.clear()
-            while records:
-                self.target.handle(records.popleft())
+            self._write_out()
             if self._stopped:
                 return
+
+    def _write_out(self) -> None:
+        """Write what is queued: to a stream, the whole batch in one write and one flush (a syscall per batch,
+        not per record); to other handlers, record by record."""
+        records, target = self._records, self.target
+        if not isinstance(target, logging.StreamHandler):
+            while records:
+                target.handle(records.popleft())
+            return
+        lines = []
+        while records:
+            record = records.popleft()
+            if record.levelno < target.level or not target.filter(record):
+                continue
+            try:
+                lines.append(target.format(record) + target.terminator)
+            except Exception:
+                target.handleError(record)
+        if not lines:
+            return
+        with target.lock:  # type: ignore[union-attr]
+            try:
+                target.stream.write("".join(lines))
+                target.flush()
+            except Exception:
+                target.handleError(record)
 
     def stop(self) -> None:
         self._stopped = True
@@ -119,8 +144,7 @@ class LogWriter(logging.Handler):
         self._urgent.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
-        while self._records:  # never started, or did not stop in time
-            self.target.handle(self._records.popleft())
+        self._write_out()  # never started, or did not stop in time
 
 
 def setup_logging(level: str, fmt: str) -> LogWriter:
