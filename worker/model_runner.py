@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from hetero_infer.worker import cpu_linear, cpu_native, cpu_ops, cpu_paged_attention
+from hetero_infer.worker import cpu_linear, cpu_native, cpu_threads, cpu_ops, cpu_paged_attention
 from hetero_infer.worker.attention import AttentionMetadata, PrefillChunk
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.model_loader import iter_safetensors
@@ -49,6 +49,8 @@ class TorchExecutor:
         self.device = resolve_device(config.device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)  # one worker, one GPU: graphs and memory stats use the current one
+        if self.device.type == "cpu":
+            cpu_threads.configure_torch_threads()  # a container's CPU quota, not the node's CPU count
         self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
         self.block_size = config.block_size
         self.vocab_size = hf_config.vocab_size

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from hetero_infer.worker.cpu_threads import usable_cpus
+
 LOG_FORMATS = ("json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -93,13 +95,6 @@ class ServerOptions:
 # Measured on 2 CPUs (docs/benchmarks.md, "Serving overhead"): the process is faster than the thread with a
 # pure-Python engine (mock executor) and as fast with the CPU model.
 ENGINE_PROCESS_MIN_CPUS = 2
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def read_key_file(path: str | os.PathLike[str]) -> list[str]:
