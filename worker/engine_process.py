@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import gc
 import logging
 import multiprocessing
 import os
@@ -48,6 +47,7 @@ from hetero_infer.worker.async_engine import (
     take_entries,
 )
 from hetero_infer.worker.config import EngineConfig
+from hetero_infer.worker.gc_freeze import freeze_startup_objects
 
 logger = logging.getLogger("hetero_infer.engine_process")
 
@@ -105,10 +105,7 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
     except BaseException as exc:
         out_conn.send_bytes(pickle.dumps((_M_LOAD_ERROR, f"{type(exc).__name__}: {exc}"), _PROTO))
         return
-    # As the server does once loaded (`freeze_startup_objects`): full garbage collections must not walk the
-    # model, the tokenizer and the modules again and again.
-    gc.collect()
-    gc.freeze()
+    freeze_startup_objects()
     out_conn.send_bytes(pickle.dumps((_M_READY, (limits, engine.stats())), _PROTO))
     try:
         _child_loop(engine, cmd_conn, out_conn, parent_pid, interval)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from hetero_infer.worker import cpu_linear, cpu_native, cpu_threads, cpu_ops, cpu_paged_attention
+from hetero_infer.worker import cpu_linear, cpu_native, cpu_ops, cpu_paged_attention, cpu_threads
 from hetero_infer.worker.attention import AttentionMetadata, PrefillChunk
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.model_loader import iter_safetensors

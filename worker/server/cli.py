@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import gc
 import logging
 import os
 import signal
@@ -29,6 +28,7 @@ from aiohttp import web
 
 from hetero_infer.worker.cli_args import ENV_PREFIX, add_engine_args, env_overrides
 from hetero_infer.worker.config import EngineConfig, load_config_file
+from hetero_infer.worker.gc_freeze import freeze_startup_objects
 from hetero_infer.worker.server.options import LOG_FORMATS, LOG_LEVELS, ServerOptions
 
 logger = logging.getLogger("hetero_infer.server")
@@ -171,15 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         listener.stop()  # writes out what is still queued
-
-
-def freeze_startup_objects() -> None:
-    """Move everything allocated so far (modules, the model, the tokenizer: several 100k objects) out of the
-    cyclic garbage collector's reach (`gc.freeze`), once loading is over. Otherwise every full collection,
-    which the objects of requests in flight trigger under load, walks all of them again (0.2 to 0.3 s each,
-    every second or so: a fifth of the server's CPU in one measurement)."""
-    gc.collect()
-    gc.freeze()
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

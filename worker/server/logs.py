@@ -101,7 +101,6 @@ class LogWriter(logging.Handler):
         self.handle(record)
 
     def _run(self) -> None:
-        records = self._records
         while True:
             self._wake.wait()
             if not self._stopped:
