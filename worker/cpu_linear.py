@@ -46,14 +46,62 @@ def _gemm_bf16():
     return cpu_native.function("gemm_bf16", [_P, _I, _I, _P, _I, _P, _P], ctypes.c_int)
 
 
+@functools.cache
+def _gemm_quantized(bits: int):
+    """The C W8A16 / W4A16 GEMM (bfloat16 activations), or None where the bfloat16 GEMM is missing."""
+    if _gemm_bf16() is None:
+        return None
+    if bits == 8:
+        return cpu_native.function("gemm_w8a16", [_P, _I, _I, _P, _P, _I, _P, _P], ctypes.c_int)
+    return cpu_native.function("gemm_w4a16", [_P, _I, _I, _P, _P, _P, _I, _I, _P, _P], ctypes.c_int)
+
+
+def quantized_gemm_available() -> bool:
+    return _gemm_quantized(8) is not None
+
+
 @dataclass
 class PackedWeight:
-    """A weight [N, K] in the layout of the GEMM that will use it: "onednn" or "gemm_bf16"."""
+    """A weight [N, K] in the layout of the GEMM that will use it: "onednn", "gemm_bf16", or the weight-only
+    quantized "gemm_w8a16" / "gemm_w4a16" (with their scales, and zero points for INT4)."""
 
     kind: str
     data: torch.Tensor
     out_features: int
     in_features: int
+    scales: torch.Tensor | None = None
+    zeros: torch.Tensor | None = None
+    group_size: int = 0
+
+
+def _panels(t: torch.Tensor, n: int) -> torch.Tensor:
+    """`t` [n, ...] zero-padded to a whole number of panels: [panels, _PANEL, ...]."""
+    padded = t.new_zeros((-(-n // _PANEL) * _PANEL, *t.shape[1:]))
+    padded[:n] = t
+    return padded.view(-1, _PANEL, *t.shape[1:])
+
+
+def pack_int8(qweight: torch.Tensor, scales: torch.Tensor) -> PackedWeight:
+    """INT8 weights [N, K] with per-output-channel scales [N], for `gemm_w8a16`: panels of 64 columns whose
+    row kp holds each column's pair (q[n, 2kp], q[n, 2kp + 1]), as the bfloat16 layout does."""
+    n, k = qweight.shape
+    data = _panels(qweight.detach().to(torch.int8), n).view(-1, _PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    return PackedWeight("gemm_w8a16", data, n, k, scales=_panels(scales.detach().float(), n).reshape(-1))
+
+
+def pack_int4(levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> PackedWeight:
+    """INT4 levels [N, K] (values 0..15) with scales and zero points [N, K / group_size], for `gemm_w4a16`:
+    one byte per column and K pair in panels of 64 columns (low nibble k = 2kp, high nibble 2kp + 1); scales
+    and zeros as float32 [panels, K / group_size, 64]."""
+    n, k = levels.shape
+    lv = _panels(levels.detach().to(torch.uint8), n).view(-1, _PANEL, k // 2, 2)
+    data = (lv[..., 0] | (lv[..., 1] << 4)).permute(0, 2, 1).contiguous()
+
+    def per_group(t: torch.Tensor) -> torch.Tensor:
+        return _panels(t.detach().float(), n).permute(0, 2, 1).contiguous()
+
+    return PackedWeight("gemm_w4a16", data, n, k, scales=per_group(scales), zeros=per_group(zeros),
+                        group_size=group_size)
 
 
 def pack_weight(weight: torch.Tensor) -> PackedWeight:
@@ -74,14 +122,21 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.data, bias, "none", [], "")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, packed.in_features).to(torch.bfloat16).contiguous()
-    out = torch.empty(x2.shape[0], packed.out_features, dtype=torch.bfloat16)
-    if bias is not None:
-        bias = bias.float().contiguous()
-    rc = _gemm_bf16()(x2.data_ptr(), x2.shape[0], packed.in_features, packed.data.data_ptr(), packed.out_features,
-                      None if bias is None else bias.data_ptr(), out.data_ptr())
+    m, k, n = x2.shape[0], packed.in_features, packed.out_features
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    b = None if bias is None else bias.float().contiguous()
+    b_ptr = None if b is None else b.data_ptr()
+    if packed.kind == "gemm_bf16":
+        rc = _gemm_bf16()(x2.data_ptr(), m, k, packed.data.data_ptr(), n, b_ptr, out.data_ptr())
+    elif packed.kind == "gemm_w8a16":
+        rc = _gemm_quantized(8)(x2.data_ptr(), m, k, packed.data.data_ptr(), packed.scales.data_ptr(), n, b_ptr,
+                                out.data_ptr())
+    else:
+        rc = _gemm_quantized(4)(x2.data_ptr(), m, k, packed.data.data_ptr(), packed.scales.data_ptr(),
+                                packed.zeros.data_ptr(), packed.group_size, n, b_ptr, out.data_ptr())
     if rc != 0:
-        raise RuntimeError(f"gemm_bf16 failed ({rc})")
-    return out.view(*lead, packed.out_features)
+        raise RuntimeError(f"{packed.kind} failed ({rc})")
+    return out.view(*lead, n)
 
 
 class PackedLinear(nn.Module):

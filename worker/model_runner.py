@@ -69,7 +69,7 @@ class TorchExecutor:
         else:
             log.info("weights: %.1f MiB (%s)", self.weight_bytes / 2**20, str(self.dtype).removeprefix("torch."))
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and cpu_linear.available():
-            log.info("packed %d linear layers for oneDNN", self.model.pack_for_cpu())
+            log.info("packed %d linear layers for the CPU GEMMs", self.model.pack_for_cpu())
         self.num_layers = hf_config.num_hidden_layers
         self.num_kv_heads = hf_config.num_key_value_heads
         self.head_dim = head_dim_of(hf_config)

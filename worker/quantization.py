@@ -1,5 +1,6 @@
 """Weight-only quantization of a loaded model: INT8 per output channel (W8A16) or INT4 in
-groups along K (W4A16), through `hetero_infer.kernels` (Triton on CUDA, PyTorch elsewhere).
+groups along K (W4A16), through `hetero_infer.kernels` (Triton on CUDA, PyTorch elsewhere), or on CPUs with
+AVX512_BF16 and bfloat16 activations through the project's C GEMM (`cpu_linear`, after `pack_for_cpu`).
 
 Only the decoder's projections are quantized (qkv_proj, o_proj, gate_up_proj, down_proj);
 embeddings, lm_head and norms stay in the model dtype, as in most weight-only schemes.
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from hetero_infer import kernels
+from hetero_infer.worker import cpu_linear
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ class QuantizedLinear(nn.Module):
             self.register_buffer("scales", torch.ones(n, k // group_size, dtype=torch.float32, device=device))
             self.register_buffer("zeros", torch.zeros(n, k // group_size, dtype=torch.uint8, device=device))
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.cpu_packed: cpu_linear.PackedWeight | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, method: str, group_size: int = INT4_GROUP_SIZE,
@@ -105,11 +108,39 @@ class QuantizedLinear(nn.Module):
         return layer
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.cpu_packed is not None:
+            raise RuntimeError("the weights are in the CPU GEMM's layout (pack_for_cpu); dequantize before packing")
         if self.method == "int8":
             return kernels.dequantize_int8(self.qweight, self.scales, dtype)
         return kernels.dequantize_int4(self.qweight, self.scales, self.zeros, self.group_size, dtype)
 
+    def pack_for_cpu(self, activation_dtype: torch.dtype) -> bool:
+        """Move the weights into the layout of the C W8A16 / W4A16 GEMM (the same number of weight bytes; the
+        kernels' layout is dropped) where it runs: CPU tensors, bfloat16 activations, AVX512_BF16. A decode step
+        then reads 1 or 0.5 bytes per weight instead of the reference's dequantization to float32 on every
+        call. Returns whether it did."""
+        if (self.cpu_packed is not None or activation_dtype != torch.bfloat16 or self.qweight.device.type != "cpu"
+                or not cpu_linear.quantized_gemm_available()):
+            return False
+        if self.method == "int8":
+            packed = cpu_linear.pack_int8(self.qweight, self.scales)
+        else:
+            levels = kernels.unpack_int4(self.qweight, self.group_size)
+            packed = cpu_linear.pack_int4(levels, self.scales, self.zeros, self.group_size)
+        for name in ("qweight", "scales", "zeros"):
+            delattr(self, name)
+        self.zeros = None
+        # as buffers, so that weight_bytes and .to() see them
+        self.register_buffer("packed_qweight", packed.data)
+        self.register_buffer("packed_scales", packed.scales)
+        if packed.zeros is not None:
+            self.register_buffer("packed_zeros", packed.zeros)
+        self.cpu_packed = packed
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu_packed is not None:
+            return cpu_linear.packed_linear(x, self.cpu_packed, self.bias)
         if self.method == "int8":
             return kernels.int8_matmul(x, self.qweight, self.scales, self.bias)
         return kernels.int4_matmul(x, self.qweight, self.scales, self.zeros, self.group_size, self.bias)

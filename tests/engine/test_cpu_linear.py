@@ -61,3 +61,76 @@ def test_pack_linears_replaces_only_plain_linears():
     assert cpu_linear.pack_linears(model) == 2
     assert isinstance(model[0], cpu_linear.PackedLinear) and isinstance(model[2][0], cpu_linear.PackedLinear)
     assert isinstance(model[3], nn.Embedding)
+
+
+def _random_int8(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    return q, torch.rand(n, generator=gen) * 0.02 + 1e-3
+
+
+def _random_int4(n: int, k: int, g: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    levels = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(n, k // g, generator=gen) * 0.02 + 1e-3
+    zeros = torch.randint(0, 16, (n, k // g), generator=gen, dtype=torch.uint8)
+    return levels, scales, zeros
+
+
+QUANT_SHAPES = [(1, 576, 960), (7, 128, 200), (33, 1536, 130), (300, 576, 64), (5, 128, 1), (250, 256, 70)]
+
+
+@pytest.mark.parametrize("rows,k,n", QUANT_SHAPES)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_gemm_against_float64(rows, k, n, bias, method):
+    """W8A16: exact integer weights, float32 sums, times the column scale; W4A16: the reference's dequantized
+    weights in bfloat16 ((q - zero) * scale, rounded once). One rounding to bfloat16 at the end."""
+    assert cpu_linear.quantized_gemm_available() == bf16_gemm_here()
+    if not bf16_gemm_here():
+        pytest.skip("no AVX512_BF16 in this build: quantized layers use the kernels' reference there")
+    from hetero_infer.kernels import reference
+
+    gen = torch.Generator().manual_seed(rows * k + n)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, generator=gen) if bias else None
+    if method == "int8":
+        q, s = _random_int8(n, k, gen)
+        packed = cpu_linear.pack_int8(q, s)
+        ref = (x.double() @ q.double().T) * s.double()
+    else:
+        g = 64 if k % 128 else 128
+        levels, s, z = _random_int4(n, k, g, gen)
+        packed = cpu_linear.pack_int4(levels, s, z, g)
+        w = reference.dequantize_int4(reference.pack_int4(levels, g), s, z, g, torch.bfloat16)
+        ref = x.double() @ w.double().T
+    if bias:
+        ref = ref + b.double()
+    out = cpu_linear.packed_linear(x, packed, b)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, n)
+    torch.testing.assert_close(out.double(), ref, rtol=2**-8, atol=1e-4 * k**0.5)
+
+
+def test_quantized_linear_packed_for_cpu_gives_the_same_layer():
+    if not cpu_linear.quantized_gemm_available():
+        pytest.skip("no AVX512_BF16 in this build: quantized layers use the kernels' reference there")
+    from hetero_infer.worker.quantization import QuantizedLinear, weight_bytes
+
+    torch.manual_seed(0)
+    dense = nn.Linear(256, 200, bias=True).to(torch.bfloat16)
+    x = torch.randn(3, 4, 256).to(torch.bfloat16)
+    for method in ("int8", "int4"):
+        layer = QuantizedLinear.from_linear(dense, method)
+        expected = layer(x).float()  # the kernels' reference: float32 math
+        assert not layer.pack_for_cpu(torch.float32)  # only for bfloat16 activations
+        assert layer.pack_for_cpu(torch.bfloat16)
+        assert not layer.pack_for_cpu(torch.bfloat16)  # once
+        assert not hasattr(layer, "qweight") or layer.qweight is None
+        got = layer(x)
+        assert got.shape == (3, 4, 200) and got.dtype == torch.bfloat16
+        scale = expected.abs().max().item()
+        torch.testing.assert_close(got.float(), expected, rtol=0, atol=2**-7 * scale)
+        # 1 (INT8) or 0.5 (INT4) bytes per weight, columns padded to panels of 64; float32 scales (and zeros)
+        padded, groups = 256, 256 // layer.group_size
+        quantized = padded * 256 + padded * 4 if method == "int8" else padded * 128 + 2 * padded * groups * 4
+        assert weight_bytes(layer) == quantized + 200 * 2  # + the bfloat16 bias
+        with pytest.raises(RuntimeError, match="pack_for_cpu"):
+            layer.dequantized_weight()

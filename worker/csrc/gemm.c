@@ -9,10 +9,17 @@
  * holds the 16 columns' pairs (W[n][2kp], W[n][2kp + 1]): one 64-byte line, exactly the B operand of one
  * VDPBF16PS. x is read as 32-bit pairs and broadcast. Accumulation is float32; out is rounded to bfloat16
  * (nearest even) after adding the float32 bias, as PyTorch's bfloat16 linear does.
+ *
+ * Weight-only quantized weights (W8A16, W4A16; hetero_infer.worker.quantization) use the same micro kernels:
+ * each thread dequantizes one panel at a time into a bfloat16 panel of its own (at most K * 128 bytes: it
+ * stays in L2) and runs every row of x over it, so a decode step streams 1 (INT8) or 0.5 (INT4) bytes per
+ * weight from memory instead of 2. INT8 panels hold the integers (exact in bfloat16) and the per-column
+ * scale multiplies the float32 dot products, as the reference `(x @ q.T) * scales` does; INT4 panels hold
+ * ((q - zero) * scale) rounded to bfloat16, the reference's dequantized weight in the activations' dtype.
  */
 #include "simd.h"
 
-#if HAVE_AVX512 && defined(__AVX512BF16__)
+#if HAVE_AVX512 && defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define HAVE_GEMM_BF16 1
 
 /* A panel is NR * 16 output columns; MR rows of x times one panel keep MR * NR accumulators in registers,
@@ -21,11 +28,12 @@ enum { NR = 4, PANEL = NR * 16 };
 
 #define DEFINE_MICRO(MR)                                                                                 \
 static inline void micro_##MR(const uint32_t* x, int kh, const uint32_t* panel, const float* bias,        \
-                              uint16_t* out, int ldo, const __mmask16* cols, const char* prefetch) {     \
+                              const float* scale, uint16_t* out, int ldo, const __mmask16* cols,          \
+                              const char* prefetch) {                                                     \
     __m512 acc[MR][NR];                                                                                   \
     _Pragma("GCC unroll 4")                                                                               \
     for (int j = 0; j < NR; j++) {                                                                        \
-        __m512 b0 = bias ? _mm512_maskz_loadu_ps(cols[j], bias + 16 * j) : _mm512_setzero_ps();           \
+        __m512 b0 = bias && !scale ? _mm512_maskz_loadu_ps(cols[j], bias + 16 * j) : _mm512_setzero_ps(); \
         _Pragma("GCC unroll 8")                                                                           \
         for (int m = 0; m < MR; m++) acc[m][j] = b0;                                                      \
     }                                                                                                     \
@@ -45,6 +53,15 @@ static inline void micro_##MR(const uint32_t* x, int kh, const uint32_t* panel, 
             for (int j = 0; j < NR; j++) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, w[j]);                \
         }                                                                                                 \
     }                                                                                                     \
+    if (scale) { /* the per-column scale multiplies the dot products, then the bias is added */          \
+        _Pragma("GCC unroll 4")                                                                           \
+        for (int j = 0; j < NR; j++) {                                                                    \
+            __m512 sj = _mm512_maskz_loadu_ps(cols[j], scale + 16 * j);                                   \
+            __m512 bj = bias ? _mm512_maskz_loadu_ps(cols[j], bias + 16 * j) : _mm512_setzero_ps();       \
+            _Pragma("GCC unroll 8")                                                                       \
+            for (int m = 0; m < MR; m++) acc[m][j] = _mm512_add_ps(_mm512_mul_ps(acc[m][j], sj), bj);     \
+        }                                                                                                 \
+    }                                                                                                     \
     _Pragma("GCC unroll 8")                                                                               \
     for (int m = 0; m < MR; m++) {                                                                        \
         _Pragma("GCC unroll 4")                                                                           \
@@ -62,6 +79,30 @@ DEFINE_MICRO(1)
 
 enum { ROWS_PER_PASS = 240 }; /* x rows kept in L2 while every panel passes over them (a multiple of 6) */
 
+static inline void column_masks(int N, int p, __mmask16* cols) {
+    for (int j = 0; j < NR; j++) {
+        int left = N - p * PANEL - 16 * j;
+        cols[j] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+    }
+}
+
+/* rows m0 .. m0 + rows - 1 of x over panel p (bfloat16 pairs): out[:, p * PANEL ...] */
+static inline void panel_rows(const uint32_t* x32, int m0, int rows, int kh, int p, const uint32_t* panel,
+                              const float* bias, const float* scale, uint16_t* out, int N, const __mmask16* cols,
+                              const char* next) {
+    const float* b = bias ? bias + (size_t)p * PANEL : 0;
+    for (int m = 0; m < rows;) {
+        const uint32_t* xm = x32 + (size_t)(m0 + m) * kh;
+        uint16_t* om = out + (size_t)(m0 + m) * N + (size_t)p * PANEL;
+        const char* pf = m == 0 ? next : 0; /* the first pass over a panel fetches the next one */
+        int left = rows - m;
+        if (left >= 6) { micro_6(xm, kh, panel, b, scale, om, N, cols, pf); m += 6; }
+        else if (left >= 4) { micro_4(xm, kh, panel, b, scale, om, N, cols, pf); m += 4; }
+        else if (left >= 2) { micro_2(xm, kh, panel, b, scale, om, N, cols, pf); m += 2; }
+        else { micro_1(xm, kh, panel, b, scale, om, N, cols, pf); m += 1; }
+    }
+}
+
 int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, const float* bias, uint16_t* out) {
     if (K % 2) return -1;
     int kh = K / 2, panels = (N + PANEL - 1) / PANEL;
@@ -75,29 +116,103 @@ int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, co
             const uint32_t* panel = w32 + (size_t)p * kh * PANEL;
             const char* next = p + 1 < panels ? (const char*)(panel + (size_t)kh * PANEL) : 0;
             __mmask16 cols[NR];
-            for (int j = 0; j < NR; j++) {
-                int left = N - p * PANEL - 16 * j;
-                cols[j] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-            }
-            const float* b = bias ? bias + (size_t)p * PANEL : 0;
-            for (int m = 0; m < rows;) {
-                const uint32_t* xm = x32 + (size_t)(m0 + m) * kh;
-                uint16_t* om = out + (size_t)(m0 + m) * N + (size_t)p * PANEL;
-                const char* pf = m == 0 ? next : 0; /* the first pass over a panel fetches the next one */
-                int left = rows - m;
-                if (left >= 6) { micro_6(xm, kh, panel, b, om, N, cols, pf); m += 6; }
-                else if (left >= 4) { micro_4(xm, kh, panel, b, om, N, cols, pf); m += 4; }
-                else if (left >= 2) { micro_2(xm, kh, panel, b, om, N, cols, pf); m += 2; }
-                else { micro_1(xm, kh, panel, b, om, N, cols, pf); m += 1; }
-            }
+            column_masks(N, p, cols);
+            panel_rows(x32, m0, rows, kh, p, panel, bias, 0, out, N, cols, next);
         }
     }
     return 0;
+}
+
+/* INT8 panel [kh][PANEL][2] -> the same integers as bfloat16 pairs (exact) */
+static void dequant_panel_int8(const int8_t* q, int kh, uint32_t* dst) {
+    for (size_t i = 0; i < (size_t)kh * PANEL; i += 16) {
+        __m256i b = _mm256_loadu_si256((const __m256i*)(q + 2 * i));
+        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+        _mm512_store_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo)); /* lo in the low half */
+    }
+}
+
+/* INT4 panel [kh][PANEL] bytes (low nibble: k = 2kp, high: 2kp + 1) with scales and zeros [K / G][PANEL]
+   -> bfloat16 pairs of (q - zero) * scale */
+static void dequant_panel_int4(const uint8_t* q, int kh, const float* scales, const float* zeros, int G,
+                               uint32_t* dst) {
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i low4 = _mm512_set1_epi32(15);
+    for (int kp = 0; kp < kh; kp++) {
+        size_t g = (size_t)(2 * kp / G) * PANEL;
+        for (int j = 0; j < PANEL; j += 16) {
+            __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + (size_t)kp * PANEL + j)));
+            __m512 s = _mm512_loadu_ps(scales + g + j), z = _mm512_loadu_ps(zeros + g + j);
+            __m512 w0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(d, low4)), z), s);
+            __m512 w1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(d, 4)), z), s);
+            __m512i both = (__m512i)_mm512_cvtne2ps_pbh(w1, w0); /* w0 (k even) in the low half */
+            _mm512_store_si512(dst + (size_t)kp * PANEL + j, _mm512_permutexvar_epi16(pairs, both));
+        }
+    }
+}
+
+/* W8A16 (bits 8: q int8 [panels][kh][PANEL][2], scales [panels * PANEL]) or W4A16 (bits 4: q uint8
+   [panels][kh][PANEL], scales and zeros float32 [panels][K / G][PANEL]) */
+static int gemm_quantized(int bits, const uint16_t* x, int M, int K, const void* q, const float* scales,
+                          const float* zeros, int G, int N, const float* bias, uint16_t* out) {
+    if (K % 2 || (bits == 4 && (G <= 0 || G % 2 || K % G))) return -1;
+    int kh = K / 2, panels = (N + PANEL - 1) / PANEL, groups = bits == 4 ? K / G : 0;
+    size_t panel_bytes = (size_t)kh * PANEL * (bits == 8 ? 2 : 1);
+    const uint32_t* x32 = (const uint32_t*)x;
+    int failed = 0;
+    for (int m0 = 0; m0 < M; m0 += ROWS_PER_PASS) {
+        int rows = M - m0 < ROWS_PER_PASS ? M - m0 : ROWS_PER_PASS;
+        int par = (size_t)panels * (rows + 1) * K >= 32768; /* + 1: dequantizing a panel */
+        _Pragma("omp parallel if (par)")
+        {
+            uint32_t* panel = aligned_alloc(64, (size_t)kh * PANEL * 4);
+            if (!panel) {
+                _Pragma("omp atomic write")
+                failed = 1;
+            }
+            _Pragma("omp for schedule(static)")
+            for (int p = 0; p < panels; p++) {
+                if (!panel) continue;
+                const char* src = (const char*)q + (size_t)p * panel_bytes;
+                if (bits == 8) dequant_panel_int8((const int8_t*)src, kh, panel);
+                else dequant_panel_int4((const uint8_t*)src, kh, scales + (size_t)p * groups * PANEL,
+                                        zeros + (size_t)p * groups * PANEL, G, panel);
+                __mmask16 cols[NR];
+                column_masks(N, p, cols);
+                panel_rows(x32, m0, rows, kh, p, panel, bias, bits == 8 ? scales + (size_t)p * PANEL : 0, out, N,
+                           cols, 0);
+            }
+            free(panel);
+        }
+    }
+    return failed ? -2 : 0;
+}
+
+int gemm_w8a16(const uint16_t* x, int M, int K, const int8_t* q, const float* scales, int N, const float* bias,
+               uint16_t* out) {
+    return gemm_quantized(8, x, M, K, q, scales, 0, 0, N, bias, out);
+}
+
+int gemm_w4a16(const uint16_t* x, int M, int K, const uint8_t* q, const float* scales, const float* zeros, int G,
+               int N, const float* bias, uint16_t* out) {
+    return gemm_quantized(4, x, M, K, q, scales, zeros, G, N, bias, out);
 }
 #else
 #define HAVE_GEMM_BF16 0
 int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, const float* bias, uint16_t* out) {
     (void)x; (void)M; (void)K; (void)packed; (void)N; (void)bias; (void)out;
+    return -1;
+}
+int gemm_w8a16(const uint16_t* x, int M, int K, const int8_t* q, const float* scales, int N, const float* bias,
+               uint16_t* out) {
+    (void)x; (void)M; (void)K; (void)q; (void)scales; (void)N; (void)bias; (void)out;
+    return -1;
+}
+int gemm_w4a16(const uint16_t* x, int M, int K, const uint8_t* q, const float* scales, const float* zeros, int G,
+               int N, const float* bias, uint16_t* out) {
+    (void)x; (void)M; (void)K; (void)q; (void)scales; (void)zeros; (void)G; (void)N; (void)bias; (void)out;
     return -1;
 }
 #endif

@@ -232,14 +232,17 @@ class LlamaForCausalLM(nn.Module):
         return F.linear(hidden, weight)
 
     def pack_for_cpu(self) -> int:
-        """Pre-pack every projection and the LM head for oneDNN (see cpu_linear); return the count."""
+        """Pre-pack every projection and the LM head for the CPU GEMMs (see cpu_linear), quantized projections
+        included where their GEMM runs; return the count."""
         from hetero_infer.worker.cpu_linear import pack_linears, pack_weight
+        from hetero_infer.worker.quantization import QuantizedLinear
 
         weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         self.packed_logits_weight = pack_weight(weight)
         if not self.tie_word_embeddings:
             del self.lm_head  # its packed copy is all the logits need
-        return pack_linears(self) + 1
+        quantized = sum(m.pack_for_cpu(weight.dtype) for m in self.modules() if isinstance(m, QuantizedLinear))
+        return pack_linears(self) + quantized + 1
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face tensors into the fused parameters; error on anything missing or unknown."""
