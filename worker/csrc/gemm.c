@@ -123,9 +123,14 @@ int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, co
     return 0;
 }
 
+/* How far ahead (bytes) dequantization prefetches the quantized weights it streams: without it, reading them
+   from memory ran at 11 GB/s on one core (measured on the dev box: 4-8 KB ahead gave 22-26 GB/s). */
+enum { DEQUANT_PREFETCH = 6144 };
+
 /* INT8 panel [kh][PANEL][2] -> the same integers as bfloat16 pairs (exact) */
 static void dequant_panel_int8(const int8_t* q, int kh, uint32_t* dst) {
     for (size_t i = 0; i < (size_t)kh * PANEL; i += 16) {
+        if (!(i & 31)) _mm_prefetch((const char*)q + 2 * i + DEQUANT_PREFETCH, _MM_HINT_T0);
         __m256i b = _mm256_loadu_si256((const __m256i*)(q + 2 * i));
         __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
         __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
@@ -142,6 +147,7 @@ static void dequant_panel_int4(const uint8_t* q, int kh, const float* scales, co
     const __m512i low4 = _mm512_set1_epi32(15);
     for (int kp = 0; kp < kh; kp++) {
         size_t g = (size_t)(2 * kp / G) * PANEL;
+        _mm_prefetch((const char*)q + (size_t)kp * PANEL + DEQUANT_PREFETCH, _MM_HINT_T0);
         for (int j = 0; j < PANEL; j += 16) {
             __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + (size_t)kp * PANEL + j)));
             __m512 s = _mm512_loadu_ps(scales + g + j), z = _mm512_loadu_ps(zeros + g + j);
@@ -151,6 +157,20 @@ static void dequant_panel_int4(const uint8_t* q, int kh, const float* scales, co
             _mm512_store_si512(dst + (size_t)kp * PANEL + j, _mm512_permutexvar_epi16(pairs, both));
         }
     }
+}
+
+/* A thread's dequantized panel, kept from call to call: a fresh allocation of this size (up to K * 128 bytes)
+   is an mmap and page faults on every call. */
+static uint32_t* thread_panel(size_t bytes) {
+    static __thread uint32_t* buf;
+    static __thread size_t cap;
+    if (bytes > cap) {
+        free(buf);
+        cap = (bytes + 4095) & ~(size_t)4095;
+        buf = aligned_alloc(64, cap);
+        if (!buf) cap = 0;
+    }
+    return buf;
 }
 
 /* W8A16 (bits 8: q int8 [panels][kh][PANEL][2], scales [panels * PANEL]) or W4A16 (bits 4: q uint8
@@ -167,7 +187,7 @@ static int gemm_quantized(int bits, const uint16_t* x, int M, int K, const void*
         int par = (size_t)panels * (rows + 1) * K >= 32768; /* + 1: dequantizing a panel */
         _Pragma("omp parallel if (par)")
         {
-            uint32_t* panel = aligned_alloc(64, (size_t)kh * PANEL * 4);
+            uint32_t* panel = thread_panel((size_t)kh * PANEL * 4);
             if (!panel) {
                 _Pragma("omp atomic write")
                 failed = 1;
@@ -184,7 +204,6 @@ static int gemm_quantized(int bits, const uint16_t* x, int M, int K, const void*
                 panel_rows(x32, m0, rows, kh, p, panel, bias, bits == 8 ? scales + (size_t)p * PANEL : 0, out, N,
                            cols, 0);
             }
-            free(panel);
         }
     }
     return failed ? -2 : 0;
