@@ -65,16 +65,16 @@ def main() -> None:
         for m in args.rows:
             xs = {k: torch.randn(m, k, generator=gen).to(torch.bfloat16) for k in (576, 1536)}
             runs = {
-                "bf16": lambda: [cpu_linear.packed_linear(xs[k], p, None) for (k, _), p in zip(SHAPES, impl["bf16"])],
-                "int8 ours": lambda: [cpu_linear.packed_linear(xs[k], p, None)
+                "bf16": lambda xs=xs: [cpu_linear.packed_linear(xs[k], p, None) for (k, _), p in zip(SHAPES, impl["bf16"])],
+                "int8 ours": lambda xs=xs: [cpu_linear.packed_linear(xs[k], p, None)
                                       for (k, _), p in zip(SHAPES, impl["int8 ours"])],
-                "int4 ours": lambda: [cpu_linear.packed_linear(xs[k], p, None)
+                "int4 ours": lambda xs=xs: [cpu_linear.packed_linear(xs[k], p, None)
                                       for (k, _), p in zip(SHAPES, impl["int4 ours"])],
-                "int8 torch": lambda: [torch._weight_int8pack_mm(xs[k], q, s) for (k, _), (q, s) in zip(SHAPES, torch8)],
-                "int4 torch": lambda: [torch._weight_int4pack_mm_for_cpu(xs[k], p, g, sz)
+                "int8 torch": lambda xs=xs: [torch._weight_int8pack_mm(xs[k], q, s) for (k, _), (q, s) in zip(SHAPES, torch8)],
+                "int4 torch": lambda xs=xs: [torch._weight_int4pack_mm_for_cpu(xs[k], p, g, sz)
                                        for (k, _), (p, g, sz) in zip(SHAPES, torch4)],
-                "int8 ref": lambda: [kernels.int8_matmul(xs[k], q, s) for (k, _), (q, s) in zip(SHAPES, q8)],
-                "int4 ref": lambda: [kernels.int4_matmul(xs[k], p, s, z, g)
+                "int8 ref": lambda xs=xs: [kernels.int8_matmul(xs[k], q, s) for (k, _), (q, s) in zip(SHAPES, q8)],
+                "int4 ref": lambda xs=xs: [kernels.int4_matmul(xs[k], p, s, z, g)
                                      for (k, _), (p, s, z), g in zip(SHAPES, q4, groups)],
             }
             ms = {}
