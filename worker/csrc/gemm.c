@@ -26,10 +26,51 @@
    so each broadcast of an x pair feeds NR VDPBF16PS (a broadcast costs a vector-pipe slot too). */
 enum { NR = 4, PANEL = NR * 16 };
 
-#define DEFINE_MICRO(MR)                                                                                 \
-static inline void micro_##MR(const uint32_t* x, int kh, const uint32_t* panel, const float* bias,        \
-                              const float* scale, uint16_t* out, int ldo, const __mmask16* cols,          \
-                              const char* prefetch) {                                                     \
+/* How far ahead (bytes) the quantized kernels prefetch the integers they stream: without it, reading them
+   from memory ran at 11 GB/s on one core (measured on the dev box: 4-8 KB ahead gave 22-26 GB/s). */
+enum { DEQUANT_PREFETCH = 6144 };
+
+/* One panel of weights as the micro kernels read it: bfloat16 pairs, or INT8 / INT4 integers (with the
+   INT4 group scales and zero points of the panel, [K / G][PANEL]) dequantized on the fly. */
+typedef struct {
+    const void* data;
+    const float* scales;
+    const float* zeros;
+    int group;
+} Panel;
+
+/* The bfloat16 pairs of columns 16j .. 16j + 15 at pair row kp */
+static inline __m512bh w_bf16(Panel w, int kp, int j) {
+    return (__m512bh)_mm512_loadu_si512((const uint32_t*)w.data + (size_t)kp * PANEL + 16 * j);
+}
+
+/* INT8 [kh][PANEL][2]: the integers, exact in bfloat16 */
+static inline __m512bh w_int8(Panel w, int kp, int j) {
+    __m256i b = _mm256_loadu_si256((const __m256i*)((const int8_t*)w.data + ((size_t)kp * PANEL + 16 * j) * 2));
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+    return _mm512_cvtne2ps_pbh(hi, lo); /* lo in the low half */
+}
+
+/* INT4 [kh][PANEL] bytes (low nibble: k = 2kp, high: 2kp + 1): (q - zero) * scale, rounded to bfloat16 */
+static inline __m512bh w_int4(Panel w, int kp, int j) {
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    size_t g = (size_t)(2 * kp / w.group) * PANEL + 16 * j;
+    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)((const uint8_t*)w.data + (size_t)kp * PANEL
+                                                                      + 16 * j)));
+    __m512 s = _mm512_loadu_ps(w.scales + g), z = _mm512_loadu_ps(w.zeros + g);
+    __m512 w0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(d, _mm512_set1_epi32(15))), z), s);
+    __m512 w1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(d, 4)), z), s);
+    return (__m512bh)_mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(w1, w0)); /* pairs (w0, w1) */
+}
+
+/* MR rows of x over one panel: out[m][16j + c] = (sum_k x[m][k] w[k][16j + c]) (* scale) + bias. Every
+   kp, `prefetch + kp * row_bytes` (row_bytes of it) is prefetched: the next panel for bfloat16 weights, the
+   integers DEQUANT_PREFETCH ahead for quantized ones. */
+#define DEFINE_MICRO(NAME, MR, LOAD)                                                                      \
+static inline void NAME(const uint32_t* x, int kh, Panel w, const float* bias, const float* scale,        \
+                        uint16_t* out, int ldo, const __mmask16* cols, const char* prefetch, int row_bytes) { \
     __m512 acc[MR][NR];                                                                                   \
     _Pragma("GCC unroll 4")                                                                               \
     for (int j = 0; j < NR; j++) {                                                                        \
@@ -38,19 +79,17 @@ static inline void micro_##MR(const uint32_t* x, int kh, const uint32_t* panel, 
         for (int m = 0; m < MR; m++) acc[m][j] = b0;                                                      \
     }                                                                                                     \
     for (int kp = 0; kp < kh; kp++) {                                                                     \
-        const uint32_t* row = panel + (size_t)kp * PANEL;                                                 \
-        __m512bh w[NR];                                                                                   \
+        __m512bh wj[NR];                                                                                  \
         _Pragma("GCC unroll 4")                                                                           \
-        for (int j = 0; j < NR; j++) w[j] = (__m512bh)_mm512_loadu_si512(row + 16 * j);                   \
-        if (prefetch) {                                                                                   \
-            _Pragma("GCC unroll 4")                                                                       \
-            for (int j = 0; j < NR; j++) _mm_prefetch(prefetch + (size_t)kp * PANEL * 4 + 64 * j, _MM_HINT_T0); \
-        }                                                                                                 \
+        for (int j = 0; j < NR; j++) wj[j] = LOAD(w, kp, j);                                              \
+        if (prefetch)                                                                                     \
+            for (int l = 0; l < row_bytes; l += 64)                                                       \
+                _mm_prefetch(prefetch + (size_t)kp * row_bytes + l, _MM_HINT_T0);                         \
         _Pragma("GCC unroll 8")                                                                           \
         for (int m = 0; m < MR; m++) {                                                                    \
             __m512bh a = (__m512bh)_mm512_set1_epi32((int)x[(size_t)m * kh + kp]);                        \
             _Pragma("GCC unroll 4")                                                                       \
-            for (int j = 0; j < NR; j++) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, w[j]);                \
+            for (int j = 0; j < NR; j++) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, wj[j]);               \
         }                                                                                                 \
     }                                                                                                     \
     if (scale) { /* the per-column scale multiplies the dot products, then the bias is added */          \
@@ -72,10 +111,16 @@ static inline void micro_##MR(const uint32_t* x, int kh, const uint32_t* panel, 
     }                                                                                                     \
 }
 
-DEFINE_MICRO(6)
-DEFINE_MICRO(4)
-DEFINE_MICRO(2)
-DEFINE_MICRO(1)
+DEFINE_MICRO(micro_6, 6, w_bf16)
+DEFINE_MICRO(micro_4, 4, w_bf16)
+DEFINE_MICRO(micro_2, 2, w_bf16)
+DEFINE_MICRO(micro_1, 1, w_bf16)
+DEFINE_MICRO(micro_int8_4, 4, w_int8)
+DEFINE_MICRO(micro_int8_2, 2, w_int8)
+DEFINE_MICRO(micro_int8_1, 1, w_int8)
+DEFINE_MICRO(micro_int4_4, 4, w_int4)
+DEFINE_MICRO(micro_int4_2, 2, w_int4)
+DEFINE_MICRO(micro_int4_1, 1, w_int4)
 
 enum { ROWS_PER_PASS = 240 }; /* x rows kept in L2 while every panel passes over them (a multiple of 6) */
 
@@ -86,20 +131,19 @@ static inline void column_masks(int N, int p, __mmask16* cols) {
     }
 }
 
-/* rows m0 .. m0 + rows - 1 of x over panel p (bfloat16 pairs): out[:, p * PANEL ...] */
-static inline void panel_rows(const uint32_t* x32, int m0, int rows, int kh, int p, const uint32_t* panel,
-                              const float* bias, const float* scale, uint16_t* out, int N, const __mmask16* cols,
-                              const char* next) {
+/* rows m0 .. m0 + rows - 1 of x over bfloat16 panel p: out[:, p * PANEL ...] */
+static inline void panel_rows(const uint32_t* x32, int m0, int rows, int kh, int p, Panel w, const float* bias,
+                              const float* scale, uint16_t* out, int N, const __mmask16* cols, const char* next) {
     const float* b = bias ? bias + (size_t)p * PANEL : 0;
     for (int m = 0; m < rows;) {
         const uint32_t* xm = x32 + (size_t)(m0 + m) * kh;
         uint16_t* om = out + (size_t)(m0 + m) * N + (size_t)p * PANEL;
         const char* pf = m == 0 ? next : 0; /* the first pass over a panel fetches the next one */
-        int left = rows - m;
-        if (left >= 6) { micro_6(xm, kh, panel, b, scale, om, N, cols, pf); m += 6; }
-        else if (left >= 4) { micro_4(xm, kh, panel, b, scale, om, N, cols, pf); m += 4; }
-        else if (left >= 2) { micro_2(xm, kh, panel, b, scale, om, N, cols, pf); m += 2; }
-        else { micro_1(xm, kh, panel, b, scale, om, N, cols, pf); m += 1; }
+        int left = rows - m, rb = PANEL * 4;
+        if (left >= 6) { micro_6(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 6; }
+        else if (left >= 4) { micro_4(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 4; }
+        else if (left >= 2) { micro_2(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 2; }
+        else { micro_1(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 1; }
     }
 }
 
@@ -117,45 +161,21 @@ int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, co
             const char* next = p + 1 < panels ? (const char*)(panel + (size_t)kh * PANEL) : 0;
             __mmask16 cols[NR];
             column_masks(N, p, cols);
-            panel_rows(x32, m0, rows, kh, p, panel, bias, 0, out, N, cols, next);
+            panel_rows(x32, m0, rows, kh, p, (Panel){panel, 0, 0, 0}, bias, 0, out, N, cols, next);
         }
     }
     return 0;
 }
 
-/* How far ahead (bytes) dequantization prefetches the quantized weights it streams: without it, reading them
-   from memory ran at 11 GB/s on one core (measured on the dev box: 4-8 KB ahead gave 22-26 GB/s). */
-enum { DEQUANT_PREFETCH = 6144 };
-
-/* INT8 panel [kh][PANEL][2] -> the same integers as bfloat16 pairs (exact) */
-static void dequant_panel_int8(const int8_t* q, int kh, uint32_t* dst) {
-    for (size_t i = 0; i < (size_t)kh * PANEL; i += 16) {
-        if (!(i & 31)) _mm_prefetch((const char*)q + 2 * i + DEQUANT_PREFETCH, _MM_HINT_T0);
-        __m256i b = _mm256_loadu_si256((const __m256i*)(q + 2 * i));
-        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
-        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
-        _mm512_store_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo)); /* lo in the low half */
-    }
-}
-
-/* INT4 panel [kh][PANEL] bytes (low nibble: k = 2kp, high: 2kp + 1) with scales and zeros [K / G][PANEL]
-   -> bfloat16 pairs of (q - zero) * scale */
-static void dequant_panel_int4(const uint8_t* q, int kh, const float* scales, const float* zeros, int G,
-                               uint32_t* dst) {
-    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const __m512i low4 = _mm512_set1_epi32(15);
+/* A quantized panel -> bfloat16 pairs in dst [kh][PANEL] */
+static void dequant_panel(int bits, Panel w, int kh, uint32_t* dst) {
+    int row_bytes = bits == 8 ? 2 * PANEL : PANEL;
     for (int kp = 0; kp < kh; kp++) {
-        size_t g = (size_t)(2 * kp / G) * PANEL;
-        _mm_prefetch((const char*)q + (size_t)kp * PANEL + DEQUANT_PREFETCH, _MM_HINT_T0);
-        for (int j = 0; j < PANEL; j += 16) {
-            __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + (size_t)kp * PANEL + j)));
-            __m512 s = _mm512_loadu_ps(scales + g + j), z = _mm512_loadu_ps(zeros + g + j);
-            __m512 w0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(d, low4)), z), s);
-            __m512 w1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(d, 4)), z), s);
-            __m512i both = (__m512i)_mm512_cvtne2ps_pbh(w1, w0); /* w0 (k even) in the low half */
-            _mm512_store_si512(dst + (size_t)kp * PANEL + j, _mm512_permutexvar_epi16(pairs, both));
-        }
+        for (int l = 0; l < row_bytes; l += 64)
+            _mm_prefetch((const char*)w.data + (size_t)kp * row_bytes + l + DEQUANT_PREFETCH, _MM_HINT_T0);
+        for (int j = 0; j < NR; j++)
+            _mm512_store_si512(dst + (size_t)kp * PANEL + 16 * j, (__m512i)(bits == 8 ? w_int8(w, kp, j)
+                                                                                       : w_int4(w, kp, j)));
     }
 }
 
@@ -173,6 +193,32 @@ static uint32_t* thread_panel(size_t bytes) {
     return buf;
 }
 
+/* Up to FUSED_ROWS rows, the micro kernels dequantize in registers (each call converts the panel once); more
+   rows share one panel dequantized into L2. */
+enum { FUSED_ROWS = 4 };
+
+static void fused_rows(int bits, const uint32_t* x32, int m0, int rows, int kh, int p, Panel w, const float* bias,
+                       const float* scale, uint16_t* out, int N, const __mmask16* cols) {
+    const float* b = bias ? bias + (size_t)p * PANEL : 0;
+    int rb = bits == 8 ? 2 * PANEL : PANEL;
+    const char* pf = (const char*)w.data + DEQUANT_PREFETCH;
+    for (int m = 0; m < rows;) {
+        const uint32_t* xm = x32 + (size_t)(m0 + m) * kh;
+        uint16_t* om = out + (size_t)(m0 + m) * N + (size_t)p * PANEL;
+        int left = rows - m;
+        if (bits == 8) {
+            if (left >= 4) { micro_int8_4(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 4; }
+            else if (left >= 2) { micro_int8_2(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 2; }
+            else { micro_int8_1(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 1; }
+        } else {
+            if (left >= 4) { micro_int4_4(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 4; }
+            else if (left >= 2) { micro_int4_2(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 2; }
+            else { micro_int4_1(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 1; }
+        }
+        pf = 0; /* prefetched by the first pass */
+    }
+}
+
 /* W8A16 (bits 8: q int8 [panels][kh][PANEL][2], scales [panels * PANEL]) or W4A16 (bits 4: q uint8
    [panels][kh][PANEL], scales and zeros float32 [panels][K / G][PANEL]) */
 static int gemm_quantized(int bits, const uint16_t* x, int M, int K, const void* q, const float* scales,
@@ -187,22 +233,24 @@ static int gemm_quantized(int bits, const uint16_t* x, int M, int K, const void*
         int par = (size_t)panels * (rows + 1) * K >= 32768; /* + 1: dequantizing a panel */
         _Pragma("omp parallel if (par)")
         {
-            uint32_t* panel = thread_panel((size_t)kh * PANEL * 4);
-            if (!panel) {
+            uint32_t* buf = rows > FUSED_ROWS ? thread_panel((size_t)kh * PANEL * 4) : 0;
+            if (rows > FUSED_ROWS && !buf) {
                 _Pragma("omp atomic write")
                 failed = 1;
             }
             _Pragma("omp for schedule(static)")
             for (int p = 0; p < panels; p++) {
-                if (!panel) continue;
-                const char* src = (const char*)q + (size_t)p * panel_bytes;
-                if (bits == 8) dequant_panel_int8((const int8_t*)src, kh, panel);
-                else dequant_panel_int4((const uint8_t*)src, kh, scales + (size_t)p * groups * PANEL,
-                                        zeros + (size_t)p * groups * PANEL, G, panel);
+                Panel w = {(const char*)q + (size_t)p * panel_bytes, bits == 4 ? scales + (size_t)p * groups * PANEL : 0,
+                           bits == 4 ? zeros + (size_t)p * groups * PANEL : 0, G};
+                const float* sc = bits == 8 ? scales + (size_t)p * PANEL : 0;
                 __mmask16 cols[NR];
                 column_masks(N, p, cols);
-                panel_rows(x32, m0, rows, kh, p, panel, bias, bits == 8 ? scales + (size_t)p * PANEL : 0, out, N,
-                           cols, 0);
+                if (rows <= FUSED_ROWS) {
+                    fused_rows(bits, x32, m0, rows, kh, p, w, bias, sc, out, N, cols);
+                } else if (buf) {
+                    dequant_panel(bits, w, kh, buf);
+                    panel_rows(x32, m0, rows, kh, p, (Panel){buf, 0, 0, 0}, bias, sc, out, N, cols, 0);
+                }
             }
         }
     }
