@@ -118,9 +118,76 @@ DEFINE_MICRO(micro_1, 1, w_bf16)
 DEFINE_MICRO(micro_int8_4, 4, w_int8)
 DEFINE_MICRO(micro_int8_2, 2, w_int8)
 DEFINE_MICRO(micro_int8_1, 1, w_int8)
-DEFINE_MICRO(micro_int4_4, 4, w_int4)
-DEFINE_MICRO(micro_int4_2, 2, w_int4)
-DEFINE_MICRO(micro_int4_1, 1, w_int4)
+/* INT4 levels of columns 16j .. 16j + 15 at pair row kp as bfloat16 pairs (q[2kp], q[2kp + 1]), exact: a
+   table lookup (VPERMW) from the nibbles, four instructions for 32 weights */
+static inline __m512bh q_int4(Panel w, int kp, int j) {
+    const __m512i levels = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                            0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100,
+                                            0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000, 0x3f80, 0x0000);
+    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)((const uint8_t*)w.data + (size_t)kp * PANEL
+                                                                      + 16 * j)));
+    /* ((d | d << 12) & 0x000f000f): the low nibble in the low 16 bits, the high nibble in the high 16 */
+    __m512i idx = _mm512_ternarylogic_epi32(d, _mm512_slli_epi32(d, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
+    return (__m512bh)_mm512_permutexvar_epi16(idx, levels);
+}
+
+/* MR rows of x over one INT4 panel, dequantizing nothing: per group g of G weights,
+   sum_k x[k] (q[k] - z) s = s * (sum_k x[k] q[k]) - s z * (sum_k x[k]), with the levels q exact in bfloat16
+   and the row sums of x per group (xsum [MR][K / G]) computed once per call. */
+#define DEFINE_MICRO_INT4(NAME, MR)                                                                       \
+static inline void NAME(const uint32_t* x, int kh, Panel w, const float* xsum, int groups, const float* bias,\
+                        uint16_t* out, int ldo, const __mmask16* cols, const char* prefetch) {            \
+    __m512 acc[MR][NR];                                                                                   \
+    _Pragma("GCC unroll 4")                                                                               \
+    for (int j = 0; j < NR; j++) {                                                                        \
+        __m512 b0 = bias ? _mm512_maskz_loadu_ps(cols[j], bias + 16 * j) : _mm512_setzero_ps();           \
+        _Pragma("GCC unroll 8")                                                                           \
+        for (int m = 0; m < MR; m++) acc[m][j] = b0;                                                      \
+    }                                                                                                     \
+    int per_group = w.group / 2;                                                                          \
+    for (int g = 0; g < groups; g++) {                                                                    \
+        __m512 part[MR][NR];                                                                              \
+        _Pragma("GCC unroll 4")                                                                           \
+        for (int j = 0; j < NR; j++) {                                                                    \
+            _Pragma("GCC unroll 8")                                                                       \
+            for (int m = 0; m < MR; m++) part[m][j] = _mm512_setzero_ps();                                \
+        }                                                                                                 \
+        for (int kp = g * per_group; kp < (g + 1) * per_group; kp++) {                                    \
+            __m512bh wj[NR];                                                                              \
+            _Pragma("GCC unroll 4")                                                                       \
+            for (int j = 0; j < NR; j++) wj[j] = q_int4(w, kp, j);                                        \
+            if (prefetch) _mm_prefetch(prefetch + (size_t)kp * PANEL, _MM_HINT_T0);                       \
+            _Pragma("GCC unroll 8")                                                                       \
+            for (int m = 0; m < MR; m++) {                                                                \
+                __m512bh a = (__m512bh)_mm512_set1_epi32((int)x[(size_t)m * kh + kp]);                    \
+                _Pragma("GCC unroll 4")                                                                   \
+                for (int j = 0; j < NR; j++) part[m][j] = _mm512_dpbf16_ps(part[m][j], a, wj[j]);         \
+            }                                                                                             \
+        }                                                                                                 \
+        _Pragma("GCC unroll 4")                                                                           \
+        for (int j = 0; j < NR; j++) {                                                                    \
+            __m512 sj = _mm512_loadu_ps(w.scales + (size_t)g * PANEL + 16 * j);                           \
+            __m512 szj = _mm512_mul_ps(sj, _mm512_loadu_ps(w.zeros + (size_t)g * PANEL + 16 * j));        \
+            _Pragma("GCC unroll 8")                                                                       \
+            for (int m = 0; m < MR; m++) {                                                                \
+                acc[m][j] = _mm512_add_ps(acc[m][j], _mm512_mul_ps(sj, part[m][j]));                      \
+                acc[m][j] = _mm512_sub_ps(acc[m][j],                                                      \
+                                          _mm512_mul_ps(szj, _mm512_set1_ps(xsum[(size_t)m * groups + g]))); \
+            }                                                                                             \
+        }                                                                                                 \
+    }                                                                                                     \
+    _Pragma("GCC unroll 8")                                                                               \
+    for (int m = 0; m < MR; m++) {                                                                        \
+        _Pragma("GCC unroll 4")                                                                           \
+        for (int j = 0; j < NR; j++)                                                                      \
+            if (cols[j])                                                                                  \
+                _mm256_mask_storeu_epi16(out + (size_t)m * ldo + 16 * j, cols[j],                         \
+                                         (__m256i)_mm512_cvtneps_pbh(acc[m][j]));                         \
+    }                                                                                                     \
+}
+
+DEFINE_MICRO_INT4(micro_int4_2, 2)
+DEFINE_MICRO_INT4(micro_int4_1, 1)
 
 enum { ROWS_PER_PASS = 240 }; /* x rows kept in L2 while every panel passes over them (a multiple of 6) */
 
@@ -198,7 +265,7 @@ static uint32_t* thread_panel(size_t bytes) {
 enum { FUSED_ROWS = 4 };
 
 static void fused_rows(int bits, const uint32_t* x32, int m0, int rows, int kh, int p, Panel w, const float* bias,
-                       const float* scale, uint16_t* out, int N, const __mmask16* cols) {
+                       const float* scale, const float* xsum, uint16_t* out, int N, const __mmask16* cols) {
     const float* b = bias ? bias + (size_t)p * PANEL : 0;
     int rb = bits == 8 ? 2 * PANEL : PANEL;
     const char* pf = (const char*)w.data + DEQUANT_PREFETCH;
@@ -211,9 +278,10 @@ static void fused_rows(int bits, const uint32_t* x32, int m0, int rows, int kh, 
             else if (left >= 2) { micro_int8_2(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 2; }
             else { micro_int8_1(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 1; }
         } else {
-            if (left >= 4) { micro_int4_4(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 4; }
-            else if (left >= 2) { micro_int4_2(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 2; }
-            else { micro_int4_1(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 1; }
+            int groups = 2 * kh / w.group;
+            const float* xs = xsum + (size_t)(m0 + m) * groups;
+            if (left >= 2) { micro_int4_2(xm, kh, w, xs, groups, b, om, N, cols, pf); m += 2; }
+            else { micro_int4_1(xm, kh, w, xs, groups, b, om, N, cols, pf); m += 1; }
         }
         pf = 0; /* prefetched by the first pass */
     }
@@ -228,6 +296,19 @@ static int gemm_quantized(int bits, const uint16_t* x, int M, int K, const void*
     size_t panel_bytes = (size_t)kh * PANEL * (bits == 8 ? 2 : 1);
     const uint32_t* x32 = (const uint32_t*)x;
     int failed = 0;
+    /* INT4 with few rows: the rows' sums over each group (see DEFINE_MICRO_INT4) */
+    float xsum_rows[FUSED_ROWS * 1024]; /* K / G groups per row: K up to 64k */
+    float* xsum = 0;
+    if (bits == 4 && M <= FUSED_ROWS) {
+        if ((size_t)M * groups > sizeof xsum_rows / sizeof *xsum_rows) return -1;
+        xsum = xsum_rows;
+        for (int m = 0; m < M; m++)
+            for (int g = 0; g < groups; g++) {
+                float t = 0.0f;
+                for (int k = g * G; k < (g + 1) * G; k++) t += bf16_to_f32(x[(size_t)m * K + k]);
+                xsum[(size_t)m * groups + g] = t;
+            }
+    }
     for (int m0 = 0; m0 < M; m0 += ROWS_PER_PASS) {
         int rows = M - m0 < ROWS_PER_PASS ? M - m0 : ROWS_PER_PASS;
         int par = (size_t)panels * (rows + 1) * K >= 32768; /* + 1: dequantizing a panel */
@@ -246,7 +327,7 @@ static int gemm_quantized(int bits, const uint16_t* x, int M, int K, const void*
                 __mmask16 cols[NR];
                 column_masks(N, p, cols);
                 if (rows <= FUSED_ROWS) {
-                    fused_rows(bits, x32, m0, rows, kh, p, w, bias, sc, out, N, cols);
+                    fused_rows(bits, x32, m0, rows, kh, p, w, bias, sc, xsum, out, N, cols);
                 } else if (buf) {
                     dequant_panel(bits, w, kh, buf);
                     panel_rows(x32, m0, rows, kh, p, (Panel){buf, 0, 0, 0}, bias, sc, out, N, cols, 0);
