@@ -65,6 +65,18 @@ static inline __m512bh w_int4(Panel w, int kp, int j) {
     return (__m512bh)_mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(w1, w0)); /* pairs (w0, w1) */
 }
 
+/* Round an MR x NR tile of float32 sums to bfloat16 and store its valid columns */
+static inline void store_tile(const __m512* acc, int mr, uint16_t* out, int ldo, const __mmask16* cols) {
+    _Pragma("GCC unroll 8")
+    for (int m = 0; m < mr; m++) {
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NR; j++)
+            if (cols[j])
+                _mm256_mask_storeu_epi16(out + (size_t)m * ldo + 16 * j, cols[j],
+                                         (__m256i)_mm512_cvtneps_pbh(acc[m * NR + j]));
+    }
+}
+
 /* MR rows of x over one panel: out[m][16j + c] = (sum_k x[m][k] w[k][16j + c]) (* scale) + bias. Every
    kp, `prefetch + kp * row_bytes` (row_bytes of it) is prefetched: the next panel for bfloat16 weights, the
    integers DEQUANT_PREFETCH ahead for quantized ones. */
@@ -101,14 +113,7 @@ static inline void NAME(const uint32_t* x, int kh, Panel w, const float* bias, c
             for (int m = 0; m < MR; m++) acc[m][j] = _mm512_add_ps(_mm512_mul_ps(acc[m][j], sj), bj);     \
         }                                                                                                 \
     }                                                                                                     \
-    _Pragma("GCC unroll 8")                                                                               \
-    for (int m = 0; m < MR; m++) {                                                                        \
-        _Pragma("GCC unroll 4")                                                                           \
-        for (int j = 0; j < NR; j++)                                                                      \
-            if (cols[j])                                                                                  \
-                _mm256_mask_storeu_epi16(out + (size_t)m * ldo + 16 * j, cols[j],                         \
-                                         (__m256i)_mm512_cvtneps_pbh(acc[m][j]));                         \
-    }                                                                                                     \
+    store_tile(&acc[0][0], MR, out, ldo, cols);                                                           \
 }
 
 DEFINE_MICRO(micro_6, 6, w_bf16)
@@ -176,14 +181,7 @@ static inline void NAME(const uint32_t* x, int kh, Panel w, const float* xsum, i
             }                                                                                             \
         }                                                                                                 \
     }                                                                                                     \
-    _Pragma("GCC unroll 8")                                                                               \
-    for (int m = 0; m < MR; m++) {                                                                        \
-        _Pragma("GCC unroll 4")                                                                           \
-        for (int j = 0; j < NR; j++)                                                                      \
-            if (cols[j])                                                                                  \
-                _mm256_mask_storeu_epi16(out + (size_t)m * ldo + 16 * j, cols[j],                         \
-                                         (__m256i)_mm512_cvtneps_pbh(acc[m][j]));                         \
-    }                                                                                                     \
+    store_tile(&acc[0][0], MR, out, ldo, cols);                                                           \
 }
 
 DEFINE_MICRO_INT4(micro_int4_2, 2)
