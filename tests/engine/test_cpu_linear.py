@@ -75,7 +75,7 @@ def _random_int4(n: int, k: int, g: int, gen: torch.Generator) -> tuple[torch.Te
     return levels, scales, zeros
 
 
-QUANT_SHAPES = [(1, 576, 960), (3, 576, 100), (4, 1536, 64), (2, 128, 17), (7, 128, 200), (33, 1536, 130), (300, 576, 64), (5, 128, 1), (250, 256, 70)]
+QUANT_SHAPES = [(1, 576, 960), (3, 576, 100), (4, 1536, 64), (2, 128, 17), (7, 128, 200), (8, 576, 65), (9, 128, 64), (33, 1536, 130), (300, 576, 64), (5, 128, 1), (250, 256, 70)]
 
 
 @pytest.mark.parametrize("rows,k,n", QUANT_SHAPES)
