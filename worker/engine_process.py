@@ -84,8 +84,13 @@ def _set_parent_death_signal() -> None:
         pass
 
 
-def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: int, interval: float) -> None:
+def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: int, interval: float,
+                log: tuple[str, str] | None) -> None:
     _set_parent_death_signal()
+    if log is not None:
+        from hetero_infer.worker.server.logs import setup_child_logging
+
+        setup_child_logging(*log)
     # A signal sent to the whole process group (Ctrl-C in a terminal, `kill -TERM -pgid`) must not kill the
     # engine under a draining server: the parent drains first, then stops us. Hence a process group of our own.
     try:
@@ -106,6 +111,9 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
         out_conn.send_bytes(pickle.dumps((_M_LOAD_ERROR, f"{type(exc).__name__}: {exc}"), _PROTO))
         return
     freeze_startup_objects()
+    logging.getLogger("hetero_infer.engine_process").info(
+        "engine process %d: %s loaded (executor %s, %d KV blocks of %d tokens)", os.getpid(), limits.model_name,
+        config.executor, limits.num_blocks, limits.block_size)
     out_conn.send_bytes(pickle.dumps((_M_READY, (limits, engine.stats())), _PROTO))
     try:
         _child_loop(engine, cmd_conn, out_conn, parent_pid, interval)
@@ -194,13 +202,14 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
 class EngineProcess:
     """The child process and its two pipes; `start()` spawns it, `wait_ready()` waits for its limits."""
 
-    def __init__(self, config: EngineConfig, stream_interval: float = 0.0) -> None:
+    def __init__(self, config: EngineConfig, stream_interval: float = 0.0, log: tuple[str, str] | None = None) -> None:
+        """log: (level, format) of the server's logging, for the child's records (None: Python's defaults)."""
         ctx = multiprocessing.get_context("spawn")
         self._cmd_recv, self.cmd_conn = ctx.Pipe(duplex=False)
         self.out_conn, self._out_send = ctx.Pipe(duplex=False)
         self.process = ctx.Process(
             target=_child_main, name="engine-core", daemon=True,
-            args=(config, self._cmd_recv, self._out_send, os.getpid(), stream_interval))
+            args=(config, self._cmd_recv, self._out_send, os.getpid(), stream_interval, log))
         self.limits: EngineLimits | None = None
         self.initial_stats: Any = None
         self._send_lock = threading.Lock()

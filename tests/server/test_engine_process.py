@@ -211,3 +211,14 @@ def _engine() -> LLMEngine:
     if not _ENGINE:
         _ENGINE.append(LLMEngine(EngineConfig(executor="mock", max_model_len=512, max_num_blocks=64)))
     return _ENGINE[0]
+
+
+def test_engine_process_logs_in_the_servers_format() -> None:
+    """The child's records (loading, failures) reach the server's stderr as the server's own do: JSON lines, at
+    the server's level (info by default; Python's default, warning, would drop this one)."""
+    s = ServerProcess("--engine-process")
+    try:
+        mine = [r for r in s.records() if r.get("logger") == "hetero_infer.engine_process"]
+        assert mine and "loaded (executor mock" in mine[0]["msg"] and mine[0]["level"] == "info"
+    finally:
+        s.stop()

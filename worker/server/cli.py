@@ -213,7 +213,8 @@ async def _load_engine(engine_config: EngineConfig) -> tuple[Any, Any]:
     return await future
 
 
-async def _load_engine_process(engine_config: EngineConfig, stream_interval: float) -> tuple[Any, ...]:
+async def _load_engine_process(engine_config: EngineConfig, stream_interval: float,
+                               log: tuple[str, str]) -> tuple[Any, ...]:
     """Spawn the engine-core process (here, on the loop's thread: the child's parent-death signal follows the
     thread that created it) and wait on a daemon thread for its limits, loading the server's tokenizer
     meanwhile."""
@@ -221,7 +222,7 @@ async def _load_engine_process(engine_config: EngineConfig, stream_interval: flo
 
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
-    core = EngineProcess(engine_config, stream_interval)
+    core = EngineProcess(engine_config, stream_interval, log)
     try:
         core.start()
     except OSError as exc:  # no processes to be had here: the thread mode still works
@@ -280,7 +281,8 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     if options.use_engine_process():
-        load = asyncio.ensure_future(_load_engine_process(engine_config, options.stream_interval))
+        load = asyncio.ensure_future(_load_engine_process(engine_config, options.stream_interval,
+                                                          (options.log_level, options.log_format)))
     else:
         load = asyncio.ensure_future(_load_engine(engine_config))
     stopper = asyncio.ensure_future(stop.wait())

@@ -146,11 +146,27 @@ class LogWriter(logging.Handler):
         self._write_out()  # never started, or did not stop in time
 
 
+def formatter(fmt: str) -> logging.Formatter:
+    return JsonFormatter() if fmt == "json" else TextFormatter()
+
+
+def setup_child_logging(level: str, fmt: str) -> None:
+    """Logging of the engine process: its records go to the stderr it shares with the server, in the server's
+    format and level, written at once (it logs little: loading, failures)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(fmt))
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
 def setup_logging(level: str, fmt: str) -> LogWriter:
     """Log records are formatted and written by a background thread, so the event loop never waits on
     stderr. Returns the writer: `stop()` it before exiting to flush what is queued."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.setFormatter(formatter(fmt))
     writer = LogWriter(handler)
     # Neither format shows threads, processes or source locations: do not look them up for every record (the
     # "Optimization" section of the logging documentation).
