@@ -24,7 +24,8 @@ _HELP = {
     "model": "HF folder (config.json + safetensors) or .gguf file; default: SmolLM2-135M-Instruct",
     "served_model_name": "name reported by /v1/models (default: the model's folder name)",
     "device": f"one of {', '.join(DEVICES)} or cuda:N",
-    "dtype": f"one of {', '.join(DTYPES)}",
+    "dtype": f"one of {', '.join(DTYPES)} (auto: float32 on the CPU, bfloat16 there with --quantization where the "
+    "CPU has AVX512_BF16; the checkpoint's 16-bit dtype on GPUs)",
     "executor": f"one of {', '.join(EXECUTORS)} (mock: no model, deterministic tokens)",
     "block_size": "tokens per KV-cache block",
     "max_num_blocks": "KV-cache blocks in the pool (default: sized from memory)",

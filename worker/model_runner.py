@@ -30,11 +30,14 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype: str, hf_config, device: torch.device, quantization: str | None = None) -> torch.dtype:
+    """"auto": float32 on the CPU (exact against float32 references), but bfloat16 for weight-only quantized
+    models where the CPU has their bfloat16 GEMM (W8A16/W4A16 take 16-bit activations; in float32 they would
+    run through the kernels' slow reference); the checkpoint's 16-bit dtype (else bfloat16) on GPUs."""
     if dtype != "auto":
         return getattr(torch, dtype)
     if device.type == "cpu":
-        return torch.float32
+        return torch.bfloat16 if quantization and cpu_linear.quantized_gemm_available() else torch.float32
     config_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
     if isinstance(config_dtype, str):
         config_dtype = getattr(torch, config_dtype, None)
@@ -51,7 +54,7 @@ class TorchExecutor:
             torch.cuda.set_device(self.device)  # one worker, one GPU: graphs and memory stats use the current one
         if self.device.type == "cpu":
             cpu_threads.configure_torch_threads()  # a container's CPU quota, not the node's CPU count
-        self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
+        self.dtype = resolve_dtype(config.dtype, hf_config, self.device, config.quantization)
         self.block_size = config.block_size
         self.vocab_size = hf_config.vocab_size
         torch.manual_seed(config.seed)

@@ -89,3 +89,24 @@ def test_profile_run_covers_the_largest_step(tiny_model):
     assert hidden.shape == (300, 128) and bool(torch.isfinite(hidden).all())
     # the three sequences are independent prompts: equal prefixes give equal states
     torch.testing.assert_close(hidden[128:172], hidden[256:300])
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_auto_dtype_of_quantized_models_on_cpu_runs_the_cpu_gemm(tiny_model, method):
+    """`--dtype auto` stays float32 on the CPU, except for W8A16/W4A16 models where the CPU has their bfloat16
+    GEMM: there the activations are bfloat16 and every projection runs it (not the slow float32 reference)."""
+    from hetero_infer.worker import cpu_linear
+
+    folder, _ = tiny_model("llama")
+    here = cpu_linear.quantized_gemm_available()
+    ex = LLM(str(folder), device="cpu", quantization=method, max_num_blocks=64).engine.executor
+    assert ex.dtype == (torch.bfloat16 if here else torch.float32)
+    projections = [m for m in ex.model.modules() if isinstance(m, QuantizedLinear)]
+    assert projections and all((m.cpu_packed is not None) == here for m in projections)
+    assert LLM(str(folder), device="cpu", max_num_blocks=64).engine.executor.dtype == torch.float32
+    assert LLM(str(folder), device="cpu", dtype="float32", quantization=method,
+               max_num_blocks=64).engine.executor.dtype == torch.float32
+    out = LLM(str(folder), device="cpu", quantization=method, max_num_blocks=64).generate(
+        prompt_token_ids=prompts([7, 3]), sampling_params=SamplingParams(temperature=0.0, max_tokens=5,
+                                                                          ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in out] == [5, 5]
