@@ -65,15 +65,16 @@ static inline __m512bh w_int4(Panel w, int kp, int j) {
     return (__m512bh)_mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(w1, w0)); /* pairs (w0, w1) */
 }
 
-/* Round an MR x NR tile of float32 sums to bfloat16 and store its valid columns */
-static inline void store_tile(const __m512* acc, int mr, uint16_t* out, int ldo, const __mmask16* cols) {
+/* Round an mr x nc tile of float32 sums (nc vectors of 16 columns a row) to bfloat16 and store its valid
+   columns */
+static inline void store_tile(const __m512* acc, int mr, int nc, uint16_t* out, int ldo, const __mmask16* cols) {
     _Pragma("GCC unroll 8")
     for (int m = 0; m < mr; m++) {
         _Pragma("GCC unroll 4")
-        for (int j = 0; j < NR; j++)
+        for (int j = 0; j < nc; j++)
             if (cols[j])
                 _mm256_mask_storeu_epi16(out + (size_t)m * ldo + 16 * j, cols[j],
-                                         (__m256i)_mm512_cvtneps_pbh(acc[m * NR + j]));
+                                         (__m256i)_mm512_cvtneps_pbh(acc[m * nc + j]));
     }
 }
 
@@ -113,7 +114,7 @@ static inline void NAME(const uint32_t* x, int kh, Panel w, const float* bias, c
             for (int m = 0; m < MR; m++) acc[m][j] = _mm512_add_ps(_mm512_mul_ps(acc[m][j], sj), bj);     \
         }                                                                                                 \
     }                                                                                                     \
-    store_tile(&acc[0][0], MR, out, ldo, cols);                                                           \
+    store_tile(&acc[0][0], MR, NR, out, ldo, cols);                                                       \
 }
 
 DEFINE_MICRO(micro_6, 6, w_bf16)
@@ -139,38 +140,38 @@ static inline __m512bh q_int4(Panel w, int kp, int j) {
 /* MR rows of x over one INT4 panel, dequantizing nothing: per group g of G weights,
    sum_k x[k] (q[k] - z) s = s * (sum_k x[k] q[k]) - s z * (sum_k x[k]), with the levels q exact in bfloat16
    and the row sums of x per group (xsum [MR][K / G]) computed once per call. */
-#define DEFINE_MICRO_INT4(NAME, MR)                                                                       \
+#define DEFINE_MICRO_INT4(NAME, MR, NC)                                                                   \
 static inline void NAME(const uint32_t* x, int kh, Panel w, const float* xsum, int groups, const float* bias,\
                         uint16_t* out, int ldo, const __mmask16* cols, const char* prefetch) {            \
-    __m512 acc[MR][NR];                                                                                   \
+    __m512 acc[MR][NC];                                                                                   \
     _Pragma("GCC unroll 4")                                                                               \
-    for (int j = 0; j < NR; j++) {                                                                        \
+    for (int j = 0; j < NC; j++) {                                                                        \
         __m512 b0 = bias ? _mm512_maskz_loadu_ps(cols[j], bias + 16 * j) : _mm512_setzero_ps();           \
         _Pragma("GCC unroll 8")                                                                           \
         for (int m = 0; m < MR; m++) acc[m][j] = b0;                                                      \
     }                                                                                                     \
     int per_group = w.group / 2;                                                                          \
     for (int g = 0; g < groups; g++) {                                                                    \
-        __m512 part[MR][NR];                                                                              \
+        __m512 part[MR][NC];                                                                              \
         _Pragma("GCC unroll 4")                                                                           \
-        for (int j = 0; j < NR; j++) {                                                                    \
+        for (int j = 0; j < NC; j++) {                                                                    \
             _Pragma("GCC unroll 8")                                                                       \
             for (int m = 0; m < MR; m++) part[m][j] = _mm512_setzero_ps();                                \
         }                                                                                                 \
         for (int kp = g * per_group; kp < (g + 1) * per_group; kp++) {                                    \
-            __m512bh wj[NR];                                                                              \
+            __m512bh wj[NC];                                                                              \
             _Pragma("GCC unroll 4")                                                                       \
-            for (int j = 0; j < NR; j++) wj[j] = q_int4(w, kp, j);                                        \
+            for (int j = 0; j < NC; j++) wj[j] = q_int4(w, kp, j);                                        \
             if (prefetch) _mm_prefetch(prefetch + (size_t)kp * PANEL, _MM_HINT_T0);                       \
             _Pragma("GCC unroll 8")                                                                       \
             for (int m = 0; m < MR; m++) {                                                                \
                 __m512bh a = (__m512bh)_mm512_set1_epi32((int)x[(size_t)m * kh + kp]);                    \
                 _Pragma("GCC unroll 4")                                                                   \
-                for (int j = 0; j < NR; j++) part[m][j] = _mm512_dpbf16_ps(part[m][j], a, wj[j]);         \
+                for (int j = 0; j < NC; j++) part[m][j] = _mm512_dpbf16_ps(part[m][j], a, wj[j]);         \
             }                                                                                             \
         }                                                                                                 \
         _Pragma("GCC unroll 4")                                                                           \
-        for (int j = 0; j < NR; j++) {                                                                    \
+        for (int j = 0; j < NC; j++) {                                                                    \
             __m512 sj = _mm512_loadu_ps(w.scales + (size_t)g * PANEL + 16 * j);                           \
             __m512 szj = _mm512_mul_ps(sj, _mm512_loadu_ps(w.zeros + (size_t)g * PANEL + 16 * j));        \
             _Pragma("GCC unroll 8")                                                                       \
@@ -181,11 +182,24 @@ static inline void NAME(const uint32_t* x, int kh, Panel w, const float* xsum, i
             }                                                                                             \
         }                                                                                                 \
     }                                                                                                     \
-    store_tile(&acc[0][0], MR, out, ldo, cols);                                                           \
+    store_tile(&acc[0][0], MR, NC, out, ldo, cols);                                                           \
 }
 
-DEFINE_MICRO_INT4(micro_int4_2, 2)
-DEFINE_MICRO_INT4(micro_int4_1, 1)
+DEFINE_MICRO_INT4(int4_rows2, 2, NR)
+DEFINE_MICRO_INT4(int4_rows1, 1, NR)
+DEFINE_MICRO_INT4(int4_rows4_half, 4, NR / 2)
+
+/* Four rows hold twice the accumulators (sums and group sums): two passes over half the columns each */
+static inline void int4_rows4(const uint32_t* x, int kh, Panel w, const float* xsum, int groups, const float* bias,
+                              uint16_t* out, int ldo, const __mmask16* cols, const char* prefetch) {
+    int half = NR / 2;
+    int4_rows4_half(x, kh, w, xsum, groups, bias, out, ldo, cols, prefetch);
+    Panel right = w;
+    right.data = (const uint8_t*)w.data + 16 * half;
+    right.scales = w.scales + 16 * half;
+    right.zeros = w.zeros + 16 * half;
+    int4_rows4_half(x, kh, right, xsum, groups, bias ? bias + 16 * half : 0, out + 16 * half, ldo, cols + half, 0);
+}
 
 enum { ROWS_PER_PASS = 240 }; /* x rows kept in L2 while every panel passes over them (a multiple of 6) */
 
@@ -260,8 +274,8 @@ static uint32_t* thread_panel(size_t bytes) {
 
 /* Up to FUSED_ROWS rows, the micro kernels dequantize in registers (each call converts the panel once); more
    rows share one panel dequantized into L2. */
-/* measured on the dev box: fused is faster up to 8 rows with INT8 and slower at 16; INT4, whose micro kernel
-   takes 2 rows at most (twice the accumulators), gains up to 4 rows */
+/* measured on the dev box: fused is faster up to 8 rows with INT8 and slower at 16; INT4 gains up to 4 rows
+   (at 8, equal) */
 enum { FUSED_ROWS = 8, FUSED_ROWS_INT4 = 4 };
 
 static void fused_rows(int bits, const uint32_t* x32, int m0, int rows, int kh, int p, Panel w, const float* bias,
@@ -280,8 +294,9 @@ static void fused_rows(int bits, const uint32_t* x32, int m0, int rows, int kh, 
         } else {
             int groups = 2 * kh / w.group;
             const float* xs = xsum + (size_t)(m0 + m) * groups;
-            if (left >= 2) { micro_int4_2(xm, kh, w, xs, groups, b, om, N, cols, pf); m += 2; }
-            else { micro_int4_1(xm, kh, w, xs, groups, b, om, N, cols, pf); m += 1; }
+            if (left >= 4) { int4_rows4(xm, kh, w, xs, groups, b, om, N, cols, pf); m += 4; }
+            else if (left >= 2) { int4_rows2(xm, kh, w, xs, groups, b, om, N, cols, pf); m += 2; }
+            else { int4_rows1(xm, kh, w, xs, groups, b, om, N, cols, pf); m += 1; }
         }
         pf = 0; /* prefetched by the first pass */
     }
