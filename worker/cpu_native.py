@@ -102,13 +102,14 @@ def library() -> ctypes.CDLL | None:
 
 def function(name: str, argtypes: list, restype=None):
     """A function of the library with its ctypes signature set, or None without the library."""
+    fn = _functions.get(name)  # first: the ops call this on every use (a few hundred times per decode step)
+    if fn is not None:
+        return fn
     lib = library()
     if lib is None:
         return None
-    fn = _functions.get(name)
-    if fn is None:
-        fn = _functions[name] = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, restype
+    fn = _functions[name] = getattr(lib, name)
+    fn.argtypes, fn.restype = argtypes, restype
     return fn
 
 
