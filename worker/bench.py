@@ -24,6 +24,8 @@ import torch
 from hetero_infer.worker.cli_args import add_engine_args, engine_config_from_args
 from hetero_infer.worker.config import EngineConfig
 
+OURS = "hetero-infer"  # the system name of our rows (with the weights' quantization, if any)
+
 
 @dataclass
 class Workload:
@@ -125,7 +127,8 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
         extra["decode_roofline_fraction"] = decode_floor / decode_time
     if waste_samples:
         extra["kv_waste"] = sum(waste_samples) / len(waste_samples)
-    return Result("hetero-infer", str(config.dtype), total, elapsed, extra)
+    system = OURS + (f" ({config.quantization} weights)" if config.quantization else "")
+    return Result(system, str(config.dtype), total, elapsed, extra)
 
 
 def _warm_up(engine) -> None:
@@ -223,7 +226,7 @@ def format_table(results: list[Result]) -> str:
     lines = ["| system | dtype | output tokens | seconds | output tok/s | vs best peer |", "|---|---|---|---|---|---|"]
     for dtype in dict.fromkeys(r.dtype for r in results):
         group = [r for r in results if r.dtype == dtype]
-        peers = [r.tokens_per_s for r in group if r.system != "hetero-infer"]
+        peers = [r.tokens_per_s for r in group if not r.system.startswith(OURS)]
         best = max(peers) if peers else None
         for r in group:
             ratio = f"{r.tokens_per_s / best:.2f}x" if best else "-"

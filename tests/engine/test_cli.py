@@ -37,3 +37,16 @@ def test_bench_runs_small_workload_beside_transformers(tiny_model, tmp_path):
     assert systems["hetero-infer"]["output_tokens"] == 15
     assert systems["transformers generate (padded batch)"]["output_tokens"] == 15
     assert "| hetero-infer | float32 | 15 |" in proc.stdout
+
+
+def test_bench_names_quantized_weights_and_compares_them_with_the_peer(tiny_model, tmp_path):
+    folder, _ = tiny_model("llama")
+    out = tmp_path / "bench.json"
+    proc = run("bench", "--model", str(folder), "--num-requests", "2", "--min-prompt", "4", "--max-prompt", "8",
+               "--output-len", "3", "--dtypes", "bfloat16", "--peers", "hf-generate", "--no-scheduler-overhead",
+               "--quantization", "int8", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    systems = {r["system"]: r for r in json.loads(out.read_text())["results"]}
+    assert systems["hetero-infer (int8 weights)"]["output_tokens"] == 6
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| hetero-infer (int8 weights) |"))
+    assert row.rstrip(" |").split("|")[-1].strip().endswith("x")  # a ratio against the peer, not "-"
