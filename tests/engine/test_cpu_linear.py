@@ -113,10 +113,12 @@ def test_quantized_gemm_against_float64(rows, k, n, bias, method):
 
 
 def test_quantized_linear_packed_for_cpu_gives_the_same_layer():
-    if not cpu_linear.quantized_gemm_available():
-        pytest.skip("no AVX512_BF16 in this build: quantized layers use the kernels' reference there")
+    """Packed where the build has the quantized GEMM; elsewhere (the portable build) the layer stays as it was,
+    on the kernels' reference."""
     from hetero_infer.worker.quantization import QuantizedLinear, weight_bytes
 
+    here = cpu_linear.quantized_gemm_available()
+    assert here == bf16_gemm_here()
     torch.manual_seed(0)
     dense = nn.Linear(256, 200, bias=True).to(torch.bfloat16)
     x = torch.randn(3, 4, 256).to(torch.bfloat16)
@@ -124,6 +126,11 @@ def test_quantized_linear_packed_for_cpu_gives_the_same_layer():
         layer = QuantizedLinear.from_linear(dense, method)
         expected = layer(x).float()  # the kernels' reference: float32 math
         assert not layer.pack_for_cpu(torch.float32)  # only for bfloat16 activations
+        if not here:
+            assert not layer.pack_for_cpu(torch.bfloat16) and layer.cpu_packed is None
+            assert torch.equal(layer(x).float(), expected)
+            assert layer.dequantized_weight().shape == (200, 256)  # still in the kernels' layout
+            continue
         assert layer.pack_for_cpu(torch.bfloat16)
         assert not layer.pack_for_cpu(torch.bfloat16)  # once
         assert not hasattr(layer, "qweight") or layer.qweight is None
