@@ -137,7 +137,7 @@ class LLMEngine:
     def step_merged(self, pending: dict[str, list]) -> int:
         """One step, like `step()`, for requests added with `delta=True`: instead of returning their delta
         outputs, merge them into `pending` (request id -> merged deltas in the format of
-        `hetero_infer.worker.outputs.merge_deltas`, with this step's end time), without building output objects.
+        `hetero_infer.worker.outputs.take_entries`, with this step's end time), without building output objects.
         What a consumer that forwards outputs in batches (the engine process) needs. Returns the number of
         requests that ended (finished or failed) in this step."""
         touched = self._step()

@@ -36,49 +36,12 @@ class RequestOutput:
 # parent), per request that progressed since the previous hand-over: the deltas of all steps in between,
 # merged. An entry: (request id, finished, error, metrics, samples, step times); a sample: (token ids, text,
 # logprobs entries or None, cumulative logprob, finish reason, stop reason); step times: the end of every step
-# that gave the request tokens (`time.monotonic()`) when the caller of `merge_deltas` passed them (the async
-# layer records the per-request timing from them), else None. `LLMEngine.step_merged` merges into the same
-# format without building output objects.
-
-
-def merge_deltas(pending: dict[str, list], outputs: list[RequestOutput], step_end: float | None = None) -> None:
-    """Merge one step's delta outputs (`add_request(..., delta=True)`) into `pending`: request id -> [finished,
-    error, metrics, samples, step times], a sample [token ids, text pieces, logprobs, cumulative logprob,
-    finish reason, stop reason]. The lists of the outputs are taken over (the engine makes new ones for every
-    output). With `step_end`, it is appended to the step times of every request in `outputs`."""
-    for out in outputs:
-        e = pending.get(out.request_id)
-        if e is None:
-            pending[out.request_id] = [out.finished, out.error, out.metrics, [
-                [c.token_ids, [c.text], c.logprobs, c.cumulative_logprob, c.finish_reason, c.stop_reason]
-                for c in out.outputs], None if step_end is None else [step_end]]
-            continue
-        e[0] = out.finished
-        e[1] = out.error
-        e[2] = out.metrics
-        samples = e[3]
-        for c in out.outputs:
-            if c.index >= len(samples):
-                samples.append([c.token_ids, [c.text], c.logprobs, c.cumulative_logprob, c.finish_reason,
-                                c.stop_reason])
-                continue
-            smp = samples[c.index]
-            smp[0] += c.token_ids
-            smp[1].append(c.text)
-            if c.logprobs is not None:
-                if smp[2] is None:
-                    smp[2] = c.logprobs
-                else:
-                    smp[2] += c.logprobs
-            smp[3] = c.cumulative_logprob
-            smp[4] = c.finish_reason
-            smp[5] = c.stop_reason
-        if step_end is not None:
-            e[4].append(step_end)
+# that gave the request tokens (`time.monotonic()`; the async layer records the per-request timing from them).
+# `LLMEngine.step_merged` merges a step's deltas into this format without building output objects.
 
 
 def take_entries(pending: dict[str, list]) -> list[tuple]:
-    """The entries of what `merge_deltas` gathered."""
+    """The entries of what `LLMEngine.step_merged` gathered."""
     return [(rid, e[0], e[1], e[2], [(ids, "".join(pieces), lps, cum, fr, sr) for ids, pieces, lps, cum, fr, sr
                                      in e[3]], e[4])
             for rid, e in pending.items()]

@@ -1,7 +1,7 @@
 """The engine's delta outputs (`add_request(..., delta=True)`: what the server's engine thread uses; merged
 straight into batches by `step_merged` in the engine process): accumulated, they give exactly the cumulative
 outputs, step by step (tokens, text, logprobs, finish and stop reasons), with n > 1, stop strings and logprobs;
-and the async layer's accumulation (`merge_deltas`, `OutputStream`) gives them too."""
+and the async layer's accumulation (`OutputStream`) gives them too."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from hetero_infer.worker.async_engine import AsyncEngine, EngineRequest, RequestState
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.engine import LLMEngine
-from hetero_infer.worker.outputs import merge_deltas, take_entries
+from hetero_infer.worker.outputs import take_entries
 from hetero_infer.worker.sampling_params import SamplingParams
 
 MOCK_PARAMS = [
@@ -39,7 +39,7 @@ def _snapshot(out: Any) -> tuple:
 
 def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], mode: str) -> dict[str, list]:
     """Every request's output after every step that touched it: "cumulative" outputs as they are; "delta"
-    outputs merged per step (`merge_deltas`) and "merged" ones (`step_merged`) accumulated in a RequestState."""
+    outputs (`step()`) and "merged" ones (`step_merged`) accumulated in a RequestState."""
     tag = mode[0]
     states = {}
     for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
@@ -53,11 +53,16 @@ def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParam
             engine.step_merged(pending)
         else:
             outputs = engine.step()
-            if mode == "cumulative":
-                for out in outputs:
-                    seen[out.request_id].append(_snapshot(out))
-                continue
-            merge_deltas(pending, outputs, 1.0)
+            for out in outputs:
+                if mode == "delta":
+                    state = states[out.request_id]
+                    for c in out.outputs:
+                        state.sample(c.index).add(c.token_ids, c.text, c.logprobs, c.cumulative_logprob,
+                                                  c.finish_reason, c.stop_reason)
+                    state.finished, state.error = out.finished, out.error
+                    out = state.output()
+                seen[out.request_id].append(_snapshot(out))
+            continue
         for rid, finished, error, _metrics, samples, times in take_entries(pending):
             assert len(times) == 1
             state = states[rid]
