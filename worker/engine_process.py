@@ -111,7 +111,7 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
         out_conn.send_bytes(pickle.dumps((_M_LOAD_ERROR, f"{type(exc).__name__}: {exc}"), _PROTO))
         return
     freeze_startup_objects()
-    logging.getLogger("hetero_infer.engine_process").info(
+    logger.info(
         "engine process %d: %s loaded (executor %s, %d KV blocks of %d tokens)", os.getpid(), limits.model_name,
         config.executor, limits.num_blocks, limits.block_size)
     out_conn.send_bytes(pickle.dumps((_M_READY, (limits, engine.stats())), _PROTO))
@@ -120,7 +120,7 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
     except (EOFError, BrokenPipeError, ConnectionResetError):  # the parent is gone
         return
     except BaseException as exc:
-        logging.getLogger("hetero_infer.engine_process").exception("engine step failed; the engine is stopped")
+        logger.exception("engine step failed; the engine is stopped")
         try:
             out_conn.send_bytes(pickle.dumps((_M_FATAL, f"engine failure: {type(exc).__name__}: {exc}"), _PROTO))
         except Exception:
