@@ -127,9 +127,8 @@ class QuantizedLinear(nn.Module):
         else:
             levels = kernels.unpack_int4(self.qweight, self.group_size)
             packed = cpu_linear.pack_int4(levels, self.scales, self.zeros, self.group_size)
-        for name in ("qweight", "scales", "zeros"):
-            delattr(self, name)
-        self.zeros = None
+        del self.qweight, self.scales
+        self.zeros = None  # (INT4: a None buffer, which buffers() skips)
         # as buffers, so that weight_bytes and .to() see them
         self.register_buffer("packed_qweight", packed.data)
         self.register_buffer("packed_scales", packed.scales)
