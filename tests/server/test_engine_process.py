@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import signal
 import time
 
@@ -222,3 +223,27 @@ def test_engine_process_logs_in_the_servers_format() -> None:
         assert mine and "loaded (executor mock" in mine[0]["msg"] and mine[0]["level"] == "info"
     finally:
         s.stop()
+
+
+async def test_a_request_reaches_the_engine_before_the_loop_turns() -> None:
+    """Commands go to the child as they come (not at the end of the loop's turn): when a wave of requests
+    arrives, the engine starts on the first while the loop still parses the others."""
+    from hetero_infer.worker.async_engine import EngineRequest
+    from hetero_infer.worker.engine_process import EngineProcess, ProcessAsyncEngine
+
+    core = EngineProcess(EngineConfig(executor="mock", max_model_len=512, max_num_blocks=64))
+    core.start()
+    core.wait_ready()
+    engine = ProcessAsyncEngine(core)
+    engine.start()
+    try:
+        stream = engine.submit([EngineRequest("r0", None, [5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))])
+        # No await since the submit: the loop has not turned, yet the child got the request and answers.
+        readable, _, _ = select.select([core.out_conn.fileno()], [], [], 10.0)
+        assert readable, "the engine heard nothing of the request before the loop turned"
+        outputs = []
+        while out := await stream.next():
+            outputs = out
+        assert outputs[0].finished and len(outputs[0].outputs[0].token_ids) == 3
+    finally:
+        engine.shutdown()

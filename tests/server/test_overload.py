@@ -111,3 +111,24 @@ async def test_non_stream_disconnect_aborts(small: ServerProcess) -> None:
     assert await _wait_idle(small, 2.0) < 0.5
     after = small.metrics()["hetero_infer_requests_finished_total{finish_reason=abort}"]
     assert after == before + 1
+
+
+async def test_stream_headers_do_not_wait_for_a_queued_first_token(small: ServerProcess) -> None:
+    """Headers normally leave with the first events; a request that waits for the engine still gets them soon."""
+    async with aiohttp.ClientSession() as session:
+        running = [await session.post(small.url + "/v1/completions",
+                                      json={"prompt": "hold", "max_tokens": 16, "stream": True}) for _ in range(2)]
+        try:
+            t0 = time.monotonic()
+            async with session.post(small.url + "/v1/completions",  # both sequences taken for ~0.8 s
+                                    json={"prompt": "queued", "max_tokens": 4, "stream": True}) as queued:
+                headers_after = time.monotonic() - t0
+                assert queued.status == 200
+                await _first_event(queued)
+                first_event_after = time.monotonic() - t0
+                await queued.read()
+        finally:
+            for r in running:
+                await r.read()
+                r.release()
+    assert headers_after < 0.4 < 0.5 < first_event_after, (headers_after, first_event_after)

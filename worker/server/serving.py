@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 from jinja2 import TemplateError
 from pydantic import BaseModel, ValidationError
 
@@ -279,18 +280,42 @@ async def _collect(stream: OutputStream, fmt: Formatter) -> web.Response:
     return web.Response(body=_dumps(fmt.response(latest)).encode(), content_type="application/json")
 
 
+class EventStreamResponse(web.StreamResponse):
+    """An SSE response whose status line and headers leave with its first events, in one write, or after
+    `HEADERS_MAX_DELAY_S` if none has come by then (`_stream` sends them). aiohttp writes them at `prepare()`
+    otherwise: a write, and a wake-up of the client, for nothing when the first tokens follow within
+    milliseconds, as they do unless the request waits for the engine (aiohttp < 3.12 sends them at once)."""
+
+    _send_headers_immediately = False
+
+
+# How long the headers of a stream may wait for its first events: a client learns this soon that its request
+# was accepted, however long the first token takes (queueing, a long prefill).
+HEADERS_MAX_DELAY_S = 0.05
+
+
+def _send_headers(writer: AbstractStreamWriter) -> None:
+    try:
+        writer.send_headers()
+    except ConnectionError:  # the client is gone; the handler learns it at its next write
+        pass
+
+
 async def _stream(request: web.Request, stream: OutputStream, fmt: Formatter, include_usage: bool) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={
+    resp = EventStreamResponse(headers={
         "Content-Type": "text/event-stream",
         "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no",
         "X-Request-Id": request.get("request_id", ""),
     })
     fmt.set_include_usage(include_usage)
-    await resp.prepare(request)  # the client learns at once that the request was accepted
+    writer = await resp.prepare(request)
+    assert writer is not None
+    headers_timer = asyncio.get_running_loop().call_later(HEADERS_MAX_DELAY_S, _send_headers, writer)
     try:
         last = b""
         outputs = await stream.next_states()
+        headers_timer.cancel()  # they go out with these events
         while outputs:
             chunks = fmt.chunks(outputs)
             data = "".join(f"data: {c}\n\n" for c in chunks).encode() if chunks else b""
@@ -308,6 +333,8 @@ async def _stream(request: web.Request, stream: OutputStream, fmt: Formatter, in
         await resp.write_eof(b"data: " + _dumps(err.body()).encode() + b"\n\n" + _DONE)
     except ConnectionError:  # client went away; the caller's `finally` aborts the requests
         logger.info("client disconnected mid-stream", extra={"request_id": request.get("request_id")})
+    finally:
+        headers_timer.cancel()
     return resp
 
 
