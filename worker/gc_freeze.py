@@ -1,10 +1,16 @@
 """Keep the objects of start-up (modules, the model, the tokenizer: several 100k) out of the garbage collector's
-reach once loading is over."""
+reach once loading is over, and collect the young generation less often while serving."""
 
 from __future__ import annotations
 
 import atexit
 import gc
+
+# Young-generation threshold while serving (Python's default: 700). Counted in allocations net of
+# deallocations: the objects of requests and outputs mostly die by reference counting, so in steady state
+# this threshold is rarely reached, where the default one triggered ~30 young collections per second on the
+# event loop at 64 streams (0.5-1 ms each, ~3% of the loop's time).
+YOUNG_THRESHOLD = 20_000
 
 
 def freeze_startup_objects() -> None:
@@ -16,3 +22,5 @@ def freeze_startup_objects() -> None:
     gc.collect()
     gc.freeze()
     atexit.register(gc.unfreeze)
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, older, oldest)

@@ -4,7 +4,7 @@ process, streaming clients; `--server-arg=--no-engine-process` for the thread mo
 mock executor with zero step latency, where the serving layer's overhead is most visible; `--executor torch`
 or `--mock-step-latency-s` for steps that take time (and release the GIL) as a model's do.
 
-    python -m hetero_infer.worker.server.bench_overhead --concurrency 64 --num-requests 256
+    python -m hetero_infer.worker.server.bench_overhead --concurrency 64 --num-requests 1024
 
 Every request streams `--output-len` tokens for a prompt of `--input-len` random token ids (sent as ids, so
 tokenization costs the same in every mode: nothing). Throughput counts generated tokens; latency is per
@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 
 from hetero_infer.worker.config import EngineConfig
+from hetero_infer.worker.gc_freeze import freeze_startup_objects
 from hetero_infer.worker.sampling_params import SamplingParams
 
 
@@ -191,10 +192,8 @@ async def run_http(url: str, prompts: list[list[int]], output_len: int, concurre
             latencies.append(time.perf_counter() - t)
             tokens += usage["completion_tokens"] if usage else 0
 
-    async def lean_worker() -> None:
+    async def lean_worker(conn: _SSEConnection) -> None:
         nonlocal tokens
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(_SSEConnection, host, port)
         try:
             while queue:
                 data = body(queue.pop())
@@ -211,6 +210,11 @@ async def run_http(url: str, prompts: list[list[int]], output_len: int, concurre
         finally:
             conn.close()
 
+    conns: list[_SSEConnection] = []
+    if client == "lean":  # keep-alive connections, opened before the clock starts (as a client's pool is)
+        loop = asyncio.get_running_loop()
+        conns = [c for _, c in await asyncio.gather(*[loop.create_connection(_SSEConnection, host, port)
+                                                      for _ in range(concurrency)])]
     cpu0 = tree_cpu_seconds(server_pid) if server_pid else None
     own0 = time.process_time()
     t0 = time.perf_counter()
@@ -218,7 +222,7 @@ async def run_http(url: str, prompts: list[list[int]], output_len: int, concurre
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             await asyncio.gather(*[aiohttp_worker(session) for _ in range(concurrency)])
     else:
-        await asyncio.gather(*[lean_worker() for _ in range(concurrency)])
+        await asyncio.gather(*[lean_worker(conn) for conn in conns])
     seconds = time.perf_counter() - t0
     own = time.process_time() - own0
     cpu1 = tree_cpu_seconds(server_pid) if server_pid else None
@@ -332,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hetero_infer.worker.server.bench_overhead",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--num-requests", type=int, default=1024,
+                   help="requests per run (default 1024: 16 waves of 64, so that the first wave and the last, "
+                   "whose requests end at different steps once the waves have spread out, weigh little)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
@@ -356,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig(executor=args.executor, mock_step_latency_s=args.mock_step_latency_s,
                           max_model_len=args.max_model_len)
     engine = LLMEngine(config)
+    # The garbage collector as the server and its engine process set it once loaded, for every path here too.
+    freeze_startup_objects()
     prompts = _prompts(args.num_requests, args.input_len, args.seed)
     engine_args = ["--executor", args.executor, "--mock-step-latency-s", str(args.mock_step_latency_s)]
     if args.max_model_len:
