@@ -8,7 +8,9 @@ or `--mock-step-latency-s` for steps that take time (and release the GIL) as a m
 
 Every request streams `--output-len` tokens for a prompt of `--input-len` random token ids (sent as ids, so
 tokenization costs the same in every mode: nothing). Throughput counts generated tokens; latency is per
-request (submit to last token). Each mode runs `--repeats` times, interleaved; the best run is reported (and the median).
+request (submit to last token). Each mode runs `--repeats` times, interleaved; the best run is reported, the median,
+and the median over the rounds of each run against the engine run of its round. `--baseline CHECKOUT` adds a
+second server with another checkout's code, loaded in turn with this one (an A/B in the same minutes).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
+import tomllib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -312,9 +316,30 @@ def _drain(fd: int) -> None:
         pass
 
 
-def start_server(extra: list[str]) -> tuple[subprocess.Popen[str], str]:
+def importable_checkout(checkout: str, into: str) -> str:
+    """Lay out another checkout of this repository as an importable `hetero_infer` package under `into` (links,
+    following pyproject.toml's package-dir: hetero_infer.worker is the folder worker/, ...); returns `into`."""
+    with open(os.path.join(checkout, "pyproject.toml"), "rb") as f:
+        package_dir = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    root = os.path.join(into, "hetero_infer")
+    os.makedirs(root, exist_ok=True)
+    top = os.path.join(checkout, package_dir["hetero_infer"])
+    for name in os.listdir(top):
+        os.symlink(os.path.join(top, name), os.path.join(root, name))
+    for package, folder in package_dir.items():
+        if package != "hetero_infer":
+            os.symlink(os.path.join(checkout, folder), os.path.join(root, package.split(".", 1)[1]))
+    return into
+
+
+def start_server(extra: list[str], pythonpath: str | None = None) -> tuple[subprocess.Popen[str], str]:
+    """`hetero-infer serve` on a free port; `pythonpath`: a folder holding the `hetero_infer` package to serve
+    with instead of this one (`importable_checkout`)."""
     cmd = [sys.executable, "-m", "hetero_infer.cli", "serve", "--port", "0", "--log-format", "text", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = None if pythonpath is None else {**os.environ, "PYTHONPATH": pythonpath}
+    # `python -m` puts the working directory first on sys.path: the baseline's folder, not this checkout.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=pythonpath)
     assert proc.stdout is not None
     url = ""
     for line in proc.stdout:
@@ -354,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client", choices=("lean", "aiohttp"), default="lean",
                    help="the HTTP load generator: lean keep-alive connections (default) or aiohttp.ClientSession "
                    "(several times the CPU per token, taken from the same CPUs as the server's)")
+    p.add_argument("--baseline", metavar="CHECKOUT",
+                   help="also serve with the code of another checkout of this repository (say, `git worktree add "
+                   "/tmp/base HEAD~3`) and load both servers in turn, in the same minutes: an A/B of two servers "
+                   "on a machine whose speed drifts")
     p.add_argument("--output-json", help="write the runs as JSON")
     args = p.parse_args(argv)
 
@@ -368,12 +397,17 @@ def main(argv: list[str] | None = None) -> int:
     engine_args = ["--executor", args.executor, "--mock-step-latency-s", str(args.mock_step_latency_s)]
     if args.max_model_len:
         engine_args += ["--max-model-len", str(args.max_model_len)]
-    proc, url = start_server([*engine_args, "--stream-interval", str(args.stream_interval), *args.server_arg])
-    runs: dict[str, list[Run]] = {"engine": [], "async engine": [], "HTTP": []}
+    serve_args = [*engine_args, "--stream-interval", str(args.stream_interval), *args.server_arg]
+    servers = {"HTTP": start_server(serve_args)}
+    if args.baseline:
+        baseline_dir = tempfile.mkdtemp(prefix="hetero-infer-baseline-")
+        servers["HTTP (baseline)"] = start_server(serve_args, importable_checkout(args.baseline, baseline_dir))
+    runs: dict[str, list[Run]] = {"engine": [], "async engine": [], **{name: [] for name in servers}}
     if args.process_engine:
         runs["process engine"] = []
     try:
-        asyncio.run(run_http(url, prompts[:16], args.output_len, 16, client=args.client))  # warm-up
+        for _, url in servers.values():  # warm-up
+            asyncio.run(run_http(url, prompts[:16], args.output_len, 16, client=args.client))
         run_engine(engine, prompts[:16], args.output_len, 16, "warm")
         for r in range(args.repeats):
             runs["engine"].append(run_engine(engine, prompts, args.output_len, args.concurrency, f"e{r}"))
@@ -387,11 +421,14 @@ def main(argv: list[str] | None = None) -> int:
                 core.wait_ready()
                 runs["process engine"].append(asyncio.run(run_async_engine(
                     engine, prompts, args.output_len, args.concurrency, f"p{r}", args.stream_interval, core)))
-            runs["HTTP"].append(asyncio.run(run_http(url, prompts, args.output_len, args.concurrency, proc.pid,
-                                                     args.client)))
+            order = list(servers.items())
+            for name, (proc, url) in order if r % 2 == 0 else order[::-1]:  # neither server always goes first
+                runs[name].append(asyncio.run(run_http(url, prompts, args.output_len, args.concurrency, proc.pid,
+                                                       args.client)))
     finally:
-        proc.terminate()
-        proc.wait(30)
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
 
     # Best of the runs: on a shared machine interference only ever slows a run down, so the fastest run
     # (and the least CPU per token) is the most faithful figure of each path; medians are shown too.
@@ -399,21 +436,25 @@ def main(argv: list[str] | None = None) -> int:
     cpu = {mode: min(r.cpu_us_per_token for r in rs if r.cpu_us_per_token is not None)
            for mode, rs in runs.items() if any(r.cpu_us_per_token is not None for r in rs)}
     median = {mode: statistics.median(r.tokens_per_s for r in rs) for mode, rs in runs.items()}
+    # Each path against the engine run of the same round, median over the rounds: robust to a machine whose
+    # speed drifts between rounds.
+    paired = {mode: statistics.median(r.tokens_per_s / e.tokens_per_s for r, e in zip(rs, runs["engine"])) - 1.0
+              for mode, rs in runs.items()}
     base = best["engine"]
     executor = (f"mock executor, {args.mock_step_latency_s * 1000:g} ms per step" if args.executor == "mock"
                 else f"{engine.model_name} on {args.executor}")
     print(f"{args.num_requests} requests, {args.concurrency} concurrent, {args.input_len} prompt + "
           f"{args.output_len} output tokens, {executor}, stream interval {args.stream_interval * 1000:g} ms, "
           f"{os.cpu_count()} CPUs, best of {args.repeats} runs\n")
-    print("| path | output tok/s | vs engine | median tok/s | request latency p50 / p99 (s) "
-          "| serving CPU per token (µs) | vs engine |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| path | output tok/s | vs engine | median tok/s | vs engine, same round (median) "
+          "| request latency p50 / p99 (s) | serving CPU per token (µs) | vs engine |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for mode, run in best.items():
         change = run.tokens_per_s / base.tokens_per_s - 1.0
         c = cpu.get(mode)
         c_text = f"{c:.1f} | {c / cpu['engine'] - 1.0:+.1%}" if c is not None and "engine" in cpu else "n/a | n/a"
-        print(f"| {mode} | {run.tokens_per_s:,.0f} | {change:+.1%} | {median[mode]:,.0f} | {run.latency(0.5):.3f} / "
-              f"{run.latency(0.99):.3f} | {c_text} |")
+        print(f"| {mode} | {run.tokens_per_s:,.0f} | {change:+.1%} | {median[mode]:,.0f} | {paired[mode]:+.1%} | "
+              f"{run.latency(0.5):.3f} / {run.latency(0.99):.3f} | {c_text} |")
     client_cpu = [r.client_cpu_seconds / r.tokens * 1e6 for r in runs["HTTP"] if r.client_cpu_seconds is not None]
     if client_cpu:
         print(f"\nload generator ({args.client} client, in this process, on the same CPUs): "
