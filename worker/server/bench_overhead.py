@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -398,14 +399,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_model_len:
         engine_args += ["--max-model-len", str(args.max_model_len)]
     serve_args = [*engine_args, "--stream-interval", str(args.stream_interval), *args.server_arg]
-    servers = {"HTTP": start_server(serve_args)}
-    if args.baseline:
-        baseline_dir = tempfile.mkdtemp(prefix="hetero-infer-baseline-")
-        servers["HTTP (baseline)"] = start_server(serve_args, importable_checkout(args.baseline, baseline_dir))
-    runs: dict[str, list[Run]] = {"engine": [], "async engine": [], **{name: [] for name in servers}}
-    if args.process_engine:
-        runs["process engine"] = []
+    servers: dict[str, tuple[subprocess.Popen[str], str]] = {}
+    baseline_dir = tempfile.mkdtemp(prefix="hetero-infer-baseline-") if args.baseline else None
     try:
+        servers["HTTP"] = start_server(serve_args)
+        if args.baseline:
+            servers["HTTP (baseline)"] = start_server(serve_args, importable_checkout(args.baseline, baseline_dir))
+        runs: dict[str, list[Run]] = {"engine": [], "async engine": [], **{name: [] for name in servers}}
+        if args.process_engine:
+            runs["process engine"] = []
         for _, url in servers.values():  # warm-up
             asyncio.run(run_http(url, prompts[:16], args.output_len, 16, client=args.client))
         run_engine(engine, prompts[:16], args.output_len, 16, "warm")
@@ -429,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
+        if baseline_dir is not None:
+            shutil.rmtree(baseline_dir, ignore_errors=True)
 
     # Best of the runs: on a shared machine interference only ever slows a run down, so the fastest run
     # (and the least CPU per token) is the most faithful figure of each path; medians are shown too.
