@@ -199,6 +199,15 @@ def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, inte
 
 
 # ============================================================================ parent
+def _frame(data: bytes) -> bytes:
+    """One message as `multiprocessing.Connection.send_bytes` frames it (what the child's `recv_bytes` reads):
+    a signed 32-bit big-endian length, or -1 and a 64-bit one."""
+    n = len(data)
+    head = n.to_bytes(4, "big", signed=True) if n <= 0x7FFFFFFF else (-1).to_bytes(4, "big", signed=True) + \
+        n.to_bytes(8, "big")
+    return head + data
+
+
 class EngineProcess:
     """The child process and its two pipes; `start()` spawns it, `wait_ready()` waits for its limits."""
 
@@ -244,13 +253,15 @@ class EngineProcess:
         with self._send_lock:
             self.cmd_conn.send_bytes(data)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Ask the child to stop, then make sure it is gone (terminate, then kill)."""
+    def stop(self, timeout: float = 10.0, ask: bool = True) -> None:
+        """Ask the child to stop (`ask`: send it the shutdown command; False when the caller did), wait up to
+        `timeout` seconds, then make sure it is gone (terminate, then kill)."""
         if self.process.is_alive():
-            try:
-                self.send([(_C_SHUTDOWN, None)])
-            except OSError:
-                pass
+            if ask:
+                try:
+                    self.send([(_C_SHUTDOWN, None)])
+                except OSError:
+                    pass
             self.process.join(timeout)
         if self.process.is_alive():
             self.process.terminate()
@@ -284,6 +295,8 @@ class ProcessAsyncEngine(AsyncEngine):
         self._started = False
         self._fd = -1
         self._buf = bytearray()
+        self._cmd_fd = -1
+        self._backlog = bytearray()  # command bytes the pipe had no room for yet (written when it drains)
 
     # ----------------------------------------------------------------- lifecycle (loop thread)
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -294,12 +307,22 @@ class ProcessAsyncEngine(AsyncEngine):
         self._fd = self.core.out_conn.fileno()
         os.set_blocking(self._fd, False)
         self._loop.add_reader(self._fd, self._on_readable)
+        self._cmd_fd = self.core.cmd_conn.fileno()
+        os.set_blocking(self._cmd_fd, False)
         self._started = True
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stop = True
         self._remove_reader()
-        self.core.stop(timeout)
+        # Ask the child to stop unless commands are still stuck in front of the request (it is not reading:
+        # then it is terminated at once).
+        asked = self._cmd_fd >= 0 and not self._backlog and self._dead is None and self._write(
+            _frame(pickle.dumps([(_C_SHUTDOWN, None)], _PROTO)))
+        if self._cmd_fd >= 0 and self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_writer(self._cmd_fd)
+        self._cmd_fd = -1
+        self._backlog.clear()
+        self.core.stop(timeout if asked else 0.0, ask=False)
         if self._dead is None:
             self._on_dead(EngineDeadError("the engine was shut down"))
 
@@ -333,11 +356,40 @@ class ProcessAsyncEngine(AsyncEngine):
         the first while the loop is still parsing the others, instead of idling until the last is parsed and
         then taking them all in one step; the arrivals stay spread out, so later ends and arrivals overlap
         with the engine's work (measured: the time a finished request's slot stays empty halves)."""
-        if self._dead is None:
-            try:
-                self.core.send(commands)
-            except OSError:  # the child is gone: its pipe reads end-of-file, which fails everything
-                pass
+        if self._dead is None and self._cmd_fd >= 0:
+            frame = _frame(pickle.dumps(commands, _PROTO))
+            if self._backlog:  # behind what is already waiting, in order
+                self._backlog += frame
+            elif not self._write(frame):
+                assert self._loop is not None
+                self._loop.add_writer(self._cmd_fd, self._write_backlog)
+
+    def _write(self, frame: bytes) -> bool:
+        """Write without blocking: the event loop must never wait for the child (a stopped or busy engine with
+        a full pipe would freeze every connection; and a child blocked writing its outputs to a loop blocked
+        writing commands would be a deadlock). What does not fit goes to the backlog; True if all went."""
+        try:
+            n = os.write(self._cmd_fd, frame)
+        except BlockingIOError:
+            n = 0
+        except OSError:  # the child is gone: its output pipe reads end-of-file, which fails everything
+            return True
+        if n < len(frame):
+            self._backlog += memoryview(frame)[n:]
+            return False
+        return True
+
+    def _write_backlog(self) -> None:
+        try:
+            n = os.write(self._cmd_fd, self._backlog)
+        except BlockingIOError:
+            return
+        except OSError:
+            n = len(self._backlog)
+        del self._backlog[:n]
+        if not self._backlog:
+            assert self._loop is not None
+            self._loop.remove_writer(self._cmd_fd)
 
     # ----------------------------------------------------------------- messages (loop thread)
     def _on_readable(self) -> None:

@@ -247,3 +247,48 @@ async def test_a_request_reaches_the_engine_before_the_loop_turns() -> None:
         assert outputs[0].finished and len(outputs[0].outputs[0].token_ids) == 3
     finally:
         engine.shutdown()
+
+
+async def test_loop_stays_responsive_when_the_engine_does_not_read_its_commands() -> None:
+    """Commands the engine process has not read yet wait in the server, not in a blocking write: a stopped (or
+    very slow) engine with more pending prompt bytes than its pipe holds must not freeze the event loop."""
+    s = ServerProcess("--engine-process", "--max-model-len", "8192", "--max-num-blocks", "40000",
+                      "--max-num-seqs", "64", "--max-queue-len", "64")
+    child = _engine_pid(s)
+    try:
+        prompt = list(range(1000, 9000))  # ~24 KB pickled: 64 of them are more than a 1 MB pipe holds
+        async with aiohttp.ClientSession() as session:
+            os.kill(child, signal.SIGSTOP)
+            try:
+                posts = [asyncio.create_task(session.post(s.url + "/v1/completions",
+                                                          json={"prompt": prompt, "max_tokens": 2}))
+                         for _ in range(64)]
+                await asyncio.sleep(1.0)
+                t0 = time.monotonic()
+                async with session.get(s.url + "/healthz", timeout=aiohttp.ClientTimeout(total=5)) as health:
+                    assert health.status == 200
+                assert time.monotonic() - t0 < 1.0
+            finally:
+                os.kill(child, signal.SIGCONT)
+            responses = await asyncio.wait_for(asyncio.gather(*posts), 60)
+            for resp in responses:
+                assert resp.status == 200, await resp.text()
+                assert (await resp.json())["usage"]["completion_tokens"] == 2
+    finally:
+        s.stop()
+
+
+def test_command_frames_are_what_the_child_reads() -> None:
+    """The server writes commands itself (non-blocking); the child reads them with Connection.recv_bytes."""
+    import multiprocessing
+
+    from hetero_infer.worker.engine_process import _frame
+
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    try:
+        for payload in (b"", b"x", bytes(range(256)) * 80):  # empty, tiny, and beyond the 16 KB split of send_bytes
+            os.write(writer.fileno(), _frame(payload))
+            assert reader.recv_bytes() == payload
+    finally:
+        reader.close()
+        writer.close()
