@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from hetero_infer.worker.block_manager import BlockManager
 from hetero_infer.worker.config import EngineConfig
@@ -386,7 +387,8 @@ def validate_request(prompt_token_ids: list[int], params: SamplingParams, *, voc
     n_prompt = len(prompt_token_ids)
     if n_prompt == 0:
         raise ValueError("the prompt is empty: at least one token is needed")
-    if any(not isinstance(t, int) or t < 0 or t >= vocab_size for t in prompt_token_ids):
+    if (not all(map(isinstance, prompt_token_ids, repeat(int)))  # C loops: this runs twice per request served
+            or min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size):
         raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
     if n_prompt >= max_model_len:
         raise ValueError(

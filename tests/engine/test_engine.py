@@ -28,8 +28,9 @@ def test_too_long_prompt_is_rejected_up_front_and_changes_nothing(llm):
         engine.add_request("long", None, prompt(128), SamplingParams())
     with pytest.raises(ValueError, match=r"120 in the prompt, 16 for the completion"):
         engine.add_request("long2", None, prompt(120), SamplingParams(max_tokens=16))
-    with pytest.raises(ValueError, match="token ids must be integers"):
-        engine.add_request("bad", None, [10**9], SamplingParams())
+    for bad in ([10**9], [5, -1], [5, 2.0], [5, "7"], [None]):
+        with pytest.raises(ValueError, match="token ids must be integers"):
+            engine.add_request("bad", None, bad, SamplingParams())
     with pytest.raises(ValueError, match="empty"):
         llm.generate(prompt_token_ids=[[]])
     assert not engine.has_unfinished_requests()
