@@ -18,7 +18,8 @@ def freeze_startup_objects() -> None:
     trigger under load, walks all of them again (0.2 to 0.3 s each, every second or so: a fifth of the server's
     CPU in one measurement). They are unfrozen at exit, so that finalization still releases them: objects left
     frozen count as leaked, and the extension modules that check for leaks (triton's nanobind bindings, loaded
-    with torch) print hundreds of lines about it."""
+    with torch) print hundreds of lines about it. Then the young generation's threshold becomes
+    `YOUNG_THRESHOLD`."""
     gc.collect()
     gc.freeze()
     atexit.register(gc.unfreeze)
