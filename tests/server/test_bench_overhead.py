@@ -37,3 +37,22 @@ def test_baseline_checkout_is_what_the_baseline_server_imports(tmp_path) -> None
         [sys.executable, "-c", "import hetero_infer.cli, hetero_infer.worker.server.serving as m; print(m.__file__)"],
         env={**os.environ, "PYTHONPATH": folder}, cwd=folder, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == os.path.join(folder, "hetero_infer", "worker", "server", "serving.py")
+
+
+def test_benchmark_runs_end_to_end_and_counts_its_rounds(capsys) -> None:
+    """The whole command, tiny: a table with every path, and the rounds probed for CPU speed."""
+    from hetero_infer.worker.server.bench_overhead import main
+
+    assert main(["--repeats", "2", "--num-requests", "8", "--concurrency", "4", "--input-len", "8",
+                 "--output-len", "4", "--probe-seconds", "0.05", "--max-model-len", "256"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")}
+    assert {"engine", "async engine", "HTTP"} <= rows
+    assert "Rounds at full speed" in out and "of 2" in out
+
+
+def test_slowdown_is_the_slowest_cpus_median_over_the_fastest_sample() -> None:
+    from hetero_infer.worker.cpu_speed import slowdown
+
+    assert slowdown({0: [6.0, 6.2, 6.1], 1: [11.0, 12.0, 11.5]}, 6.0) == 11.5 / 6.0
+    assert slowdown({0: [6.0]}, 6.0) == 1.0

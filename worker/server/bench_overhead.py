@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 
 from hetero_infer.worker.config import EngineConfig
+from hetero_infer.worker.cpu_speed import probe, slowdown
 from hetero_infer.worker.gc_freeze import freeze_startup_objects
 from hetero_infer.worker.sampling_params import SamplingParams
 
@@ -60,6 +61,11 @@ class Run:
     def latency(self, q: float) -> float:
         s = sorted(self.latencies)
         return s[min(len(s) - 1, int(q * len(s)))]
+
+
+# A round counts as measured at full speed when no CPU's median probe sample, before or after it, was more than
+# this much slower than the fastest sample of the whole invocation.
+QUIET_SLOWDOWN = 1.15
 
 
 def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -358,6 +364,29 @@ def start_server(extra: list[str], pythonpath: str | None = None) -> tuple[subpr
     return proc, url
 
 
+def print_table(runs: dict[str, list[Run]]) -> None:
+    """One row per path: the best run (on a shared machine interference only ever slows a run down, so the
+    fastest run, and the least CPU per token, is the most faithful figure of each path), the median, and the
+    median over the rounds of each run against the engine run of its round (robust to a machine whose speed
+    drifts between rounds)."""
+    best = {mode: max(rs, key=lambda x: x.tokens_per_s) for mode, rs in runs.items()}
+    cpu = {mode: min(r.cpu_us_per_token for r in rs if r.cpu_us_per_token is not None)
+           for mode, rs in runs.items() if any(r.cpu_us_per_token is not None for r in rs)}
+    median = {mode: statistics.median(r.tokens_per_s for r in rs) for mode, rs in runs.items()}
+    paired = {mode: statistics.median(r.tokens_per_s / e.tokens_per_s for r, e in zip(rs, runs["engine"])) - 1.0
+              for mode, rs in runs.items()}
+    base = best["engine"]
+    print("| path | output tok/s | vs engine | median tok/s | vs engine, same round (median) "
+          "| request latency p50 / p99 (s) | serving CPU per token (µs) | vs engine |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for mode, run in best.items():
+        change = run.tokens_per_s / base.tokens_per_s - 1.0
+        c = cpu.get(mode)
+        c_text = f"{c:.1f} | {c / cpu['engine'] - 1.0:+.1%}" if c is not None and "engine" in cpu else "n/a | n/a"
+        print(f"| {mode} | {run.tokens_per_s:,.0f} | {change:+.1%} | {median[mode]:,.0f} | {paired[mode]:+.1%} | "
+              f"{run.latency(0.5):.3f} / {run.latency(0.99):.3f} | {c_text} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hetero_infer.worker.server.bench_overhead",
                                 description=__doc__.split("\n\n")[0])
@@ -384,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also serve with the code of another checkout of this repository (say, `git worktree add "
                    "/tmp/base HEAD~3`) and load both servers in turn, in the same minutes: an A/B of two servers "
                    "on a machine whose speed drifts")
+    p.add_argument("--probe-seconds", type=float, default=0.3,
+                   help="time each CPU's speed for this long before and after every round "
+                   "(hetero_infer.worker.cpu_speed) and also report the rounds measured at full speed; 0: off")
     p.add_argument("--output-json", help="write the runs as JSON")
     args = p.parse_args(argv)
 
@@ -400,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_args += ["--max-model-len", str(args.max_model_len)]
     serve_args = [*engine_args, "--stream-interval", str(args.stream_interval), *args.server_arg]
     servers: dict[str, tuple[subprocess.Popen[str], str]] = {}
+    probes: list[tuple[dict[int, list[float]], dict[int, list[float]]]] = []  # CPU speed before/after each round
     baseline_dir = tempfile.mkdtemp(prefix="hetero-infer-baseline-") if args.baseline else None
     try:
         servers["HTTP"] = start_server(serve_args)
@@ -412,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(run_http(url, prompts[:16], args.output_len, 16, client=args.client))
         run_engine(engine, prompts[:16], args.output_len, 16, "warm")
         for r in range(args.repeats):
+            before = probe(seconds=args.probe_seconds) if args.probe_seconds > 0 else None
             runs["engine"].append(run_engine(engine, prompts, args.output_len, args.concurrency, f"e{r}"))
             runs["async engine"].append(asyncio.run(
                 run_async_engine(engine, prompts, args.output_len, args.concurrency, f"a{r}", args.stream_interval)))
@@ -427,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, (proc, url) in order if r % 2 == 0 else order[::-1]:  # neither server always goes first
                 runs[name].append(asyncio.run(run_http(url, prompts, args.output_len, args.concurrency, proc.pid,
                                                        args.client)))
+            if before is not None:
+                probes.append((before, probe(seconds=args.probe_seconds)))
     finally:
         for proc, _ in servers.values():
             proc.terminate()
@@ -434,31 +470,21 @@ def main(argv: list[str] | None = None) -> int:
         if baseline_dir is not None:
             shutil.rmtree(baseline_dir, ignore_errors=True)
 
-    # Best of the runs: on a shared machine interference only ever slows a run down, so the fastest run
-    # (and the least CPU per token) is the most faithful figure of each path; medians are shown too.
-    best = {mode: max(rs, key=lambda x: x.tokens_per_s) for mode, rs in runs.items()}
-    cpu = {mode: min(r.cpu_us_per_token for r in rs if r.cpu_us_per_token is not None)
-           for mode, rs in runs.items() if any(r.cpu_us_per_token is not None for r in rs)}
-    median = {mode: statistics.median(r.tokens_per_s for r in rs) for mode, rs in runs.items()}
-    # Each path against the engine run of the same round, median over the rounds: robust to a machine whose
-    # speed drifts between rounds.
-    paired = {mode: statistics.median(r.tokens_per_s / e.tokens_per_s for r, e in zip(rs, runs["engine"])) - 1.0
-              for mode, rs in runs.items()}
-    base = best["engine"]
     executor = (f"mock executor, {args.mock_step_latency_s * 1000:g} ms per step" if args.executor == "mock"
                 else f"{engine.model_name} on {args.executor}")
     print(f"{args.num_requests} requests, {args.concurrency} concurrent, {args.input_len} prompt + "
           f"{args.output_len} output tokens, {executor}, stream interval {args.stream_interval * 1000:g} ms, "
           f"{os.cpu_count()} CPUs, best of {args.repeats} runs\n")
-    print("| path | output tok/s | vs engine | median tok/s | vs engine, same round (median) "
-          "| request latency p50 / p99 (s) | serving CPU per token (µs) | vs engine |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for mode, run in best.items():
-        change = run.tokens_per_s / base.tokens_per_s - 1.0
-        c = cpu.get(mode)
-        c_text = f"{c:.1f} | {c / cpu['engine'] - 1.0:+.1%}" if c is not None and "engine" in cpu else "n/a | n/a"
-        print(f"| {mode} | {run.tokens_per_s:,.0f} | {change:+.1%} | {median[mode]:,.0f} | {paired[mode]:+.1%} | "
-              f"{run.latency(0.5):.3f} / {run.latency(0.99):.3f} | {c_text} |")
+    print_table(runs)
+    if probes:
+        fastest = min(min(x) for pre, post in probes for side in (pre, post) for x in side.values())
+        quiet = [i for i, (pre, post) in enumerate(probes)
+                 if max(slowdown(pre, fastest), slowdown(post, fastest)) <= QUIET_SLOWDOWN]
+        print(f"\nRounds at full speed (every CPU's median probe sample within {QUIET_SLOWDOWN - 1:.0%} of the "
+              f"fastest, {fastest:.2f} ms, before and after the round): {len(quiet)} of {len(probes)}")
+        if quiet:
+            print()
+            print_table({mode: [rs[i] for i in quiet] for mode, rs in runs.items()})
     client_cpu = [r.client_cpu_seconds / r.tokens * 1e6 for r in runs["HTTP"] if r.client_cpu_seconds is not None]
     if client_cpu:
         print(f"\nload generator ({args.client} client, in this process, on the same CPUs): "
