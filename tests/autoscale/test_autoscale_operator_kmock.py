@@ -152,12 +152,17 @@ async def test_operator_mode_scales_up_and_down_and_the_deployment_follows(clust
     assert [e["message"].split(";")[0] for e in ups][:2] == ["scaling up from 1 to 2", "scaling up from 2 to 4"]
     assert "queueDepth 20/5" in ups[0]["message"]
 
-    # Load gone: down to min only after the 2 s window of lower recommendations.
+    # Load gone: down to min only after the 2 s window of lower recommendations. First passes that hold
+    # (lower recommendations, not for the whole window yet), then the scale-down, 2 s after the last pass that
+    # saw the load; that pass came at most one interval before the load went.
     workers.set_all(kv=0.05, queue=0.0)
     loop = asyncio.get_running_loop()
     quiet_since = loop.time()
+    await wait_for(lambda: (scaling_active(kmock) or {}).get("reason") == "ScaleDownStabilizing",
+                   what="ScaleDownStabilizing")
+    assert spec_replicas(kmock) == 4
     await wait_for(lambda: spec_replicas(kmock) == 1, timeout=15, what="scaled down to 1")
-    assert loop.time() - quiet_since >= 2.0
+    assert loop.time() - quiet_since >= 2.0 - OPERATOR_MODE["intervalSeconds"]
     await wait_for(lambda: live(kmock, DEPLOYMENTS)["spec"]["replicas"] == 1, what="the Deployment follows down")
     await wait_for(lambda: any(e.get("reason") == "ScaledDown" for e in events(kmock)), what="ScaledDown event")
 
