@@ -81,6 +81,16 @@ static inline void store_tile(const __m512* acc, int mr, int nc, uint16_t* out, 
 /* MR rows of x over one panel: out[m][16j + c] = (sum_k x[m][k] w[k][16j + c]) (* scale) + bias. Every
    kp, `prefetch + kp * row_bytes` (row_bytes of it) is prefetched: the next panel for bfloat16 weights, the
    integers DEQUANT_PREFETCH ahead for quantized ones. */
+/* ACC[m][j] += x[m][kp] (a bfloat16 pair, broadcast) . WJ[j] for MR rows and NC vectors of 16 columns: the
+   inner step of every micro-kernel */
+#define DOT_ROWS(ACC, MR, NC, X, KH, KP, WJ)                                                              \
+    _Pragma("GCC unroll 8")                                                                               \
+    for (int m = 0; m < (MR); m++) {                                                                      \
+        __m512bh a = (__m512bh)_mm512_set1_epi32((int)(X)[(size_t)m * (KH) + (KP)]);                      \
+        _Pragma("GCC unroll 4")                                                                           \
+        for (int j = 0; j < (NC); j++) ACC[m][j] = _mm512_dpbf16_ps(ACC[m][j], a, WJ[j]);                 \
+    }
+
 #define DEFINE_MICRO(NAME, MR, LOAD)                                                                      \
 static inline void NAME(const uint32_t* x, int kh, Panel w, const float* bias, const float* scale,        \
                         uint16_t* out, int ldo, const __mmask16* cols, const char* prefetch, int row_bytes) { \
@@ -98,12 +108,7 @@ static inline void NAME(const uint32_t* x, int kh, Panel w, const float* bias, c
         if (prefetch)                                                                                     \
             for (int l = 0; l < row_bytes; l += 64)                                                       \
                 _mm_prefetch(prefetch + (size_t)kp * row_bytes + l, _MM_HINT_T0);                         \
-        _Pragma("GCC unroll 8")                                                                           \
-        for (int m = 0; m < MR; m++) {                                                                    \
-            __m512bh a = (__m512bh)_mm512_set1_epi32((int)x[(size_t)m * kh + kp]);                        \
-            _Pragma("GCC unroll 4")                                                                       \
-            for (int j = 0; j < NR; j++) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, wj[j]);               \
-        }                                                                                                 \
+        DOT_ROWS(acc, MR, NR, x, kh, kp, wj);                                                             \
     }                                                                                                     \
     if (scale) { /* the per-column scale multiplies the dot products, then the bias is added */          \
         _Pragma("GCC unroll 4")                                                                           \
@@ -163,12 +168,7 @@ static inline void NAME(const uint32_t* x, int kh, Panel w, const float* xsum, i
             _Pragma("GCC unroll 4")                                                                       \
             for (int j = 0; j < NC; j++) wj[j] = q_int4(w, kp, j);                                        \
             if (prefetch) _mm_prefetch(prefetch + (size_t)kp * PANEL, _MM_HINT_T0);                       \
-            _Pragma("GCC unroll 8")                                                                       \
-            for (int m = 0; m < MR; m++) {                                                                \
-                __m512bh a = (__m512bh)_mm512_set1_epi32((int)x[(size_t)m * kh + kp]);                    \
-                _Pragma("GCC unroll 4")                                                                   \
-                for (int j = 0; j < NC; j++) part[m][j] = _mm512_dpbf16_ps(part[m][j], a, wj[j]);         \
-            }                                                                                             \
+            DOT_ROWS(part, MR, NC, x, kh, kp, wj);                                                        \
         }                                                                                                 \
         _Pragma("GCC unroll 4")                                                                           \
         for (int j = 0; j < NC; j++) {                                                                    \
