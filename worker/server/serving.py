@@ -79,8 +79,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     state.check_model(req.model)
     state.check_serving()
     prompts = await _completion_prompts(state, req)
-    params = [_sampling_params(state, req, p, req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS, req.logprobs)
-              for p in prompts]
+    params = [request_sampling_params(state, req, p) for p in prompts]
     fmt = CompletionFormatter(state, req, prompts)
     return await _generate(request, state, req, prompts, params, fmt, arrival)
 
@@ -101,8 +100,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         raise bad_request(f"the messages could not be rendered with the chat template: {exc}", "messages") from None
     prompts = [Prompt(None, list(ids))]
     _check_prompt(state, prompts[0], "messages")
-    logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = [_sampling_params(state, req, prompts[0], req.requested_max_tokens, None, logprobs)]
+    params = [request_sampling_params(state, req, prompts[0])]
     fmt = ChatFormatter(state, req, prompts)
     return await _generate(request, state, req, prompts, params, fmt, arrival)
 
@@ -150,6 +148,16 @@ def _check_prompt(state: ServerState, prompt: Prompt, param: str) -> None:
             param=param,
             code="context_length_exceeded",
         )
+
+
+def request_sampling_params(state: ServerState, req: CompletionRequest | ChatCompletionRequest,
+                            prompt: Prompt) -> SamplingParams:
+    """The engine's sampling parameters for one prompt of a validated request (APIError for what the engine
+    would refuse). Reads only the state's limits and its `validate_request`, so it can be tested on its own."""
+    if isinstance(req, ChatCompletionRequest):
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        return _sampling_params(state, req, prompt, req.requested_max_tokens, None, logprobs)
+    return _sampling_params(state, req, prompt, req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS, req.logprobs)
 
 
 def _sampling_params(
