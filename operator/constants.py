@@ -21,6 +21,9 @@ MANAGED_BY = "hetero-infer-operator"
 COMPONENT_WORKER = "worker"
 APP_NAME = "hetero-infer"
 
+# On every child: a hash of the manifest the operator last wrote it from (diff.py).
+FINGERPRINT_ANNOTATION = f"{GROUP}/manifest-hash"
+
 # Annotation prefix for kopf's own bookkeeping (progress, last handled spec).
 KOPF_ANNOTATION_PREFIX = f"operator.{GROUP}"
 

@@ -1,16 +1,27 @@
 """Compare a desired manifest with a live object (pure).
 
 A live object carries much more than what the operator wrote: server defaults, status, managed
-fields, normalised quantities. The operator owns exactly the fields of its desired manifest, so a
-child has drifted when one of those fields differs; everything else belongs to the server.
+fields, normalised quantities. The operator owns exactly the fields it sets (the non-None fields of
+its desired manifest), so a child has drifted when one of those differs; everything else, a field the
+API server defaulted included, belongs to the server.
+
+A None in a desired manifest means "the operator does not set this" (imagePullPolicy left to the
+server's default for the tag, no nodeSelector): it is never compared. What the operator stops setting
+when the spec changes (a nodeSelector removed from the spec) is removed through the fingerprint: every
+child carries a hash of the manifest it was written from (`FINGERPRINT_ANNOTATION`), so a different
+manifest is a difference, and its merge patch sends None for the fields to remove.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
+
+from hetero_infer.operator.constants import FINGERPRINT_ANNOTATION
 
 _SUFFIXES = {
     "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
@@ -61,8 +72,10 @@ def _scalar_equal(want: Any, have: Any) -> bool:
 
 
 def differences(desired: Any, actual: Any, path: str = "") -> list[str]:
-    """Paths where `actual` does not hold what `desired` says (desired None: must be absent or empty)."""
-    if desired is None or _empty(desired):
+    """Paths where `actual` does not hold what `desired` sets (desired None: not set, never compared)."""
+    if desired is None:
+        return []
+    if _empty(desired):
         return [] if _empty(actual) else [path or "."]
     if isinstance(desired, Mapping):
         if not isinstance(actual, Mapping):
@@ -86,12 +99,38 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in refs)
 
 
+def fingerprint(desired: Mapping[str, Any]) -> str:
+    """A stable hash of a manifest as the operator would write it (its own annotation left out)."""
+    meta = dict(desired.get("metadata") or {})
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != FINGERPRINT_ANNOTATION}
+    meta["annotations"] = annotations or None
+    canonical = json.dumps(strip_none({**desired, "metadata": meta}), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def with_fingerprint(desired: Mapping[str, Any]) -> dict[str, Any]:
+    """`desired` with its fingerprint annotation: a child written from another manifest differs there."""
+    meta = dict(desired.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), FINGERPRINT_ANNOTATION: fingerprint(desired)}
+    return {**desired, "metadata": meta}
+
+
+def _patch_value(value: Any) -> Any:
+    # In a merge patch a None in a map removes the key; a list is sent whole, so None has no meaning
+    # inside one (the server would see `imagePullPolicy: null`): there it is left out.
+    if isinstance(value, Mapping):
+        return {k: _patch_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return strip_none(value)
+    return value
+
+
 def merge_patch(desired: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON merge patch that puts the desired fields in place (None removes a field).
+    """The JSON merge patch that puts the desired fields in place (None in a map removes a field).
 
     Immutable or server-owned identity fields (apiVersion, kind, name, namespace) are left out.
     """
-    patch = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")}
-    meta = {k: v for k, v in (desired.get("metadata") or {}).items() if k not in ("name", "namespace")}
+    patch = {k: _patch_value(v) for k, v in desired.items() if k not in ("apiVersion", "kind", "metadata")}
+    meta = {k: _patch_value(v) for k, v in (desired.get("metadata") or {}).items() if k not in ("name", "namespace")}
     patch["metadata"] = meta
     return patch

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from hetero_infer.operator import kube
-from hetero_infer.operator.diff import differences, merge_patch, owned_by, strip_none
+from hetero_infer.operator.diff import differences, merge_patch, owned_by, strip_none, with_fingerprint
 from hetero_infer.operator.manifests import Owner, WorkerDefaults, children, endpoint, selector_string
 from hetero_infer.operator.spec import SpecError, parse_spec
 from hetero_infer.operator.status import Observed, compute_status, invalid_spec_status, status_changed
@@ -46,6 +46,7 @@ class Outcome:
 
 def apply_child(client: kube.Client, desired: Mapping[str, Any], owner_uid: str) -> ChildResult:
     """Create the child or bring the fields the operator owns back to `desired`."""
+    desired = with_fingerprint(desired)
     kind = kube.kind_of(desired)
     meta = desired["metadata"]
     ns, name = meta["namespace"], meta["name"]

@@ -5,6 +5,12 @@ subclass closes the gaps the operator tests run into:
 
 - stamps `metadata.uid`, `creationTimestamp`, `resourceVersion` (monotonic) and `generation`
   (bumped when anything but metadata/status changes) on create, patch and delete;
+- applies the API server's defaults (api_defaults.py) to Deployments, Services, PDBs and HPAs
+  after every create and merge patch, so the operator sees what a real server returns;
+- honours `labelSelector` on lists and watches (equality- and set-based);
+- garbage-collects like kube-controller-manager: deleting an object deletes its dependents
+  (ownerReferences), deleting a Namespace deletes what is in it (objects with finalizers are
+  only marked, and stay until their finalizers go);
 - `/status` patches change only `.status`, and main-resource patches leave `.status` alone
   for resources with a status subresource (as the real server does);
 - watches honour `?resourceVersion=` (no replay of objects the client listed already);
@@ -16,16 +22,19 @@ subclass closes the gaps the operator tests run into:
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import datetime
 import itertools
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import attrs
 import kmock
-from kmock._internal import enums, rendering
+from api_defaults import BY_KIND as DEFAULTS
+from kmock._internal import dicts, enums, rendering
 
 from hetero_infer.operator import constants as c
 
@@ -36,6 +45,7 @@ PDBS = kmock.resource("policy", "v1", "poddisruptionbudgets")
 HPAS = kmock.resource("autoscaling", "v2", "horizontalpodautoscalers")
 EVENTS = kmock.resource("", "v1", "events")
 PEERINGS = kmock.resource("kopf.dev", "v1", "clusterkopfpeerings")
+NAMESPACES = kmock.resource("", "v1", "namespaces")
 
 _VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 RESOURCES: dict[kmock.resource, kmock.ResourceInfo] = {
@@ -52,7 +62,7 @@ RESOURCES: dict[kmock.resource, kmock.ResourceInfo] = {
     EVENTS: kmock.ResourceInfo(kind="Event", singular="event", namespaced=True, verbs=_VERBS, shortnames={"ev"}),
     PEERINGS: kmock.ResourceInfo(kind="ClusterKopfPeering", singular="clusterkopfpeering", namespaced=False,
                                  verbs=_VERBS),
-    kmock.resource("", "v1", "namespaces"): kmock.ResourceInfo(kind="Namespace", singular="namespace",
+    NAMESPACES: kmock.ResourceInfo(kind="Namespace", singular="namespace",
                                                                namespaced=False, verbs=_VERBS, shortnames={"ns"}),
     kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"): kmock.ResourceInfo(
         kind="CustomResourceDefinition", singular="customresourcedefinition", namespaced=False, verbs=_VERBS,
@@ -83,6 +93,64 @@ def _pointer(obj: Any, pointer: str) -> Any:
     return obj
 
 
+def _merge_diff(current: Mapping[str, Any], target: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch that turns `current` into `target` (what KMock applies as the new version)."""
+    out: dict[str, Any] = {k: None for k in current if k not in target}
+    for key, value in target.items():
+        old = current.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            sub = _merge_diff(old, value)
+            if sub:
+                out[key] = sub
+        elif key not in current or old != value:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _content(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+
+
+def _split_selector(selector: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(selector):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(selector[start:i])
+            start = i + 1
+    parts.append(selector[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
+    """A Kubernetes label selector (`a=b,c!=d,e,!f,g in (h,i),j notin (k)`) against labels."""
+    for req in _split_selector(selector):
+        set_based = re.match(r"^([^\s!=]+)\s+(in|notin)\s+\((.*)\)$", req)
+        if set_based:
+            key, op, values = set_based.group(1), set_based.group(2), {v.strip() for v in set_based.group(3).split(",")}
+            if (op == "in") != (key in labels and labels[key] in values):
+                return False
+        elif "!=" in req:
+            key, value = (x.strip() for x in req.split("!=", 1))
+            if labels.get(key) == value:
+                return False
+        elif "=" in req:
+            key, value = (x.strip() for x in req.replace("==", "=").split("=", 1))
+            if labels.get(key) != value:
+                return False
+        elif req.startswith("!"):
+            if req[1:].strip() in labels:
+                return False
+        elif req not in labels:
+            return False
+    return True
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
 def _jsonpath(obj: Any, path: str) -> Any:
     for part in path.strip(".").split("."):
         if not isinstance(obj, Mapping):
@@ -95,6 +163,9 @@ def _jsonpath(obj: Any, path: str) -> Any:
 class ClusterEmulator(kmock.KubernetesEmulator):
     printer_columns: list[dict[str, Any]] = attrs.field(factory=list)
     _counter: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
+    watch_events: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
+    _collected: set[Any] = attrs.field(factory=set, init=False)
+    _gc_tasks: set[Any] = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -112,11 +183,6 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     def _key(self, request: rendering.Request) -> Any:
         return (request.resource, request.namespace, request.name)
 
-    async def _handle(self, request: rendering.Request) -> Any:
-        if request.resource is not None:
-            self._stamp(request)
-        return await super()._handle(request)
-
     def _stamp(self, request: rendering.Request) -> None:
         info = self._info(request.resource)
         rv = str(next(self._counter))
@@ -130,6 +196,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             meta.setdefault("generation", 1)
             if request.namespace and not meta.get("namespace"):
                 meta["namespace"] = request.namespace
+            default = DEFAULTS.get(request.resource.plural)
+            if default is not None:
+                default(request.data)
         elif request.action == enums.action.UPDATE and isinstance(request.data, list):
             key = self._key(request)
             if key not in self.objects or self.objects[key].deleted:
@@ -152,10 +221,21 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 data["metadata"] = {"generation": int((current.get("metadata") or {}).get("generation") or 1) + 1}
             elif request.subresource is None and info is not None and "status" in info.subresources:
                 data.pop("status", None)
+            if request.subresource is None:
+                # What the object becomes, with the server's defaults; KMock stores it through a merge
+                # patch, so the request's body is replaced by the patch from the current object to it.
+                target = copy.deepcopy(dict(dicts.merge_patch_dict(copy.deepcopy(current), data)))
+                default = DEFAULTS.get(request.resource.plural)
+                if default is not None:
+                    default(target)
+                data.clear()
+                data.update(_merge_diff(current, target))
+                changed = _content(target) != _content(current)
+            else:
+                changed = False
             meta = data.setdefault("metadata", {})
             meta["resourceVersion"] = rv
-            if request.subresource is None and any(
-                    k not in ("metadata", "status") and data[k] != current.get(k) for k in data):
+            if changed:
                 meta["generation"] = int((current.get("metadata") or {}).get("generation") or 1) + 1
         elif request.action == enums.action.DELETE and request.name is not None:
             key = self._key(request)
@@ -186,6 +266,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         group_version = (f"{request.resource.group}/{request.resource.version}" if request.resource.group
                          else request.resource.version)
         kind = info.kind if info and info.kind else "Object"
+        selector = request.params.get("labelSelector")
+        if selector:
+            payload["items"] = [item for item in payload["items"] if selector_matches(selector, _labels(item))]
         for item in payload["items"]:
             item.setdefault("apiVersion", group_version)
             item.setdefault("kind", kind)
@@ -211,10 +294,57 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
         since = int(request.params.get("resourceVersion") or 0) if str(
             request.params.get("resourceVersion") or "0").isdigit() else 0
+        selector = request.params.get("labelSelector")
         async for event in super()._serve_watch(request):
-            if isinstance(event, dict) and since and _rv(event.get("object") or {}) <= since:
-                continue
+            if isinstance(event, dict):
+                if since and _rv(event.get("object") or {}) <= since:
+                    continue
+                if selector and not selector_matches(selector, _labels(event.get("object") or {})):
+                    continue
+                self.watch_events[request.resource.plural] += 1
             yield event
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        if request.resource is not None:
+            self._stamp(request)
+        try:
+            return await super()._handle(request)
+        finally:
+            if request.resource is not None and request.action in (enums.action.DELETE, enums.action.UPDATE):
+                self._collect_garbage(request)
+
+    def _collect_garbage(self, request: rendering.Request) -> None:
+        """After an object is gone: delete its dependents and, for a Namespace, its contents."""
+        key = self._key(request)
+        obj = self.objects[key] if key in self.objects else None
+        if obj is None or not obj.deleted or not obj.history:
+            return
+        gone = next((v.raw for v in reversed(obj.history) if v is not None and v.raw), {})
+        uid = (gone.get("metadata") or {}).get("uid")
+        if not uid or uid in self._collected:
+            return
+        self._collected.add(uid)
+        doomed = []
+        for (res, ns, name), child in list(self.objects.items()):
+            if child.deleted or (child.raw.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            refs = (child.raw.get("metadata") or {}).get("ownerReferences") or []
+            if (uid and any(ref.get("uid") == uid for ref in refs)) or (
+                    request.resource == NAMESPACES and ns == request.name):
+                doomed.append(self._path(res, ns, name))
+        if doomed:
+            task = asyncio.get_running_loop().create_task(self._delete_all(doomed))
+            self._gc_tasks.add(task)
+            task.add_done_callback(self._gc_tasks.discard)
+
+    @staticmethod
+    def _path(res: Any, ns: str | None, name: str) -> str:
+        root = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
+        return f"{root}{f'/namespaces/{ns}' if ns else ''}/{res.plural}/{name}"
+
+    async def _delete_all(self, paths: list[str]) -> None:
+        for path in paths:
+            await self.delete(path)
 
     async def _serve_scale(self, request: rendering.Request) -> Any:
         # A PATCH was already applied to .spec.replicas by _stamp + the emulator; render the Scale.

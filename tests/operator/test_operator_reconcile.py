@@ -6,6 +6,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+import api_defaults
+
 from hetero_infer.operator import constants as c
 from hetero_infer.operator import kube
 from hetero_infer.operator.diff import owned_by
@@ -176,3 +178,64 @@ def test_cleanup_deletes_only_owned_children() -> None:
     deleted = cleanup(current(client), client, lambda *e: None)
     assert sorted(deleted) == ["Deployment ns/smol", "HorizontalPodAutoscaler ns/smol", "PodDisruptionBudget ns/smol"]
     assert ("Service", "ns", "smol") in client.objects
+
+
+class DefaultingClient(FakeClient):
+    """The fake API with kube-apiserver's defaulting (api_defaults.py) after every create and patch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patches: list[dict[str, Any]] = []
+
+    def _default(self, kind: kube.Kind, namespace: str, name: str) -> dict[str, Any]:
+        obj = self.objects[(kind.kind, namespace, name)]
+        default = api_defaults.BY_KIND.get(kind.plural)
+        if default is not None:
+            default(obj)
+        return copy.deepcopy(obj)
+
+    def create(self, kind: kube.Kind, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        super().create(kind, namespace, body)
+        return self._default(kind, namespace, body["metadata"]["name"])
+
+    def patch(self, kind: kube.Kind, namespace: str, name: str, patch: Mapping[str, Any],
+              subresource: str | None = None) -> dict[str, Any]:
+        self.patches.append(copy.deepcopy(dict(patch)))
+        super().patch(kind, namespace, name, patch, subresource)
+        return self._default(kind, namespace, name)
+
+
+def _nulls_in_lists(value: Any, inside_list: bool = False) -> list[Any]:
+    if isinstance(value, Mapping):
+        return [k for k, v in value.items() if v is None and inside_list] + [
+            n for v in value.values() for n in _nulls_in_lists(v, inside_list)]
+    if isinstance(value, list):
+        return [n for v in value for n in ([v] if v is None else _nulls_in_lists(v, True))]
+    return []
+
+
+def test_server_defaults_are_not_drift() -> None:
+    client = DefaultingClient()
+    infd(client, autoscaling={"enabled": True, "mode": "hpa", "maxReplicas": 3}, service={"type": "NodePort"})
+    run(client)
+    dep = client.objects[("Deployment", "ns", "smol")]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"  # defaulted
+    for _ in range(3):
+        client.writes.clear()
+        events: list[tuple[str, str, str]] = []
+        run(client, events)
+        assert client.writes == [] and events == []
+
+
+def test_a_field_the_spec_drops_is_removed_and_patches_carry_no_null_in_lists() -> None:
+    client = DefaultingClient()
+    infd(client, nodeSelector={"pool": "a"})
+    run(client)
+    client.objects[(c.KIND, "ns", "smol")]["spec"].pop("nodeSelector")
+    run(client)
+    pod = client.objects[("Deployment", "ns", "smol")]["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod  # nothing else changed: only the fingerprint tells
+    assert [p for p in client.patches if _nulls_in_lists(p)] == []  # no `imagePullPolicy: null`
+    client.writes.clear()
+    run(client)
+    assert client.writes == []
