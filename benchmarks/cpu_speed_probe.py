@@ -1,5 +1,5 @@
 """How fast is each CPU of this machine right now? A fixed pure-Python loop, timed on each CPU in turn (pinned)
-for a while (`hetero_infer.worker.cpu_speed`): on a quiet machine every sample takes about the same time; on a
+for a while (`hetero_infer.bench.cpu_speed`): on a quiet machine every sample takes about the same time; on a
 shared VM whose host is busy the samples spread, often in two groups (full speed, and a fraction of it while
 another tenant shares the core). Run it next to a benchmark to tell whether its numbers came from a quiet
 machine.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from hetero_infer.worker.cpu_speed import DEFAULT_LOOP, probe
+from hetero_infer.bench.cpu_speed import DEFAULT_LOOP, probe
 
 
 def main(argv: list[str] | None = None) -> int:

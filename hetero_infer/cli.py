@@ -27,11 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         from hetero_infer.worker.generate_cli import main as run
     elif command == "bench":
         if rest and rest[0] == "serve":
-            from hetero_infer.worker.server.bench_serve import main as run
+            from hetero_infer.bench.serve import main as run
 
             rest = rest[1:]
         else:
-            from hetero_infer.worker.bench import main as run
+            from hetero_infer.bench.throughput import main as run
     elif command == "operator":
         from hetero_infer.operator.cli import main as run
     else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from server_proc import ServerProcess
 
-from hetero_infer.worker.server.bench_overhead import _prompts, run_http
+from hetero_infer.bench.overhead import _prompts, run_http
 
 
 @pytest.mark.parametrize("client", ["lean", "aiohttp"])
@@ -29,7 +29,7 @@ def test_baseline_checkout_is_what_the_baseline_server_imports(tmp_path) -> None
     import subprocess
     import sys
 
-    from hetero_infer.worker.server.bench_overhead import importable_checkout
+    from hetero_infer.bench.overhead import importable_checkout
 
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     folder = importable_checkout(repo, str(tmp_path))
@@ -43,7 +43,7 @@ def test_benchmark_runs_end_to_end_and_counts_its_rounds(capsys) -> None:
     """The whole command, tiny: a table with every path, and the rounds probed for CPU speed."""
     import gc
 
-    from hetero_infer.worker.server.bench_overhead import main
+    from hetero_infer.bench.overhead import main
 
     threshold = gc.get_threshold()
     try:
@@ -59,7 +59,7 @@ def test_benchmark_runs_end_to_end_and_counts_its_rounds(capsys) -> None:
 
 
 def test_slowdown_is_the_slowest_cpus_median_over_the_fastest_sample() -> None:
-    from hetero_infer.worker.cpu_speed import slowdown
+    from hetero_infer.bench.cpu_speed import slowdown
 
     assert slowdown({0: [6.0, 6.2, 6.1], 1: [11.0, 12.0, 11.5]}, 6.0) == 11.5 / 6.0
     assert slowdown({0: [6.0]}, 6.0) == 1.0

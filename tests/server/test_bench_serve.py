@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from server_proc import ServerProcess
 
-from hetero_infer.worker.server.bench_serve import main
+from hetero_infer.bench.serve import main
 
 
 def test_random_prompts_fixed_concurrency(server: ServerProcess, tmp_path: Path,

@@ -3,7 +3,7 @@
 A fixed pure-Python loop is timed on each CPU in turn (pinned). On a quiet machine every sample takes about the
 same time; on a shared VM whose host is busy the samples spread, often in two groups (full speed, and a
 fraction of it while another tenant shares the core). `benchmarks/cpu_speed_probe.py` prints the distribution;
-`hetero_infer.worker.server.bench_overhead` probes around every round to tell the rounds measured at full speed
+`hetero_infer.bench.overhead` probes around every round to tell the rounds measured at full speed
 from the others.
 """
 

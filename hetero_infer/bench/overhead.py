@@ -4,7 +4,7 @@ process, streaming clients; `--server-arg=--no-engine-process` for the thread mo
 mock executor with zero step latency, where the serving layer's overhead is most visible; `--executor torch`
 or `--mock-step-latency-s` for steps that take time (and release the GIL) as a model's do.
 
-    python -m hetero_infer.worker.server.bench_overhead --concurrency 64 --num-requests 1024
+    python -m hetero_infer.bench.overhead --concurrency 64 --num-requests 1024
 
 Every request streams `--output-len` tokens for a prompt of `--input-len` random token ids (sent as ids, so
 tokenization costs the same in every mode: nothing). Throughput counts generated tokens; latency is per
@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import tomllib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 import aiohttp
 
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.cpu_speed import probe, slowdown
+from hetero_infer.bench.cpu_speed import probe, slowdown
 from hetero_infer.worker.gc_freeze import freeze_startup_objects
 from hetero_infer.worker.sampling_params import SamplingParams
 
@@ -323,11 +322,20 @@ def _drain(fd: int) -> None:
         pass
 
 
+def _toml_load(f: Any) -> dict[str, Any]:
+    """tomllib is new in Python 3.11; on 3.10 its backport, tomli (the dev extra installs it there)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    return tomllib.load(f)
+
+
 def importable_checkout(checkout: str, into: str) -> str:
     """Lay out another checkout of this repository as an importable `hetero_infer` package under `into` (links,
     following pyproject.toml's package-dir: hetero_infer.worker is the folder worker/, ...); returns `into`."""
     with open(os.path.join(checkout, "pyproject.toml"), "rb") as f:
-        package_dir = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+        package_dir = _toml_load(f)["tool"]["setuptools"]["package-dir"]
     root = os.path.join(into, "hetero_infer")
     os.makedirs(root, exist_ok=True)
     top = os.path.join(checkout, package_dir["hetero_infer"])
@@ -388,7 +396,7 @@ def print_table(runs: dict[str, list[Run]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hetero_infer.worker.server.bench_overhead",
+    p = argparse.ArgumentParser(prog="python -m hetero_infer.bench.overhead",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--num-requests", type=int, default=1024,
@@ -415,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                    "on a machine whose speed drifts")
     p.add_argument("--probe-seconds", type=float, default=0.3,
                    help="time each CPU's speed for this long before and after every round "
-                   "(hetero_infer.worker.cpu_speed) and also report the rounds measured at full speed; 0: off")
+                   "(hetero_infer.bench.cpu_speed) and also report the rounds measured at full speed; 0: off")
     p.add_argument("--output-json", help="write the runs as JSON")
     args = p.parse_args(argv)
 
