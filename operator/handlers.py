@@ -1,27 +1,41 @@
-"""kopf handlers: thin wrappers that call `reconcile` / `cleanup` and report through kopf.
+"""kopf handlers: thin wrappers that call `reconcile` and report through kopf.
 
 Triggers for a reconciliation pass of an InferenceDeployment:
 - it is created, its spec changes, or the operator starts (resume);
 - one of its children changes or disappears (so edits and deletions are undone at once);
-- a periodic resync timer (catches anything missed while the operator was down).
+- a periodic resync (catches anything missed while the operator was down).
 
-In autoscaling mode `operator`, a daemon per InferenceDeployment scrapes its workers every
+In autoscaling mode `operator`, a worker per InferenceDeployment scrapes its workers every
 `intervalSeconds` and sets `spec.replicas` (scaling.py); the spec change then reconciles as above.
+
+No finalizer: the resync and the autoscaler run as plain tasks (loops.py), not as kopf timers or
+daemons, and there is no delete handler. The children carry a controller ownerReference, so the
+garbage collector deletes them with the InferenceDeployment, whether the operator runs or not;
+deleting an InferenceDeployment or its namespace never waits for the operator. The finalizer name
+stays configured so that kopf removes it from objects an older operator version marked.
+
+The child watches ask the API server only for the operator's own objects (a label selector on the
+watch request, and the same `labels=` filter on the handlers), so unrelated Deployments, Services,
+PDBs and HPAs of the cluster never reach the operator.
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from hetero_infer.operator import constants as c
-from hetero_infer.operator import kube, scaling
+from hetero_infer.operator import kube, loops, peering, scaling
 from hetero_infer.operator.manifests import WorkerDefaults
-from hetero_infer.operator.reconcile import Outcome, Recorder, cleanup, reconcile
+from hetero_infer.operator.reconcile import Outcome, Recorder, reconcile
+
+log = logging.getLogger("hetero_infer.operator")
 
 RESOURCE = (c.GROUP, c.VERSION, c.PLURAL)
 CHILD_RESOURCES = (
@@ -30,6 +44,7 @@ CHILD_RESOURCES = (
     ("policy", "v1", "poddisruptionbudgets"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
 )
+CHILD_SELECTOR = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}"
 RETRY_DELAY_SECONDS = 10.0
 
 
@@ -39,12 +54,17 @@ class OperatorOptions:
     resync_seconds: float = 60.0
     scrape_timeout: float = 2.0  # per worker /metrics request (autoscaling mode operator)
     client_factory: Callable[[], kube.Client] = kube.RestClient.from_environment
+    peering: peering.Peering | None = None  # None: standalone (always active)
 
 
 def make_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
-    """kopf settings: bookkeeping in annotations (the status schema is ours), our finalizer, quiet events."""
+    """kopf settings: bookkeeping in annotations (the status schema is ours), quiet events, child watches
+    limited to the operator's own objects on the server side."""
     settings = settings or kopf.OperatorSettings()
+    # No handler needs a finalizer; kopf removes one by this name left by an older version.
     settings.persistence.finalizer = f"{c.GROUP}/operator"
+    for group, _, plural in CHILD_RESOURCES:
+        settings.watching.label_selectors[group, plural] = CHILD_SELECTOR
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.KOPF_ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=c.KOPF_ANNOTATION_PREFIX, key="last-handled-configuration")
@@ -107,6 +127,19 @@ def autoscaled_by_operator(spec: Mapping[str, Any], **_: Any) -> bool:
     return a.get("enabled") is True and (a.get("mode") or "operator") == "operator"
 
 
+async def resync_all(supervisor: loops.Supervisor, client: kube.Client, options: OperatorOptions,
+                     is_active: Callable[[], Awaitable[bool]]) -> None:
+    """One resync pass over every InferenceDeployment the operator knows (from its watch)."""
+    if not await is_active():
+        return
+    for body in list(supervisor.bodies.values()):
+        try:
+            await asyncio.to_thread(run_reconcile, copy.deepcopy(body), client, options, log)
+        except kopf.TemporaryError as e:
+            meta = body.get("metadata") or {}
+            log.warning(f"resync of {meta.get('namespace')}/{meta.get('name')} failed: {e}")
+
+
 def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
@@ -116,9 +149,31 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
         return connection_info(kube.load_configuration(), trust_env=settings.networking.trust_env)
 
     @kopf.on.startup(registry=registry)
-    def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-        memo.client = options.client_factory()
+    async def startup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        client = memo.client = options.client_factory()
+
+        async def is_active() -> bool:
+            return await asyncio.to_thread(peering.active, client, options.peering)
+
+        async def autoscale(stopper: loops.Stopper, body: dict[str, Any]) -> None:
+            await scaling.run(stopper, body, client, event_recorder(body), options.scrape_timeout, active=is_active)
+
+        # As a kopf filter would: the autoscaler runs while autoscaling is enabled in mode operator, and
+        # stops when that changes or the object goes away.
+        memo.loops = loops.Supervisor({"autoscaler": loops.Worker(
+            lambda body: autoscaled_by_operator(body.get("spec") or {}), autoscale)})
+        memo.resync_stopper = loops.Stopper()
+        memo.resync = asyncio.get_running_loop().create_task(loops.periodically(
+            memo.resync_stopper, lambda: options.resync_seconds,
+            lambda: resync_all(memo.loops, client, options, is_active)))
         logger.info(f"worker images: {options.defaults.image} (CPU), {options.defaults.gpu_image} (GPU)")
+
+    @kopf.on.cleanup(registry=registry)
+    async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+        if hasattr(memo, "resync"):
+            memo.resync_stopper.set()
+            memo.resync.cancel()
+            await memo.loops.stop()
 
     @kopf.on.resume(*RESOURCE, registry=registry)
     @kopf.on.create(*RESOURCE, registry=registry)
@@ -126,22 +181,10 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
     def apply_spec(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
         run_reconcile(body, memo.client, options, logger)
 
-    @kopf.timer(*RESOURCE, interval=options.resync_seconds, initial_delay=options.resync_seconds,
-                registry=registry)
-    def resync(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-        run_reconcile(body, memo.client, options, logger)
-
-    # kopf starts it when the filter matches and stops it when it no longer does (mode or enabled
-    # changed) or the object goes away; the loop reads the live body, so interval changes apply at once.
-    @kopf.daemon(*RESOURCE, registry=registry, id="autoscaler", when=autoscaled_by_operator,
-                 cancellation_timeout=5.0)
-    async def autoscaler(stopped: kopf.DaemonStopped, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await scaling.run(stopped, body, memo.client, event_recorder(body), options.scrape_timeout)
-
-    @kopf.on.delete(*RESOURCE, registry=registry)
-    def delete_children(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-        deleted = cleanup(dict(body), memo.client, event_recorder(body))
-        logger.info(f"deleted children: {', '.join(deleted) or 'none left'}")
+    @kopf.on.event(*RESOURCE, registry=registry, id="loops")
+    async def track(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        if hasattr(memo, "loops"):
+            memo.loops.observe(event.get("type"), copy.deepcopy(dict(body)))
 
     def child_changed(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
                       **_: Any) -> None:

@@ -150,15 +150,3 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
     if status_changed(previous, status):
         write_status(client, body, status)
     return outcome
-
-
-def cleanup(body: Mapping[str, Any], client: kube.Client, record: Recorder) -> list[str]:
-    """Delete every child the InferenceDeployment owns (garbage collection would too, later)."""
-    name, ns, uid, _ = _identity(body)
-    deleted = []
-    for kind in (kube.HPA, kube.PDB, kube.SERVICE, kube.DEPLOYMENT):
-        if delete_owned(client, kind, ns, name, uid):
-            deleted.append(f"{kind.kind} {ns}/{name}")
-    if deleted:
-        record("Normal", "Deleted", "deleted " + ", ".join(deleted))
-    return deleted

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -173,11 +173,13 @@ async def autoscale_once(body: Mapping[str, Any], client: Any, autoscaler: Autos
 
 
 async def run(stopped: Any, body: Mapping[str, Any], client: Any, record: Recorder,
-              scrape_timeout: float = DEFAULT_TIMEOUT_SECONDS, clock: Callable[[], float] | None = None) -> None:
-    """The daemon body: a pass every spec.autoscaling.intervalSeconds until `stopped` is set.
+              scrape_timeout: float = DEFAULT_TIMEOUT_SECONDS, clock: Callable[[], float] | None = None,
+              active: Callable[[], Awaitable[bool]] | None = None) -> None:
+    """The worker's body (loops.py): a pass every spec.autoscaling.intervalSeconds until `stopped` is set.
 
-    `body` is kopf's live view of the object (updated as events arrive), so interval and policy
-    changes apply from the next pass. A failing pass is logged and the loop goes on.
+    `body` is the live view of the object (updated as events arrive), so interval and policy
+    changes apply from the next pass. A failing pass is logged and the loop goes on. `active` says
+    whether this operator replica is the one that works (peering); a standing-by one skips passes.
     """
     meta = body.get("metadata") or {}
     ns, name = meta.get("namespace") or "default", meta.get("name") or ""
@@ -190,7 +192,8 @@ async def run(stopped: Any, body: Mapping[str, Any], client: Any, record: Record
                 started = clock()
                 snapshot = copy.deepcopy(dict(body))
                 try:
-                    await autoscale_once(snapshot, client, autoscaler, record, started, session=session)
+                    if active is None or await active():
+                        await autoscale_once(snapshot, client, autoscaler, record, started, session=session)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:

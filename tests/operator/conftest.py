@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,36 +92,54 @@ def kubeconfig(kmock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> P
     return path
 
 
-@pytest.fixture
-async def operator(kmock: Any, kubeconfig: Path) -> AsyncIterator[Callable[..., Any]]:
-    """Start the real operator (kopf handlers from `hetero-infer operator`) in this event loop."""
-    import kopf
+class Operators:
+    """Starts the real operator (kopf handlers from `hetero-infer operator`) in this event loop; stops them all."""
 
-    from hetero_infer.operator.cli import build_parser, operator_kwargs
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.memos: list[Any] = []
 
-    started: list[asyncio.Task[Any]] = []
+    async def __call__(self, *argv: str, identity: str | None = None) -> None:
+        import kopf
 
-    async def start(*argv: str, identity: str | None = None) -> None:
+        from hetero_infer.operator.cli import build_parser, operator_kwargs
+
         mode = [] if "--peering" in argv else ["--standalone"]
         args = build_parser().parse_args([*mode, "--resync-seconds", "3600", *argv])
-        kwargs = operator_kwargs(args)
-        if identity is not None:
-            kwargs["identity"] = identity
+        kwargs = operator_kwargs(args, identity=identity)
         kwargs["settings"].watching.reconnect_backoff = 0.2
         ready = asyncio.Event()
-        tasks = await kopf.spawn_tasks(**kwargs, ready_flag=ready)
-        started.append(asyncio.create_task(kopf.run_tasks(tasks, ignored=NotKopfTasks())))
+        memo = kopf.Memo()
+        tasks = await kopf.spawn_tasks(**kwargs, ready_flag=ready, memo=memo)
+        self.tasks.append(asyncio.create_task(kopf.run_tasks(tasks, ignored=NotKopfTasks())))
+        self.memos.append(memo)
         await asyncio.wait_for(ready.wait(), 10)
 
+    async def stop(self) -> None:
+        """Stop every operator started so far, as a killed process would: no cleanup handlers run."""
+        # Cancelling (rather than the stop flag) skips kopf's 5-second grace period.
+        # All at once: each kopf instance cancels every kopf task at its shutdown, the other's included.
+        for task in self.tasks:
+            task.cancel()
+        if self.tasks:
+            done, pending = await asyncio.wait(self.tasks, timeout=20)
+            assert not pending, "the operator did not stop within 20 s"
+            for task in done:
+                with contextlib.suppress(asyncio.CancelledError):
+                    task.result()
+        # The operator's own tasks (resync, autoscalers) die with the process; here, with the loop's test.
+        for memo in self.memos:
+            if hasattr(memo, "resync"):
+                memo.resync.cancel()
+                await memo.loops.stop()
+        self.tasks.clear()
+        self.memos.clear()
+
+
+@pytest.fixture
+async def operator(kmock: Any, kubeconfig: Path) -> AsyncIterator[Operators]:
+    """`await operator(*flags)` starts one (more) operator; `await operator.stop()` stops them all."""
     logging.getLogger("kopf").setLevel(logging.INFO)
-    yield start
-    # Cancelling (rather than the stop flag) skips kopf's 5-second grace period for idle timers.
-    # All at once: each kopf instance cancels every kopf task at its shutdown, the other's included.
-    for task in started:
-        task.cancel()
-    if started:
-        done, pending = await asyncio.wait(started, timeout=20)
-        assert not pending, "the operator did not stop within 20 s"
-        for task in done:
-            with contextlib.suppress(asyncio.CancelledError):
-                task.result()
+    operators = Operators()
+    yield operators
+    await operators.stop()

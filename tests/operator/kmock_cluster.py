@@ -9,8 +9,8 @@ subclass closes the gaps the operator tests run into:
   after every create and merge patch, so the operator sees what a real server returns;
 - honours `labelSelector` on lists and watches (equality- and set-based);
 - garbage-collects like kube-controller-manager: deleting an object deletes its dependents
-  (ownerReferences), deleting a Namespace deletes what is in it (objects with finalizers are
-  only marked, and stay until their finalizers go);
+  (ownerReferences); `delete_namespace` deletes what is in a namespace (objects with finalizers
+  are only marked, and stay until their finalizers go);
 - `/status` patches change only `.status`, and main-resource patches leave `.status` alone
   for resources with a status subresource (as the real server does);
 - watches honour `?resourceVersion=` (no replay of objects the client listed already);
@@ -329,13 +329,18 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             if child.deleted or (child.raw.get("metadata") or {}).get("deletionTimestamp"):
                 continue
             refs = (child.raw.get("metadata") or {}).get("ownerReferences") or []
-            if (uid and any(ref.get("uid") == uid for ref in refs)) or (
-                    request.resource == NAMESPACES and ns == request.name):
+            if any(ref.get("uid") == uid for ref in refs):
                 doomed.append(self._path(res, ns, name))
         if doomed:
             task = asyncio.get_running_loop().create_task(self._delete_all(doomed))
             self._gc_tasks.add(task)
             task.add_done_callback(self._gc_tasks.discard)
+
+    async def delete_namespace(self, namespace: str) -> None:
+        """What the namespace controller does (KMock cannot route /api/v1/namespaces/NAME itself):
+        delete every object in it through the API, where finalizers hold objects as usual."""
+        await self._delete_all([self._path(res, ns, name) for (res, ns, name), obj in list(self.objects.items())
+                                if ns == namespace and not obj.deleted and res != EVENTS])
 
     @staticmethod
     def _path(res: Any, ns: str | None, name: str) -> str:

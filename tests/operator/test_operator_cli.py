@@ -16,7 +16,7 @@ from test_operator_kmock import create, infd, live
 
 from hetero_infer.cli import main as top_level_main
 from hetero_infer.operator import kube
-from hetero_infer.operator.cli import build_parser, operator_kwargs
+from hetero_infer.operator.cli import build_parser, operator_kwargs, operator_options
 from hetero_infer.operator.handlers import connection_info
 
 
@@ -52,8 +52,7 @@ def test_standalone_and_peering_exclude_each_other(capsys: pytest.CaptureFixture
 
 def test_worker_images_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HETERO_INFER_OPERATOR_WORKER_IMAGE", "registry/worker:cpu")
-    args = build_parser().parse_args([])
-    assert args.worker_image == "registry/worker:cpu"
+    assert operator_options(build_parser().parse_args([])).worker_image == "registry/worker:cpu"
 
 
 def test_top_level_cli_dispatches_to_the_operator(capsys: pytest.CaptureFixture[str]) -> None:

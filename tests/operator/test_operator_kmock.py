@@ -161,16 +161,41 @@ async def test_invalid_spec_is_degraded_not_a_crash(kmock: Any, operator: Any) -
                                for cond in live(kmock, INFD)["status"]["conditions"]), what="not degraded")
 
 
-async def test_delete_cleans_up_children(kmock: Any, operator: Any) -> None:
+async def test_with_the_operator_gone_an_infd_and_its_namespace_delete_cleanly(kmock: Any, operator: Any) -> None:
+    """No finalizer: deletion never waits for the operator; the garbage collector takes the children."""
     await operator()
+    auto = {"enabled": True, "mode": "operator", "maxReplicas": 2}  # the autoscaler runs for it
     await create(kmock, infd(autoscaling={"enabled": True, "mode": "hpa", "maxReplicas": 2}))
+    other = infd(autoscaling=auto)
+    other["metadata"]["namespace"] = "doomed"
+    rsp = await kmock.post(f"/apis/{c.API_VERSION}/namespaces/doomed/{c.PLURAL}", json=other)
+    assert rsp.status == 200
     await wait_for(lambda: all(live(kmock, r) for r in (DEPLOYMENTS, SERVICES, PDBS, HPAS)), what="children")
-    await wait_for(lambda: live(kmock, INFD)["metadata"].get("finalizers"), what="finalizer")
+    await wait_for(lambda: (DEPLOYMENTS, "doomed", "smol") in kmock.objects, what="children in doomed")
+    await wait_for(lambda: live(kmock, INFD).get("status", {}).get("conditions"), what="status")
+    await operator.stop()
+
+    remaining = [(res.plural, ns, name) for (res, ns, name), obj in kmock.objects.items()
+                 if not obj.deleted and (obj.raw.get("metadata") or {}).get("finalizers")]
+    assert remaining == []
     rsp = await kmock.delete(f"/apis/{c.API_VERSION}/namespaces/{NS}/{c.PLURAL}/smol")
     assert rsp.status == 200
-    await wait_for(lambda: live(kmock, INFD) is None, what="infd gone")
-    for res in (DEPLOYMENTS, SERVICES, PDBS, HPAS):
-        assert live(kmock, res) is None, res
+    await kmock.delete_namespace("doomed")
+
+    def leftovers() -> list[tuple[str, str | None, str]]:
+        return [(res.plural, ns, name) for (res, ns, name), obj in kmock.objects.items()
+                if not obj.deleted and res != EVENTS and ns in (NS, "doomed")]
+
+    await wait_for(lambda: not leftovers(), what="everything deleted without the operator")
+
+
+async def test_the_finalizer_of_an_older_version_is_removed(kmock: Any, operator: Any) -> None:
+    old = infd()
+    old["metadata"]["finalizers"] = [f"{c.GROUP}/operator"]
+    await create(kmock, old)
+    await operator()
+    await wait_for(lambda: live(kmock, DEPLOYMENTS), what="deployment")
+    await wait_for(lambda: not live(kmock, INFD)["metadata"].get("finalizers"), what="finalizer removed")
 
 
 @pytest.mark.parametrize("foreign", [{"metadata": {"name": "smol", "namespace": NS}, "spec": {"ports": []}}])

@@ -11,7 +11,7 @@ import api_defaults
 from hetero_infer.operator import constants as c
 from hetero_infer.operator import kube
 from hetero_infer.operator.diff import owned_by
-from hetero_infer.operator.reconcile import cleanup, reconcile
+from hetero_infer.operator.reconcile import reconcile
 
 UID = "uid-1"
 
@@ -168,16 +168,6 @@ def test_api_errors_are_reported_for_retry_and_in_status() -> None:
     assert out.errors and "Service" in out.errors[0]
     degraded = next(x for x in current(client)["status"]["conditions"] if x["type"] == "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "ReconcileFailed"
-
-
-def test_cleanup_deletes_only_owned_children() -> None:
-    client = FakeClient()
-    infd(client, autoscaling={"enabled": True, "mode": "hpa", "maxReplicas": 2})
-    run(client)
-    client.objects[("Service", "ns", "smol")]["metadata"]["ownerReferences"] = []
-    deleted = cleanup(current(client), client, lambda *e: None)
-    assert sorted(deleted) == ["Deployment ns/smol", "HorizontalPodAutoscaler ns/smol", "PodDisruptionBudget ns/smol"]
-    assert ("Service", "ns", "smol") in client.objects
 
 
 class DefaultingClient(FakeClient):
