@@ -1,0 +1,177 @@
+"""A model of the KV cache's contents, driving the real BlockManager and Scheduler without a model.
+
+The simulated executor does what the model runner does with a `SchedulerOutput`: apply the
+copy-on-write block copies, then write every scheduled token's K/V into the slot its block table
+names. A slot records the token sequence that produced it (`token_ids[: position + 1]`): the K/V
+of a token depend on every token before it, so two writers agree only if they share the whole
+prefix. Every read is checked against the reading sequence's own tokens, so a block that holds
+another sequence's tokens, a stale prefix-cache hit or a slot not yet written fails at once.
+
+The step loop follows `LLMEngine._update`: count the computed tokens, offer full blocks to the
+prefix cache, fork the children of n > 1 requests after the whole batch, then append one token
+to every sequence that samples (a child's token differs from its parent's, so forks diverge).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from hetero_infer.worker.block_manager import BlockManager
+from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.scheduler import Scheduler, SchedulerOutput
+from hetero_infer.worker.sequence import Sequence, SequenceStatus
+
+VOCAB = 7  # few token ids: unrelated prompts often share prefixes by chance
+
+
+def next_token(seq: Sequence) -> int:
+    """A deterministic 'sample': equal histories give equal tokens, forks (sample_index) diverge."""
+    return (sum(seq.token_ids[-3:]) * 5 + seq.num_tokens + 3 * seq.sample_index) % VOCAB
+
+
+@dataclass
+class KVPool:
+    block_size: int
+    slots: dict[int, tuple[int, ...]] = field(default_factory=dict)  # slot -> tokens up to and incl. it
+
+    def _slot(self, seq: Sequence, position: int) -> int:
+        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def copy_block(self, src: int, dst: int) -> None:
+        bs = self.block_size
+        for offset in range(bs):
+            content = self.slots.get(src * bs + offset)
+            if content is None:
+                self.slots.pop(dst * bs + offset, None)
+            else:
+                self.slots[dst * bs + offset] = content
+
+    def write(self, seq: Sequence, start: int, count: int) -> None:
+        for position in range(start, start + count):
+            self.slots[self._slot(seq, position)] = tuple(seq.token_ids[: position + 1])
+
+    def check_read(self, seq: Sequence, end: int, when: str) -> None:
+        """The K/V of positions [0, end) that `seq` attends to hold exactly its own tokens."""
+        for position in range(end):
+            found = self.slots.get(self._slot(seq, position))
+            expected = tuple(seq.token_ids[: position + 1])
+            assert found == expected, (
+                f"{when}: seq {seq.seq_id} position {position} (block "
+                f"{seq.block_table[position // self.block_size]}) holds "
+                f"{'nothing' if found is None else found} instead of {expected}"
+            )
+
+
+def check_refcounts(bm: BlockManager, live: list[Sequence]) -> None:
+    owners = Counter(b for s in live for b in s.block_table)
+    for block in bm.blocks:
+        assert block.ref_count == owners.get(block.block_id, 0), "ref count differs from owners"
+        assert (block.ref_count == 0) == (block.block_id in bm.free_blocks), "free list out of sync"
+    for s in live:
+        assert len(set(s.block_table)) == len(s.block_table), "a block owned twice by one sequence"
+    for h, block_id in bm.hash_to_block.items():
+        assert bm.blocks[block_id].hash == h
+
+
+class Sim:
+    """Requests through the real scheduler and block manager, the KV pool modelled slot by slot."""
+
+    def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int = 8, budget: int = 64,
+                 memory_threshold: float = 0.9, enable_prefix_caching: bool = True) -> None:
+        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.sched = Scheduler(self.bm, max_num_seqs, budget, memory_threshold)
+        self.kv = KVPool(block_size)
+        self.seqs: list[Sequence] = []  # every sequence ever made, children included
+        self.arrival: dict[int, int] = {}  # seq_id -> arrival rank of its request
+        self.ever_ran: set[int] = set()  # seq_ids admitted at least once
+        self.last_out: SchedulerOutput | None = None
+
+    @property
+    def live(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.is_finished]
+
+    def fits(self, prompt_len: int, max_tokens: int) -> bool:
+        """What the engine admits at all: one request alone fits the pool."""
+        return self.bm.blocks_for(prompt_len + max_tokens) <= self.bm.num_blocks
+
+    def add(self, prompt: list[int], max_tokens: int, n: int = 1) -> Sequence:
+        seq = Sequence(f"r{len(self.arrival)}", list(prompt), len(prompt),
+                       SamplingParams(max_tokens=max_tokens, n=n), max_tokens)
+        seq.forks_pending = n - 1
+        self.arrival[seq.seq_id] = len(self.arrival)
+        self.seqs.append(seq)
+        self.sched.add(seq)
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        if not seq.is_finished:
+            self.sched.finish(seq, "abort")
+
+    def step(self) -> SchedulerOutput:
+        out = self.sched.schedule()
+        self.last_out = out
+        self.check_fcfs()
+        for item in out.scheduled:
+            assert item.seq.status is SequenceStatus.RUNNING
+            self.ever_ran.add(item.seq.seq_id)
+        check_refcounts(self.bm, self.live)
+        # the executor: block copies first, then each token's K/V into its slot, then attention
+        for src, dst in out.block_copies:
+            self.kv.copy_block(src, dst)
+        for item in out.scheduled:  # what a sequence reuses must be there before this step writes
+            self.kv.check_read(item.seq, item.seq.num_computed_tokens, "before the step's writes")
+        for item in out.scheduled:
+            self.kv.write(item.seq, item.seq.num_computed_tokens, item.num_new_tokens)
+        for item in out.scheduled:
+            end = item.seq.num_computed_tokens + item.num_new_tokens
+            self.kv.check_read(item.seq, end, "after the step's writes")
+        self._update(out)
+        check_refcounts(self.bm, self.live)
+        return out
+
+    def _update(self, out: SchedulerOutput) -> None:
+        sampling: list[Sequence] = []
+        children: list[tuple[Sequence, Sequence]] = []
+        for item in out.scheduled:
+            seq = item.seq
+            samples = item.samples
+            seq.num_computed_tokens += item.num_new_tokens
+            self.bm.register_computed_blocks(seq)
+            if not samples:
+                continue
+            sampling.append(seq)
+            siblings = sum(1 for s in self.seqs if s.request_id == seq.request_id)
+            for k in range(seq.forks_pending):
+                child = Sequence(seq.request_id, list(seq.token_ids), seq.num_prompt_tokens, seq.params,
+                                 seq.max_tokens, sample_index=siblings + k)
+                self.arrival[child.seq_id] = self.arrival[seq.seq_id]
+                self.seqs.append(child)
+                children.append((seq, child))
+                sampling.append(child)
+            seq.forks_pending = 0
+        for parent, child in children:
+            self.bm.fork(parent, child)
+            self.sched.add_running(child)
+            self.ever_ran.add(child.seq_id)
+        for seq in sampling:
+            seq.token_ids.append(next_token(seq))
+            if seq.num_output_tokens >= seq.max_tokens:
+                self.sched.finish(seq, "length")
+
+    def check_fcfs(self) -> None:
+        """Preempted sequences wait ahead of every request not yet admitted; those keep arrival order."""
+        waiting = list(self.sched.waiting)
+        preempted = [s for s in waiting if s.seq_id in self.ever_ran]
+        fresh = [s for s in waiting if s.seq_id not in self.ever_ran]
+        assert waiting == preempted + fresh, "a preempted sequence waits behind a new request"
+        ranks = [self.arrival[s.seq_id] for s in fresh]
+        assert ranks == sorted(ranks), "new requests out of arrival order"
+
+    def run(self, max_steps: int = 500) -> None:
+        for _ in range(max_steps):
+            if not self.sched.has_unfinished():
+                break
+            self.step()
+        assert not self.sched.has_unfinished(), "requests left unfinished: starvation or deadlock"
+        assert self.bm.num_free_blocks == self.bm.num_blocks, "blocks leaked"
