@@ -19,3 +19,12 @@ def server() -> Iterator[ServerProcess]:
 @pytest.fixture(scope="session")
 def model_name(server: ServerProcess) -> str:
     return http("GET", server.base_url + "/models").json()["data"][0]["id"]
+
+
+@pytest.fixture(scope="session")
+def sampling_server() -> Iterator[ServerProcess]:
+    """A mock server whose executor returns logits (`--mock-logits`), so the real sampler honours every
+    sampling parameter; see `hetero_infer.worker.mock_executor.mock_logits` for the distribution."""
+    s = ServerProcess("--max-model-len", "512", "--mock-logits")
+    yield s
+    assert s.stop() == 0, s.log()

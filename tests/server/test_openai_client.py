@@ -1,4 +1,9 @@
-"""The official `openai` client against a real mock-executor server: sync, async and streaming."""
+"""The official `openai` client against a real mock-executor server: sync, async and streaming.
+
+The sampling tests at the end run on a mock that returns logits (`sampling_server`), so the engine's real
+sampler applies what the request asked for: each field must change the output the way the sampling recipe
+(penalties, min_tokens, temperature, top-k/top-p/min-p, seeds, as OpenAI and vLLM define them) says.
+"""
 
 from __future__ import annotations
 
@@ -137,21 +142,6 @@ def test_echo(client: openai.OpenAI, model_name: str) -> None:
     assert echoed == "Echo me" + plain
 
 
-def test_sampling_options_accepted(client: openai.OpenAI, model_name: str) -> None:
-    r = client.chat.completions.create(
-        model=model_name, messages=MESSAGES, max_tokens=4, temperature=0.7, top_p=0.9, seed=1234,
-        presence_penalty=0.5, frequency_penalty=0.3, stop=["\n\n"], user="test",
-        extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 2},
-    )
-    assert r.usage.completion_tokens == 4
-    again = client.chat.completions.create(
-        model=model_name, messages=MESSAGES, max_tokens=4, temperature=0.7, top_p=0.9, seed=1234,
-        presence_penalty=0.5, frequency_penalty=0.3, stop=["\n\n"], user="test",
-        extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 2},
-    )
-    assert again.choices[0].message.content == r.choices[0].message.content
-
-
 def test_logprobs_fields_are_accepted(client: openai.OpenAI, model_name: str) -> None:
     # Logprob values themselves are checked with the real model (test_real_model.py): the mock samples none.
     r = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=3, logprobs=True,
@@ -169,3 +159,197 @@ def test_health_endpoints(server: ServerProcess) -> None:
     spec = http("GET", server.url + "/openapi.json").json()
     assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz", "/readyz", "/metrics"} <= set(
         spec["paths"])
+
+
+# ------------------------------------------------------------------------ sampling (a mock that returns logits)
+#
+# The mock's distribution (mock_executor.mock_logits): fixed pseudo-random logits in [0, 4) over the whole
+# vocabulary, the FAVOURITES at 8.0, 7.7, 7.4, ... (greedy repeats FAVOURITES[0]; penalties walk down the list),
+# and a copy bonus that lets a prompt script a token (e.g. EOS). The reference below is the documented
+# recipe (OpenAI's presence/frequency penalties on output counts, HF's repetition penalty on prompt + output,
+# vLLM's min_tokens masking, then argmax), written here independently of the engine's sampler.
+
+PROMPT = [5000, 5001, 5002]  # distinct ordinary tokens, none a favourite: no copy bonus
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer():  # noqa: ANN201 - transformers' tokenizer of the default model, the text reference
+    from transformers import AutoTokenizer
+
+    from hetero_infer.worker.model_loader import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(None)[0])
+
+
+@pytest.fixture(scope="module")
+def sclient(sampling_server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=sampling_server.base_url, api_key="unused", max_retries=0, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def smodel(sampling_server: ServerProcess) -> str:
+    return http("GET", sampling_server.base_url + "/models").json()["data"][0]["id"]
+
+
+def reference_greedy(prompt: list[int], max_tokens: int, eos: int, vocab: int, *, presence: float = 0.0,
+                     frequency: float = 0.0, repetition: float = 1.0, min_tokens: int = 0,
+                     stop_token_ids: tuple[int, ...] = (), ignore_eos: bool = False) -> tuple[list[int], str]:
+    """Greedy decoding of the mock's logits under the documented penalty and stopping rules."""
+    from hetero_infer.worker.mock_executor import mock_logits
+
+    out: list[int] = []
+    while len(out) < max_tokens:
+        x = mock_logits(prompt, prompt + out, vocab).double().tolist()
+        for t in set(prompt + out):
+            x[t] = x[t] / repetition if x[t] > 0 else x[t] * repetition
+        for t in set(out):
+            x[t] -= frequency * out.count(t) + presence
+        if len(out) < min_tokens:
+            for t in (*stop_token_ids, *(() if ignore_eos else (eos,))):
+                x[t] = float("-inf")
+        token = max(range(vocab), key=x.__getitem__)
+        out.append(token)
+        if len(out) >= min_tokens and ((token == eos and not ignore_eos) or token in stop_token_ids):
+            return out, "stop"
+    return out, "length"
+
+
+def _complete(client: openai.OpenAI, model: str, prompt: list[int] = PROMPT, **kw):  # noqa: ANN202
+    extra = {k: kw.pop(k) for k in ("top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
+                                    "ignore_eos", "skip_special_tokens", "include_stop_str_in_output") if k in kw}
+    return client.completions.create(model=model, prompt=prompt, extra_body=extra or None, **kw).choices[0]
+
+
+PENALTIES = {
+    "none": {},
+    "presence": {"presence_penalty": 1.0},
+    "frequency": {"frequency_penalty": 1.0},
+    "repetition": {"repetition_penalty": 1.5},
+    "negative presence": {"presence_penalty": -1.0, "frequency_penalty": 0.5},
+}
+_REF_NAMES = {"presence_penalty": "presence", "frequency_penalty": "frequency", "repetition_penalty": "repetition"}
+
+
+def test_penalties_follow_the_recipe(sclient: openai.OpenAI, smodel: str, hf_tokenizer) -> None:  # noqa: ANN001
+    eos, vocab = hf_tokenizer.eos_token_id, len(hf_tokenizer)
+    expected = {name: reference_greedy(PROMPT, 10, eos, vocab, **{_REF_NAMES[k]: v for k, v in kw.items()})[0]
+                for name, kw in PENALTIES.items()}
+    # Every setting leads somewhere else: a dropped or swapped penalty cannot match its reference.
+    assert len({tuple(v) for v in expected.values()}) == len(PENALTIES), expected
+    for name, kw in PENALTIES.items():
+        got = _complete(sclient, smodel, max_tokens=10, temperature=0.0, **kw)
+        assert got.text == hf_tokenizer.decode(expected[name]), name
+
+
+def test_stop_token_ids_and_min_tokens(sclient: openai.OpenAI, smodel: str, hf_tokenizer) -> None:  # noqa: ANN001
+    from hetero_infer.worker.mock_executor import FAVOURITES
+
+    eos, vocab = hf_tokenizer.eos_token_id, len(hf_tokenizer)
+    for min_tokens in (0, 3):
+        ids, reason = reference_greedy(PROMPT, 10, eos, vocab, presence=1.0, min_tokens=min_tokens,
+                                       stop_token_ids=(FAVOURITES[1],))
+        got = _complete(sclient, smodel, max_tokens=10, temperature=0.0, presence_penalty=1.0,
+                        min_tokens=min_tokens, stop_token_ids=[FAVOURITES[1]])
+        assert (got.finish_reason, got.text) == (reason, hf_tokenizer.decode(ids)), min_tokens
+        assert reason == "stop" and len(ids) == (2 if min_tokens == 0 else min_tokens + 1)
+
+
+def test_eos_ignore_eos_and_special_tokens(sclient: openai.OpenAI, smodel: str, hf_tokenizer) -> None:  # noqa: ANN001
+    from hetero_infer.worker.mock_executor import FAVOURITES
+
+    eos = hf_tokenizer.eos_token_id
+    scripted = [5000, eos, 5000]  # the copy bonus puts EOS next; after it, FAVOURITES[0] again and again
+    stopped = _complete(sclient, smodel, prompt=scripted, max_tokens=6, temperature=0.0)
+    assert stopped.finish_reason == "stop" and stopped.text == ""
+    at_least = _complete(sclient, smodel, prompt=scripted, max_tokens=6, temperature=0.0, min_tokens=2)
+    assert at_least.finish_reason == "length"  # EOS masked at first, then the mock has nothing to copy it from
+    kept = _complete(sclient, smodel, prompt=scripted, max_tokens=6, temperature=0.0, ignore_eos=True)
+    assert kept.finish_reason == "length" and kept.text == hf_tokenizer.decode([FAVOURITES[0]] * 5)
+    shown = _complete(sclient, smodel, prompt=scripted, max_tokens=6, temperature=0.0, ignore_eos=True,
+                      skip_special_tokens=False)
+    assert shown.text == hf_tokenizer.decode([eos] + [FAVOURITES[0]] * 5)
+
+
+def test_stop_string_inclusion(sclient: openai.OpenAI, smodel: str, hf_tokenizer) -> None:  # noqa: ANN001
+    from hetero_infer.worker.mock_executor import FAVOURITES
+
+    first, second = hf_tokenizer.decode([FAVOURITES[0]]), hf_tokenizer.decode([FAVOURITES[1]])
+    cut = _complete(sclient, smodel, max_tokens=10, temperature=0.0, presence_penalty=1.0, stop=[second])
+    assert (cut.finish_reason, cut.text) == ("stop", first)
+    kept = _complete(sclient, smodel, max_tokens=10, temperature=0.0, presence_penalty=1.0, stop=[second],
+                     include_stop_str_in_output=True)
+    assert (kept.finish_reason, kept.text) == ("stop", first + second)
+
+
+def test_filters_that_leave_one_token_are_greedy(sclient: openai.OpenAI, smodel: str) -> None:
+    greedy = _complete(sclient, smodel, max_tokens=8, temperature=0.0).text
+    sampled = _complete(sclient, smodel, max_tokens=8, seed=7).text
+    assert sampled != greedy  # at temperature 1 the mock's favourites hold well under 1% of the mass
+    for kw in ({"top_k": 1}, {"min_p": 1.0}, {"top_p": 1e-4}, {"temperature": 0.02}):
+        assert _complete(sclient, smodel, max_tokens=8, seed=7, **kw).text == greedy, kw
+
+
+def _sampled_tokens(client: openai.OpenAI, model: str, **kw) -> list[str]:  # noqa: ANN003
+    choice = _complete(client, model, max_tokens=24, seed=11, logprobs=0, **kw)
+    return choice.logprobs.tokens
+
+
+def test_top_k_top_p_min_p_keep_their_candidates(sclient: openai.OpenAI, smodel: str, hf_tokenizer) -> None:  # noqa: ANN001
+    import torch
+
+    from hetero_infer.worker.mock_executor import FAVOURITES, mock_logits
+
+    top3 = {hf_tokenizer.decode([t]) for t in FAVOURITES[:3]}
+    probs = torch.softmax(mock_logits(PROMPT, PROMPT, len(hf_tokenizer)).double(), -1)
+    c2, c3 = probs[list(FAVOURITES[:2])].sum().item(), probs[list(FAVOURITES[:3])].sum().item()
+    unfiltered = _sampled_tokens(sclient, smodel)
+    assert not set(unfiltered) <= top3
+    # min_p 0.5 keeps the tokens at least half as likely as the top one: FAVOURITES[:3] (exp(-0.3 k) >= 0.5).
+    for kw in ({"top_k": 3}, {"top_p": (c2 + c3) / 2}, {"min_p": 0.5}):
+        tokens = _sampled_tokens(sclient, smodel, **kw)
+        assert set(tokens) <= top3 and len(set(tokens)) > 1, (kw, tokens)
+
+
+def test_seed(sclient: openai.OpenAI, smodel: str) -> None:
+    a, b = (_complete(sclient, smodel, max_tokens=8, seed=1).text for _ in range(2))
+    c = _complete(sclient, smodel, max_tokens=8, seed=2).text
+    assert a == b != c
+    assert _complete(sclient, smodel, max_tokens=8).text != _complete(sclient, smodel, max_tokens=8).text
+    r1, r2 = (sclient.completions.create(model=smodel, prompt=PROMPT, max_tokens=8, n=3, seed=5) for _ in range(2))
+    texts = [c.text for c in sorted(r1.choices, key=lambda c: c.index)]
+    assert texts == [c.text for c in sorted(r2.choices, key=lambda c: c.index)]
+    assert len(set(texts)) == 3 and a not in texts
+
+
+def test_completion_logprobs_are_the_models(sclient: openai.OpenAI, smodel: str, hf_tokenizer) -> None:  # noqa: ANN001
+    import torch
+
+    from hetero_infer.worker.mock_executor import FAVOURITES, mock_logits
+
+    ref = torch.log_softmax(mock_logits(PROMPT, PROMPT, len(hf_tokenizer)).double(), -1)
+    top = {hf_tokenizer.decode([t]): ref[t].item() for t in FAVOURITES[:3]}
+    lp = _complete(sclient, smodel, max_tokens=4, temperature=0.0, logprobs=3).logprobs
+    assert lp.tokens == [hf_tokenizer.decode([FAVOURITES[0]])] * 4
+    for d, chosen in zip(lp.top_logprobs, lp.token_logprobs, strict=True):
+        assert d.keys() == top.keys() and all(d[k] == pytest.approx(v, abs=1e-4) for k, v in top.items())
+        assert chosen == pytest.approx(top[lp.tokens[0]], abs=1e-4)
+
+
+def test_chat_sampling_fields(sclient: openai.OpenAI, smodel: str) -> None:
+    def chat(**kw) -> openai.types.chat.ChatCompletion:  # noqa: ANN003
+        extra = {k: kw.pop(k) for k in ("top_k", "repetition_penalty") if k in kw}
+        return sclient.chat.completions.create(model=smodel, messages=MESSAGES, max_completion_tokens=8,
+                                               extra_body=extra or None, **kw)
+
+    def text(**kw) -> str:  # noqa: ANN003
+        return chat(**kw).choices[0].message.content
+
+    greedy = text(temperature=0.0)
+    assert text(seed=3, top_k=1) == greedy != text(seed=3)
+    assert text(seed=3) == text(seed=3) != text(seed=4)
+    penalised = {text(temperature=0.0, **kw) for kw in PENALTIES.values()}
+    assert len(penalised) == len(PENALTIES)
+    r = chat(temperature=0.0, logprobs=True, top_logprobs=4)
+    assert [len(t.top_logprobs) for t in r.choices[0].logprobs.content] == [4] * 8
+    r = chat(temperature=0.0, logprobs=True)
+    assert [len(t.top_logprobs) for t in r.choices[0].logprobs.content] == [0] * 8
