@@ -1,24 +1,15 @@
-"""Engine options shared by every command: flags, a `--config FILE` and HETERO_INFER_* variables.
-
-Precedence: command-line flag > environment variable > config file > built-in default.
-"""
+"""Engine options shared by every command: one flag per `EngineConfig` field, `--config FILE` and
+HETERO_INFER_* variables, layered by hetero_infer.options (flag > environment > config file > default)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Mapping
-from dataclasses import MISSING, fields
-from typing import Any
 
-from hetero_infer.worker.config import DEVICES, DTYPES, EXECUTORS, EngineConfig, load_config_file
+from hetero_infer.options import add_config_flag, add_flags, load_options
+from hetero_infer.worker.config import DEVICES, DTYPES, EXECUTORS, EngineConfig
 
 ENV_PREFIX = "HETERO_INFER_"
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
 
 _HELP = {
     "model": "HF folder (config.json + safetensors) or .gguf file; default: SmolLM2-135M-Instruct",
@@ -45,62 +36,13 @@ _HELP = {
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per EngineConfig field (defaults left as None so files and env can fill them)."""
+    """`--config` and one flag per EngineConfig field (defaults left as None so files and env can fill them)."""
     group = parser.add_argument_group("engine")
-    group.add_argument("--config", help="JSON or YAML file with engine options in snake_case")
-    for f in fields(EngineConfig):
-        kwargs: dict[str, Any] = {"default": None, "help": _HELP.get(f.name, "")}
-        if f.type in ("bool",):
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif f.type in ("int", "int | None"):
-            kwargs["type"] = int
-        elif f.type in ("float",):
-            kwargs["type"] = float
-        group.add_argument(_flag(f.name), dest=f.name, **kwargs)
-
-
-def _coerce(name: str, raw: str) -> Any:
-    default_field = next(f for f in fields(EngineConfig) if f.name == name)
-    t = default_field.type
-    try:
-        if t == "bool":
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if t in ("int", "int | None"):
-            return int(raw)
-        if t == "float":
-            return float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {ENV_PREFIX}{name.upper()}={raw!r} is not a valid {t}") from None
-    return raw
-
-
-def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    environ = os.environ if environ is None else environ
-    out: dict[str, Any] = {}
-    for f in fields(EngineConfig):
-        key = ENV_PREFIX + f.name.upper()
-        if key in environ and environ[key] != "":
-            out[f.name] = _coerce(f.name, environ[key])
-    return out
+    add_config_flag(group, ENV_PREFIX)
+    add_flags(group, EngineConfig, _HELP)
 
 
 def engine_config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> EngineConfig:
     """Merge config file, environment and flags into a validated EngineConfig (ValueError on bad input)."""
-    values: dict[str, Any] = {}
-    config_file = getattr(args, "config", None) or (environ or os.environ).get(ENV_PREFIX + "CONFIG")
-    if config_file:
-        values.update(load_config_file(config_file))
-    values.update(env_overrides(environ))
-    for f in fields(EngineConfig):
-        v = getattr(args, f.name, None)
-        if v is not None:
-            values[f.name] = v
-    return EngineConfig.from_dict(values)
-
-
-def engine_defaults() -> dict[str, Any]:
-    return {f.name: f.default for f in fields(EngineConfig) if f.default is not MISSING}
+    (config,) = load_options((EngineConfig,), args, ENV_PREFIX, environ)
+    return config

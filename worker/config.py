@@ -1,11 +1,12 @@
-"""Engine configuration: one dataclass shared by `LLM(...)`, the CLI flags and `--config FILE`."""
+"""Engine configuration: one dataclass shared by `LLM(...)`, the CLI flags, `--config FILE` and the environment
+(read by hetero_infer.options)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any
+
+from hetero_infer.options import InvalidOption
 
 EXECUTORS = ("torch", "mock")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -41,7 +42,7 @@ class EngineConfig:
 
     def validate(self) -> None:
         def bad(name: str, why: str) -> None:
-            raise ValueError(f"invalid engine option {name}={getattr(self, name)!r}: {why}")
+            raise InvalidOption(name, f"invalid engine option {name}={getattr(self, name)!r}: {why}")
 
         if self.executor not in EXECUTORS:
             bad("executor", f"must be one of {', '.join(EXECUTORS)}")
@@ -82,19 +83,3 @@ class EngineConfig:
             raise ValueError(f"unknown engine option(s): {', '.join(sorted(unknown))}")
         return cls(**values)
 
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a JSON or YAML config file into a dict of snake_case keys (dashes are accepted too)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"config file not found: {path}")
-    text = path.read_text()
-    if path.suffix.lower() == ".json":
-        data = json.loads(text)
-    else:
-        import yaml
-
-        data = yaml.safe_load(text) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {path} must hold a mapping of option names to values")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}

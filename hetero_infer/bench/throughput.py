@@ -265,7 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     from hetero_infer.worker.model_loader import load_hf_config, resolve_model
     from hetero_infer.worker.model_runner import resolve_device
 
-    base = engine_config_from_args(args)
+    try:
+        base = engine_config_from_args(args)
+    except ValueError as exc:
+        print(f"hetero-infer bench: error: {exc}", file=sys.stderr)
+        return 2
     folder, name = resolve_model(base.model)
     vocab = load_hf_config(folder).vocab_size
     prompts, outputs = workload.build(vocab)

@@ -16,18 +16,17 @@ import argparse
 import asyncio
 import copy
 import logging
-import os
 import signal
 import sys
 import threading
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any
 
 from aiohttp import web
 
-from hetero_infer.worker.cli_args import ENV_PREFIX, add_engine_args, env_overrides
-from hetero_infer.worker.config import EngineConfig, load_config_file
+from hetero_infer.options import add_flags, environment_values, load_options
+from hetero_infer.worker.cli_args import ENV_PREFIX, add_engine_args
+from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.gc_freeze import freeze_startup_objects
 from hetero_infer.worker.server.options import LOG_FORMATS, LOG_LEVELS, ServerOptions
 
@@ -59,99 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hetero-infer serve",
         description="Run the OpenAI-compatible worker. Options: flags > HETERO_INFER_* environment > --config file.",
     )
-    group = parser.add_argument_group("server")
-    for f in fields(ServerOptions):
-        flag = "--" + f.name.replace("_", "-")
-        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": _SERVER_HELP.get(f.name, "")}
-        if f.type in ("bool", "bool | None"):
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif f.type == "int":
-            kwargs["type"] = int
-        elif f.type == "float":
-            kwargs["type"] = float
-        elif f.name == "api_key":
-            kwargs["action"] = "append"
-        group.add_argument(flag, **kwargs)
+    add_flags(parser.add_argument_group("server"), ServerOptions, _SERVER_HELP)
     add_engine_args(parser)
     return parser
 
 
-def _check_type(name: str, value: Any, source: str) -> Any:
-    """Values from a config file or the environment, checked against the ServerOptions field type."""
-    t = ServerOptions.field_types()[name]
-    ok = {
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "bool": lambda v: isinstance(v, bool),
-        "bool | None": lambda v: v is None or isinstance(v, bool),
-        "str": lambda v: isinstance(v, str),
-        "str | None": lambda v: v is None or isinstance(v, str),
-        "list[str]": lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
-    }[t]
-    if not ok(value):
-        shown = "***" if name == "api_key" else repr(value)
-        raise ValueError(f"{source}: server option {name}={shown} must be of type {t}")
-    return value
-
-
 def _server_env(environ: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, t in ServerOptions.field_types().items():
-        key = ENV_PREFIX + name.upper()
-        raw = environ.get(key, "")
-        if raw == "":
-            continue
-        try:
-            if t == "int":
-                out[name] = int(raw)
-            elif t == "float":
-                out[name] = float(raw)
-            elif t in ("bool", "bool | None"):
-                if raw.lower() in ("auto",) and t == "bool | None":
-                    out[name] = None
-                    continue
-                if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                    raise ValueError(raw)
-                out[name] = raw.lower() in ("1", "true", "yes", "on")
-            else:
-                out[name] = raw
-        except ValueError:
-            shown = "***" if name == "api_key" else repr(raw)
-            raise ValueError(f"environment variable {key}={shown} is not a valid {t}") from None
-    return out
+    """The server options that the environment sets."""
+    return environment_values(ServerOptions, environ, ENV_PREFIX)
 
 
 def resolve_options(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> tuple[ServerOptions, EngineConfig]:
     """Merge defaults < config file < environment < flags; ValueError with a clear message on bad input."""
-    environ = os.environ if environ is None else environ
-    server_names = ServerOptions.field_names()
-    engine_names = EngineConfig.field_names()
-    server: dict[str, Any] = {}
-    engine: dict[str, Any] = {}
-    path = args.config or environ.get(ENV_PREFIX + "CONFIG")
-    if path:
-        values = load_config_file(path)
-        unknown = set(values) - server_names - engine_names
-        if unknown:
-            raise ValueError(f"config file {path}: unknown option(s): {', '.join(sorted(unknown))}")
-        for k, v in values.items():
-            if k in server_names:
-                server[k] = _check_type(k, v, f"config file {path}")
-            else:
-                engine[k] = v
-    server.update(_server_env(environ))
-    engine.update(env_overrides(environ))
-    for name in server_names:
-        v = getattr(args, name, None)
-        if v is not None:
-            server[name] = v
-    for name in engine_names:
-        v = getattr(args, name, None)
-        if v is not None:
-            engine[name] = v
-    options = ServerOptions(**server)
+    options, engine = load_options((ServerOptions, EngineConfig), args, ENV_PREFIX, environ)
     options.api_keys()  # a missing or empty key file fails now, not at the first request
-    return options, EngineConfig.from_dict(engine)
+    return options, engine
 
 
 def main(argv: list[str] | None = None) -> int:

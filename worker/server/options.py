@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from hetero_infer.options import InvalidOption
 from hetero_infer.worker.cpu_threads import usable_cpus
 
 LOG_FORMATS = ("json", "text")
@@ -41,7 +42,7 @@ class ServerOptions:
     def validate(self) -> None:
         def bad(name: str, why: str) -> None:
             value = "***" if name == "api_key" else repr(getattr(self, name))
-            raise ValueError(f"invalid server option {name}={value}: {why}")
+            raise InvalidOption(name, f"invalid server option {name}={value}: {why}")
 
         if not isinstance(self.host, str) or not self.host:
             bad("host", "must be a host name or IP address")
