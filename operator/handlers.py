@@ -162,17 +162,12 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
         # stops when that changes or the object goes away.
         memo.loops = loops.Supervisor({"autoscaler": loops.Worker(
             lambda body: autoscaled_by_operator(body.get("spec") or {}), autoscale)})
-        memo.resync_stopper = loops.Stopper()
-        memo.resync = asyncio.get_running_loop().create_task(loops.periodically(
-            memo.resync_stopper, lambda: options.resync_seconds,
-            lambda: resync_all(memo.loops, client, options, is_active)))
+        memo.resync = lambda: resync_all(memo.loops, client, options, is_active)
         logger.info(f"worker images: {options.defaults.image} (CPU), {options.defaults.gpu_image} (GPU)")
 
     @kopf.on.cleanup(registry=registry)
     async def shutdown(memo: kopf.Memo, **_: Any) -> None:
-        if hasattr(memo, "resync"):
-            memo.resync_stopper.set()
-            memo.resync.cancel()
+        if hasattr(memo, "loops"):
             await memo.loops.stop()
 
     @kopf.on.resume(*RESOURCE, registry=registry)
@@ -184,6 +179,9 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
     @kopf.on.event(*RESOURCE, registry=registry, id="loops")
     async def track(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         if hasattr(memo, "loops"):
+            # Started here, not at startup: kopf's event posting (Kubernetes events) works only in
+            # tasks started from resource handlers.
+            memo.loops.start_periodic(lambda: options.resync_seconds, memo.resync)
             memo.loops.observe(event.get("type"), copy.deepcopy(dict(body)))
 
     def child_changed(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,

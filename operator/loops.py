@@ -67,6 +67,14 @@ class Supervisor:
         self.bodies: dict[str, dict[str, Any]] = {}
         self._running: dict[tuple[str, str], _Running] = {}
         self._finishing: set[asyncio.Task[None]] = set()
+        self._periodic: _Running | None = None
+
+    def start_periodic(self, interval: Callable[[], float], step: Callable[[], Awaitable[None]]) -> None:
+        """Run `step` every `interval()` seconds from now on (once: later calls do nothing)."""
+        if self._periodic is None:
+            stopper = Stopper()
+            task = asyncio.get_running_loop().create_task(periodically(stopper, interval, step), name="periodic")
+            self._periodic = _Running(task, stopper)
 
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """An InferenceDeployment event (None: the initial listing): start, refresh or stop its workers."""
@@ -112,6 +120,11 @@ class Supervisor:
         """Stop every worker (at operator shutdown)."""
         for uid, worker_id in list(self._running):
             self._stop(uid, worker_id)
+        if self._periodic is not None:
+            self._periodic.stopper.set()
+            self._periodic.task.cancel()
+            self._finishing.add(self._periodic.task)
+            self._periodic = None
         if self._finishing:
             await asyncio.gather(*list(self._finishing), return_exceptions=True)
 

@@ -129,8 +129,7 @@ class Operators:
                     task.result()
         # The operator's own tasks (resync, autoscalers) die with the process; here, with the loop's test.
         for memo in self.memos:
-            if hasattr(memo, "resync"):
-                memo.resync.cancel()
+            if hasattr(memo, "loops"):
                 await memo.loops.stop()
         self.tasks.clear()
         self.memos.clear()

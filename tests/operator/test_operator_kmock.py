@@ -221,15 +221,31 @@ def writes(kmock: Any) -> list[str]:
             if r.method.value in WRITES and r.resource not in (EVENTS, PEERINGS)]
 
 
-async def test_steady_state_makes_no_writes(kmock: Any, operator: Any) -> None:
-    await operator()
-    await create(kmock, infd(autoscaling={"enabled": True, "mode": "hpa", "maxReplicas": 3}))
+def child_writes(kmock: Any) -> list[str]:
+    return [f"{r.method.value} {r.url.path}" for r in kmock._requests
+            if r.method.value in ("POST", "PATCH", "PUT") and r.resource in (DEPLOYMENTS, SERVICES, PDBS, HPAS)]
+
+
+def gets_of(kmock: Any, path: str) -> int:
+    return sum(1 for r in kmock._requests if r.method.value == "GET" and r.url.path == path)
+
+
+async def test_ten_resyncs_against_server_defaults_write_nothing(kmock: Any, operator: Any) -> None:
+    """The emulator defaults every child as kube-apiserver does; nothing of that is drift."""
+    await operator("--resync-seconds", "0.2")
+    await create(kmock, infd(autoscaling={"enabled": True, "mode": "hpa", "maxReplicas": 3},
+                             service={"type": "NodePort"}, image="registry.example/worker"))
     await wait_for(lambda: live(kmock, HPAS) and live(kmock, INFD).get("status", {}).get("conditions"),
                    what="children and status")
-    await asyncio.sleep(1.0)  # let the echoes of the operator's own writes arrive and be handled
-    before = writes(kmock)
-    await asyncio.sleep(1.5)
-    assert writes(kmock) == before, "the operator keeps writing without any change (a reconcile loop)"
+    assert container(kmock)["imagePullPolicy"] == "Always"  # defaulted by the server, not sent
+    dep_path = f"/apis/apps/v1/namespaces/{NS}/deployments/smol"
+    start = gets_of(kmock, dep_path)
+    await wait_for(lambda: gets_of(kmock, dep_path) >= start + 1, what="a resync pass after convergence")
+    before, updated_before = child_writes(kmock), [e for e in events(kmock) if e.get("reason") == "Updated"]
+    start = gets_of(kmock, dep_path)
+    await wait_for(lambda: gets_of(kmock, dep_path) >= start + 10, timeout=60, what="ten resync passes")
+    assert child_writes(kmock) == before, "the operator rewrites what the API server defaulted"
+    assert [e for e in events(kmock) if e.get("reason") == "Updated"] == updated_before == []
 
 
 async def test_two_replicas_with_peering_act_as_one(kmock: Any, operator: Any) -> None:
