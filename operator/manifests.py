@@ -210,6 +210,15 @@ def _tolerations(spec: InferenceSpec) -> list[dict[str, Any]] | None:
     return tolerations or None
 
 
+def rollout_strategy(spec: InferenceSpec) -> dict[str, Any]:
+    """The Deployment strategy (spec.rollout, defaults by pool in spec.py); rollingUpdate None with Recreate
+    so that a merge patch removes it (the API server rejects it beside Recreate)."""
+    r = spec.rollout
+    if r.strategy == "Recreate":
+        return {"type": "Recreate", "rollingUpdate": None}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": r.max_surge, "maxUnavailable": r.max_unavailable}}
+
+
 def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> dict[str, Any]:
     gpu = spec.resources.gpus > 0
     image = spec.image or (defaults.gpu_image if gpu else defaults.image)
@@ -261,7 +270,7 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector_labels(owner.name)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": rollout_strategy(spec),
             "revisionHistoryLimit": 3,
             "progressDeadlineSeconds": 1200,
             "template": {

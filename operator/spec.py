@@ -18,6 +18,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 QUANTIZATIONS = ("int8", "int4")
 AUTOSCALING_MODES = ("operator", "hpa")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+ROLLOUT_STRATEGIES = ("RollingUpdate", "Recreate")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
@@ -34,11 +35,16 @@ DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS = 300
 DEFAULT_INTERVAL_SECONDS = 15
 DEFAULT_SERVICE_TYPE = "ClusterIP"
 DEFAULT_SERVICE_PORT = 80
+DEFAULT_ROLLOUT_STRATEGY = "RollingUpdate"
+# Rolling updates by pool: a GPU pool is usually full, so a surge pod would wait for a GPU that only the
+# old pod frees (the rollout stalls); replace one pod at a time instead. CPU pods can surge.
+DEFAULT_ROLLOUT = {True: (0, 1), False: (1, 0)}  # has a GPU -> (maxSurge, maxUnavailable)
 MAX_GPUS = 1  # one worker process uses one GPU (ARCHITECTURE.md)
 MAX_NAME_LENGTH = 63  # the name is also the Service's name: a DNS-1035 label
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_INT_OR_PERCENT = re.compile(r"^\d+%$")
 _QUANTITY = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$")
 
 
@@ -114,6 +120,15 @@ class ServiceSpec:
 
 
 @dataclass(frozen=True)
+class RolloutSpec:
+    """How the worker Deployment replaces pods; maxSurge/maxUnavailable resolved (None with Recreate)."""
+
+    strategy: str = DEFAULT_ROLLOUT_STRATEGY
+    max_surge: int | str | None = DEFAULT_ROLLOUT[False][0]
+    max_unavailable: int | str | None = DEFAULT_ROLLOUT[False][1]
+
+
+@dataclass(frozen=True)
 class InferenceSpec:
     model: ModelSpec
     image: str | None = None
@@ -123,6 +138,7 @@ class InferenceSpec:
     engine: EngineSpec = field(default_factory=EngineSpec)
     autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
     service: ServiceSpec = field(default_factory=ServiceSpec)
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     affinity: dict[str, Any] | None = None
@@ -254,7 +270,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
         r.problems.extend(validate_name(name))
     spec = r.obj(raw, "spec", (
         "model", "image", "executor", "replicas", "resources", "engine", "autoscaling", "service",
-        "nodeSelector", "tolerations", "affinity", "env",
+        "rollout", "nodeSelector", "tolerations", "affinity", "env",
     ), required=("model",))
 
     model = _parse_model(r, spec.get("model"))
@@ -293,6 +309,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
         port=r.integer(svc, "port", "spec.service", DEFAULT_SERVICE_PORT, minimum=1, maximum=65535),
     )
 
+    rollout = _parse_rollout(r, spec.get("rollout"), gpu=resources.gpus > 0)
     node_selector = _parse_string_map(r, spec.get("nodeSelector"), "spec.nodeSelector")
     tolerations = _parse_tolerations(r, spec.get("tolerations"))
     affinity = spec.get("affinity")
@@ -305,7 +322,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
         raise SpecError(r.problems)
     return InferenceSpec(
         model=model, image=image, executor=executor, replicas=replicas, resources=resources,
-        engine=engine, autoscaling=autoscaling, service=service, node_selector=node_selector,
+        engine=engine, autoscaling=autoscaling, service=service, rollout=rollout, node_selector=node_selector,
         tolerations=tolerations, affinity=dict(affinity) if affinity else None, env=env,
     )
 
@@ -366,6 +383,44 @@ def _parse_autoscaling(r: _Reader, raw: Any) -> AutoscalingSpec:
     if out.max_replicas is not None and out.min_replicas > out.max_replicas:
         r.bad(p, f"minReplicas ({out.min_replicas}) must not be greater than maxReplicas ({out.max_replicas})")
     return out
+
+
+def _int_or_percent(r: _Reader, data: Mapping, key: str, path: str) -> int | str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and _INT_OR_PERCENT.match(value):
+        return value
+    r.bad(f"{path}.{key}", f"must be a non-negative integer or a percentage such as 25%, got {value!r}")
+    return None
+
+
+def _is_zero(value: int | str | None) -> bool:
+    return value in (0, "0%")
+
+
+def _parse_rollout(r: _Reader, raw: Any, gpu: bool) -> RolloutSpec:
+    p = "spec.rollout"
+    ro = r.obj(raw, p, ("strategy", "maxSurge", "maxUnavailable"))
+    strategy = r.string(ro, "strategy", p, DEFAULT_ROLLOUT_STRATEGY, enum=ROLLOUT_STRATEGIES)
+    surge = _int_or_percent(r, ro, "maxSurge", p)
+    unavailable = _int_or_percent(r, ro, "maxUnavailable", p)
+    if strategy == "Recreate":
+        if ro.get("maxSurge") is not None or ro.get("maxUnavailable") is not None:
+            r.bad(p, "maxSurge and maxUnavailable apply to strategy RollingUpdate only")
+        return RolloutSpec("Recreate", None, None)
+    default_surge, default_unavailable = DEFAULT_ROLLOUT[gpu]
+    if surge is None and unavailable is None:
+        surge, unavailable = default_surge, default_unavailable
+    elif surge is None:  # one given: the other as permissive as the pool allows, never both zero
+        surge = 0 if gpu or not _is_zero(unavailable) else 1
+    elif unavailable is None:
+        unavailable = 1 if _is_zero(surge) else 0
+    if _is_zero(surge) and _is_zero(unavailable):
+        r.bad(p, "maxSurge and maxUnavailable must not both be 0 (the rollout could never progress)")
+    return RolloutSpec(strategy, surge, unavailable)
 
 
 def _parse_string_map(r: _Reader, raw: Any, path: str) -> dict[str, str]:

@@ -67,8 +67,21 @@ def test_there_are_minimal_gpu_hpa_and_mock_examples() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_accepted_by_schema_and_operator(crd: dict[str, Any], path: Path) -> None:
     for obj in yaml.safe_load_all(path.read_text()):
+        if obj["kind"] != c.KIND:  # what an example needs beside it (a PersistentVolumeClaim)
+            kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+            continue
         assert validate(crd, obj) == []
         parse_spec(obj["spec"], name=obj["metadata"]["name"])
+
+
+def test_the_gpu_example_gives_its_replicas_a_volume_they_can_all_mount() -> None:
+    docs = list(yaml.safe_load_all((ROOT / "examples" / "gpu.yaml").read_text()))
+    infd = next(d for d in docs if d["kind"] == c.KIND)
+    claim = next(d for d in docs if d["kind"] == "PersistentVolumeClaim"
+                 and d["metadata"]["name"] == infd["spec"]["model"]["pvc"]["claimName"])
+    assert infd["spec"]["replicas"] > 1
+    assert set(claim["spec"]["accessModes"]) & {"ReadWriteMany", "ReadOnlyMany"}
+    assert infd["spec"]["model"]["pvc"].get("readOnly", True)
 
 
 def test_schema_defaults_match_the_operator_defaults(crd: dict[str, Any]) -> None:
@@ -121,6 +134,11 @@ BAD = {
     "env value of the wrong type": (with_spec(env=[{"name": "A", "value": 3}]), "value"),
     "toleration with an unknown effect": (with_spec(tolerations=[{"key": "k", "effect": "Sometimes"}]), "effect"),
     "nodeSelector value not a string": (with_spec(nodeSelector={"gpu": True}), "gpu"),
+    "unknown rollout strategy": (with_spec(rollout={"strategy": "BlueGreen"}), "strategy"),
+    "maxSurge beside Recreate": (with_spec(rollout={"strategy": "Recreate", "maxSurge": 1}), "RollingUpdate only"),
+    "maxUnavailable neither a number nor a percentage": (with_spec(rollout={"maxUnavailable": "half"}),
+                                                         "percentage"),
+    "negative maxSurge": (with_spec(rollout={"maxSurge": -1}), "percentage"),
     "name longer than 63": ({**base(), "metadata": {"name": "x" * 64, "namespace": "default"}}, "63"),
 }
 

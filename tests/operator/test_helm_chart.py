@@ -224,7 +224,29 @@ def test_notes_render(helm_bin: Path, tmp_path: Path, sets: list[str]) -> None:
                "templates/zz-notes.yaml", *args)
     notes = yaml.safe_load(out)["data"]["notes"]
     assert "kubectl apply" in notes and "rel-hetero-infer" in notes
+    # A chart upgrade does not upgrade the CRD: the notes give the command that does.
+    assert "helm show crds" in notes and "kubectl apply --server-side" in notes
     if "prometheusAdapter.enabled=true" in sets:
         assert "custom.metrics.k8s.io" in notes and "the namespaces a, b" in notes
     if "peering.enabled=false" in sets:
         assert "WARNING" in notes
+
+
+def worker_ingress_peers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-workers"))
+    return [peer for rule in policy["spec"]["ingress"] for peer in rule["from"]]
+
+
+def test_network_policy_admits_the_configured_prometheus(helm_bin: Path) -> None:
+    docs = render(helm_bin, "--set", "networkPolicy.enabled=true",
+                  "--set", "networkPolicy.prometheus.namespaceSelector.matchLabels.team=observability",
+                  "--set", "networkPolicy.prometheus.podSelector.matchLabels.app=prom")
+    for obj in docs:
+        validate_object(obj, chart_crds())
+    peers = worker_ingress_peers(docs)
+    assert {"namespaceSelector": {"matchLabels": {"team": "observability",
+                                                   "kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchLabels": {"app": "prom", "app.kubernetes.io/name": "prometheus"}}} in peers
+    off = worker_ingress_peers(render(helm_bin, "--set", "networkPolicy.enabled=true",
+                                      "--set", "networkPolicy.prometheus.enabled=false"))
+    assert not [p for p in off if "monitoring" in str(p.get("namespaceSelector"))]

@@ -23,7 +23,7 @@ from hetero_infer.operator.manifests import (
     selector_string,
     worker_args,
 )
-from hetero_infer.operator.spec import parse_spec
+from hetero_infer.operator.spec import SpecError, parse_spec
 
 OWNER = Owner("smol", "models", "0000-1111")
 K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
@@ -184,12 +184,33 @@ def test_quantity_formatting() -> None:
     assert [quantity(v) for v in (0.8, 1.0, 5, 0.125, 2.5)] == ["800m", "1", "5", "125m", "2500m"]
 
 
+@pytest.mark.parametrize(("raw", "strategy"), [
+    ({}, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}),
+    # A full GPU pool: no room for a surge pod, so one old pod goes first.
+    ({"resources": {"gpus": 1}}, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}),
+    ({"resources": {"gpus": 1}, "rollout": {"maxSurge": 1}},
+     {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}),
+    ({"rollout": {"maxSurge": 0}}, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}),
+    ({"rollout": {"maxSurge": "50%", "maxUnavailable": "25%"}},
+     {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "50%", "maxUnavailable": "25%"}}),
+    ({"rollout": {"strategy": "Recreate"}}, {"type": "Recreate", "rollingUpdate": None}),
+])
+def test_rollout_strategy_with_defaults_by_pool(raw: dict[str, Any], strategy: dict[str, Any]) -> None:
+    assert children(OWNER, spec(**raw)).deployment["spec"]["strategy"] == strategy
+
+
+def test_a_rollout_that_could_never_progress_is_rejected() -> None:
+    with pytest.raises(SpecError, match="both be 0"):
+        spec(rollout={"maxSurge": 0, "maxUnavailable": "0%"})
+
+
 FULL_SPECS = {
     "minimal": {},
     "gpu-pvc": {"resources": {"gpus": 1, "cpu": 8, "memory": "48Gi"}, "model": {"name": "m", "pvc": {"claimName": "w"}},
                 "tolerations": [{"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}],
                 "nodeSelector": {"gpu": "h100"}},
-    "hpa-hostpath": {"model": {"name": "m", "hostPath": {"path": "/data", "subPath": "llama"}},
+    "recreate": {"rollout": {"strategy": "Recreate"}},
+    "hpa-hostpath": {"rollout": {"maxSurge": "25%", "maxUnavailable": 0},"model": {"name": "m", "hostPath": {"path": "/data", "subPath": "llama"}},
                      "autoscaling": {"enabled": True, "mode": "hpa", "maxReplicas": 4},
                      "env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
                      "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
