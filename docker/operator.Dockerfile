@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1.7
-# hetero-infer operator: `hetero-infer operator` (kopf) without the engine's heavy dependencies
-# (no torch: the operator package imports only kopf, kubernetes and the standard library).
+# hetero-infer operator: `hetero-infer operator` (kopf) without the engine's heavy dependencies: the
+# package itself without dependencies, plus the `operator` extra of pyproject.toml (everything the
+# operator's modules import), at the versions of docker/operator-constraints.txt.
 #   docker build -f docker/operator.Dockerfile -t hetero-infer/operator:0.1.0 .
+# PYTHON_IMAGE: any Debian/Ubuntu-like image with python3 (3.11+) and its venv module (a mirror, a local base).
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 FROM ${PYTHON_IMAGE}
 
@@ -12,18 +14,20 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 
+RUN python3 -m venv /opt/venv \
+ && useradd --uid 10001 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin app
+
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md docker/operator-constraints.txt ./
 COPY hetero_infer ./hetero_infer
 COPY worker ./worker
 COPY kernels ./kernels
 COPY operator ./operator
-RUN python -m venv /opt/venv \
- && pip install --no-deps . \
- && pip install "kopf==1.45.2" "kubernetes==37.0.2" "pyyaml==6.0.3" \
- && rm -rf /src \
- && useradd --uid 10001 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin app \
- && hetero-infer operator --help > /dev/null
+RUN pip install --no-deps . \
+ && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['operator']))" > /tmp/operator-requirements.txt \
+ && pip install -r /tmp/operator-requirements.txt -c operator-constraints.txt \
+ && rm -rf /src /tmp/operator-requirements.txt \
+ && cd / && hetero-infer operator --help > /dev/null
 
 WORKDIR /
 ENV HOME=/tmp

@@ -6,7 +6,18 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
+
+# The operator's modules live in the repository's top-level operator/ folder, which has no __init__.py:
+# as a regular package it would shadow the standard library's `operator` for any Python started in the
+# repository root. A wheel installs the folder as hetero_infer/operator/ (a namespace subpackage). An
+# editable install cannot map a namespace subpackage onto another folder (setuptools issue 4248), and a
+# checkout used without installing has no mapping at all: there the repository root is searched as well.
+_here = os.path.dirname(os.path.abspath(__file__))
+if not os.path.isdir(os.path.join(_here, "operator")) and os.path.isdir(os.path.join(_here, "..", "operator")):
+    __path__.append(os.path.dirname(_here))
+del _here
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
