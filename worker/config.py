@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 from hetero_infer.options import InvalidOption
 
 EXECUTORS = ("torch", "mock")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
-QUANTIZATIONS = (None, "int8", "int4")
+Quantization = Literal["int8", "int4"]
+QUANTIZATIONS = (None, *get_args(Quantization))
 
 
 @dataclass
@@ -29,7 +30,7 @@ class EngineConfig:
     memory_threshold: float = 0.9
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
-    quantization: str | None = None
+    quantization: Quantization | None = None
     seed: int = 0
     enforce_eager: bool = False
     # mock executor

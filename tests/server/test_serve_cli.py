@@ -56,6 +56,10 @@ def test_api_keys_from_all_sources(tmp_path: Path) -> None:
     ([], {"HETERO_INFER_ACCESS_LOG": "maybe"}, None, "HETERO_INFER_ACCESS_LOG"),
     ([], {}, "port: not-a-port\n", "port"),
     ([], {}, "unknown_thing: 1\n", "unknown_thing"),
+    ([], {}, "max-num-seq: 4\n", "max_num_seq (did you mean max_num_seqs?)"),
+    ([], {}, "block_size: '32'\n", "option block_size='32' must be an integer"),
+    ([], {"HETERO_INFER_MAX_NUM_SEQS": "0"}, None, "(from environment variable HETERO_INFER_MAX_NUM_SEQS)"),
+    (["--shutdown-grace", "-1"], {}, None, "(from flag --shutdown-grace)"),
     ([], {}, "- a list\n", "mapping"),
     (["--config", "/nonexistent.yaml"], {}, None, "not found"),
 ])
@@ -90,3 +94,15 @@ def test_help_lists_contract_flags(capsys: pytest.CaptureFixture[str]) -> None:
                  "--dtype", "--executor", "--api-key", "--api-key-file", "--max-queue-len", "--request-timeout",
                  "--shutdown-grace"):
         assert flag in out, flag
+
+
+def test_optional_options_go_back_to_their_default_from_text(tmp_path: Path) -> None:
+    """`none`/`auto` from a flag or the environment unsets an optional engine option that a file set."""
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("max_model_len: 256\nquantization: int8\nengine_process: false\n")
+    options, engine = _resolve(["--config", str(cfg)], {"HETERO_INFER_MAX_MODEL_LEN": "auto",
+                                                         "HETERO_INFER_QUANTIZATION": "none",
+                                                         "HETERO_INFER_ENGINE_PROCESS": "auto"})
+    assert engine.max_model_len is None and engine.quantization is None and options.engine_process is None
+    _, engine = _resolve(["--config", str(cfg)])
+    assert engine.max_model_len == 256 and engine.quantization == "int8"
