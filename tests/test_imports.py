@@ -201,3 +201,16 @@ def test_the_check_finds_what_python_3_10_lacks(source: str) -> None:
 ])
 def test_the_check_lets_3_10_code_pass(source: str) -> None:
     assert python_3_10_problems(source) == []
+
+
+def test_the_server_and_the_operator_never_import_the_benchmarks() -> None:
+    """hetero_infer.bench stays apart: only the command dispatcher (hetero_infer.cli) reaches it."""
+    offenders = []
+    for package, folder in package_folders().items():
+        if package.startswith(("hetero_infer.worker", "hetero_infer.kernels", "hetero_infer.operator")):
+            for f in sorted(folder.glob("*.py")):
+                for node in ast.walk(ast.parse(f.read_text())):
+                    names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                             [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                    offenders += [f"{f.relative_to(ROOT)}: {n}" for n in names if n.startswith("hetero_infer.bench")]
+    assert offenders == []

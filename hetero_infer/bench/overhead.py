@@ -33,8 +33,8 @@ from typing import Any
 
 import aiohttp
 
-from hetero_infer.worker.config import EngineConfig
 from hetero_infer.bench.cpu_speed import probe, slowdown
+from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.gc_freeze import freeze_startup_objects
 from hetero_infer.worker.sampling_params import SamplingParams
 
