@@ -1,0 +1,284 @@
+"""The images of docker/, built from the Dockerfiles as they are and run (`python -m pytest -m docker tests/docker`).
+
+Containers use the host network and are talked to on 127.0.0.1. Rerun whenever docker/ or the package
+changes; docs/images.md has the last results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import subprocess
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from hetero_infer.operator import constants as c
+from hetero_infer.operator.manifests import WORKER_UID, Owner, WorkerDefaults, deployment
+from hetero_infer.operator.spec import parse_spec
+
+pytestmark = pytest.mark.docker
+
+READY_WITHIN_S = 120  # the issue's bar for the CPU image on the default model
+GAUGES = ("hetero_infer_kv_cache_usage_ratio", "hetero_infer_num_requests_running",
+          "hetero_infer_num_requests_waiting", "hetero_infer_engine_healthy")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def docker(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=check)
+
+
+@contextlib.contextmanager
+def container(image: str, *args: str, options: tuple[str, ...] = ()) -> Iterator[str]:
+    """`docker run -d --network host` (no --rm: the exit code is read after it stops); removed at the end,
+    with its log attached to a failure."""
+    name = f"hetero-infer-docker-suite-{uuid.uuid4().hex[:8]}"
+    docker("run", "-d", "--name", name, "--network", "host", *options, image, *args)
+    try:
+        yield name
+    except BaseException:
+        print(f"--- log of {name}:\n{docker('logs', name, check=False).stdout[-8000:]}"
+              f"{docker('logs', name, check=False).stderr[-8000:]}")
+        raise
+    finally:
+        docker("rm", "-f", name, check=False)
+
+
+def running(name: str) -> bool:
+    return docker("inspect", "--format", "{{.State.Running}}", name, check=False).stdout.strip() == "true"
+
+
+def logs(name: str) -> str:
+    proc = docker("logs", name, check=False)
+    return proc.stdout + proc.stderr
+
+
+def wait_ready(name: str, base: str, deadline_s: float) -> float:
+    """Seconds until GET /readyz answers 200; fails at the deadline or when the container exits."""
+    start = time.monotonic()
+    while time.monotonic() - start < deadline_s:
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=5) as rsp:
+                if rsp.status == 200:
+                    return time.monotonic() - start
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        assert running(name), f"the container exited before it was ready:\n{logs(name)[-4000:]}"
+        time.sleep(0.5)
+    raise AssertionError(f"/readyz not 200 within {deadline_s:.0f} s:\n{logs(name)[-4000:]}")
+
+
+def metric_families(base: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as rsp:
+        return {f.name: f for f in text_string_to_metric_families(rsp.read().decode())}
+
+
+def stop(name: str, timeout: float = 120) -> int:
+    """SIGTERM, then the exit code once the process has ended."""
+    docker("kill", "--signal", "TERM", name)
+    return int(docker("wait", name, timeout=timeout).stdout.strip())
+
+
+def run_python(image: str, code: str, *options: str) -> subprocess.CompletedProcess:
+    return docker("run", "--rm", "--network", "host", *options, "--entrypoint", "python", image, "-c",
+                  textwrap.dedent(code), check=False, timeout=600)
+
+
+# -- the CPU worker image -----------------------------------------------------------------------------------
+def test_cpu_worker_serves_the_default_model_and_drains_on_sigterm(worker_cpu_image: str) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    # The image's CMD, on a free port of the host network.
+    with container(worker_cpu_image, "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu") as name:
+        seconds = wait_ready(name, base, READY_WITHIN_S)
+        print(f"/readyz after {seconds:.1f} s")
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        model = client.models.list().data[0].id
+        done = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8,
+                                         temperature=0)
+        assert "Paris" in done.choices[0].text, done.choices[0].text
+
+        families = metric_families(base)
+        for gauge in GAUGES:
+            assert families[gauge].type == "gauge", gauge
+        assert families["hetero_infer_engine_healthy"].samples[0].value == 1.0
+        assert families["hetero_infer_generation_tokens"].samples[0].value >= 1
+
+        # SIGTERM while a streamed completion runs: it still finishes (drain), then the process exits 0.
+        stream = client.completions.create(model=model, prompt="Write a long story about a dragon.",
+                                           max_tokens=48, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        chunks = iter(stream)
+        first = next(chunks)
+        exit_code: list[int] = []
+        stopper = threading.Thread(target=lambda: exit_code.append(stop(name)))
+        stopper.start()
+        rest = list(chunks)
+        stopper.join(timeout=180)
+        finish = [ch.choices[0].finish_reason for ch in [first, *rest] if ch.choices and ch.choices[0].finish_reason]
+        assert finish == ["length"], finish
+        assert exit_code == [0], logs(name)[-4000:]
+        assert "draining" in logs(name)
+
+
+def test_cpu_worker_image_user_model_and_prebuilt_kernels(worker_cpu_image: str) -> None:
+    config = json.loads(docker("image", "inspect", "--format", "{{json .Config}}", worker_cpu_image).stdout)
+    assert config["User"] == f"{WORKER_UID}:{WORKER_UID}"
+    # As the image's user: the model is readable, and the CPU kernels load from the image without a compiler
+    # (CC names no program and gcc is off PATH: a rebuild would fail and leave library() None).
+    proc = run_python(worker_cpu_image, """
+        import os, shutil
+        from pathlib import Path
+        assert os.getuid() == 10001
+        for f in Path(os.environ["HETERO_INFER_MODEL"]).iterdir():
+            f.read_bytes()
+        assert shutil.which("gcc") is None
+        from hetero_infer.worker import cpu_native
+        assert cpu_native.library() is not None, "the kernels were not prebuilt for this CPU"
+        print("ok", os.path.basename(cpu_native.library()._name))
+    """, "-e", "PATH=/opt/venv/bin", "-e", "CC=/nonexistent/cc")
+    assert proc.returncode == 0 and "ok hetero_infer_cpu_" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_cpu_worker_runs_the_mock_executor_as_the_operator_deploys_it(worker_cpu_image: str) -> None:
+    """The container of the operator's Deployment (command, args, env, user, read-only root, emptyDirs),
+    as kind would run it, on a free port of the host network."""
+    spec = parse_spec({"model": {"name": "smollm2"}, "executor": "mock", "replicas": 1}, "smol")
+    dep = deployment(Owner("smol", "models", "uid-1"), spec, WorkerDefaults(image=worker_cpu_image))
+    pod = dep["spec"]["template"]["spec"]
+    (worker,) = pod["containers"]
+    port = free_port()
+    args = list(worker["args"])
+    args[args.index("--port") + 1] = str(port)
+    args[args.index("--host") + 1] = "127.0.0.1"
+    options = ["--user", f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}",
+               "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+               "--entrypoint", worker["command"][0]]
+    for mount in worker["volumeMounts"]:  # the pod's emptyDirs (not noexec: kernels may be built there)
+        options += ["--tmpfs", f"{mount['mountPath']}:rw,exec,mode=1777"]
+    for env in worker["env"]:
+        options += ["-e", f"{env['name']}={env['value']}"]
+    base = f"http://127.0.0.1:{port}"
+    with container(worker_cpu_image, *args, options=tuple(options)) as name:
+        wait_ready(name, base, 300)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+        done = client.chat.completions.create(model="smollm2", max_tokens=4,
+                                              messages=[{"role": "user", "content": "hello"}])
+        assert done.choices[0].finish_reason in ("length", "stop") and done.usage.completion_tokens >= 1
+        assert "hetero_infer_kv_cache_usage_ratio" in metric_families(base)
+        assert stop(name) == 0, logs(name)[-4000:]
+
+
+# -- the operator image -------------------------------------------------------------------------------------
+async def _docker_async(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec("docker", *args, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+async def test_operator_image_reconciles_an_inference_deployment(operator_image: str, kmock: Any,
+                                                                tmp_path: Path) -> None:
+    from kmock_cluster import DEPLOYMENTS, INFD, SERVICES, wait_for
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "kmock", "cluster": {"server": str(kmock.url).rstrip("/")}}],
+        "users": [{"name": "kmock", "user": {"token": "kmock-token"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+        "current-context": "kmock",
+    }))
+    kubeconfig.chmod(0o644)  # the image's user reads it
+    health = free_port()
+    name = f"hetero-infer-docker-suite-{uuid.uuid4().hex[:8]}"
+    # The chart's arguments (charts/hetero-infer/templates/deployment.yaml), liveness on a free port.
+    code, out = await _docker_async(
+        "run", "-d", "--name", name, "--network", "host", "-v", f"{kubeconfig}:/etc/hetero-infer/kubeconfig:ro",
+        "-e", "KUBECONFIG=/etc/hetero-infer/kubeconfig", operator_image,
+        "operator", f"--liveness=http://127.0.0.1:{health}/healthz", "--resync-seconds=60", "--standalone")
+    assert code == 0, out
+    try:
+        body = {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": "smol", "namespace": "models"},
+                "spec": {"model": {"name": "smollm2"}, "executor": "mock", "replicas": 1}}
+        rsp = await kmock.post(f"/apis/{c.API_VERSION}/namespaces/models/{c.PLURAL}", json=body)
+        assert rsp.status == 200, await rsp.text()
+
+        def live(resource: Any) -> dict[str, Any] | None:
+            key = (resource, "models", "smol")
+            return kmock.objects[key].raw if key in kmock.objects and not kmock.objects[key].deleted else None
+
+        dep = await wait_for(lambda: live(DEPLOYMENTS), timeout=120, what="the Deployment")
+        assert await wait_for(lambda: live(SERVICES), timeout=60, what="the Service")
+        status = await wait_for(lambda: (live(INFD) or {}).get("status", {}).get("observedGeneration") == 1
+                                and live(INFD)["status"], timeout=60, what="status.observedGeneration")
+        assert status["selector"]
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--executor") + 1] == "mock"
+
+        code, out = await _docker_async("exec", name, "python", "-c",
+                                        f"import urllib.request; print(urllib.request.urlopen("
+                                        f"'http://127.0.0.1:{health}/healthz', timeout=5).status)")
+        assert code == 0 and out.strip() == "200", out
+        code, user = await _docker_async("exec", name, "id", "-u")
+        assert user.strip() == "10001"
+    except BaseException:
+        print((await _docker_async("logs", name))[1][-8000:])
+        raise
+    finally:
+        await _docker_async("rm", "-f", name)
+
+
+# -- the CUDA image's build steps on a stand-in base ----------------------------------------------------------
+def test_cuda_image_build_steps_on_a_standin_base(cuda_standin_image: str) -> None:
+    """What can be checked without a GPU: the package (with Triton) imports, the model is readable by the
+    runtime user and by an arbitrary one, and gcc plus Python.h build and load a C extension, as Triton's
+    launcher does at the first kernel launch."""
+    config = json.loads(docker("image", "inspect", "--format", "{{json .Config}}", cuda_standin_image).stdout)
+    assert config["User"] == f"{WORKER_UID}:{WORKER_UID}" and config["Cmd"][-1] == "cuda"
+    check = """
+        import importlib, os, pkgutil, subprocess, sys, sysconfig, tempfile
+        from pathlib import Path
+        import torch, triton, hetero_infer, hetero_infer.worker, hetero_infer.kernels
+        for package in (hetero_infer.worker, hetero_infer.kernels):
+            for m in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+                importlib.import_module(m.name)
+        assert torch.__version__.split("+")[0] == "2.13.0", torch.__version__
+        model = Path(os.environ["HETERO_INFER_MODEL"])
+        assert sum(len(f.read_bytes()) for f in model.iterdir()) > 100_000_000
+        include = sysconfig.get_paths()["include"]
+        assert (Path(include) / "Python.h").is_file(), include
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp, "probe.c")
+            src.write_text('#include <Python.h>\\nstatic struct PyModuleDef m = {PyModuleDef_HEAD_INIT, "probe"};\\n'
+                           'PyMODINIT_FUNC PyInit_probe(void) { return PyModule_Create(&m); }\\n')
+            suffix = sysconfig.get_config_var("EXT_SUFFIX")
+            subprocess.run(["gcc", "-shared", "-fPIC", "-O1", f"-I{include}", str(src), "-o",
+                            str(Path(tmp, "probe" + suffix))], check=True)
+            sys.path.insert(0, tmp)
+            import probe
+        print("ok", os.getuid())
+    """
+    for user in ((), ("--user", "4242:4242")):
+        proc = run_python(cuda_standin_image, check, *user)
+        assert proc.returncode == 0 and proc.stdout.split()[:1] == ["ok"], proc.stdout + proc.stderr
+    assert run_python(cuda_standin_image, "import os; print(os.getuid())").stdout.strip() == str(WORKER_UID)
+
