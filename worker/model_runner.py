@@ -8,11 +8,14 @@ import time
 import numpy as np
 import torch
 
-from hetero_infer.worker import cpu_linear, cpu_native, cpu_ops, cpu_paged_attention, cpu_threads
-from hetero_infer.worker.attention import AttentionMetadata, PrefillChunk
+from hetero_infer.worker import cpu_linear, cpu_native, cpu_threads
+from hetero_infer.worker.attention import SeqSpan, StepBatch, select_backend
+from hetero_infer.worker.attention.base import to_device
+from hetero_infer.worker.attention.triton_backend import TritonAttentionMetadata, TritonBackend
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.model_loader import iter_safetensors
-from hetero_infer.worker.models.llama import LlamaForCausalLM, head_dim_of
+from hetero_infer.worker.models.llama import LlamaForCausalLM
+from hetero_infer.worker.models.rotary import head_dim_of
 from hetero_infer.worker.quantization import quantize_model, weight_bytes
 from hetero_infer.worker.scheduler import SchedulerOutput
 
@@ -62,7 +65,8 @@ class TorchExecutor:
             model = LlamaForCausalLM(hf_config, max_positions=max_model_len)
         model.load_weights(iter_safetensors(folder))
         self.model = model.to(self.dtype).eval()
-        self.model.init_rope(self.dtype, self.device)
+        self.backend = select_backend(self.device, self.dtype, model.rotary_embedding(self.dtype, self.device))
+        log.info("attention backend: %s", self.backend.name)
         self.weight_bytes = weight_bytes(self.model)
         if config.quantization:
             report = quantize_model(self.model, config.quantization)
@@ -77,23 +81,15 @@ class TorchExecutor:
         self.num_kv_heads = hf_config.num_key_value_heads
         self.head_dim = head_dim_of(hf_config)
         self.max_model_len = max_model_len
-        self.use_kernels = _kernels_available(self.device)
-        self.model.use_kernels(self.use_kernels)
-        if self.device.type == "cpu" and not self.use_kernels and cpu_ops.available(self.dtype):
-            self.model.use_cpu_ops()
         self.num_blocks = config.max_num_blocks or self._default_num_blocks()
         self.kv_cache = self._new_kv_cache(self.num_blocks)
         self.kv_caches = _layer_caches(self.kv_cache)
-        self.cpu_decode_kernel = (  # attention of every row through the C kernel (CPU, not the Triton path)
-            self.device.type == "cpu" and not self.use_kernels and cpu_paged_attention.supports(self.kv_cache)
-            and cpu_paged_attention.available()
-        )
         self.decode_runner: DecodeRunner | None = None
-        if self.device.type == "cuda" and self.use_kernels:
+        if self.device.type == "cuda" and isinstance(self.backend, TritonBackend):
             max_batch = min(config.max_num_seqs, config.max_num_batched_tokens)
             width = -(-max_model_len // self.block_size)
-            self.decode_runner = DecodeRunner(self.model, self.kv_caches, max_batch, width, self.device,
-                                              use_graphs=not config.enforce_eager)
+            self.decode_runner = DecodeRunner(self.model, self.backend, self.kv_caches, max_batch, width,
+                                              self.device, use_graphs=not config.enforce_eager)
 
     @property
     def block_bytes(self) -> int:
@@ -149,30 +145,13 @@ class TorchExecutor:
     def forward_prompts(self, token_lists: list[list[int]]) -> torch.Tensor:
         """Hidden states [T, hidden] of all tokens of `token_lists`, run as fresh prompts in one step over a
         temporary KV cache (the engine's cache is untouched)."""
-        bs = self.block_size
-        lens = [len(t) for t in token_lists]
-        first_block = np.cumsum([0] + [-(-n // bs) for n in lens])
-        cu_q = np.cumsum([0, *lens])
-        pos = np.concatenate([np.arange(n) for n in lens])
-        slots = np.concatenate([b * bs + np.arange(n) for b, n in zip(first_block, lens)])
-        meta = AttentionMetadata(
-            slot_mapping=self._h2d(torch.from_numpy(slots)), num_decode_tokens=0, use_kernels=self.use_kernels,
-            prefill_chunks=tuple(PrefillChunk(int(q0), n, n, None) for q0, n in zip(cu_q, lens)),
-        )
-        if self.use_kernels:
-            tables = [list(range(b, e)) for b, e in zip(first_block[:-1], first_block[1:])]
-            meta.prefill_block_tables = self._h2d(_pad_tables(tables))
-            meta.prefill_cu_seqlens_q = self._h2d(torch.from_numpy(cu_q.astype(np.int32)))
-            meta.prefill_context_lens = self._h2d(torch.tensor(lens, dtype=torch.int32))
+        batch = StepBatch.fresh_prompts([len(t) for t in token_lists], self.block_size)
         input_ids = self._h2d(torch.tensor([t for ids in token_lists for t in ids], dtype=torch.long))
-        kv = self._new_kv_cache(int(first_block[-1]))
-        return self.model(input_ids, self._h2d(torch.from_numpy(pos)), meta, _layer_caches(kv))
+        kv = self._new_kv_cache(batch.num_blocks)
+        return self.model(input_ids, self.backend, self.backend.prepare(batch), _layer_caches(kv))
 
     def _h2d(self, t: torch.Tensor) -> torch.Tensor:
-        """A host tensor on the device; on CUDA copied from pinned memory without blocking the host."""
-        if self.device.type == "cpu":
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
+        return to_device(t, self.device)
 
     # -- one step -----------------------------------------------------------------------
     @torch.inference_mode()
@@ -182,86 +161,37 @@ class TorchExecutor:
             src = self._h2d(torch.tensor([s for s, _ in sched.block_copies]))
             dst = self._h2d(torch.tensor([d for _, d in sched.block_copies]))
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
-        input_ids, positions, meta, logits_index = self.prepare(sched)
+        input_ids, meta, logits_index = self.prepare(sched)
         if self.decode_runner is not None and self.decode_runner.accepts(meta):
-            hidden = self.decode_runner.run(input_ids, positions, meta)
+            hidden = self.decode_runner.run(input_ids, meta)
         else:
-            hidden = self.model(input_ids, positions, meta, self.kv_caches)
+            hidden = self.model(input_ids, self.backend, meta, self.kv_caches)
         return self.model.compute_logits(hidden[logits_index]).float()
 
     def prepare(self, sched: SchedulerOutput):
+        """(input ids, the backend's metadata, rows whose logits are sampled) of the step."""
         bs = self.block_size
-        dev = self.device
         tokens: list[int] = []
         pos: list[np.ndarray] = []
         slots: list[np.ndarray] = []
+        spans: list[SeqSpan] = []
         logits_index: list[int] = []
-        decode_tables: list[list[int]] = []
-        decode_lens: list[int] = []
-        chunks: list[PrefillChunk] = []
-        prefill_tables: list[list[int]] = []
-        cu_q = [0]
-        prefill_lens: list[int] = []
-        item_tables: list[list[int]] = []  # C-kernel attention: one table per item, one context length per row
-        row_items: list[np.ndarray] = []
-        row_lens: list[np.ndarray] = []
         row = 0
         for item in sched.scheduled:
             seq = item.seq
             start, n = seq.num_computed_tokens, item.num_new_tokens
-            end = start + n
             table = np.asarray(seq.block_table, dtype=np.int64)
-            p = np.arange(start, end, dtype=np.int64)
-            tokens.extend(seq.token_ids[start:end])
+            p = np.arange(start, start + n, dtype=np.int64)
+            tokens.extend(seq.token_ids[start : start + n])
             pos.append(p)
             slots.append(table[p // bs] * bs + p % bs)
-            if self.cpu_decode_kernel:
-                row_items.append(np.full(n, len(item_tables), dtype=np.int64))
-                row_lens.append(p.astype(np.int32) + 1)  # causal: each row sees its prefix and itself
-                item_tables.append(seq.block_table)
-            if seq.is_prefill:
-                gather = None
-                if start > 0 and not (self.use_kernels or self.cpu_decode_kernel):
-                    allp = np.arange(end, dtype=np.int64)
-                    gather = self._h2d(torch.from_numpy(table[allp // bs] * bs + allp % bs))
-                chunks.append(PrefillChunk(row, n, end, gather))
-                prefill_tables.append(seq.block_table)
-                cu_q.append(cu_q[-1] + n)
-                prefill_lens.append(end)
-            else:
-                decode_tables.append(seq.block_table)
-                decode_lens.append(end)
+            spans.append(SeqSpan(seq.block_table, start, n, seq.is_prefill))
             row += n
             if item.samples:
                 logits_index.append(row - 1)
-        meta = AttentionMetadata(
-            slot_mapping=self._h2d(torch.from_numpy(np.concatenate(slots))),
-            num_decode_tokens=len(decode_lens),
-            prefill_chunks=tuple(chunks),
-            use_kernels=self.use_kernels,
-        )
-        if self.cpu_decode_kernel:
-            # Every query row, prefill rows too, attends over its causal prefix in the cache through the C
-            # kernel: one call per layer, no gather, cached prefixes included.
-            tables = _pad_tables(item_tables).numpy()
-            meta.row_block_tables = torch.from_numpy(np.ascontiguousarray(tables[np.concatenate(row_items)]))
-            meta.row_context_lens = torch.from_numpy(np.concatenate(row_lens))
-        elif decode_lens:
-            table_t = self._h2d(_pad_tables(decode_tables))
-            lens_t = self._h2d(torch.tensor(decode_lens, dtype=torch.int32))
-            meta.decode_block_tables, meta.decode_context_lens = table_t, lens_t
-            if not self.use_kernels:
-                lmax = max(decode_lens)
-                idx = (table_t.long()[:, :, None] * bs + torch.arange(bs, device=dev)).flatten(1)[:, :lmax]
-                meta.decode_gather_index = idx
-                meta.decode_mask = (torch.arange(lmax, device=dev)[None, :] < lens_t[:, None])[:, None, None, :]
-        if chunks and self.use_kernels:
-            meta.prefill_block_tables = self._h2d(_pad_tables(prefill_tables))
-            meta.prefill_cu_seqlens_q = self._h2d(torch.tensor(cu_q, dtype=torch.int32))
-            meta.prefill_context_lens = self._h2d(torch.tensor(prefill_lens, dtype=torch.int32))
+        batch = StepBatch(spans, np.concatenate(pos), np.concatenate(slots), bs)
         input_ids = self._h2d(torch.tensor(tokens, dtype=torch.long))
-        positions = self._h2d(torch.from_numpy(np.concatenate(pos)))
-        return input_ids, positions, meta, self._h2d(torch.tensor(logits_index, dtype=torch.long))
+        return input_ids, self.backend.prepare(batch), self._h2d(torch.tensor(logits_index, dtype=torch.long))
 
 
 def decode_buckets(max_batch: int) -> list[int]:
@@ -279,9 +209,9 @@ class DecodeRunner:
     skips them) and context length 0 (attention returns zeros for them).
     """
 
-    def __init__(self, model, kv_caches, max_batch: int, max_blocks_per_seq: int, device: torch.device,
-                 use_graphs: bool) -> None:
-        self.model, self.kv_caches = model, kv_caches
+    def __init__(self, model, backend: TritonBackend, kv_caches, max_batch: int, max_blocks_per_seq: int,
+                 device: torch.device, use_graphs: bool) -> None:
+        self.model, self.backend, self.kv_caches = model, backend, kv_caches
         self.buckets = decode_buckets(max_batch)
         n = self.buckets[-1]
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
@@ -296,16 +226,16 @@ class DecodeRunner:
         if use_graphs:
             self.capture()
 
-    def accepts(self, meta: AttentionMetadata) -> bool:
-        return (not meta.prefill_chunks and 0 < meta.num_decode_tokens <= self.buckets[-1]
+    def accepts(self, meta: TritonAttentionMetadata) -> bool:
+        return (meta.prefill_block_tables is None and 0 < meta.num_decode_tokens <= self.buckets[-1]
                 and meta.decode_block_tables.shape[1] <= self.block_tables.shape[1])
 
     def _forward(self, bs: int) -> torch.Tensor:
-        meta = AttentionMetadata(
-            slot_mapping=self.slot_mapping[:bs], num_decode_tokens=bs, use_kernels=True,
+        meta = TritonAttentionMetadata(
+            slot_mapping=self.slot_mapping[:bs], positions=self.positions[:bs], num_decode_tokens=bs,
             decode_block_tables=self.block_tables[:bs], decode_context_lens=self.context_lens[:bs],
         )
-        return self.model(self.input_ids[:bs], self.positions[:bs], meta, self.kv_caches)
+        return self.model(self.input_ids[:bs], self.backend, meta, self.kv_caches)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -322,12 +252,12 @@ class DecodeRunner:
         log.info("captured CUDA graphs for decode batch sizes %s in %.1f s (%.0f MiB)", self.buckets,
                  time.perf_counter() - start, (torch.cuda.memory_reserved() - before) / 2**20)
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def run(self, input_ids: torch.Tensor, meta: TritonAttentionMetadata) -> torch.Tensor:
         """Hidden states [bucket, hidden]; rows past the real batch are padding."""
         n = input_ids.shape[0]
         bs = next(b for b in self.buckets if b >= n)
         self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(positions)
+        self.positions[:n].copy_(meta.positions)
         self.slot_mapping[:n].copy_(meta.slot_mapping)
         self.slot_mapping[n:bs].fill_(-1)
         self.block_tables[:n, : meta.decode_block_tables.shape[1]].copy_(meta.decode_block_tables)
@@ -343,23 +273,3 @@ class DecodeRunner:
 
 def _layer_caches(kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(kv_cache[i, 0], kv_cache[i, 1]) for i in range(kv_cache.shape[0])]
-
-
-def _pad_tables(tables: list[list[int]]) -> torch.Tensor:
-    width = max(len(t) for t in tables)
-    out = np.zeros((len(tables), width), dtype=np.int32)
-    for i, t in enumerate(tables):
-        out[i, : len(t)] = t
-    return torch.from_numpy(out)
-
-
-def _kernels_available(device: torch.device) -> bool:
-    """Triton kernels on CUDA (or anywhere when HETERO_INFER_KERNELS=triton, e.g. interpret mode)."""
-    try:
-        from hetero_infer import kernels
-    except Exception as exc:  # a broken install: fall back to the reference path
-        log.warning("kernels unavailable, using the PyTorch reference path: %s", exc)
-        return False
-    if kernels.get_backend() == "triton":
-        return True
-    return device.type == "cuda" and kernels.get_backend() == "auto" and kernels.triton_available()

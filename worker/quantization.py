@@ -249,21 +249,17 @@ def _copies(inputs: tuple) -> tuple:
 
 def _first_layer_inputs(model: nn.Module, seqs: list[list[int]]) -> tuple:
     """The arguments of the first decoder layer for `seqs` (one prefill chunk each): hidden states (and whatever
-    else the model passes from layer to layer), then rotary tables, attention metadata and a scratch KV cache,
+    else the model passes from layer to layer), then the attention backend, its metadata and a scratch KV cache,
     the same for every layer."""
-    from hetero_infer.worker.attention import AttentionMetadata, PrefillChunk
+    from hetero_infer.worker.attention import StepBatch, TorchBackend
 
-    device = model.embed_tokens.weight.device
-    lens = [len(s) for s in seqs]
-    starts = [sum(lens[:i]) for i in range(len(lens))]
-    total = sum(lens)
+    device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
+    batch = StepBatch.fresh_prompts([len(s) for s in seqs], block_size=1)
     attn = model.layers[0].self_attn
-    kv = torch.zeros(2, total, 1, attn.num_kv_heads, attn.head_dim, dtype=model.embed_tokens.weight.dtype,
-                     device=device)  # prefill chunks without a cached prefix attend to their own fresh K/V
-    meta = AttentionMetadata(slot_mapping=torch.arange(total, device=device), num_decode_tokens=0,
-                             prefill_chunks=tuple(PrefillChunk(s, n, n, None) for s, n in zip(starts, lens)))
+    kv = torch.zeros(2, batch.num_blocks, 1, attn.num_kv_heads, attn.head_dim, dtype=dtype, device=device)
+    backend = TorchBackend(model.rotary_embedding(dtype, device), device)  # calibrated on the reference path
+    meta = backend.prepare(batch)
     ids = torch.tensor([t for s in seqs for t in s], device=device)
-    positions = torch.cat([torch.arange(n) for n in lens]).to(device)
     captured = {}
 
     def capture(module, inputs):
@@ -272,7 +268,7 @@ def _first_layer_inputs(model: nn.Module, seqs: list[list[int]]) -> tuple:
 
     hook = model.layers[0].register_forward_pre_hook(capture)
     try:
-        model(ids, positions, meta, [(kv[0], kv[1])] * len(model.layers))
+        model(ids, backend, meta, [(kv[0], kv[1])] * len(model.layers))
     except _Captured:
         pass
     finally:

@@ -1,7 +1,9 @@
-"""The C decode kernel against a float64 reference computed from gathered blocks."""
+"""The C decode kernel against a float64 reference computed from gathered blocks; the CPU attention backend
+against the PyTorch reference backend; which backend is chosen."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,3 +47,68 @@ def test_matches_float64_reference(dtype, tol, heads, kv_heads, block_size, d):
 def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("HETERO_INFER_CPU_KERNEL", "0")
     assert not cpu_paged_attention.available()
+
+
+def _mixed_step(dtype, block_size=4, heads=4, kv_heads=2, d=64):
+    """Two decodes, a prefill chunk over a cached prefix and a fresh prompt, over a cache already holding the
+    cached tokens, with rotary tables of a Llama config: (batch, rope, q, k, v, k_cache, v_cache)."""
+    from transformers import LlamaConfig
+
+    from hetero_infer.worker.attention import SeqSpan, StepBatch
+    from hetero_infer.worker.models.rotary import RotaryEmbedding
+
+    gen = torch.Generator().manual_seed(7)
+    config = LlamaConfig(hidden_size=heads * d, num_attention_heads=heads, num_key_value_heads=kv_heads)
+    rope = RotaryEmbedding.from_config(config, 64, dtype, "cpu")
+    # (cached tokens, new tokens, is_prefill): decodes first, as the scheduler orders them
+    shapes = [(6, 1, False), (19, 1, False), (5, 6, True), (0, 4, True)]
+    blocks = torch.randperm(32, generator=gen).tolist()
+    spans, positions, slots = [], [], []
+    for start, n, prefill in shapes:
+        nblocks = -(-(start + n) // block_size)
+        table, blocks = blocks[:nblocks], blocks[nblocks:]
+        spans.append(SeqSpan(table, start, n, prefill))
+        for p in range(start, start + n):
+            positions.append(p)
+            slots.append(table[p // block_size] * block_size + p % block_size)
+    batch = StepBatch(spans, np.array(positions, dtype=np.int64), np.array(slots, dtype=np.int64), block_size)
+    t = len(positions)
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
+    q = qkv[:, : heads * d].view(t, heads, d)
+    k = qkv[:, heads * d : (heads + kv_heads) * d].view(t, kv_heads, d)
+    v = qkv[:, (heads + kv_heads) * d :].view(t, kv_heads, d)
+    k_cache = torch.randn(32, block_size, kv_heads, d, generator=gen).to(dtype)  # the cached prefixes, and junk
+    v_cache = torch.randn(32, block_size, kv_heads, d, generator=gen).to(dtype)
+    return batch, rope, q, k, v, k_cache, v_cache
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_cpu_backend_matches_reference_backend_on_a_mixed_step(dtype, tol):
+    from hetero_infer.worker.attention import CpuBackend, TorchBackend
+
+    batch, rope, q, k, v, k_cache, v_cache = _mixed_step(dtype)
+    outs, caches = [], []
+    for backend in (TorchBackend(rope, "cpu"), CpuBackend(rope)):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        qkv = torch.cat((q, k, v), dim=1).clone()  # the C path rotates q and k in place
+        h, kvh = q.shape[1], k.shape[1]
+        meta = backend.prepare(batch)
+        outs.append(backend.attention(qkv[:, :h], qkv[:, h : h + kvh], qkv[:, h + kvh :], (kc, vc), meta, 0.125))
+        caches.append((kc, vc))
+    torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
+    # the same rotated keys and values landed in the same slots, and nothing else was written
+    torch.testing.assert_close(caches[1][0], caches[0][0], atol=tol, rtol=tol)
+    assert torch.equal(caches[1][1], caches[0][1])
+    assert not torch.equal(caches[0][0], k_cache)
+
+
+def test_backend_selection(monkeypatch):
+    from hetero_infer.worker.attention import CpuBackend, TorchBackend, select_backend
+
+    _, rope, *_ = _mixed_step(torch.float32)
+    cpu = torch.device("cpu")
+    assert isinstance(select_backend(cpu, torch.float32, rope), CpuBackend)
+    assert isinstance(select_backend(cpu, torch.bfloat16, rope), CpuBackend)
+    assert isinstance(select_backend(cpu, torch.float16, rope), TorchBackend)  # no C kernels for float16
+    monkeypatch.setenv("HETERO_INFER_CPU_KERNEL", "0")
+    assert isinstance(select_backend(cpu, torch.float32, rope), TorchBackend)

@@ -14,7 +14,7 @@ SCRIPT = """
 import json, sys
 from hetero_infer import LLM, SamplingParams
 llm = LLM(sys.argv[1], device="cpu", dtype="float32", block_size=4, max_num_batched_tokens=16)
-assert llm.engine.executor.use_kernels, "the kernel path is not in use"
+assert llm.engine.executor.backend.name == "triton", "the kernel path is not in use"
 prompts = json.loads(sys.argv[2])
 outs = llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
 print(json.dumps([o.outputs[0].token_ids for o in outs]))

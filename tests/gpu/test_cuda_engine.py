@@ -48,7 +48,7 @@ def test_float32_is_token_identical_to_hf(tiny_model, arch):
     folder, hf = tiny_model(arch)
     batch = prompts([3, 17, 40, 1, 29, 64], seed=1)
     llm = cuda_llm(folder, dtype="float32")
-    assert llm.engine.executor.use_kernels and llm.engine.executor.decode_runner.graphs
+    assert llm.engine.executor.backend.name == "triton" and llm.engine.executor.decode_runner.graphs
     reference = hf_on_cuda(hf, torch.float32)
     assert engine_greedy(llm, batch) == [hf_greedy(reference, p, MAX_NEW) for p in batch]
 

@@ -19,9 +19,9 @@ from hetero_infer import LLM, SamplingParams
 from hetero_infer.worker.model_runner import DecodeRunner
 llm = LLM(sys.argv[1], device="cpu", dtype="float32", block_size=4, max_model_len=64, max_num_batched_tokens=32)
 ex = llm.engine.executor
-assert ex.use_kernels and ex.decode_runner is None  # the runner is CUDA-only: attach one by hand
-ex.decode_runner = runner = DecodeRunner(ex.model, ex.kv_caches, max_batch=8, max_blocks_per_seq=16, device=ex.device,
-                                         use_graphs=False)
+assert ex.backend.name == "triton" and ex.decode_runner is None  # the runner is CUDA-only: attach one by hand
+ex.decode_runner = runner = DecodeRunner(ex.model, ex.backend, ex.kv_caches, max_batch=8, max_blocks_per_seq=16,
+                                         device=ex.device, use_graphs=False)
 prompts, max_tokens = json.loads(sys.argv[2])
 params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
 outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)

@@ -9,7 +9,7 @@ from quant_testing import tiny_config
 from torch import nn
 
 from hetero_infer import kernels
-from hetero_infer.worker.attention import AttentionMetadata, PrefillChunk
+from hetero_infer.worker.attention import StepBatch, TorchBackend
 from hetero_infer.worker.models.llama import LlamaForCausalLM
 from hetero_infer.worker.quantization import QuantizedLinear, int4_group_size, quantize_model, weight_bytes
 
@@ -85,20 +85,18 @@ def _model(arch: str, dtype: torch.dtype) -> LlamaForCausalLM:
     model = LlamaForCausalLM(tiny_config(arch), max_positions=64)
     for p in model.parameters():
         nn.init.normal_(p, 0, 0.1)
-    model = model.to(dtype).eval()
-    model.init_rope(dtype, "cpu")
-    return model
+    return model.to(dtype).eval()
 
 
 def _prefill(model: LlamaForCausalLM, ids: torch.Tensor) -> torch.Tensor:
     cfg = model.config
     t = ids.shape[0]
-    kv = torch.zeros(2, 1, t, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
-                     dtype=model.embed_tokens.weight.dtype)
-    meta = AttentionMetadata(slot_mapping=torch.arange(t), num_decode_tokens=0,
-                             prefill_chunks=(PrefillChunk(0, t, t, None),))
+    dtype = model.embed_tokens.weight.dtype
+    kv = torch.zeros(2, 1, t, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads, dtype=dtype)
+    backend = TorchBackend(model.rotary_embedding(dtype, "cpu"), "cpu")
+    meta = backend.prepare(StepBatch.fresh_prompts([t], block_size=t))
     with torch.inference_mode():
-        return model.compute_logits(model(ids, torch.arange(t), meta, [(kv[0], kv[1])] * len(model.layers)))
+        return model.compute_logits(model(ids, backend, meta, [(kv[0], kv[1])] * len(model.layers)))
 
 
 @pytest.mark.parametrize("calibrated", [False, True], ids=["rtn", "gptq"])

@@ -1,0 +1,70 @@
+"""The Triton backend: every op through `hetero_infer.kernels` (CUDA; anywhere in Triton's interpreter)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hetero_infer import kernels
+from hetero_infer.worker.attention.base import KVCache, StepBatch, pad_tables, to_device
+from hetero_infer.worker.models.rotary import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class TritonAttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64; -1: padding row, not written
+    positions: torch.Tensor  # [T] int64
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor | None = None  # [Bd, max_blocks] int32
+    decode_context_lens: torch.Tensor | None = None  # [Bd] int32; 0: padding row
+    prefill_block_tables: torch.Tensor | None = None  # [Bp, max_blocks] int32
+    prefill_cu_seqlens_q: torch.Tensor | None = None  # [Bp + 1] int32
+    prefill_context_lens: torch.Tensor | None = None  # [Bp] int32
+
+
+class TritonBackend:
+    name = "triton"
+
+    def __init__(self, rope: RotaryEmbedding, device: torch.device) -> None:
+        self.rope, self.device = rope, torch.device(device)
+
+    def prepare(self, batch: StepBatch) -> TritonAttentionMetadata:
+        dev = self.device
+        decodes = [s for s in batch.spans if not s.is_prefill]
+        prefills = batch.spans[len(decodes):]
+        tensors = {}
+        if decodes:
+            tensors["decode_block_tables"] = to_device(pad_tables([s.block_table for s in decodes]), dev)
+            tensors["decode_context_lens"] = to_device(torch.tensor([s.end for s in decodes], dtype=torch.int32), dev)
+        if prefills:
+            cu_q = np.cumsum([0] + [s.num_tokens for s in prefills]).astype(np.int32)
+            tensors["prefill_block_tables"] = to_device(pad_tables([s.block_table for s in prefills]), dev)
+            tensors["prefill_cu_seqlens_q"] = to_device(cu_q, dev)
+            tensors["prefill_context_lens"] = to_device(torch.tensor([s.end for s in prefills], dtype=torch.int32),
+                                                        dev)
+        return TritonAttentionMetadata(to_device(batch.slot_mapping, dev), to_device(batch.positions, dev),
+                                       len(decodes), **tensors)
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
+                  meta: TritonAttentionMetadata, scale: float) -> torch.Tensor:
+        k_cache, v_cache = kv_cache
+        q, k = kernels.rotary_embedding(meta.positions, q, k, self.rope.cos_sin_cache)
+        kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        nd = meta.num_decode_tokens
+        if nd:
+            kernels.paged_attention_decode(q[:nd], k_cache, v_cache, meta.decode_block_tables,
+                                           meta.decode_context_lens, scale, out=out[:nd])
+        if nd < q.shape[0]:
+            kernels.paged_attention_prefill(q[nd:], k_cache, v_cache, meta.prefill_block_tables,
+                                            meta.prefill_cu_seqlens_q, meta.prefill_context_lens, scale,
+                                            out=out[nd:])
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+        return kernels.rms_norm(x, weight, eps, residual)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return kernels.silu_and_mul(gate_up)
