@@ -8,10 +8,16 @@ sampler applies what the request asked for: each field must change the output th
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import openai
 import pytest
+import torch
 from server_proc import ServerProcess, http
+from transformers import AutoTokenizer
+
+from hetero_infer.worker.mock_executor import FAVOURITES, mock_logits
+from hetero_infer.worker.model_loader import resolve_model
 
 
 @pytest.fixture(scope="module")
@@ -173,11 +179,8 @@ PROMPT = [5000, 5001, 5002]  # distinct ordinary tokens, none a favourite: no co
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer():  # noqa: ANN201 - transformers' tokenizer of the default model, the text reference
-    from transformers import AutoTokenizer
-
-    from hetero_infer.worker.model_loader import resolve_model
-
+def hf_tokenizer() -> Any:
+    """transformers' tokenizer of the default model: the reference for texts and EOS."""
     return AutoTokenizer.from_pretrained(resolve_model(None)[0])
 
 
@@ -195,8 +198,6 @@ def reference_greedy(prompt: list[int], max_tokens: int, eos: int, vocab: int, *
                      frequency: float = 0.0, repetition: float = 1.0, min_tokens: int = 0,
                      stop_token_ids: tuple[int, ...] = (), ignore_eos: bool = False) -> tuple[list[int], str]:
     """Greedy decoding of the mock's logits under the documented penalty and stopping rules."""
-    from hetero_infer.worker.mock_executor import mock_logits
-
     out: list[int] = []
     while len(out) < max_tokens:
         x = mock_logits(prompt, prompt + out, vocab).double().tolist()
@@ -214,7 +215,7 @@ def reference_greedy(prompt: list[int], max_tokens: int, eos: int, vocab: int, *
     return out, "length"
 
 
-def _complete(client: openai.OpenAI, model: str, prompt: list[int] = PROMPT, **kw):  # noqa: ANN202
+def _complete(client: openai.OpenAI, model: str, prompt: list[int] = PROMPT, **kw: Any) -> Any:
     extra = {k: kw.pop(k) for k in ("top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
                                     "ignore_eos", "skip_special_tokens", "include_stop_str_in_output") if k in kw}
     return client.completions.create(model=model, prompt=prompt, extra_body=extra or None, **kw).choices[0]
@@ -230,7 +231,7 @@ PENALTIES = {
 _REF_NAMES = {"presence_penalty": "presence", "frequency_penalty": "frequency", "repetition_penalty": "repetition"}
 
 
-def test_penalties_follow_the_recipe(sclient: openai.OpenAI, smodel: str, hf_tokenizer) -> None:  # noqa: ANN001
+def test_penalties_follow_the_recipe(sclient: openai.OpenAI, smodel: str, hf_tokenizer: Any) -> None:
     eos, vocab = hf_tokenizer.eos_token_id, len(hf_tokenizer)
     expected = {name: reference_greedy(PROMPT, 10, eos, vocab, **{_REF_NAMES[k]: v for k, v in kw.items()})[0]
                 for name, kw in PENALTIES.items()}
@@ -241,9 +242,7 @@ def test_penalties_follow_the_recipe(sclient: openai.OpenAI, smodel: str, hf_tok
         assert got.text == hf_tokenizer.decode(expected[name]), name
 
 
-def test_stop_token_ids_and_min_tokens(sclient: openai.OpenAI, smodel: str, hf_tokenizer) -> None:  # noqa: ANN001
-    from hetero_infer.worker.mock_executor import FAVOURITES
-
+def test_stop_token_ids_and_min_tokens(sclient: openai.OpenAI, smodel: str, hf_tokenizer: Any) -> None:
     eos, vocab = hf_tokenizer.eos_token_id, len(hf_tokenizer)
     for min_tokens in (0, 3):
         ids, reason = reference_greedy(PROMPT, 10, eos, vocab, presence=1.0, min_tokens=min_tokens,
@@ -254,9 +253,7 @@ def test_stop_token_ids_and_min_tokens(sclient: openai.OpenAI, smodel: str, hf_t
         assert reason == "stop" and len(ids) == (2 if min_tokens == 0 else min_tokens + 1)
 
 
-def test_eos_ignore_eos_and_special_tokens(sclient: openai.OpenAI, smodel: str, hf_tokenizer) -> None:  # noqa: ANN001
-    from hetero_infer.worker.mock_executor import FAVOURITES
-
+def test_eos_ignore_eos_and_special_tokens(sclient: openai.OpenAI, smodel: str, hf_tokenizer: Any) -> None:
     eos = hf_tokenizer.eos_token_id
     scripted = [5000, eos, 5000]  # the copy bonus puts EOS next; after it, FAVOURITES[0] again and again
     stopped = _complete(sclient, smodel, prompt=scripted, max_tokens=6, temperature=0.0)
@@ -270,9 +267,7 @@ def test_eos_ignore_eos_and_special_tokens(sclient: openai.OpenAI, smodel: str, 
     assert shown.text == hf_tokenizer.decode([eos] + [FAVOURITES[0]] * 5)
 
 
-def test_stop_string_inclusion(sclient: openai.OpenAI, smodel: str, hf_tokenizer) -> None:  # noqa: ANN001
-    from hetero_infer.worker.mock_executor import FAVOURITES
-
+def test_stop_string_inclusion(sclient: openai.OpenAI, smodel: str, hf_tokenizer: Any) -> None:
     first, second = hf_tokenizer.decode([FAVOURITES[0]]), hf_tokenizer.decode([FAVOURITES[1]])
     cut = _complete(sclient, smodel, max_tokens=10, temperature=0.0, presence_penalty=1.0, stop=[second])
     assert (cut.finish_reason, cut.text) == ("stop", first)
@@ -289,16 +284,12 @@ def test_filters_that_leave_one_token_are_greedy(sclient: openai.OpenAI, smodel:
         assert _complete(sclient, smodel, max_tokens=8, seed=7, **kw).text == greedy, kw
 
 
-def _sampled_tokens(client: openai.OpenAI, model: str, **kw) -> list[str]:  # noqa: ANN003
+def _sampled_tokens(client: openai.OpenAI, model: str, **kw: Any) -> list[str]:
     choice = _complete(client, model, max_tokens=24, seed=11, logprobs=0, **kw)
     return choice.logprobs.tokens
 
 
-def test_top_k_top_p_min_p_keep_their_candidates(sclient: openai.OpenAI, smodel: str, hf_tokenizer) -> None:  # noqa: ANN001
-    import torch
-
-    from hetero_infer.worker.mock_executor import FAVOURITES, mock_logits
-
+def test_top_k_top_p_min_p_keep_their_candidates(sclient: openai.OpenAI, smodel: str, hf_tokenizer: Any) -> None:
     top3 = {hf_tokenizer.decode([t]) for t in FAVOURITES[:3]}
     probs = torch.softmax(mock_logits(PROMPT, PROMPT, len(hf_tokenizer)).double(), -1)
     c2, c3 = probs[list(FAVOURITES[:2])].sum().item(), probs[list(FAVOURITES[:3])].sum().item()
@@ -321,11 +312,7 @@ def test_seed(sclient: openai.OpenAI, smodel: str) -> None:
     assert len(set(texts)) == 3 and a not in texts
 
 
-def test_completion_logprobs_are_the_models(sclient: openai.OpenAI, smodel: str, hf_tokenizer) -> None:  # noqa: ANN001
-    import torch
-
-    from hetero_infer.worker.mock_executor import FAVOURITES, mock_logits
-
+def test_completion_logprobs_are_the_models(sclient: openai.OpenAI, smodel: str, hf_tokenizer: Any) -> None:
     ref = torch.log_softmax(mock_logits(PROMPT, PROMPT, len(hf_tokenizer)).double(), -1)
     top = {hf_tokenizer.decode([t]): ref[t].item() for t in FAVOURITES[:3]}
     lp = _complete(sclient, smodel, max_tokens=4, temperature=0.0, logprobs=3).logprobs
@@ -336,12 +323,12 @@ def test_completion_logprobs_are_the_models(sclient: openai.OpenAI, smodel: str,
 
 
 def test_chat_sampling_fields(sclient: openai.OpenAI, smodel: str) -> None:
-    def chat(**kw) -> openai.types.chat.ChatCompletion:  # noqa: ANN003
+    def chat(**kw: Any) -> Any:
         extra = {k: kw.pop(k) for k in ("top_k", "repetition_penalty") if k in kw}
         return sclient.chat.completions.create(model=smodel, messages=MESSAGES, max_completion_tokens=8,
                                                extra_body=extra or None, **kw)
 
-    def text(**kw) -> str:  # noqa: ANN003
+    def text(**kw: Any) -> str:
         return chat(**kw).choices[0].message.content
 
     greedy = text(temperature=0.0)

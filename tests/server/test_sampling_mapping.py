@@ -3,7 +3,7 @@
 For every field that /v1/completions and /v1/chat/completions accept, setting it changes exactly the
 `SamplingParams` attributes it names (a `dataclasses.asdict` diff against the default request's params) and
 nothing else: a swapped penalty, a dropped `top_k` or an ignored `seed` changes the diff. What the engine then
-does with the params is checked end to end in test_sampling_e2e.py.
+does with the params is checked end to end in test_openai_client.py (a mock that returns logits).
 """
 
 from __future__ import annotations
