@@ -228,3 +228,49 @@ async def test_switching_to_hpa_mode_stops_the_autoscaler(cluster: Any, workers:
     workers.set_all(kv=1.0, queue=50.0)
     await asyncio.sleep(3.0)
     assert spec_replicas(kmock) == 1  # the HPA owns replicas now; the operator does not fight it
+
+
+CHILDREN = ("deployments", "services", "poddisruptionbudgets", "horizontalpodautoscalers")
+
+
+def child_writes(requests: list[Any]) -> list[str]:
+    """Writes to the children's main resources (not their status, which the test writes as the controller)."""
+    return [f"{r.method.value} {r.url.path}" for r in requests
+            if r.method.value in ("POST", "PUT", "PATCH") and r.resource is not None
+            and r.resource.plural in CHILDREN and r.url.path.split("/")[-1] != "status"]
+
+
+async def test_a_restarted_operator_adopts_the_children_and_waits_a_whole_window_to_scale_down(
+        cluster: Any, workers: FakeWorkers, operator: Any) -> None:
+    """Issue 17: a new operator process (empty autoscaling history) creates nothing that exists, and
+    its first low readings do not scale down before a whole stabilization window of them."""
+    kmock = cluster
+    window = 3
+    await operator()
+    workers.set_all(kv=0.95, queue=20.0)
+    await create(kmock, infd(dict(OPERATOR_MODE, scaleDownStabilizationSeconds=window)))
+    await wait_for(lambda: spec_replicas(kmock) == 4, timeout=15, what="scaled to 4 under load")
+    await wait_for(lambda: live(kmock, DEPLOYMENTS)["spec"]["replicas"] == 4 and len(pod_names(kmock)) == 4,
+                   what="4 ready workers")
+    await operator.stop()
+
+    workers.set_all(kv=0.05, queue=0.0)  # the load went while no operator ran
+    seen = len(kmock._requests)
+    updated = [e for e in events(kmock) if e.get("reason") == "Updated"]
+    loop = asyncio.get_running_loop()
+    restarted = loop.time()
+    await operator("--resync-seconds", "0.5")
+    await wait_for(lambda: (scaling_active(kmock) or {}).get("reason") == "ScaleDownStabilizing"
+                   and live(kmock, INFD)["status"]["metrics"]["kvCacheUsage"] == 0.05,
+                   what="the new operator sees the low load and holds")
+    assert spec_replicas(kmock) == 4
+    await wait_for(lambda: spec_replicas(kmock) == 1, timeout=20, what="scaled down after the window")
+    assert loop.time() - restarted >= window  # the window counts from the new process's first pass
+    await wait_for(lambda: live(kmock, DEPLOYMENTS)["spec"]["replicas"] == 1, what="the Deployment follows down")
+
+    new = child_writes(kmock._requests[seen:])
+    assert not [w for w in new if w.startswith("POST")], f"duplicate creates after the restart: {new}"
+    # The only change to the children is the scale-down itself.
+    assert new and all(w == f"PATCH /apis/apps/v1/namespaces/{NS}/deployments/{NAME}" for w in new), new
+    for event in [e for e in events(kmock) if e.get("reason") == "Updated"][len(updated):]:
+        assert "spec.replicas" in event["message"], event["message"]
