@@ -45,6 +45,24 @@ def test_e2e_script_is_valid_bash_and_uses_the_repository_files() -> None:
         assert step in text, step
 
 
+def test_e2e_script_covers_both_modes_waits_for_ready_pods_and_a_drained_queue() -> None:
+    text = SCRIPT.read_text()
+    rounds = re.findall(r'^autoscale_round "\$\{(\w+)\}"$', text, re.M)
+    assert rounds == ["INFD", "INFD_OPERATOR"]
+    assert re.search(r"mode: operator", text) and re.search(r"^INFD_OPERATOR=", text, re.M)
+    body = text[text.index("autoscale_round() {"):]
+    body = body[:body.index("\n}\n")]
+    order = [body.index(step) for step in ("scaled_up", "all_ready", "stop_load", "queue_drained", "scaled_down")]
+    assert order == sorted(order), "scale-up, added pods Ready, load stopped, queue drained, scale-down"
+    assert "readyReplicas" in text and "hetero_infer_num_requests_waiting" in text and "queueDepth" in text
+    # Every chart from a repository is pinned (a new upstream release must not change what the suite tests).
+    for chart in ("prometheus-community/prometheus ", "prometheus-community/prometheus-adapter "):
+        line = next(ln for ln in text.splitlines() if chart in ln)
+        assert re.search(r'--version "\$\{\w+_CHART_VERSION\}"', line), line
+    for var in ("PROMETHEUS_CHART_VERSION", "ADAPTER_CHART_VERSION"):
+        assert re.search(rf'^{var}="\$\{{{var}:-\d+\.\d+\.\d+\}}"$', text, re.M), var
+
+
 def _load_e2e_module():  # e2e/ is not a package; load its test module by path
     spec = importlib.util.spec_from_file_location("hetero_infer_e2e_test_kind", ROOT / "e2e" / "test_kind.py")
     assert spec and spec.loader
