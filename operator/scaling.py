@@ -1,8 +1,8 @@
 """Autoscaling in mode `operator`: the I/O around `autoscale.decide`.
 
 `Autoscaler.step` is one pass over a list of endpoints: scrape every ready worker, decide, keep the
-history. The kopf daemon (handlers.py) feeds it the pods the API lists for the InferenceDeployment
-and writes the outcome back (`autoscale_once`); the closed-loop test (tests/autoscale) feeds it its
+history. The autoscaler worker (handlers.py, loops.py) feeds it the pods the API lists for the
+InferenceDeployment and writes the outcome back (`autoscale_once`); the closed-loop test (tests/autoscale) feeds it its
 own worker processes. Both run the same scraping and decision code.
 
 Writing the outcome, in this order: the status part the autoscaler owns (metrics, desiredReplicas,

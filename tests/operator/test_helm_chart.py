@@ -171,7 +171,8 @@ def test_rbac_is_least_privilege_and_sufficient(helm_bin: Path) -> None:
     needed = {("hetero-infer.io", "inferencedeployments", v) for v in ("get", "list", "watch", "patch")}
     needed |= {("hetero-infer.io", "inferencedeployments/status", "patch"), ("", "events", "create"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
-               ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
+               ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+               ("kopf.dev", "clusterkopfpeerings", "get")}  # peering.py reads it before periodic work
     for kind in (kube.DEPLOYMENT, kube.SERVICE, kube.PDB, kube.HPA):
         group = kind.api_version.split("/")[0] if "/" in kind.api_version else ""
         needed |= {(group, kind.plural, v) for v in ("get", "list", "watch", "create", "patch", "delete")}
@@ -186,7 +187,8 @@ def test_namespaced_install_uses_roles_and_namespaced_peering(helm_bin: Path) ->
     cluster_resources = {r for scope, _, r, _ in granted if scope == "*"}
     assert cluster_resources == {"customresourcedefinitions", "namespaces"}
     for ns in ("team-a", "team-b"):
-        assert {("apps", "deployments", "create"), ("kopf.dev", "kopfpeerings", "patch")} <= {
+        assert {("apps", "deployments", "create"), ("kopf.dev", "kopfpeerings", "patch"),
+                ("kopf.dev", "kopfpeerings", "get")} <= {
             (g, r, v) for scope, g, r, v in granted if scope == ns}
     assert sorted(d["metadata"]["namespace"] for d in docs if d["kind"] == "KopfPeering") == ["team-a", "team-b"]
     args = operator_container(docs)["args"]
