@@ -385,6 +385,15 @@ def queue_settled(policy: Policy, replicas: int, passes: int = 3) -> Until:
     return check
 
 
+def serving_with(replicas: int, passes: int = 3) -> Until:
+    """`replicas` workers wanted and ready for the last `passes` passes (whatever the queue: how fast they drain
+    it depends on the machine's CPUs, not on the autoscaler)."""
+    def check(samples: Sequence[Sample]) -> bool:
+        last = samples[-passes:]
+        return len(last) == passes and all(s.ready == replicas and s.replicas == replicas for s in last)
+    return check
+
+
 def scaled_to(replicas: int) -> Until:
     def check(samples: Sequence[Sample]) -> bool:
         return bool(samples) and samples[-1].replicas == replicas and samples[-1].ready == replicas
@@ -565,8 +574,8 @@ def short_phases(policy: Policy = SHORT_POLICY) -> list[Phase]:
     """Spike to 2 replicas, then nothing: the default test suite's loop (about a minute)."""
     return [
         Phase("idle", rate=2.0, min_seconds=2, max_seconds=2),
-        Phase("spike", rate=10.0, burst=16, min_seconds=5, max_seconds=90, until=queue_settled(policy, 2)),
-        Phase("removed", rate=0.0, max_seconds=30, until=scaled_to(policy.min_replicas)),
+        Phase("spike", rate=10.0, burst=16, min_seconds=5, max_seconds=180, until=serving_with(2)),
+        Phase("removed", rate=0.0, max_seconds=120, until=scaled_to(policy.min_replicas)),
     ]
 
 
@@ -575,10 +584,10 @@ def full_phases(policy: Policy = FULL_POLICY) -> list[Phase]:
     top = policy.max_replicas
     return [
         Phase("idle", rate=2.0, min_seconds=4, max_seconds=4),
-        Phase("spike", rate=14.0, burst=20, min_seconds=10, max_seconds=120, until=queue_settled(policy, top)),
+        Phase("spike", rate=14.0, burst=20, min_seconds=10, max_seconds=180, until=queue_settled(policy, top)),
         Phase("steady", rate=14.0, min_seconds=20, max_seconds=20),
-        Phase("kill", rate=14.0, kill=True, min_seconds=10, max_seconds=120, until=queue_settled(policy, top)),
-        Phase("removed", rate=0.0, max_seconds=40, until=scaled_to(policy.min_replicas)),
+        Phase("kill", rate=14.0, kill=True, min_seconds=10, max_seconds=180, until=queue_settled(policy, top)),
+        Phase("removed", rate=0.0, max_seconds=120, until=scaled_to(policy.min_replicas)),
     ]
 
 

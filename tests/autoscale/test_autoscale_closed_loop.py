@@ -1,8 +1,13 @@
 """The closed loop (closed_loop.py): real mock workers under load, the operator's scraper and decisions, a
 harness as the Deployment controller. Assertions are on the recorded trajectory, so they can fail.
 
+They are properties of the sequence of decisions, not of when each came (a busy machine shifts every time in the
+trajectory): scaled up only under load and only upwards, to the target; down only once the load is gone, never
+before the stabilization window and at the first pass that window allows; no flapping; at min in the end. Each
+phase ends on its condition, with a generous deadline.
+
 The default suite runs the short scenario (a spike to 2 replicas, then no load; about a minute with worker
-start-up). `pytest -m slow` runs the full one: spike to 3, steady load, a worker killed, no load (the one
+start-up; the spike ends once both workers serve, since how fast they drain the queue depends on the machine). `pytest -m slow` runs the full one: spike to 3, steady load, a worker killed, no load (the one
 plotted in docs/autoscaling.png).
 """
 
@@ -22,6 +27,7 @@ from closed_loop import (
 from hetero_infer.operator.autoscale import Policy
 
 INTERVAL = 1.0
+TICK_ROUNDING = 0.05  # sample times are rounded to the millisecond; the decision reads the loop's clock
 
 
 def explain(trajectory: Trajectory) -> str:
@@ -35,17 +41,21 @@ def check_bounds(trajectory: Trajectory, policy: Policy) -> None:
             assert s.replicas <= max(2 * s.current, s.current + 1), s  # at most doubling
 
 
-def check_spike(trajectory: Trajectory, top: int) -> None:
+def check_spike(trajectory: Trajectory, top: int, queue_settles: bool = True) -> None:
     spike = trajectory.phase("spike")
     first_up = next(s for s in trajectory.samples if s.replicas > s.current)
-    # The spike starts right after pass `first_tick - 1`: scaled up within two passes (two intervals).
-    assert first_up.phase == "spike" and first_up.tick - spike["first_tick"] <= 1, first_up
-    # No scale-up before the spike, and none while idle.
+    assert first_up.phase == "spike", first_up  # scaled up under load...
+    # ...and not before: no scale-up while idle.
     assert all(s.replicas == s.current for s in trajectory.in_phase("idle"))
-    # The queue came back under its target with `top` workers ready (the phase's end condition).
+    # Under load, only upwards (monotone up).
+    assert all(s.replicas >= s.current for s in trajectory.in_phase("spike"))
+    # Reached the target: `top` workers ready (the phase's end condition), and, where the scenario waits for
+    # it, the queue back under its target.
     assert spike["ended_by"] == "condition", spike
     last = trajectory.in_phase("spike")[-1]
-    assert last.ready == top and last.queue is not None and last.queue < trajectory.policy["target_queue_depth"]
+    assert last.ready == top and last.replicas == top, last
+    if queue_settles:
+        assert last.queue is not None and last.queue < trajectory.policy["target_queue_depth"], last
 
 
 def check_removal(trajectory: Trajectory, policy: Policy) -> None:
@@ -60,14 +70,28 @@ def check_removal(trajectory: Trajectory, policy: Policy) -> None:
     window = policy.scale_down_stabilization_seconds
     before = [s for s in trajectory.samples if s.t < downs[0].t]
     last_high = [s for s in before if s.recommendation >= downs[0].current][-1]
-    assert downs[0].t - last_high.t >= window - 0.05, (last_high, downs[0])
-    assert downs[0].t - last_high.t <= window + 2 * INTERVAL, (last_high, downs[0])
-    assert downs[0].t - removed["start"] <= window + 4 * INTERVAL, downs[0]
+    # Not before the window has passed since the last pass that wanted the replicas...
+    assert downs[0].t - last_high.t >= window - TICK_ROUNDING, (last_high, downs[0])
+    # ...and at the first pass (that read every worker) after it: none after the window kept the replicas.
+    late = [s for s in before if s.t - last_high.t >= window + TICK_ROUNDING and not s.scrape_errors]
+    assert not late, (last_high, late)
     assert all(s.reason == "ScaleDownStabilizing" for s in samples if last_high.t < s.t < downs[0].t)
+    # Once down, never up again (no flapping), and only downwards until min.
+    after = [s for s in trajectory.samples if s.t >= downs[0].t]
+    assert all(s.replicas <= s.current for s in after), after
 
 
 def changes(samples: list[Sample]) -> list[tuple[float, int, int]]:
     return [(s.t, s.current, s.replicas) for s in samples if s.replicas != s.current]
+
+
+def check_no_flapping(trajectory: Trajectory) -> None:
+    """Every scale-up before every scale-down: ups during the spike, downs once the load is gone."""
+    ups = [c for c in changes(trajectory.samples) if c[2] > c[1]]
+    downs = [c for c in changes(trajectory.samples) if c[2] < c[1]]
+    assert ups and downs, changes(trajectory.samples)
+    assert max(t for t, _, _ in ups) < min(t for t, _, _ in downs), changes(trajectory.samples)
+    assert all(t >= trajectory.phase("removed")["start"] for t, _, _ in downs), changes(trajectory.samples)
 
 
 async def test_closed_loop_spike_then_no_load() -> None:
@@ -76,10 +100,9 @@ async def test_closed_loop_spike_then_no_load() -> None:
     why = explain(trajectory)
     try:
         check_bounds(trajectory, policy)
-        check_spike(trajectory, top=policy.max_replicas)
+        check_spike(trajectory, top=policy.max_replicas, queue_settles=False)
         check_removal(trajectory, policy)
-        # No flapping: one scale-up (1 -> 2) and one scale-down (2 -> 1).
-        assert [(a, b) for _, a, b in changes(trajectory.samples)] == [(1, 2), (2, 1)]
+        check_no_flapping(trajectory)
         assert trajectory.load["failed"] == 0  # overload answers 429, nothing breaks
     except AssertionError as e:
         raise AssertionError(f"{e}{why}") from e
@@ -107,10 +130,8 @@ async def test_closed_loop_full_scenario() -> None:
         # Only the requests in flight on the killed worker failed; overload elsewhere answers 429.
         killed = {e["worker"] for e in trajectory.events if e.get("event") == "kill"}
         assert set(trajectory.load["failed_by_worker"]) <= killed, trajectory.load
-        # No flapping: up during the spike only (1 -> 2 -> 3 at most), down only once the load is gone.
-        ups = [c for c in changes(trajectory.samples) if c[2] > c[1]]
-        downs = [c for c in changes(trajectory.samples) if c[2] < c[1]]
-        assert len(ups) <= 2 and all(t <= trajectory.phase("steady")["start"] for t, _, _ in ups)
-        assert 1 <= len(downs) <= 2 and all(t >= trajectory.phase("removed")["start"] for t, _, _ in downs)
+        check_no_flapping(trajectory)
+        steady_start = trajectory.phase("steady")["start"]
+        assert all(t <= steady_start for t, a, b in changes(trajectory.samples) if b > a)  # up in the spike only
     except AssertionError as e:
         raise AssertionError(f"{e}{why}") from e
