@@ -148,14 +148,21 @@ class Build:
     log: str
 
 
+def build_context() -> Path:
+    """The repository root, or HETERO_INFER_DOCKER_CONTEXT: a copy of it, e.g. a committed snapshot
+    (`git archive HEAD | tar -x -C DIR`) while the working tree is being edited."""
+    return Path(os.environ.get("HETERO_INFER_DOCKER_CONTEXT") or ROOT)
+
+
 def build(dockerfile: str, tag: str, build_args: dict[str, str], timeout: float = 3600) -> Build:
-    """`docker build` of docker/<dockerfile> with the repository as context (legacy builder: BuildKit
-    would pull the `# syntax=` frontend image); raises with the log's tail when it fails."""
-    cmd = ["docker", "build", "--network", "host", "-f", str(ROOT / "docker" / dockerfile), "-t", tag]
+    """`docker build` of docker/<dockerfile> in build_context() (legacy builder: BuildKit would pull the
+    `# syntax=` frontend image); raises with the log's tail when it fails."""
+    context = build_context()
+    cmd = ["docker", "build", "--network", "host", "-f", str(context / "docker" / dockerfile), "-t", tag]
     for key, value in build_args.items():
         cmd += ["--build-arg", f"{key}={value}"]
     start = time.monotonic()
-    proc = subprocess.run([*cmd, str(ROOT)], capture_output=True, text=True, timeout=timeout,
+    proc = subprocess.run([*cmd, str(context)], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "DOCKER_BUILDKIT": "0"})
     seconds = time.monotonic() - start
     log = proc.stdout + proc.stderr
