@@ -145,16 +145,18 @@ def test_quantities() -> None:
 
 
 def test_differences_ignore_server_additions_and_equivalent_quantities() -> None:
-    desired = {"spec": {"replicas": 2, "template": {"containers": [{"name": "w", "resources": {"cpu": "1000m"}}]},
+    desired = {"spec": {"replicas": 2, "template": {"containers": [{"name": "w", "resources": {"cpu": "1000m"},
+                                                                    "imagePullPolicy": None}]},
                         "nodeSelector": None, "env": []}}
     live = {"spec": {"replicas": 2, "progressDeadlineSeconds": 600,
                      "template": {"containers": [{"name": "w", "resources": {"cpu": "1"},
                                                   "imagePullPolicy": "IfNotPresent"}]}},
             "status": {"replicas": 2}}
-    assert differences(desired, live) == []
+    assert differences(desired, live) == []  # None: the operator does not set it (server default)
     live["spec"]["nodeSelector"] = {"a": "b"}
     live["spec"]["replicas"] = 5
-    assert differences(desired, live) == [".spec.replicas", ".spec.nodeSelector"]
+    live["spec"]["env"] = [{"name": "X"}]
+    assert differences(desired, live) == [".spec.replicas", ".spec.env"]
     live["spec"]["template"]["containers"].append({"name": "sidecar"})
     assert ".spec.template.containers" in differences(desired, live)
 
