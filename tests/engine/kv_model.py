@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from hetero_infer import SamplingParams
 from hetero_infer.worker.block_manager import BlockManager
-from hetero_infer.worker.sampling_params import SamplingParams
 from hetero_infer.worker.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.sequence import Sequence, SequenceStatus
 
@@ -78,14 +78,15 @@ class Sim:
     """Requests through the real scheduler and block manager, the KV pool modelled slot by slot."""
 
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int = 8, budget: int = 64,
-                 memory_threshold: float = 0.9, enable_prefix_caching: bool = True) -> None:
+                 memory_threshold: float | None = 0.9, enable_prefix_caching: bool = True) -> None:
         self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.sched = Scheduler(self.bm, max_num_seqs, budget, memory_threshold)
+        threshold = {} if memory_threshold is None else {"memory_threshold": memory_threshold}
+        self.sched = Scheduler(self.bm, max_num_seqs, budget, **threshold)
         self.kv = KVPool(block_size)
         self.seqs: list[Sequence] = []  # every sequence ever made, children included
         self.arrival: dict[int, int] = {}  # seq_id -> arrival rank of its request
         self.ever_ran: set[int] = set()  # seq_ids admitted at least once
-        self.last_out: SchedulerOutput | None = None
+        self.last_num_decodes = 0  # SchedulerOutput.num_decodes as the executor sees it
 
     @property
     def live(self) -> list[Sequence]:
@@ -110,7 +111,7 @@ class Sim:
 
     def step(self) -> SchedulerOutput:
         out = self.sched.schedule()
-        self.last_out = out
+        self.last_num_decodes = out.num_decodes
         self.check_fcfs()
         for item in out.scheduled:
             assert item.seq.status is SequenceStatus.RUNNING

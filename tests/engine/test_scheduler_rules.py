@@ -1,0 +1,107 @@
+"""The scheduler's rules one at a time: token budget, max_num_seqs, memory threshold, order, counters.
+
+Each case drives the real Scheduler and BlockManager through kv_model.Sim (which also checks the
+KV contents and FCFS order at every step) and pins one rule that a mutation of scheduler.py
+would break.
+"""
+
+from __future__ import annotations
+
+from kv_model import Sim
+
+from hetero_infer.worker.sequence import SequenceStatus
+
+
+def decoding_pair(budget: int) -> Sim:
+    sim = Sim(num_blocks=16, block_size=4, budget=budget)
+    sim.add([1, 2], max_tokens=6)
+    sim.add([3, 4], max_tokens=6)
+    while any(s.is_prefill or s.status is SequenceStatus.WAITING for s in sim.live):
+        sim.step()
+    return sim
+
+
+def test_decodes_share_the_token_budget_exactly():
+    out = decoding_pair(budget=2).step()
+    assert [s.num_new_tokens for s in out.scheduled] == [1, 1]
+    out = decoding_pair(budget=1).step()  # the budget runs out: no zero-token entries
+    assert [s.num_new_tokens for s in out.scheduled] == [1]
+
+
+def test_no_admission_once_the_budget_is_spent():
+    sim = decoding_pair(budget=2)
+    late = sim.add([5, 6], max_tokens=2)
+    out = sim.step()
+    assert late.status is SequenceStatus.WAITING and all(s.seq is not late for s in out.scheduled)
+
+
+def test_num_decodes_counts_the_leading_decodes():
+    sim = decoding_pair(budget=8)
+    sim.add([1, 2, 3, 4, 5, 6, 0], max_tokens=2)
+    out = sim.step()
+    assert [s.num_new_tokens for s in out.scheduled] == [1, 1, 6]
+    assert sim.last_num_decodes == 2 and out.num_tokens == 8
+
+
+def test_admission_stops_at_max_num_seqs():
+    sim = Sim(num_blocks=32, block_size=4, max_num_seqs=2, budget=64)
+    seqs = [sim.add([i, i + 1], max_tokens=3) for i in range(3)]
+    out = sim.step()
+    assert [s.seq for s in out.scheduled] == seqs[:2] and len(sim.sched.running) == 2
+    sim.run()
+
+
+def test_default_memory_threshold_admits_while_the_pool_has_room():
+    sim = Sim(num_blocks=10, block_size=4, memory_threshold=None)  # the Scheduler's default (0.9)
+    seqs = [sim.add([i] * 6, max_tokens=2) for i in range(4)]  # 2 blocks each: up to 60% before the 4th
+    out = sim.step()
+    assert [s.seq for s in out.scheduled] == seqs
+    sim.run()
+
+
+def test_memory_threshold_holds_back_admission_only_while_something_runs():
+    sim = Sim(num_blocks=8, block_size=4, budget=64, memory_threshold=0.5)
+    a = sim.add([1] * 16, max_tokens=4)  # 5 blocks with its first decode: 62% used
+    b = sim.add([2], max_tokens=1)
+    out = sim.step()
+    assert [s.seq for s in out.scheduled] == [a]
+    assert b.status is SequenceStatus.WAITING
+    sim.run()  # once a finishes, b gets in with nothing running, whatever the usage
+    assert b.is_finished and b.num_output_tokens == 1
+
+
+def test_aborting_a_waiting_request_takes_it_off_the_queue():
+    sim = Sim(num_blocks=8, block_size=4, max_num_seqs=1)
+    a = sim.add([1, 2], max_tokens=3)
+    b = sim.add([3, 4], max_tokens=3)
+    sim.step()
+    sim.abort(b)
+    assert list(sim.sched.waiting) == [] and b.finish_reason == "abort"
+    sim.run()
+    assert b.num_computed_tokens == 0 and b.num_output_tokens == 0 and a.num_output_tokens == 3
+
+
+def test_preemption_counts_once_per_preemption():
+    sim = Sim(num_blocks=4, block_size=4, max_num_seqs=2, memory_threshold=1.0)
+    sim.add([1, 2, 3], max_tokens=9)
+    b = sim.add([4, 5, 6], max_tokens=9)
+    preempted = 0
+    while sim.sched.has_unfinished():
+        preempted += sim.step().num_preempted
+    assert preempted == b.num_preemptions == sim.sched.num_preemptions_total == 1
+
+
+def test_a_sequence_that_preempts_itself_leaves_the_rest_of_the_step_to_others():
+    # after a's prefill its fork c joins running behind b, which is still prefilling: the loop
+    # visits a, c (decodes) then b. c finds no free block and is the newest unscheduled one, so it
+    # preempts itself; b, further down the loop and needing no new block, still gets its last chunk.
+    sim = Sim(num_blocks=3, block_size=4, budget=5, memory_threshold=1.0)
+    a = sim.add([1, 2, 3, 4], max_tokens=4, n=2)
+    b = sim.add([5] * 4, max_tokens=1)
+    sim.step()  # a's prompt (4 tokens) + b's first chunk (1); a forks c
+    c = sim.seqs[-1]
+    assert [s.seq_id for s in sim.sched.running] == [a.seq_id, b.seq_id, c.seq_id] and b.is_prefill
+    out = sim.step()
+    assert out.num_preempted == 1 and c.status is SequenceStatus.WAITING
+    assert [(s.seq, s.num_new_tokens) for s in out.scheduled] == [(a, 1), (b, 3)]
+    sim.run()
