@@ -9,6 +9,7 @@
 #   MUT_DIR      scratch copy (default /tmp/hetero-infer-mut); recreated on each run
 #   MUT_TIMEOUT  seconds per mutant before it counts as killed by timeout (default 60)
 #   COSMIC_RAY   the cosmic-ray executable (default: cosmic-ray on PATH)
+#   MUT_REV      take the files from this commit (git archive) instead of the working tree
 # Prints the survivors' diffs and the kill rate; the session database stays in MUT_DIR.
 set -euo pipefail
 module=$1
@@ -22,7 +23,11 @@ name=$(basename "$module" .py)
 rm -rf "$work"
 mkdir -p "$work"
 # tracked and untracked-but-not-ignored files, as the working tree has them now
-(cd "$repo" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work" 2>/dev/null || true)
+if [ -n "${MUT_REV:-}" ]; then
+  git -C "$repo" archive "$MUT_REV" | tar -x -C "$work"
+else
+  (cd "$repo" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work" 2>/dev/null || true)
+fi
 # The installed package maps hetero_infer.worker -> worker/ etc. (editable install); put a
 # package on PYTHONPATH that maps the same names onto the scratch copy instead, so the
 # mutated files are the ones imported. PYTHONPATH is searched before the editable finder;
