@@ -26,6 +26,7 @@ import collections
 import copy
 import datetime
 import itertools
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -164,6 +165,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     printer_columns: list[dict[str, Any]] = attrs.field(factory=list)
     _counter: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
     watch_events: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
+    received: list[tuple[str, str, str]] = attrs.field(factory=list, init=False)  # (method, path, JSON body)
     _collected: set[Any] = attrs.field(factory=set, init=False)
     _gc_tasks: set[Any] = attrs.field(factory=set, init=False)
 
@@ -306,6 +308,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is not None:
+            if request.data is not None:  # as the client sent it, before the server's defaults
+                self.received.append((request.method.value, request.url.path, json.dumps(request.data)))
             self._stamp(request)
         try:
             return await super()._handle(request)
