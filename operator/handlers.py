@@ -135,7 +135,7 @@ async def resync_all(supervisor: loops.Supervisor, client: kube.Client, options:
     for body in list(supervisor.bodies.values()):
         try:
             await asyncio.to_thread(run_reconcile, copy.deepcopy(body), client, options, log)
-        except kopf.TemporaryError as e:
+        except Exception as e:  # one resource's failure (a refused write, a timeout) does not stop the pass
             meta = body.get("metadata") or {}
             log.warning(f"resync of {meta.get('namespace')}/{meta.get('name')} failed: {e}")
 

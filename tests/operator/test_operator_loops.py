@@ -8,7 +8,7 @@ from typing import Any
 
 from kmock_cluster import wait_for
 
-from hetero_infer.operator import loops
+from hetero_infer.operator import kube, loops
 from hetero_infer.operator.peering import Peering, active, is_active
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)  # noqa: UP017
@@ -94,3 +94,56 @@ def test_active_reads_the_peering_object_of_the_operators_scope() -> None:
     assert active(spaced, Peering("p", "me", 10, ("a", "b")), NOW)
     assert spaced.asked == [("kopfpeerings", "a", "p"), ("kopfpeerings", "b", "p")]
     assert active(OnePeering(None), Peering("p", "me", 10), NOW)  # no peering object: no peers
+
+
+class CountingClient:
+    """Counts every API call; writes fail (the pass reports them and goes on)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def get(self, *_: Any) -> None:
+        self.calls += 1
+        return None
+
+    def request(self, *_: Any, **__: Any) -> dict[str, Any]:
+        self.calls += 1
+        return {"items": []}
+
+    def __getattr__(self, name: str) -> Any:
+        def write(*_: Any, **__: Any) -> Any:
+            self.calls += 1
+            raise kube.ApiError(500, "InternalError", name)
+
+        return write
+
+
+async def test_a_standing_by_replica_neither_resyncs_nor_autoscales() -> None:
+    from hetero_infer.operator import scaling
+    from hetero_infer.operator.handlers import OperatorOptions, resync_all
+
+    async def standing_by() -> bool:
+        return False
+
+    async def working() -> bool:
+        return True
+
+    sup = loops.Supervisor({})
+    sup.observe(None, {"metadata": {"uid": "u", "name": "smol", "namespace": "ns"}, "spec": {"model": {"name": "m"}}})
+    client = CountingClient()
+    await resync_all(sup, client, OperatorOptions(), standing_by)  # type: ignore[arg-type]
+    assert client.calls == 0
+    await resync_all(sup, client, OperatorOptions(), working)  # type: ignore[arg-type]
+    assert client.calls > 0  # the same pass, active: it reads the children
+
+    autoscaled = {"metadata": {"uid": "u", "name": "smol", "namespace": "ns"},
+                  "spec": {"model": {"name": "m"}, "autoscaling": {"enabled": True, "maxReplicas": 2,
+                                                                   "intervalSeconds": 1}}}
+    for gate, expect_calls in ((standing_by, False), (working, True)):
+        client = CountingClient()
+        stopper = loops.Stopper()
+        task = asyncio.create_task(scaling.run(stopper, autoscaled, client, lambda *e: None, active=gate))
+        await asyncio.sleep(0.3)
+        stopper.set()
+        await asyncio.wait_for(task, 5)
+        assert (client.calls > 0) is expect_calls
