@@ -122,7 +122,7 @@ def _controller_ref(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def autoscaled_by_operator(spec: Mapping[str, Any], **_: Any) -> bool:
-    """kopf filter: the autoscaler daemon runs while autoscaling is enabled in mode operator."""
+    """Whether the autoscaler task runs for a spec: while autoscaling is enabled in mode operator."""
     a = (spec or {}).get("autoscaling") or {}
     return a.get("enabled") is True and (a.get("mode") or "operator") == "operator"
 
