@@ -10,6 +10,7 @@
 #   MUT_TIMEOUT  seconds per mutant before it counts as killed by timeout (default 60)
 #   COSMIC_RAY   the cosmic-ray executable (default: cosmic-ray on PATH)
 #   MUT_REV      take the files from this commit (git archive) instead of the working tree
+#   MUT_EARLIER  an earlier session's .sqlite: retry only the mutants that survived it
 # Prints the survivors' diffs and the kill rate; the session database stays in MUT_DIR.
 set -euo pipefail
 module=$1
@@ -42,7 +43,7 @@ module-path = "$module"
 timeout = ${MUT_TIMEOUT:-60}
 excluded-modules = []
 # no plugins autoloaded (schemathesis, kopf... cost seconds per mutant); -x: stop at the first failure
-test-command = "env PYTHONPATH=$work/_shim PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -x -q -p no:cacheprovider -p hypothesis -p pytest_asyncio.plugin -p pytest_timeout $extra $tests"
+test-command = "env PYTHONPATH=$work/_shim:$work/mutation PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -x -q -p no:cacheprovider -p hypothesis -p noshrink -p pytest_asyncio.plugin -p pytest_timeout $extra $tests"
 
 [cosmic-ray.distributor]
 name = "local"
@@ -50,9 +51,10 @@ TOML
 
 cd "$work"
 # the unmutated baseline must pass, or every mutant would count as killed
-env PYTHONPATH="$work/_shim" PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -x -q -p no:cacheprovider \
-  -p hypothesis -p pytest_asyncio.plugin -p pytest_timeout $extra $tests
+env PYTHONPATH="$work/_shim:$work/mutation" PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -x -q -p no:cacheprovider \
+  -p hypothesis -p noshrink -p pytest_asyncio.plugin -p pytest_timeout $extra $tests
 "$cr" init mutation.toml "$name.sqlite"
 cr-filter-operators "$name.sqlite" "$repo/mutation/operators.toml"
+if [ -n "${MUT_EARLIER:-}" ]; then python "$repo/mutation/only_survivors.py" "$MUT_EARLIER" "$name.sqlite"; fi
 "$cr" exec mutation.toml "$name.sqlite"
-cr-report "$name.sqlite" --surviving-only --show-diff
+python "$repo/mutation/rate.py" "$name.sqlite"

@@ -24,7 +24,9 @@ def decoding_pair(budget: int) -> Sim:
 def test_decodes_share_the_token_budget_exactly():
     out = decoding_pair(budget=2).step()
     assert [s.num_new_tokens for s in out.scheduled] == [1, 1]
-    out = decoding_pair(budget=1).step()  # the budget runs out: no zero-token entries
+    sim = decoding_pair(budget=2)
+    sim.sched.max_num_batched_tokens = 1
+    out = sim.step()  # the budget runs out after the first decode: no zero-token entry for the second
     assert [s.num_new_tokens for s in out.scheduled] == [1]
 
 
@@ -59,9 +61,18 @@ def test_default_memory_threshold_admits_while_the_pool_has_room():
     sim.run()
 
 
+def test_default_memory_threshold_holds_back_admission_at_90_percent():
+    sim = Sim(num_blocks=10, block_size=4, memory_threshold=None)
+    a = sim.add([1] * 33, max_tokens=2)  # 9 blocks
+    b = sim.add([2], max_tokens=1)  # would fit in the 10th
+    out = sim.step()
+    assert [s.seq for s in out.scheduled] == [a] and b.status is SequenceStatus.WAITING
+    sim.run()
+
+
 def test_memory_threshold_holds_back_admission_only_while_something_runs():
     sim = Sim(num_blocks=8, block_size=4, budget=64, memory_threshold=0.5)
-    a = sim.add([1] * 16, max_tokens=4)  # 5 blocks with its first decode: 62% used
+    a = sim.add([1] * 16, max_tokens=4)  # 4 blocks: exactly 50% used
     b = sim.add([2], max_tokens=1)
     out = sim.step()
     assert [s.seq for s in out.scheduled] == [a]
