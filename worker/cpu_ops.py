@@ -1,9 +1,9 @@
 """Fused decoder-layer ops on the CPU (worker/csrc/ops.c): one C call and one pass over the data where the
 PyTorch expressions they replace take several ops (and as many Python dispatches) each.
 
-Each function computes exactly what its PyTorch expression in `models/llama.py` computes, in the same
-dtype (float32 or bfloat16), with float32 arithmetic and the same rounding points; the tests compare
-them. `available(dtype)` says whether they can run (the library built, a supported dtype).
+Each function computes exactly what its PyTorch expression in the reference backend
+(`attention/torch_backend.py`) computes, in the same dtype (float32 or bfloat16), with float32 arithmetic
+and the same rounding points; the tests compare them. `available(dtype)` says whether they can run (the library built, a supported dtype).
 """
 
 from __future__ import annotations

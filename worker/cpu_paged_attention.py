@@ -30,10 +30,6 @@ def variant() -> str:
     return fn().decode()
 
 
-def supports(k_cache: torch.Tensor) -> bool:
-    return k_cache.dtype in (torch.float32, torch.bfloat16)
-
-
 def paged_decode(
     q: torch.Tensor,  # [B, H, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
