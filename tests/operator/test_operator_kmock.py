@@ -251,7 +251,8 @@ async def test_ten_resyncs_against_server_defaults_write_nothing(kmock: Any, ope
     assert [e for e in events(kmock) if e.get("reason") == "Updated"] == updated_before == []
 
 
-async def test_two_replicas_with_peering_act_as_one(kmock: Any, operator: Any) -> None:
+async def test_two_replicas_with_peering_act_as_one(kmock: Any, operator: Any,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
     rsp = await kmock.post("/apis/kopf.dev/v1/clusterkopfpeerings", json={
         "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "hetero-infer"}})
     assert rsp.status == 200
@@ -260,6 +261,9 @@ async def test_two_replicas_with_peering_act_as_one(kmock: Any, operator: Any) -
     key = (PEERINGS, None, "hetero-infer")
     await wait_for(lambda: set(kmock.objects[key].raw.get("status") or {}) == {"replica-low", "replica-high"},
                    what="both replicas in the peering status")
+    # The status lists both before the low one has read it: wait until it has paused.
+    await wait_for(lambda: any("Pausing operations in favour of" in r.getMessage() for r in caplog.records),
+                   what="the low-priority replica paused")
     await create(kmock, infd())
     await wait_for(lambda: live(kmock, DEPLOYMENTS), what="deployment")
     await asyncio.sleep(1.0)
