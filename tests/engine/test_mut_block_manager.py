@@ -89,3 +89,39 @@ def test_free_resets_the_sequence():
     bm.free(a)
     assert (a.block_table, a.num_computed_tokens, a.num_registered_blocks) == ([], 0, 0)
     assert bm.num_free_blocks == 4
+
+
+def test_usage_and_prefix_counters():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    assert bm.usage == 0.0 and (bm.prefix_queries, bm.prefix_hits) == (0, 0)
+    a = seq(list(range(9)))
+    bm.admit(a, bm.lookup_prefix(a))
+    bm.allocate_slots(a, 9)
+    assert bm.usage == 0.75
+    a.num_computed_tokens = 9
+    bm.register_computed_blocks(a)
+    b = seq(list(range(9)))
+    bm.admit(b, bm.lookup_prefix(b))
+    assert (bm.prefix_queries, bm.prefix_hits) == (18, 8)
+    assert bm.usage == 0.75  # b shares a's two full blocks
+
+
+def test_eviction_takes_the_least_recently_freed_block():
+    bm = BlockManager(num_blocks=3, block_size=2)
+    old, new = seq([1, 2, 7]), seq([3, 4, 7])
+    for s in (old, new):
+        bm.admit(s, [])
+        bm.allocate_slots(s, 2)
+        s.num_computed_tokens = 2
+        bm.register_computed_blocks(s)
+    new_block = new.block_table[0]
+    bm.free(old)
+    bm.free(new)
+    fresh = seq([5, 6])
+    bm.admit(fresh, [])
+    bm.allocate_slots(fresh, 2)  # the never-used block, then...
+    other = seq([8, 9])
+    bm.admit(other, [])
+    bm.allocate_slots(other, 2)  # ...old's block: new's stays cached
+    assert bm.lookup_prefix(seq([3, 4, 7])) == [new_block]
+    assert bm.lookup_prefix(seq([1, 2, 7])) == []
