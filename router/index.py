@@ -1,0 +1,97 @@
+"""Which worker holds which prefix blocks: exact from the workers' block reports, else approximate.
+
+A reporting worker's entry is exactly what its reports say: a snapshot replaces it, a delta applies on top only
+when it continues the last report seen (same epoch, `since` equal to the last `seq`); anything else is refused
+and the caller asks for a snapshot. A worker that does not report gets an approximate entry: the blocks the
+router sent it, least recently routed dropped first beyond `approx_capacity` (its KV pool, in blocks).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlockReport:
+    """One answer of a worker's `GET /v1/cache/blocks?epoch=E&since=N` (see docs/router.md).
+
+    `epoch` changes whenever the worker's cache starts over (a restart). `since` None: a snapshot, `added` is
+    every block held at `seq`. Otherwise a delta from `since` to `seq`: the net change, `added` and `removed`
+    disjoint."""
+
+    epoch: str
+    seq: int
+    since: int | None
+    added: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()
+
+    @property
+    def is_snapshot(self) -> bool:
+        return self.since is None
+
+
+class PrefixIndex:
+    def __init__(self, approx_capacity: int = 4096) -> None:
+        self.approx_capacity = approx_capacity
+        self._blocks: dict[str, OrderedDict[int, None]] = {}
+        self._cursor: dict[str, tuple[str, int]] = {}  # reporting worker -> (epoch, seq) of its last report
+
+    # -- exact: the workers' reports ----------------------------------------------------------
+    def cursor(self, worker: str) -> tuple[str, int] | None:
+        """(epoch, seq) to ask a reporting worker for a delta from; None: ask for a snapshot."""
+        return self._cursor.get(worker)
+
+    def apply(self, worker: str, report: BlockReport) -> bool:
+        """Take a report in; False (nothing changed) when it does not continue the last one."""
+        if report.is_snapshot:
+            self._blocks[worker] = OrderedDict.fromkeys(report.added)
+        else:
+            if self._cursor.get(worker) != (report.epoch, report.since):
+                return False
+            blocks = self._blocks[worker]
+            for h in report.removed:
+                blocks.pop(h, None)
+            for h in report.added:
+                blocks[h] = None
+        self._cursor[worker] = (report.epoch, report.seq)
+        return True
+
+    # -- approximate: what was routed where ---------------------------------------------------
+    def record_route(self, worker: str, hashes: Sequence[int]) -> None:
+        """The router sent `hashes` to `worker`: remembered for a worker that does not report."""
+        if worker in self._cursor or not hashes:
+            return
+        blocks = self._blocks.setdefault(worker, OrderedDict())
+        for h in hashes:
+            blocks[h] = None
+            blocks.move_to_end(h)
+        while len(blocks) > self.approx_capacity:
+            blocks.popitem(last=False)
+
+    # -- both ---------------------------------------------------------------------------------
+    def drop(self, worker: str) -> None:
+        """Forget a worker (it died or left): its cache is gone, and a restart reports a new epoch."""
+        self._blocks.pop(worker, None)
+        self._cursor.pop(worker, None)
+
+    def blocks(self, worker: str) -> frozenset[int]:
+        return frozenset(self._blocks.get(worker, ()))
+
+    def workers(self) -> list[str]:
+        return sorted(w for w, b in self._blocks.items() if b)
+
+    def match(self, hashes: Sequence[int], workers: Iterable[str]) -> dict[str, int]:
+        """For each of `workers`, how many leading blocks of `hashes` it holds."""
+        out = {}
+        for w in workers:
+            blocks = self._blocks.get(w)
+            n = 0
+            if blocks:
+                for h in hashes:
+                    if h not in blocks:
+                        break
+                    n += 1
+            out[w] = n
+        return out
