@@ -172,3 +172,26 @@ def test_preemption_mid_chunk_matches_reference(tiny_model, monkeypatch):
     assert_reference(hf, [x, y, long], [greedy, seeded, greedy], [done[r] for r in ("x", "y", "long")],
                      engine.eos_token_ids)
     assert engine.block_manager.num_free_blocks == 20
+
+
+def test_prompt_resent_after_an_abort_mid_chunk_matches_reference(tiny_model):
+    """A client gives up on a long prompt halfway through its chunked prefill (chunks of 6, blocks of 4: the last
+    block half computed) and sends it again: the retry reuses the blocks computed before the abort, computes
+    the rest, and must produce the reference tokens."""
+    folder, hf = tiny_model("mistral")
+    llm = LLM(str(folder), device="cpu", dtype="float32", block_size=4, max_num_batched_tokens=6)
+    engine = llm.engine
+    prompt = random_prompts([30], seed=41)[0]
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    engine.add_request("first", None, prompt, greedy)
+    for _ in range(3):
+        engine.step()
+    assert engine.requests["first"].seqs[0].num_computed_tokens == 18
+    engine.abort_request("first")
+    engine.add_request("again", None, prompt, greedy)
+    done = {o.request_id: o for o in engine.step() if o.finished}
+    [first] = engine.last_schedule.scheduled
+    assert first.seq.num_computed_tokens - first.num_new_tokens == 16  # the 4 full blocks computed before
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    assert_reference(hf, [prompt], [greedy], [done["again"]], engine.eos_token_ids)
