@@ -95,7 +95,7 @@ OPS = st.one_of(
 )
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     num_blocks=st.integers(4, 24),
     block_size=st.sampled_from([1, 2, 4, 8]),
