@@ -11,6 +11,7 @@
 #   COSMIC_RAY   the cosmic-ray executable (default: cosmic-ray on PATH)
 #   MUT_REV      take the files from this commit (git archive) instead of the working tree
 #   MUT_EARLIER  an earlier session's .sqlite: retry only the mutants that survived it
+#   MUT_LINES    FIRST-LAST: mutate only these lines (one function of a larger module)
 # Prints the survivors' diffs and the kill rate; the session database stays in MUT_DIR.
 set -euo pipefail
 module=$1
@@ -55,6 +56,7 @@ env PYTHONPATH="$work/_shim:$work/mutation" PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 pyt
   -p hypothesis -p noshrink -p pytest_asyncio.plugin -p pytest_timeout $extra $tests
 "$cr" init mutation.toml "$name.sqlite"
 cr-filter-operators "$name.sqlite" "$repo/mutation/operators.toml"
+if [ -n "${MUT_LINES:-}" ]; then python "$repo/mutation/only_lines.py" "$name.sqlite" "$MUT_LINES"; fi
 if [ -n "${MUT_EARLIER:-}" ]; then python "$repo/mutation/only_survivors.py" "$MUT_EARLIER" "$name.sqlite"; fi
 "$cr" exec mutation.toml "$name.sqlite"
 python "$repo/mutation/rate.py" "$name.sqlite"
