@@ -16,7 +16,7 @@ def main(path: str) -> None:
     total = killed + survived + incompetent
     print(f"{path}: {total} mutants run, {killed + incompetent} killed, {survived} survived, "
           f"kill rate {100 * (killed + incompetent) / max(total, 1):.1f}%")
-    for row, col, op, diff in con.execute(
+    for row, _col, op, diff in con.execute(
         "select s.start_pos_row, s.start_pos_col, s.operator_name, r.diff from work_results r "
         "join mutation_specs s on s.job_id = r.job_id where r.test_outcome = 'SURVIVED' order by s.start_pos_row"
     ):
