@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
@@ -20,6 +20,7 @@ import urllib3
 from hetero_infer.operator import constants as c
 
 MERGE_PATCH = "application/merge-patch+json"
+STATUS_WRITE_ATTEMPTS = 5
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
@@ -187,3 +188,39 @@ class RestClient:
             if e.not_found:
                 return False
             raise
+
+
+def patch_status(client: Client, kind: Kind, body: Mapping[str, Any],
+                 compute: Callable[[Mapping[str, Any]], Mapping[str, Any] | None],
+                 attempts: int = STATUS_WRITE_ATTEMPTS) -> dict[str, Any] | None:
+    """Read-modify-write of `.status` under optimistic concurrency (client-go's RetryOnConflict).
+
+    `compute(obj)` returns the status merge patch for that version of the object, or None when there
+    is nothing to write. The patch carries the version's `metadata.resourceVersion`, which the API
+    server treats as a precondition: if anyone wrote the object since it was read, the write fails
+    with 409 Conflict, the object is read again and `compute` runs on the new version. So a writer
+    that replaces a list (a merge patch replaces `status.conditions` whole) never drops an entry
+    another writer added after its read. Returns the status written, or None (nothing to write, or
+    the object is gone). The last 409 is raised when every attempt conflicted.
+    """
+    meta = body.get("metadata") or {}
+    name, ns = meta["name"], meta.get("namespace") or "default"
+    for attempt in range(attempts):
+        status = compute(body)
+        if status is None:
+            return None
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        patch: dict[str, Any] = {"status": dict(status)}
+        if version:
+            patch["metadata"] = {"resourceVersion": version}
+        try:
+            client.patch(kind, ns, name, patch, subresource="status")
+            return dict(status)
+        except ApiError as e:
+            if not e.conflict or attempt == attempts - 1:
+                raise
+        latest = client.get(kind, ns, name)
+        if latest is None:
+            return None
+        body = latest
+    return None  # not reached: the loop returns or raises

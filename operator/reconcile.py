@@ -85,9 +85,23 @@ def _identity(body: Mapping[str, Any]) -> tuple[str, str, str, int | None]:
     return meta["name"], meta.get("namespace") or "default", meta.get("uid") or "", meta.get("generation")
 
 
-def write_status(client: kube.Client, body: Mapping[str, Any], status: Mapping[str, Any]) -> None:
-    name, ns, _, _ = _identity(body)
-    client.patch(kube.INFERENCE_DEPLOYMENT, ns, name, {"status": dict(status)}, subresource="status")
+def write_status(client: kube.Client, body: Mapping[str, Any],
+                 status_for: Callable[[Mapping[str, Any]], dict[str, Any]]) -> None:
+    """Write `status_for(previous status)` over the object's latest version (kube.patch_status).
+
+    Only while the spec is the one this pass reconciled: after a spec change, the pass for the
+    new generation writes the status.
+    """
+    generation = _identity(body)[3]
+
+    def compute(latest: Mapping[str, Any]) -> dict[str, Any] | None:
+        if (latest.get("metadata") or {}).get("generation") != generation:
+            return None
+        previous = latest.get("status") or {}
+        status = status_for(previous)
+        return status if status_changed(previous, status) else None
+
+    kube.patch_status(client, kube.INFERENCE_DEPLOYMENT, body, compute)
 
 
 def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
@@ -101,11 +115,16 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
     try:
         spec = parse_spec(body.get("spec"), name=name)
     except SpecError as e:
-        status = invalid_spec_status(previous=previous, generation=generation, problems=e.problems,
-                                     selector=selector, now=now)
+        problems = e.problems
+
+        def invalid(prev: Mapping[str, Any]) -> dict[str, Any]:
+            return invalid_spec_status(previous=prev, generation=generation, problems=problems,
+                                       selector=selector, now=now)
+
+        status = invalid(previous)
         if status_changed(previous, status):
             record("Warning", "InvalidSpec", f"spec rejected, children left as they are: {e}")
-            write_status(client, body, status)
+            write_status(client, body, invalid)
         return Outcome(status=status, invalid=e.problems)
 
     owner = Owner(name, ns, uid)
@@ -144,9 +163,12 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
         problems=conflicts + outcome.errors,
         problem_reason="ChildConflict" if conflicts else "ReconcileFailed",
     )
-    status = compute_status(spec=spec, observed=observed, previous=previous, selector=selector,
-                            endpoint=endpoint(owner, spec), now=now)
-    outcome.status = status
-    if status_changed(previous, status):
-        write_status(client, body, status)
+
+    def current(prev: Mapping[str, Any]) -> dict[str, Any]:
+        return compute_status(spec=spec, observed=observed, previous=prev, selector=selector,
+                              endpoint=endpoint(owner, spec), now=now)
+
+    outcome.status = current(previous)
+    if status_changed(previous, outcome.status):
+        write_status(client, body, current)
     return outcome

@@ -5,9 +5,11 @@ history. The autoscaler worker (handlers.py, loops.py) feeds it the pods the API
 InferenceDeployment and writes the outcome back (`autoscale_once`); the closed-loop test (tests/autoscale) feeds it its
 own worker processes. Both run the same scraping and decision code.
 
-Writing the outcome, in this order: the status part the autoscaler owns (metrics, desiredReplicas,
-lastScaleTime, ScalingActive), then `spec.replicas` when the size changes (a JSON patch that first
-tests the value it read, so a concurrent `kubectl scale` is not overwritten blindly). The spec change
+Writing the outcome, in this order: the status fields the autoscaler owns (metrics, desiredReplicas,
+lastScaleTime, ScalingActive; status.py) under a resourceVersion precondition, so a concurrent
+reconcile's conditions are never dropped (kube.patch_status); then `spec.replicas` when the size
+changes (a JSON patch that first tests the value it read, so a concurrent `kubectl scale` is not
+overwritten blindly). The spec change
 triggers the ordinary reconcile, which carries the size to the Deployment; the operator never
 touches the Deployment's replicas directly. In mode `hpa` nothing here runs.
 """
@@ -35,7 +37,7 @@ from hetero_infer.operator.scrape import (
     endpoints_from_pods,
     scrape_all,
 )
-from hetero_infer.operator.spec import DEFAULT_INTERVAL_SECONDS, InferenceSpec, SpecError, parse_spec
+from hetero_infer.operator.spec import DEFAULT_INTERVAL_SECONDS, SpecError, parse_spec
 from hetero_infer.operator.status import autoscaler_status, status_changed
 
 POD = kube.Kind("v1", "Pod", "pods")
@@ -92,10 +94,6 @@ def list_endpoints(client: Any, namespace: str, name: str) -> list[Endpoint]:
     return endpoints_from_pods(payload.get("items") or [], selector_labels(name))
 
 
-def operator_mode(spec: InferenceSpec) -> bool:
-    return spec.autoscaling.enabled and spec.autoscaling.mode == "operator"
-
-
 def interval_of(body: Mapping[str, Any]) -> float:
     """spec.autoscaling.intervalSeconds, read leniently (a bad spec is reported by the reconciler)."""
     value = ((body.get("spec") or {}).get("autoscaling") or {}).get("intervalSeconds")
@@ -113,6 +111,25 @@ def replicas_patch(body: Mapping[str, Any], desired: int) -> list[dict[str, Any]
     return [{"op": "add", "path": "/spec/replicas", "value": desired}]
 
 
+def status_update(latest: Mapping[str, Any], decision: Decision, now_iso: str) -> dict[str, Any] | None:
+    """The autoscaler's status fields for the object's latest version (kube.patch_status).
+
+    None (no write) when nothing changed, or when the object moved on since the pass read it: out of
+    mode operator (reconcile owns those fields now) or resized by someone else (the next pass decides
+    again from the new size).
+    """
+    meta = latest.get("metadata") or {}
+    try:
+        spec = parse_spec(latest.get("spec"), name=meta.get("name") or "")
+    except SpecError:
+        return None
+    if not spec.autoscaling.by_operator or spec.replicas != decision.current:
+        return None
+    previous = latest.get("status") or {}
+    status = autoscaler_status(previous=previous, decision=decision, generation=meta.get("generation"), now=now_iso)
+    return status if status_changed(previous, status) else None
+
+
 async def autoscale_once(body: Mapping[str, Any], client: Any, autoscaler: Autoscaler, record: Recorder,
                          now: float, now_iso: str | None = None,
                          session: aiohttp.ClientSession | None = None) -> Pass | None:
@@ -123,7 +140,7 @@ async def autoscale_once(body: Mapping[str, Any], client: Any, autoscaler: Autos
         spec = parse_spec(body.get("spec"), name=name)
     except SpecError:
         return None  # the reconciler reports it (Degraded/InvalidSpec)
-    if not operator_mode(spec):
+    if not spec.autoscaling.by_operator:
         return None
     policy = policy_from_spec(spec.autoscaling)
     now_iso = now_iso or utc_now()
@@ -148,12 +165,8 @@ async def autoscale_once(body: Mapping[str, Any], client: Any, autoscaler: Autos
         log.warning(f"{ns}/{name}: ready worker(s) did not answer /metrics ({details})")
     autoscaler.failing = failing
 
-    previous = body.get("status") or {}
-    status = autoscaler_status(previous=previous, decision=decision, generation=meta.get("generation"),
-                               now=now_iso)
-    if status_changed(previous, status):
-        await asyncio.to_thread(client.patch, kube.INFERENCE_DEPLOYMENT, ns, name, {"status": status},
-                                subresource="status")
+    await asyncio.to_thread(kube.patch_status, client, kube.INFERENCE_DEPLOYMENT, body,
+                            lambda latest: status_update(latest, decision, now_iso))
     if decision.desired != decision.current:
         try:
             await asyncio.to_thread(client.request, "PATCH", kube.INFERENCE_DEPLOYMENT.path(ns, name),

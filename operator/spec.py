@@ -112,6 +112,11 @@ class AutoscalingSpec:
     def hpa(self) -> bool:
         return self.enabled and self.mode == "hpa"
 
+    @property
+    def by_operator(self) -> bool:
+        """Mode operator: the operator's autoscaler sets spec.replicas and owns its part of the status."""
+        return self.enabled and self.mode == "operator"
+
 
 @dataclass(frozen=True)
 class ServiceSpec:

@@ -1,8 +1,18 @@
 """Observed state -> InferenceDeployment status (pure).
 
-Inputs are what the operator read back (the worker Deployment, the HPA) plus the previous status;
-the output is the complete new `.status`. Conditions keep their lastTransitionTime while their
-status stays the same, so writing an unchanged status is a no-op the caller can skip.
+Two writers share `.status`, each owning its own fields:
+
+- reconcile (`compute_status`): replicas, readyReplicas, selector, endpoint, observedGeneration and
+  the Ready, Progressing and Degraded conditions; and, unless the operator's autoscaler runs (mode
+  operator), desiredReplicas, metrics, lastScaleTime and ScalingActive (from spec.replicas or the HPA);
+- the autoscaler in mode operator (`autoscaler_status`): desiredReplicas, metrics, lastScaleTime and
+  ScalingActive.
+
+Each returns a merge patch of only its own fields. The conditions list is replaced whole by a merge
+patch, so each writer rebuilds it from the object's latest version, keeping the other's entries,
+and writes it with a resourceVersion precondition (kube.patch_status: on a conflict it reads again
+and recomputes). Conditions keep their lastTransitionTime while their status stays the same, so
+writing an unchanged status is a no-op the caller can skip.
 """
 
 from __future__ import annotations
@@ -15,12 +25,6 @@ from hetero_infer.operator import autoscale
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.diff import parse_quantity
 from hetero_infer.operator.spec import InferenceSpec
-
-# Reasons of the ScalingActive condition that the operator's autoscaler writes (mode operator).
-AUTOSCALER_REASONS = frozenset({
-    autoscale.SCALED_UP, autoscale.SCALED_DOWN, autoscale.STEADY, autoscale.STABILIZING, autoscale.HELD,
-    autoscale.UP_STABILIZING, autoscale.AT_MAX, autoscale.AT_MIN, autoscale.NO_METRICS, autoscale.BOUNDS,
-})
 
 
 @dataclass(frozen=True)
@@ -93,21 +97,12 @@ def _deployment_conditions(spec: InferenceSpec, dep: Mapping[str, Any] | None) -
     return ready_c, prog_c, degraded
 
 
-def _scaling_condition(spec: InferenceSpec, hpa: Mapping[str, Any] | None,
-                       previous_conditions: list[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+def _scaling_condition(spec: InferenceSpec, hpa: Mapping[str, Any] | None) -> dict[str, Any]:
+    """ScalingActive when reconcile owns it (autoscaling off, or mode hpa)."""
     a = spec.autoscaling
     if not a.enabled:
         return _cond(c.COND_SCALING_ACTIVE, "False", "AutoscalingDisabled",
                      "replicas follow spec.replicas (autoscaling.enabled is false)")
-    if a.mode == "operator":
-        # The autoscaler writes this condition after every pass; a reconcile keeps its latest one.
-        mine = next((p for p in previous_conditions or [] if p.get("type") == c.COND_SCALING_ACTIVE
-                     and p.get("reason") in AUTOSCALER_REASONS), None)
-        if mine is not None:
-            return _cond(c.COND_SCALING_ACTIVE, str(mine.get("status")), str(mine.get("reason")),
-                         str(mine.get("message") or ""))
-        return _cond(c.COND_SCALING_ACTIVE, "Unknown", "WaitingForMetrics",
-                     f"the operator scrapes the ready workers every {a.interval_seconds}s; no decision yet")
     if hpa is None:
         return _cond(c.COND_SCALING_ACTIVE, "Unknown", "HPAMissing", "the HorizontalPodAutoscaler does not exist yet")
     for cond in (hpa.get("status") or {}).get("conditions") or []:
@@ -132,6 +127,7 @@ def hpa_metrics(hpa: Mapping[str, Any] | None) -> dict[str, float]:
 
 def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping[str, Any] | None,
                    selector: str, endpoint: str, now: str) -> dict[str, Any]:
+    """The fields reconcile owns (module docstring), as a merge patch over `previous`."""
     previous = previous or {}
     dep_status = (observed.deployment or {}).get("status") or {}
     ready_c, prog_c, degraded = _deployment_conditions(spec, observed.deployment)
@@ -139,19 +135,23 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
         degraded = _cond(c.COND_DEGRADED, "True", observed.problem_reason, "; ".join(observed.problems))
     if degraded is None:
         degraded = _cond(c.COND_DEGRADED, "False", "AsExpected", "all children match the spec")
-    conditions = [ready_c, prog_c, degraded, _scaling_condition(spec, observed.hpa, previous.get("conditions"))]
+    conditions = [ready_c, prog_c, degraded]
+    if not spec.autoscaling.by_operator:
+        conditions.append(_scaling_condition(spec, observed.hpa))
 
     status: dict[str, Any] = {
         "replicas": int(dep_status.get("replicas") or 0),
         "readyReplicas": int(dep_status.get("readyReplicas") or 0),
-        "desiredReplicas": spec.replicas,
         "selector": selector,
         "endpoint": endpoint,
         "conditions": merge_conditions(previous.get("conditions"), conditions, now, observed.generation),
     }
     if observed.generation is not None:
         status["observedGeneration"] = observed.generation
+    if spec.autoscaling.by_operator:
+        return status  # the autoscaler writes the rest (autoscaler_status)
 
+    status["desiredReplicas"] = spec.replicas
     if spec.autoscaling.hpa:
         metrics = hpa_metrics(observed.hpa)
         old = previous.get("metrics") or {}
@@ -162,9 +162,7 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
             status["metrics"] = dict(old)
         last = ((observed.hpa or {}).get("status") or {}).get("lastScaleTime") or previous.get("lastScaleTime")
     else:
-        if spec.autoscaling.enabled and previous.get("metrics"):
-            status["metrics"] = dict(previous["metrics"])  # mode operator: the autoscaler's last observation
-        elif previous.get("metrics"):
+        if previous.get("metrics"):
             status["metrics"] = None  # stale numbers from an earlier autoscaler: remove them
         old_desired = previous.get("desiredReplicas")
         changed = old_desired is not None and old_desired != spec.replicas
@@ -198,7 +196,7 @@ def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -
 
 def autoscaler_status(*, previous: Mapping[str, Any] | None, decision: autoscale.Decision, generation: int | None,
                       now: str) -> dict[str, Any]:
-    """The part of `.status` the autoscaler owns (mode operator), as a merge patch.
+    """The fields the autoscaler owns (mode operator; module docstring), as a merge patch over `previous`.
 
     metrics: the per-pod averages it scaled on (kept, with their time, when no pod answered; the
     time moves only when a value changes, so an idle deployment causes no writes); desiredReplicas;

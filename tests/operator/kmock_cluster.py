@@ -11,6 +11,8 @@ subclass closes the gaps the operator tests run into:
 - garbage-collects like kube-controller-manager: deleting an object deletes its dependents
   (ownerReferences); `delete_namespace` deletes what is in a namespace (objects with finalizers
   are only marked, and stay until their finalizers go);
+- a merge patch carrying `metadata.resourceVersion` is refused with 409 Conflict unless the object
+  is still at that version (optimistic concurrency); a JSON patch's failed `test` op is a 409 too;
 - `/status` patches change only `.status`, and main-resource patches leave `.status` alone
   for resources with a status subresource (as the real server does);
 - watches honour `?resourceVersion=` (no replay of objects the client listed already);
@@ -168,6 +170,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     received: list[tuple[str, str, str]] = attrs.field(factory=list, init=False)  # (method, path, JSON body)
     _collected: set[Any] = attrs.field(factory=set, init=False)
     _gc_tasks: set[Any] = attrs.field(factory=set, init=False)
+    _update_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -212,6 +215,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 return
             current = self.objects[key].raw
             data = request.data
+            self._check_precondition(request, current)
             if request.subresource == "status":
                 for k in list(data):
                     if k != "status":
@@ -243,6 +247,16 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             key = self._key(request)
             if key in self.objects and not self.objects[key].deleted:
                 self.objects[key].patch({"metadata": {"resourceVersion": rv}})
+
+    @staticmethod
+    def _check_precondition(request: rendering.Request, current: Mapping[str, Any]) -> None:
+        """A merge patch that names a resourceVersion applies only to that version, as on a real server
+        (the patched object keeps the given version, and the store refuses a stale one)."""
+        wanted = (request.data.get("metadata") or {}).get("resourceVersion")
+        if wanted and str(wanted) != str((current.get("metadata") or {}).get("resourceVersion")):
+            raise kmock.KubernetesError(status=409, reason="Conflict", message=(
+                f"Operation cannot be fulfilled on {request.resource.plural} {request.name!r}: the object has "
+                "been modified; please apply your changes to the latest version and try again"))
 
     def _stamp_json_patch(self, request: rendering.Request, info: Any, current: dict[str, Any], rv: str) -> None:
         ops: list[dict[str, Any]] = request.data
@@ -310,6 +324,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if request.resource is not None:
             if request.data is not None:  # as the client sent it, before the server's defaults
                 self.received.append((request.method.value, request.url.path, json.dumps(request.data)))
+            if request.action == enums.action.UPDATE:
+                # Check the preconditions and store as one step: another write may not come in between.
+                async with self._update_lock:
+                    self._stamp(request)
+                    try:
+                        return await super()._handle(request)
+                    finally:
+                        self._collect_garbage(request)
             self._stamp(request)
         try:
             return await super()._handle(request)

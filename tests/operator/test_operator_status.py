@@ -108,19 +108,26 @@ def test_hpa_mode_reports_hpa_condition_and_metrics() -> None:
     assert hpa_metrics(None) == {}
 
 
-def test_operator_mode_waits_for_the_autoscaler_then_keeps_its_condition() -> None:
-    s = spec(autoscaling={"enabled": True, "maxReplicas": 3})
-    first = status_of(s, deployment(1, 1))
-    assert conds(first)["ScalingActive"]["status"] == "Unknown"
-    assert conds(first)["ScalingActive"]["reason"] == "WaitingForMetrics"
-    # What the autoscaler wrote (tests/autoscale) survives a reconcile pass, metrics included.
-    previous = dict(first, metrics={"kvCacheUsage": 0.5, "queueDepth": 0.0, "time": T0}, conditions=[
-        {"type": "ScalingActive", "status": "True", "reason": "Steady", "message": "keeping 1 replicas",
-         "lastTransitionTime": T0}])
-    second = status_of(s, deployment(1, 1), previous=previous, now=T1)
-    assert conds(second)["ScalingActive"]["reason"] == "Steady"
-    assert conds(second)["ScalingActive"]["lastTransitionTime"] == T0
-    assert second["metrics"] == previous["metrics"]
+def test_operator_mode_leaves_the_autoscalers_fields_alone() -> None:
+    """In mode operator the autoscaler owns ScalingActive, metrics, desiredReplicas and lastScaleTime:
+    reconcile's merge patch leaves them out, and its conditions list keeps the autoscaler's entry as is."""
+    s = spec(replicas=2, autoscaling={"enabled": True, "maxReplicas": 3})
+    first = status_of(s, deployment(2, 2))
+    assert set(conds(first)) == {"Ready", "Progressing", "Degraded"}
+    assert not {"desiredReplicas", "metrics", "lastScaleTime"} & set(first)
+    # Whatever the autoscaler wrote (tests/autoscale), whatever its reason, is carried over untouched.
+    theirs = {"type": "ScalingActive", "status": "False", "reason": "AnyReasonAtAll", "message": "m",
+              "lastTransitionTime": T0, "observedGeneration": 1}
+    previous = dict(first, desiredReplicas=3, lastScaleTime=T0, conditions=[*first["conditions"], theirs],
+                    metrics={"kvCacheUsage": 0.5, "queueDepth": 0.0, "time": T0})
+    second = status_of(s, deployment(2, 1), previous=previous, now=T1)
+    assert conds(second)["ScalingActive"] == theirs
+    assert conds(second)["Ready"]["reason"] == "PartiallyReady"
+    assert not {"desiredReplicas", "metrics", "lastScaleTime"} & set(second)
+    # Turned off: reconcile owns them again, and removes the stale metrics.
+    off = status_of(spec(replicas=2), deployment(2, 2), previous=previous, now=T1)
+    assert conds(off)["ScalingActive"]["reason"] == "AutoscalingDisabled" and off["metrics"] is None
+    assert off["desiredReplicas"] == 2
 
 
 def test_replica_change_sets_last_scale_time() -> None:
