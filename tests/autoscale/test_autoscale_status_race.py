@@ -118,3 +118,25 @@ async def test_racing_writers_keep_each_others_conditions(kmock: Any, kubeconfig
         status = kmock.objects[INFD, NS, NAME].raw["status"]
         assert status["desiredReplicas"] == 2 and status["readyReplicas"] == ready
         assert status["metrics"]["kvCacheUsage"] == (load or LOADS[2][0])[0]  # kept through the no-data round
+
+
+async def test_a_pass_for_an_older_spec_never_writes_over_the_newer_ones_status(kmock: Any, kubeconfig: Path) -> None:
+    """A reconcile of generation N that loses the race to the pass for N+1 drops its status, rather than
+    rebuilding it on the new version (observedGeneration and Ready would go back to N)."""
+    rsp = await kmock.post(f"/apis/{c.API_VERSION}/namespaces/{NS}/{c.PLURAL}", json={
+        "apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": NAME, "namespace": NS},
+        "spec": {"model": {"name": "m"}, "replicas": 2}})
+    assert rsp.status == 200, await rsp.text()
+    client = kube.RestClient.from_environment()
+    old = await asyncio.to_thread(client.get, kube.INFERENCE_DEPLOYMENT, NS, NAME)
+    assert old is not None
+    rsp = await kmock.patch(INFD_PATH, json={"spec": {"replicas": 0}})
+    assert rsp.status == 200, await rsp.text()
+    new = await asyncio.to_thread(client.get, kube.INFERENCE_DEPLOYMENT, NS, NAME)
+    assert new is not None and new["metadata"]["generation"] == old["metadata"]["generation"] + 1
+    await asyncio.to_thread(reconcile, new, client, lambda *e: None)
+    assert conditions(kmock)["Ready"]["reason"] == "ScaledToZero"
+    await asyncio.to_thread(reconcile, old, client, lambda *e: None)  # its spec: 2 replicas, none ready
+    status = kmock.objects[INFD, NS, NAME].raw["status"]
+    assert status["observedGeneration"] == new["metadata"]["generation"]
+    assert conditions(kmock)["Ready"]["reason"] == "ScaledToZero"
