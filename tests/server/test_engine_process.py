@@ -19,8 +19,9 @@ import pytest
 from server_proc import ServerProcess, http
 
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.engine import LLMEngine, validate_request
-from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.core.engine import LLMEngine
+from hetero_infer.worker.core.request_check import EngineLimits, check_request
+from hetero_infer.worker.core.sampling_params import SamplingParams
 
 DEADLINE_S = 60.0  # generous: each condition awaited below is met within a second or two on a quiet machine
 
@@ -123,7 +124,7 @@ async def test_outputs_identical_between_thread_and_process_modes() -> None:
             assert (len(_children(s.proc.pid)) == 1) == (flag == "--engine-process")
             got[flag] = await _collect(s.url)
         finally:
-            assert s.stop() == 0, s.log()
+            assert s.stop(DEADLINE_S) == 0, s.log()
     assert got["--engine-process"] == got["--no-engine-process"]
 
 
@@ -159,7 +160,7 @@ def test_shutdown_leaves_no_child_process() -> None:
     s = ServerProcess("--engine-process", "--max-model-len", "512")
     child = _engine_pid(s)
     assert http("POST", s.url + "/v1/completions", {"prompt": "x", "max_tokens": 3}).status == 200
-    assert s.stop() == 0, s.log()
+    assert s.stop(DEADLINE_S) == 0, s.log()
     deadline = time.monotonic() + DEADLINE_S
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -195,9 +196,9 @@ def test_validation_function_matches_engine(ids: list[int], params: SamplingPara
             return str(exc)
 
     bm = engine.block_manager
-    assert run(lambda: engine.validate_request(ids, params)) == run(lambda: validate_request(
-        ids, params, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len, block_size=bm.block_size,
-        num_blocks=bm.num_blocks))
+    limits = EngineLimits(engine.model_name, engine.max_model_len, engine.vocab_size, bm.num_blocks, bm.block_size,
+                          tuple(engine.eos_token_ids))
+    assert run(lambda: engine.check_request(ids, params)) == run(lambda: check_request(ids, params, limits))
 
 
 def test_engine_process_option() -> None:
@@ -239,13 +240,13 @@ def test_engine_process_logs_in_the_servers_format() -> None:
 async def test_a_request_reaches_the_engine_before_the_loop_turns() -> None:
     """Commands go to the child as they come (not at the end of the loop's turn): when a wave of requests
     arrives, the engine starts on the first while the loop still parses the others."""
-    from hetero_infer.worker.async_engine import EngineRequest
-    from hetero_infer.worker.engine_process import EngineProcess, ProcessAsyncEngine
+    from hetero_infer.worker.core.busy_loop import EngineRequest
+    from hetero_infer.worker.frontend.process import EngineProcess, ProcessEngineClient
 
     core = EngineProcess(EngineConfig(executor="mock", max_model_len=512, max_num_blocks=64))
     core.start()
     core.wait_ready()
-    engine = ProcessAsyncEngine(core)
+    engine = ProcessEngineClient(core)
     engine.start()
     try:
         stream = engine.submit([EngineRequest("r0", None, [5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))])
@@ -294,7 +295,7 @@ def test_command_frames_are_what_the_child_reads() -> None:
     """The server writes commands itself (non-blocking); the child reads them with Connection.recv_bytes."""
     import multiprocessing
 
-    from hetero_infer.worker.engine_process import _frame
+    from hetero_infer.worker.frontend.process import _frame
 
     reader, writer = multiprocessing.Pipe(duplex=False)
     try:
