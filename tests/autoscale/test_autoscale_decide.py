@@ -377,3 +377,42 @@ def test_decisions_are_pure() -> None:
     o = obs(2, (0.9, 7.0), (0.9, 7.0))
     assert decide(h, o, POLICY, now=5) == decide(h, o, POLICY, now=5)
     assert h == History()  # the input history is not changed
+
+
+# -- edge cases that mutation testing found unchecked (docs/testing.md) ---------------------------------
+
+def test_a_surge_never_recommends_against_the_direction_of_the_load():
+    # 4 pods listed for 2 requested (a rollout surge), all answering, all below target: the per-pod
+    # formula would say 4 replicas, but a load below target never recommends growing
+    low = signal_recommendation(a.QUEUE_DEPTH, queue_only(2, 4, 4, 4, 4), hpa_like(5))
+    assert (low.ratio, low.replicas) == (pytest.approx(0.8), 2)
+
+
+def test_no_metrics_touches_the_last_scale_time_only_when_it_moves_replicas():
+    before = History(last_scale_time=10.0)
+    kept = decide(before, queue_only(2, None), hpa_like(5, max_replicas=3), now=50.0)
+    assert (kept.desired, kept.history.last_scale_time) == (2, 10.0)
+    moved = decide(before, queue_only(5, None), hpa_like(5, max_replicas=3), now=50.0)
+    assert (moved.desired, moved.history.last_scale_time) == (3, 50.0)
+
+
+def test_limited_names_the_bounds_only_when_they_cut_the_recommendation():
+    free = decide(History(), queue_only(2, 10, 10), hpa_like(5, max_replicas=10), now=0.0)
+    assert (free.desired, free.limited) == (4, [])
+    capped = decide(History(), queue_only(2, 10, 10), hpa_like(5, max_replicas=3), now=0.0)
+    assert capped.desired == 3 and capped.limited == ["bounded to [1, 3]"]
+
+
+def test_the_down_window_remembers_a_recommendation_until_it_ends():
+    policy = Policy(min_replicas=1, max_replicas=10, target_queue_depth=5, scale_down_stabilization_seconds=10)
+    history = History(recommendations=((0.0, 4),), since=-100.0)
+    held = decide(history, queue_only(4, 0, 0, 0, 0), policy, now=9.5)  # t=0's 4 is 9.5 s old: still counts
+    assert (held.desired, held.reason) == (4, a.STABILIZING)
+    later = decide(history, queue_only(4, 0, 0, 0, 0), policy, now=10.5)
+    assert later.desired == 1
+
+
+def test_a_scale_up_to_exactly_the_rate_limit_is_not_reported_as_limited():
+    policy = Policy(min_replicas=1, max_replicas=10, target_queue_depth=5, scale_down_stabilization_seconds=0)
+    d = decide(History(), queue_only(2, 10, 10), policy, now=0.0)  # 4 recommended, 4 = twice 2 allowed
+    assert (d.desired, d.limited) == (4, [])
