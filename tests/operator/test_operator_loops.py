@@ -142,8 +142,18 @@ async def test_a_standing_by_replica_neither_resyncs_nor_autoscales() -> None:
     for gate, expect_calls in ((standing_by, False), (working, True)):
         client = CountingClient()
         stopper = loops.Stopper()
-        task = asyncio.create_task(scaling.run(stopper, autoscaled, client, lambda *e: None, active=gate))
-        await asyncio.sleep(0.3)
+        asked: list[bool] = []
+
+        async def counted(gate: Any = gate, asked: list[bool] = asked) -> bool:
+            asked.append(await gate())
+            return asked[-1]
+
+        task = asyncio.create_task(scaling.run(stopper, autoscaled, client, lambda *e: None, active=counted))
+        # Two passes asked the gate (the first pass is over, whatever the machine's load); then stop.
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(asked) < 2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
         stopper.set()
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 10)
+        assert len(asked) >= 2
         assert (client.calls > 0) is expect_calls
