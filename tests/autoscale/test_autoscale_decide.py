@@ -416,3 +416,9 @@ def test_a_scale_up_to_exactly_the_rate_limit_is_not_reported_as_limited():
     policy = Policy(min_replicas=1, max_replicas=10, target_queue_depth=5, scale_down_stabilization_seconds=0)
     d = decide(History(), queue_only(2, 10, 10), policy, now=0.0)  # 4 recommended, 4 = twice 2 allowed
     assert (d.desired, d.limited) == (4, [])
+
+
+def test_the_message_gives_each_signal_its_note():
+    d = decide(History(), queue_only(2, 5, 5), hpa_like(5), now=0.0)
+    assert f"{a.QUEUE_DEPTH} 5/5 -> 2 (within tolerance)" in d.message
+    assert f"{a.KV_CACHE_USAGE} 0/0.8 -> 0;" in d.message  # no note, no parentheses
