@@ -23,16 +23,16 @@ __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
 
 _LAZY = {
-    "LLM": "hetero_infer.worker.llm",
-    "SamplingParams": "hetero_infer.worker.sampling_params",
-    "RequestOutput": "hetero_infer.worker.outputs",
-    "CompletionOutput": "hetero_infer.worker.outputs",
+    "LLM": "hetero_infer.worker.frontend.llm",
+    "SamplingParams": "hetero_infer.worker.core.sampling_params",
+    "RequestOutput": "hetero_infer.worker.core.outputs",
+    "CompletionOutput": "hetero_infer.worker.core.outputs",
 }
 
 if TYPE_CHECKING:
-    from hetero_infer.worker.llm import LLM
-    from hetero_infer.worker.outputs import CompletionOutput, RequestOutput
-    from hetero_infer.worker.sampling_params import SamplingParams
+    from hetero_infer.worker.frontend.llm import LLM
+    from hetero_infer.worker.core.outputs import CompletionOutput, RequestOutput
+    from hetero_infer.worker.core.sampling_params import SamplingParams
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,7 @@ the text past the previous window is appended, which is O(1) amortized per token
 
 from __future__ import annotations
 
-from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.tokenizer import Tokenizer
 
 # Prompt tokens decoded ahead of the first output token (same as vLLM).

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hetero_infer.worker import cpu_ops
-from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.core.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
 # Width of the first top-k pass used to find top-p nuclei; rows whose nucleus is wider

@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.core.sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
 

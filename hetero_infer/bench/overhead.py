@@ -35,8 +35,8 @@ import aiohttp
 
 from hetero_infer.bench.cpu_speed import probe, slowdown
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.gc_freeze import freeze_startup_objects
-from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.worker.frontend.gc_freeze import freeze_startup_objects
 
 
 @dataclass
@@ -106,14 +106,16 @@ def run_engine(engine: Any, prompts: list[list[int]], output_len: int, concurren
 async def run_async_engine(engine: Any, prompts: list[list[int]], output_len: int, concurrency: int,
                            tag: str, stream_interval: float, core: Any = None) -> Run:
     """The engine on its thread (or, with `core`, in its process), driven by asyncio tasks (no HTTP)."""
-    from hetero_infer.worker.async_engine import AsyncEngine, EngineRequest
+    from hetero_infer.worker.core.busy_loop import EngineRequest
+    from hetero_infer.worker.frontend.client import EngineClient
+    from hetero_infer.worker.frontend.inproc import InprocEngineClient
 
     if core is not None:
-        from hetero_infer.worker.engine_process import ProcessAsyncEngine
+        from hetero_infer.worker.frontend.process import ProcessEngineClient
 
-        ae: AsyncEngine = ProcessAsyncEngine(core, stream_interval=stream_interval)
+        ae: EngineClient = ProcessEngineClient(core, stream_interval=stream_interval)
     else:
-        ae = AsyncEngine(engine, stream_interval=stream_interval)
+        ae = InprocEngineClient(engine, stream_interval=stream_interval)
     ae.start()
     queue = list(enumerate(prompts))
     latencies: list[float] = []
@@ -427,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-json", help="write the runs as JSON")
     args = p.parse_args(argv)
 
-    from hetero_infer.worker.engine import LLMEngine
+    from hetero_infer.worker.core.engine import LLMEngine
 
     config = EngineConfig(executor=args.executor, mock_step_latency_s=args.mock_step_latency_s,
                           max_model_len=args.max_model_len)
@@ -458,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             runs["async engine"].append(asyncio.run(
                 run_async_engine(engine, prompts, args.output_len, args.concurrency, f"a{r}", args.stream_interval)))
             if args.process_engine:  # a fresh engine process per run, started before the clock starts
-                from hetero_infer.worker.engine_process import EngineProcess
+                from hetero_infer.worker.frontend.process import EngineProcess
 
                 core = EngineProcess(config, args.stream_interval)
                 core.start()

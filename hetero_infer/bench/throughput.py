@@ -91,8 +91,8 @@ def _median_time(fn, device, repeats: int = 7) -> float:
 
 # -- ours --------------------------------------------------------------------------------
 def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
-    from hetero_infer.worker.engine import LLMEngine
-    from hetero_infer.worker.sampling_params import SamplingParams
+    from hetero_infer.worker.core.engine import LLMEngine
+    from hetero_infer.worker.core.sampling_params import SamplingParams
 
     engine = LLMEngine(config)
     _warm_up(engine)
@@ -132,7 +132,7 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
 
 
 def _warm_up(engine) -> None:
-    from hetero_infer.worker.sampling_params import SamplingParams
+    from hetero_infer.worker.core.sampling_params import SamplingParams
 
     engine.add_request("warmup", None, [100] * 16, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     while engine.has_unfinished_requests():
@@ -199,8 +199,8 @@ def run_hf_continuous(folder, dtype, device, prompts, outputs) -> Result:
 # -- scheduler overhead ------------------------------------------------------------------
 def scheduler_overhead(num_seqs: int = 256, steps: int = 200) -> dict[str, float]:
     """CPU time per step with `num_seqs` running sequences on the mock executor (zero latency)."""
-    from hetero_infer.worker.engine import LLMEngine
-    from hetero_infer.worker.sampling_params import SamplingParams
+    from hetero_infer.worker.core.engine import LLMEngine
+    from hetero_infer.worker.core.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(executor="mock", max_num_seqs=num_seqs, max_num_blocks=num_seqs * 40,
                                     max_num_batched_tokens=num_seqs * 128, max_model_len=2048))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetero_infer.worker.block_manager import BlockManager
-from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.scheduler import Scheduler
 from hetero_infer.worker.sequence import Sequence, SequenceStatus
 

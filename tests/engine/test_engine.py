@@ -1,4 +1,5 @@
-"""Engine behaviour through the public API: validation, aborts, stops, seeds, n > 1, admission."""
+"""Engine behaviour through the public API: validation, aborts, stops, seeds, n > 1, logits processors,
+admission."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from hetero_infer import LLM, SamplingParams
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.engine import LLMEngine
+from hetero_infer.worker.core.engine import LLMEngine
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,27 @@ def test_logprobs_returned(llm):
     for tok, entry in zip(out.token_ids, out.logprobs):
         assert tok in entry and len(entry) >= 3
         assert entry[tok] == max(entry.values())  # greedy picks the most likely token
+
+
+def test_logits_processors_steer_only_their_own_request(llm):
+    """The per-request hook: a processor that allows one token per step (from a fixed schedule) is obeyed by
+    its request, sees the request's tokens so far, and leaves a batch neighbour's greedy output as it is."""
+    schedule = [1234, 777, 4321, 888, 99]
+    seen: list[list[int]] = []
+
+    def force(generated: list[int], row):
+        seen.append(list(generated))
+        forced = row.new_full(row.shape, float("-inf"))
+        forced[schedule[len(generated)]] = 0.0
+        return forced
+
+    plain = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    alone = llm.generate(prompt_token_ids=[prompt(8, 9)], sampling_params=plain)[0].outputs[0].token_ids
+    steered = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logits_processors=[force])
+    outs = llm.generate(prompt_token_ids=[prompt(8, 9), prompt(8, 9)], sampling_params=[steered, plain])
+    assert outs[0].outputs[0].token_ids == schedule
+    assert seen == [schedule[:i] for i in range(5)]
+    assert outs[1].outputs[0].token_ids == alone != schedule
 
 
 def test_admission_stops_above_memory_threshold(tiny_model):

@@ -34,9 +34,9 @@ def test_baseline_checkout_is_what_the_baseline_server_imports(tmp_path) -> None
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     folder = importable_checkout(repo, str(tmp_path))
     out = subprocess.run(
-        [sys.executable, "-c", "import hetero_infer.cli, hetero_infer.worker.server.serving as m; print(m.__file__)"],
+        [sys.executable, "-c", "import hetero_infer.cli, hetero_infer.worker.server.app as m; print(m.__file__)"],
         env={**os.environ, "PYTHONPATH": folder}, cwd=folder, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == os.path.join(folder, "hetero_infer", "worker", "server", "serving.py")
+    assert out.stdout.strip() == os.path.join(folder, "hetero_infer", "worker", "server", "app.py")
 
 
 def test_benchmark_runs_end_to_end_and_counts_its_rounds(capsys) -> None:

@@ -1,7 +1,8 @@
-"""The engine's delta outputs (`add_request(..., delta=True)`: what the server's engine thread uses; merged
-straight into batches by `step_merged` in the engine process): accumulated, they give exactly the cumulative
-outputs, step by step (tokens, text, logprobs, finish and stop reasons), with n > 1, stop strings and logprobs;
-and the async layer's accumulation (`OutputStream`) gives them too."""
+"""The engine's typed delta outputs (`LLMEngine.step_deltas`: one `RequestDelta` per request per step, what the
+busy loop hands the frontends): added up, after every step, they are exactly the state of the request's
+sequences (tokens, emittable text, logprobs, finish and stop reasons), with n > 1, stop strings and logprobs;
+merged over several steps (`RequestDelta.merge`, what the busy loop and the output streams do) they add up to
+the same; `step()`'s cumulative outputs and the engine client's stream (`OutputStream.next`) give it too."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from hetero_infer.worker.async_engine import AsyncEngine, EngineRequest, RequestState
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.engine import LLMEngine
-from hetero_infer.worker.outputs import take_entries
-from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.core.busy_loop import EngineRequest
+from hetero_infer.worker.core.engine import LLMEngine
+from hetero_infer.worker.core.outputs import RequestDelta
+from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.worker.frontend.inproc import InprocEngineClient
 
 MOCK_PARAMS = [
     SamplingParams(max_tokens=40, ignore_eos=True),
@@ -31,46 +33,56 @@ TORCH_PARAMS = [
 ]
 
 
-def _snapshot(out: Any) -> tuple:
-    return (out.finished, out.error, [(c.index, c.text, list(c.token_ids), None if c.logprobs is None else
-                                       list(c.logprobs), c.cumulative_logprob, c.finish_reason, c.stop_reason)
-                                      for c in out.outputs])
+def _truth(request: Any) -> list[tuple]:
+    """What the request's sequences hold now, read from the engine's own state (not from any output)."""
+    with_lp = request.params.logprobs is not None
+    return [(seq.token_ids[seq.num_prompt_tokens:], seq.detokenizer.emittable_text(seq.is_finished),
+             None if seq.logprobs is None else list(seq.logprobs), seq.cumulative_logprob if with_lp else None,
+             seq.finish_reason, seq.stop_reason) for seq in request.seqs]
 
 
-def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], mode: str) -> dict[str, list]:
-    """Every request's output after every step that touched it: "cumulative" outputs as they are; "delta"
-    outputs (`step()`) and "merged" ones (`step_merged`) accumulated in a RequestState."""
-    tag = mode[0]
-    states = {}
+def _add_up(total: list[list], delta: RequestDelta) -> None:
+    for i, d in enumerate(delta.samples):
+        if i == len(total):
+            total.append([[], "", None, None, None, None])
+        t = total[i]
+        t[0] = t[0] + d.token_ids
+        t[1] = t[1] + d.text
+        if d.logprobs is not None:
+            t[2] = (t[2] or []) + d.logprobs
+        t[3], t[4], t[5] = d.cumulative_logprob, d.finish_reason, d.stop_reason
+
+
+def _add_requests(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], tag: str) -> dict:
+    requests = {}
     for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
-        rid = f"{tag}{i}"
-        engine.add_request(rid, None, ids, p, delta=mode != "cumulative")
-        states[rid] = RequestState(rid, None, ids)
-    seen: dict[str, list] = {rid: [] for rid in states}
+        engine.add_request(f"{tag}{i}", None, ids, p)
+        requests[f"{tag}{i}"] = engine.requests[f"{tag}{i}"]
+    return requests
+
+
+def _check_deltas(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], merge_every: int) -> dict:
+    """Step to the end; every `merge_every` steps, the merged deltas of those steps, added up, must be the
+    requests' state. Returns the final totals."""
+    requests = _add_requests(engine, prompts, params, f"m{merge_every}-")
+    totals: dict[str, list[list]] = {rid: [] for rid in requests}
+    pending: dict[str, RequestDelta] = {}
+    steps = 0
     while engine.has_unfinished_requests():
-        pending: dict[str, list] = {}
-        if mode == "merged":
-            engine.step_merged(pending)
-        else:
-            outputs = engine.step()
-            for out in outputs:
-                if mode == "delta":
-                    state = states[out.request_id]
-                    for c in out.outputs:
-                        state.sample(c.index).add(c.token_ids, c.text, c.logprobs, c.cumulative_logprob,
-                                                  c.finish_reason, c.stop_reason)
-                    state.finished, state.error = out.finished, out.error
-                    out = state.output()
-                seen[out.request_id].append(_snapshot(out))
-            continue
-        for rid, finished, error, _metrics, samples, times in take_entries(pending):
-            assert len(times) == 1
-            state = states[rid]
-            for index, sample in enumerate(samples):
-                state.sample(index).add(*sample)
-            state.finished, state.error = finished, error
-            seen[rid].append(_snapshot(state.output()))
-    return {rid[1:]: steps for rid, steps in seen.items()}
+        for delta in engine.step_deltas():
+            assert len(delta.step_times) == 1
+            if delta.request_id in pending:
+                pending[delta.request_id].merge(delta)
+            else:
+                pending[delta.request_id] = delta
+        steps += 1
+        if steps % merge_every == 0 or not engine.has_unfinished_requests():
+            for rid, delta in pending.items():
+                _add_up(totals[rid], delta)
+                assert [tuple(t) for t in totals[rid]] == _truth(requests[rid])
+                assert delta.finished == (rid not in engine.requests)
+            pending = {}
+    return {rid: [tuple(t) for t in total] for rid, total in totals.items()}
 
 
 @pytest.fixture(scope="module")
@@ -78,71 +90,78 @@ def mock_engine() -> Iterator[LLMEngine]:
     yield LLMEngine(EngineConfig(executor="mock", max_model_len=256, enable_prefix_caching=False))
 
 
-def test_mock_deltas_accumulate_to_the_cumulative_outputs(mock_engine: LLMEngine) -> None:
-    tok = mock_engine.tokenizer
-    prompts = [tok.encode(f"prompt number {i} says hello") for i in range(len(MOCK_PARAMS))]
-    cumulative = _run(mock_engine, prompts, MOCK_PARAMS, "cumulative")
-    assert _run(mock_engine, prompts, MOCK_PARAMS, "delta") == cumulative
-    assert _run(mock_engine, prompts, MOCK_PARAMS, "merged") == cumulative
-    reasons = {c[5] for steps in cumulative.values() for c in steps[-1][2]}
+def _mock_prompts(engine: LLMEngine) -> list[list[int]]:
+    return [engine.tokenizer.encode(f"prompt number {i} says hello") for i in range(len(MOCK_PARAMS))]
+
+
+@pytest.mark.parametrize("merge_every", [1, 3])
+def test_mock_deltas_add_up_to_the_sequences(mock_engine: LLMEngine, merge_every: int) -> None:
+    final = _check_deltas(mock_engine, _mock_prompts(mock_engine), MOCK_PARAMS, merge_every)
+    reasons = {s[4] for samples in final.values() for s in samples}
     assert {"stop", "length"} <= reasons  # the stop strings and ids did stop some samples
-    assert all(len(steps[-1][2]) == p.n for steps, p in zip(cumulative.values(), MOCK_PARAMS, strict=True))
+    assert [len(samples) for samples in final.values()] == [p.n for p in MOCK_PARAMS]
 
 
-def test_torch_deltas_with_logprobs_accumulate_to_the_cumulative_outputs() -> None:
+def test_torch_deltas_with_logprobs_add_up_to_the_sequences() -> None:
     engine = LLMEngine(EngineConfig(executor="torch", max_model_len=128, enable_prefix_caching=False))
     tok = engine.tokenizer
     prompts = [tok.encode("The capital of France is"), tok.encode("Once upon a time")]
-    cumulative = _run(engine, prompts, TORCH_PARAMS, "cumulative")
-    assert _run(engine, prompts, TORCH_PARAMS, "delta") == cumulative
-    assert _run(engine, prompts, TORCH_PARAMS, "merged") == cumulative
-    last = cumulative["0"][-1][2]
-    assert all(c[3] is not None and len(c[3]) == len(c[2]) for c in last)  # a logprobs entry per token
+    final = _check_deltas(engine, prompts, TORCH_PARAMS, 1)
+    assert all(s[2] is not None and len(s[2]) == len(s[0]) for s in final["m1-0"])  # a logprobs entry per token
 
 
-async def test_async_engine_streams_the_cumulative_outputs(mock_engine: LLMEngine) -> None:
-    """Through the engine thread (deltas merged per flush, accumulated per stream): the final output of each
-    request is the engine's cumulative one, and every intermediate one is a prefix of it."""
-    tok = mock_engine.tokenizer
-    prompts = [tok.encode(f"prompt number {i} says hello") for i in range(len(MOCK_PARAMS))]
-    expected = {rid: steps[-1] for rid, steps in _run(mock_engine, prompts, MOCK_PARAMS, "cumulative").items()}
-    ae = AsyncEngine(mock_engine, stream_interval=0.001)
-    ae.start()
+def test_step_gives_the_cumulative_outputs(mock_engine: LLMEngine) -> None:
+    requests = _add_requests(mock_engine, _mock_prompts(mock_engine), MOCK_PARAMS, "c")
+    while mock_engine.has_unfinished_requests():
+        for out in mock_engine.step():
+            got = [(c.token_ids, c.text, c.logprobs, c.cumulative_logprob, c.finish_reason, c.stop_reason)
+                   for c in out.outputs]
+            assert got == _truth(requests[out.request_id])
+            assert [c.index for c in out.outputs] == list(range(len(out.outputs)))
+            assert out.finished == (out.request_id not in mock_engine.requests)
+
+
+async def test_engine_client_streams_the_cumulative_outputs(mock_engine: LLMEngine) -> None:
+    """Through the engine thread (deltas merged per hand-over, added up per stream): the final output of each
+    request is the engine's, and every intermediate one is a prefix of it."""
+    prompts = _mock_prompts(mock_engine)
+    expected = {rid[3:]: v for rid, v in _check_deltas(mock_engine, prompts, MOCK_PARAMS, 1).items()}
+    client = InprocEngineClient(mock_engine, stream_interval=0.001)
+    client.start()
     try:
-        async def one(i: int) -> tuple:
-            stream = ae.submit([EngineRequest(f"a{i}", None, prompts[i], MOCK_PARAMS[i])])
+        async def one(i: int) -> list[tuple]:
+            stream = client.submit([EngineRequest(f"a{i}", None, prompts[i], MOCK_PARAMS[i])])
             last = None
             while outputs := await stream.next():
-                snap = _snapshot(outputs[-1])
+                snap = [(c.token_ids, c.text, c.logprobs, c.cumulative_logprob, c.finish_reason, c.stop_reason)
+                        for c in outputs[-1].outputs]
                 if last is not None:
-                    for before, now in zip(last[2], snap[2], strict=True):
-                        assert now[1].startswith(before[1]) and now[2][:len(before[2])] == before[2]
+                    for before, now in zip(last, snap):
+                        assert now[1].startswith(before[1]) and now[0][:len(before[0])] == before[0]
                 last = snap
             return last
 
         got = await asyncio.gather(*[one(i) for i in range(len(prompts))])
     finally:
-        ae.shutdown()
+        client.shutdown()
     assert {str(i): g for i, g in enumerate(got)} == expected
 
 
-@pytest.mark.parametrize("mode", ["cumulative", "merged"])
+@pytest.mark.parametrize("mode", ["cumulative", "delta"])
 def test_a_failed_step_ends_its_requests_with_an_error(mock_engine: LLMEngine, mode: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     ids = mock_engine.tokenizer.encode("doomed")
-    mock_engine.add_request(f"fail-{mode}", None, ids, SamplingParams(n=2, max_tokens=10, temperature=1.0, seed=1),
-                            delta=mode == "merged")
+    mock_engine.add_request(f"fail-{mode}", None, ids, SamplingParams(n=2, max_tokens=10, temperature=1.0, seed=1))
     mock_engine.step()  # prefill: both samples exist
 
     def boom(sched: Any) -> Any:
         raise RuntimeError("injected")
 
     monkeypatch.setattr(mock_engine.executor, "execute", boom)
-    if mode == "merged":
-        pending: dict[str, list] = {}
-        assert mock_engine.step_merged(pending) == 1
-        [(rid, finished, error, _metrics, samples, _times)] = take_entries(pending)
-        reasons = [s[4] for s in samples]
+    if mode == "delta":
+        [delta] = mock_engine.step_deltas()
+        rid, finished, error, reasons = delta.request_id, delta.finished, delta.error, [
+            s.finish_reason for s in delta.samples]
     else:
         [out] = mock_engine.step()
         rid, finished, error, reasons = out.request_id, out.finished, out.error, [c.finish_reason

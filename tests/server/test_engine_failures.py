@@ -13,10 +13,11 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from hetero_infer.worker.async_engine import AsyncEngine, EngineRequest
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.engine import LLMEngine
-from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.core.busy_loop import EngineRequest
+from hetero_infer.worker.core.engine import LLMEngine
+from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.worker.frontend.inproc import InprocEngineClient
 from hetero_infer.worker.server.app import create_app
 from hetero_infer.worker.server.options import ServerOptions
 from hetero_infer.worker.server.state import ServerState
@@ -93,15 +94,15 @@ async def test_failed_step_fails_only_its_requests(served: tuple[str, ServerStat
 async def test_broken_engine_turns_readyz_red(served: tuple[str, ServerState, LLMEngine],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     url, state, engine = served
-    real_step = engine.step_merged  # what the engine thread calls
+    real_step = engine.step_deltas  # what the busy loop calls
     broken = {"now": False}
 
-    def step(pending: dict[str, list]) -> Any:
+    def step() -> Any:
         if broken["now"]:
             raise RuntimeError("scheduler invariant violated")
-        return real_step(pending)
+        return real_step()
 
-    monkeypatch.setattr(engine, "step_merged", step)
+    monkeypatch.setattr(engine, "step_deltas", step)
     async with aiohttp.ClientSession() as session:
         stream = await session.post(url + "/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "stream": True})
@@ -128,7 +129,7 @@ async def test_broken_engine_turns_readyz_red(served: tuple[str, ServerState, LL
 
 async def test_async_engine_idles_without_spinning(engine: LLMEngine) -> None:
     """No work: the engine thread sleeps (no steps); work: outputs arrive; abort: blocks are freed at once."""
-    ae = AsyncEngine(engine)
+    ae = InprocEngineClient(engine)
     ae.start()
     try:
         await asyncio.sleep(0.2)

@@ -17,10 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.core.request_check import EngineLimits
+from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.server.errors import APIError
+from hetero_infer.worker.server.prompts import DEFAULT_COMPLETION_MAX_TOKENS, Prompt, request_sampling_params
 from hetero_infer.worker.server.protocol import ChatCompletionRequest, CompletionRequest
-from hetero_infer.worker.server.serving import DEFAULT_COMPLETION_MAX_TOKENS, Prompt, request_sampling_params
 
 MAX_MODEL_LEN = 512
 VOCAB = 1000
@@ -32,8 +33,7 @@ FAST = settings(max_examples=25, deadline=None, database=None)
 
 def _state() -> Any:
     """The server limits the mapping reads (ServerState's attributes of the same names)."""
-    return SimpleNamespace(max_model_len=MAX_MODEL_LEN, max_num_seqs=64, vocab_size=VOCAB,
-                           validate_request=lambda ids, params: None)
+    return SimpleNamespace(limits=EngineLimits("m", MAX_MODEL_LEN, VOCAB, 1 << 20, 16, ()), max_num_seqs=64)
 
 
 def _params(endpoint: str, **fields: Any) -> SamplingParams:

@@ -20,8 +20,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.engine import LLMEngine
-from hetero_infer.worker.server import serving
+from hetero_infer.worker.core.engine import LLMEngine
+from hetero_infer.worker.server import sse
 from hetero_infer.worker.server.app import create_app
 from hetero_infer.worker.server.options import ServerOptions
 from hetero_infer.worker.server.state import ServerState
@@ -97,7 +97,7 @@ def _requests() -> list[tuple[str, dict]]:
 
 async def test_headers_leave_with_the_first_events(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     # However slow the machine, the first events come before this: the headers wait for them.
-    monkeypatch.setattr(serving, "HEADERS_MAX_DELAY_S", 10 * DEADLINE_S)
+    monkeypatch.setattr(sse, "HEADERS_MAX_DELAY_S", 10 * DEADLINE_S)
     async with _session() as session:
         for path, body in _requests():
             served.writes.clear()

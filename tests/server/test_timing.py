@@ -9,11 +9,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hetero_infer.worker.async_engine import AsyncEngine, EngineRequest, RequestTiming
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.engine import LLMEngine
-from hetero_infer.worker.engine_process import EngineProcess, ProcessAsyncEngine
-from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.core.busy_loop import EngineRequest
+from hetero_infer.worker.core.engine import LLMEngine
+from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.worker.frontend.client import EngineClient
+from hetero_infer.worker.frontend.inproc import InprocEngineClient
+from hetero_infer.worker.frontend.process import EngineProcess, ProcessEngineClient
+from hetero_infer.worker.frontend.timing import RequestTiming
 
 CONFIG = EngineConfig(executor="mock", max_model_len=256, mock_step_latency_s=0.002)
 
@@ -29,15 +32,15 @@ class Sink:
 
 
 @pytest.fixture(params=["thread", "process"])
-async def engine(request: pytest.FixtureRequest) -> AsyncIterator[tuple[AsyncEngine, Sink]]:
+async def engine(request: pytest.FixtureRequest) -> AsyncIterator[tuple[EngineClient, Sink]]:
     sink = Sink()
     if request.param == "thread":
-        ae = AsyncEngine(LLMEngine(CONFIG), timing_sink=sink, stream_interval=0.005)
+        ae = InprocEngineClient(LLMEngine(CONFIG), timing_sink=sink, stream_interval=0.005)
     else:
         core = EngineProcess(CONFIG, 0.005)
         core.start()
         await asyncio.get_running_loop().run_in_executor(None, core.wait_ready)
-        ae = ProcessAsyncEngine(core, timing_sink=sink, stream_interval=0.005)
+        ae = ProcessEngineClient(core, timing_sink=sink, stream_interval=0.005)
     ae.start()
     try:
         yield ae, sink
@@ -52,7 +55,7 @@ async def _drain(stream) -> int:
     return tokens
 
 
-async def test_timing_of_finished_and_aborted_requests(engine: tuple[AsyncEngine, Sink]) -> None:
+async def test_timing_of_finished_and_aborted_requests(engine: tuple[EngineClient, Sink]) -> None:
     ae, sink = engine
 
     def prompt(length: int) -> list[int]:

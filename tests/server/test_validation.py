@@ -1,4 +1,6 @@
-"""Bad input over raw HTTP: OpenAI-shaped 4xx errors, nothing reaches the engine, no server state changes."""
+"""Bad input over raw HTTP: OpenAI-shaped 4xx errors, nothing reaches the engine, no server state changes; and the
+one request check itself (`check_request`): typed errors with their OpenAI fields, one context-length message,
+called once."""
 
 from __future__ import annotations
 
@@ -6,6 +8,14 @@ import json
 
 import pytest
 from server_proc import ServerProcess, http
+
+from hetero_infer.worker.config import EngineConfig
+from hetero_infer.worker.core.busy_loop import EngineRequest
+from hetero_infer.worker.core.engine import LLMEngine
+from hetero_infer.worker.core.request_check import EngineLimits, ParamNames, RequestError, check_request
+from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.worker.frontend.inproc import InprocEngineClient
+from hetero_infer.worker.server.errors import from_request_error
 
 CHAT = "/v1/chat/completions"
 COMPL = "/v1/completions"
@@ -144,3 +154,70 @@ def test_bad_request_ids_are_echoed_or_replaced(server: ServerProcess) -> None:
     assert r.headers["x-request-id"] == "trace-123"
     r = http("POST", server.url + COMPL, "{}", {"X-Request-Id": "bad id with spaces"})
     assert r.headers["x-request-id"] != "bad id with spaces" and len(r.headers["x-request-id"]) == 32
+
+
+# ------------------------------------------------------------------ the one check, without a server
+
+LIMITS = EngineLimits("m", 64, 1000, 8, 16, (2,))
+
+
+@pytest.mark.parametrize(("ids", "params", "param", "code"), [
+    ([5] * 64, SamplingParams(max_tokens=4), "messages", "context_length_exceeded"),
+    ([5] * 60, SamplingParams(max_tokens=5), "max_completion_tokens", "context_length_exceeded"),
+    ([], SamplingParams(), "messages", "invalid_value"),
+    ([5, 1000], SamplingParams(), "messages", "invalid_value"),
+    ([5], SamplingParams(top_p=0.0), "top_p", "invalid_value"),
+    ([5], SamplingParams(max_tokens=4, min_tokens=5), "min_tokens", "invalid_value"),
+    ([5], SamplingParams(n=3), "n", "invalid_value"),
+])
+def test_check_request_errors_carry_their_openai_fields(ids, params, param, code) -> None:
+    names = ParamNames(prompt="messages", max_tokens="max_completion_tokens")
+    with pytest.raises(RequestError) as info:
+        check_request(ids, params, LIMITS, names=names, max_n=2)
+    assert (info.value.status, info.value.type, info.value.param, info.value.code) == (
+        400, "invalid_request_error", param, code)
+    err = from_request_error(info.value)
+    assert (err.status, err.param, err.code, err.message) == (400, param, code, str(info.value))
+
+
+def test_one_context_length_message() -> None:
+    messages = []
+    for ids, max_tokens in (([5] * 64, 4), ([5] * 60, 5), ([5] * 60, None)):
+        try:
+            check_request(ids, SamplingParams(max_tokens=max_tokens), LIMITS)
+        except RequestError as exc:
+            messages.append(str(exc))
+    assert messages == [
+        "This model's maximum context length is 64 tokens. However, you requested 68 tokens (64 in the prompt, 4 for "
+        "the completion). Please reduce the length of the prompt or the completion.",
+        "This model's maximum context length is 64 tokens. However, you requested 65 tokens (60 in the prompt, 5 for "
+        "the completion). Please reduce the length of the prompt or the completion.",
+    ]  # with max_tokens None the rest of the context is resolved: no error
+    assert check_request([5] * 60, SamplingParams(max_tokens=None), LIMITS) == 4
+
+
+async def test_a_checked_request_is_not_checked_again_by_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The frontend's check is the only one: an EngineRequest with its resolved max_tokens is added as is; one
+    without is checked by the engine (and a refusal fails its stream with the typed error)."""
+    from hetero_infer.worker.core import engine as engine_module
+
+    engine = LLMEngine(EngineConfig(executor="mock", max_model_len=128, max_num_blocks=64))
+    calls = []
+    real = engine_module.check_request
+    monkeypatch.setattr(engine_module, "check_request", lambda *a, **k: calls.append(a) or real(*a, **k))
+    client = InprocEngineClient(engine)
+    client.start()
+    try:
+        params = SamplingParams(max_tokens=3, ignore_eos=True)
+        for request, expected_calls in ((EngineRequest("checked", None, [5, 6], params, 3), 0),
+                                        (EngineRequest("unchecked", None, [5, 6], params), 1)):
+            stream = client.submit([request])
+            while outputs := await stream.next():
+                last = outputs[-1]
+            assert last.finished and len(last.outputs[0].token_ids) == 3 and len(calls) == expected_calls
+        stream = client.submit([EngineRequest("refused", None, [5] * 200, params)])
+        with pytest.raises(RequestError) as info:
+            await stream.next()
+        assert info.value.code == "context_length_exceeded" and info.value.param == "prompt"
+    finally:
+        client.shutdown()

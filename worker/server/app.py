@@ -1,5 +1,5 @@
 """The aiohttp application: routes, middlewares (request ids, OpenAI-shaped errors, API keys) and the small
-endpoints (/healthz, /readyz, /metrics, /openapi.json, /v1/models). Generation lives in `serving`."""
+endpoints (/healthz, /readyz, /metrics, /openapi.json, /v1/models). Generation lives in `completions` and `chat`."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from hetero_infer.worker.server.chat import create_chat_completion
+from hetero_infer.worker.server.completions import create_completion
 from hetero_infer.worker.server.errors import APIError
 from hetero_infer.worker.server.ids import new_id
 from hetero_infer.worker.server.metrics import CONTENT_TYPE
 from hetero_infer.worker.server.openapi import build_openapi
-from hetero_infer.worker.server.serving import create_chat_completion, create_completion
 from hetero_infer.worker.server.state import STATE_KEY, ServerState, get_state
 
 logger = logging.getLogger("hetero_infer.server")

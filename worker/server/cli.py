@@ -5,7 +5,7 @@ server and engine keys in snake_case; precedence flag > environment > file > def
 validated before anything slow happens; a bad option exits with status 2 and a one-line reason.
 
 Start-up binds the port first (so /healthz answers and /readyz says "loading" while the model loads), then
-builds the engine in its own process (`--engine-process`, the default; see worker/engine_process.py) or on a
+builds the engine in its own process (`--engine-process`, the default; see worker/frontend/process.py) or on a
 background thread (`--no-engine-process`), then turns ready. SIGTERM/SIGINT drain: /readyz fails at once,
 new requests get 503, in-flight requests have `--shutdown-grace` seconds to finish, then the process exits 0.
 """
@@ -27,7 +27,7 @@ from aiohttp import web
 from hetero_infer.options import add_flags, environment_values, load_options
 from hetero_infer.worker.cli_args import ENV_PREFIX, add_engine_args
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.gc_freeze import freeze_startup_objects
+from hetero_infer.worker.frontend.gc_freeze import freeze_startup_objects
 from hetero_infer.worker.server.options import LOG_FORMATS, LOG_LEVELS, ServerOptions
 
 logger = logging.getLogger("hetero_infer.server")
@@ -121,7 +121,7 @@ async def _load_engine(engine_config: EngineConfig) -> tuple[Any, Any]:
 
     def load() -> None:
         try:
-            from hetero_infer.worker.engine import LLMEngine
+            from hetero_infer.worker.core.engine import LLMEngine
 
             engine = LLMEngine(engine_config)
             tokenizer = _private_tokenizer(engine.tokenizer)
@@ -139,7 +139,7 @@ async def _load_engine_process(engine_config: EngineConfig, stream_interval: flo
     """Spawn the engine-core process (here, on the loop's thread: the child's parent-death signal follows the
     thread that created it) and wait on a daemon thread for its limits, loading the server's tokenizer
     meanwhile."""
-    from hetero_infer.worker.engine_process import EngineInfo, EngineProcess, load_parent_tokenizer
+    from hetero_infer.worker.frontend.process import EngineProcess, load_parent_tokenizer
 
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
@@ -153,12 +153,12 @@ async def _load_engine_process(engine_config: EngineConfig, stream_interval: flo
     def load() -> None:
         try:
             tokenizer = load_parent_tokenizer(engine_config)
-            limits = core.wait_ready()
+            core.wait_ready()
         except BaseException as exc:
             core.stop(2.0)
             loop.call_soon_threadsafe(_settle, future, None, exc)
         else:
-            loop.call_soon_threadsafe(_settle, future, (EngineInfo(limits, tokenizer), tokenizer, core), None)
+            loop.call_soon_threadsafe(_settle, future, (None, tokenizer, core), None)
 
     threading.Thread(target=load, name="engine-load", daemon=True).start()
     try:
@@ -226,8 +226,8 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
     async_engine = state.start_engine(engine, max_num_seqs=engine_config.max_num_seqs, tokenizer=tokenizer,
                                       core=core)
     freeze_startup_objects()
-    logger.info("ready: serving %s (max_model_len %d, executor %s, engine %s)", engine.model_name,
-                engine.max_model_len, engine_config.executor,
+    logger.info("ready: serving %s (max_model_len %d, executor %s, engine %s)", state.model_name,
+                state.max_model_len, engine_config.executor,
                 f"process pid {core.pid}" if core is not None else "thread")
 
     await stopper

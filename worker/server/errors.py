@@ -6,6 +6,9 @@ import json
 
 from aiohttp import web
 
+from hetero_infer.worker.core.request_check import RequestError
+from hetero_infer.worker.frontend.client import EngineDeadError, RequestFailedError
+
 _TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
@@ -63,3 +66,24 @@ def overloaded(message: str, retry_after_s: int) -> APIError:
 def unavailable(message: str, code: str, retry_after_s: int | None = None) -> APIError:
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
     return APIError(503, message, code=code, headers=headers)
+
+
+def from_request_error(exc: RequestError) -> APIError:
+    """The engine's typed request error as the API's error (its status, type, code and parameter)."""
+    return APIError(exc.status, exc.message, code=exc.code, param=exc.param, type=exc.type)
+
+
+# What a generation's stream can fail with; each becomes an API error (`as_api_error`).
+STREAM_ERRORS = (APIError, RequestError, RequestFailedError, EngineDeadError)
+
+
+def as_api_error(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, RequestError):
+        return from_request_error(exc)
+    if isinstance(exc, RequestFailedError):
+        return APIError(500, f"the engine failed while generating this request: {exc}", code="engine_error")
+    if isinstance(exc, EngineDeadError):
+        return APIError(500, f"the engine stopped: {exc}", code="engine_failed")
+    raise exc

@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from hetero_infer.worker.async_engine import RequestTiming
+from hetero_infer.worker.frontend.timing import RequestTiming
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from hetero_infer.worker.async_engine import AsyncEngine
+from hetero_infer.worker.core.request_check import EngineLimits
+from hetero_infer.worker.frontend.client import EngineClient
 from hetero_infer.worker.server.errors import APIError, overloaded, unavailable
 from hetero_infer.worker.server.metrics import ServerMetrics
 from hetero_infer.worker.server.options import ServerOptions
@@ -26,49 +27,51 @@ class ServerState:
         self.phase = LOADING
         self.load_error: str | None = None
         self.created = int(time.time())
-        self._engine: AsyncEngine | None = None
+        self._engine: EngineClient | None = None
         self.tokenizer: Any = None
+        self.limits: EngineLimits | None = None
         self.model_name = ""
         self.max_model_len = 0
         self.max_num_seqs = 1
-        self.vocab_size = 0
         self.open_seqs = 0  # sequences of admitted requests (running or waiting)
         self.active_requests = 0  # generation handlers in flight
         self._idle = asyncio.Event()
         self._idle.set()
         self._token_text: dict[int, str] = {}
-        self._validate: Any = None
 
     # ----------------------------------------------------------------- engine
     def start_engine(self, engine: Any, *, max_num_seqs: int, tokenizer: Any = None,
-                     core: Any = None) -> AsyncEngine:
-        """Run a loaded `LLMEngine` on its thread and start serving it (call on the event loop).
+                     core: Any = None) -> EngineClient:
+        """Start serving a loaded `LLMEngine` on an engine thread (call on the event loop), or, with `core` (an
+        `EngineProcess` that is ready; `engine` is then unused), the engine in that process.
 
-        `tokenizer` is the loop's own copy (default: the engine's, shared with the engine thread). With `core`
-        (an `EngineProcess` that is ready), the engine runs in that process and `engine` is its `EngineInfo`.
+        `tokenizer` is the loop's own copy (default: the engine's, shared with the engine thread).
         """
+        client: EngineClient
         if core is not None:
-            from hetero_infer.worker.engine_process import ProcessAsyncEngine
+            from hetero_infer.worker.frontend.process import ProcessEngineClient
 
-            async_engine: AsyncEngine = ProcessAsyncEngine(core, timing_sink=self.metrics,
-                                                           stream_interval=self.options.stream_interval)
+            client = ProcessEngineClient(core, timing_sink=self.metrics, stream_interval=self.options.stream_interval)
+            limits = core.limits
         else:
-            async_engine = AsyncEngine(engine, timing_sink=self.metrics,
-                                       stream_interval=self.options.stream_interval)
-        async_engine.start()
-        self._engine = async_engine
-        self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
-        self.model_name = engine.model_name
-        self.max_model_len = engine.max_model_len
+            from hetero_infer.worker.frontend.inproc import InprocEngineClient
+
+            client = InprocEngineClient(engine, timing_sink=self.metrics, stream_interval=self.options.stream_interval)
+            limits = engine.limits
+            tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
+        client.start()
+        self._engine = client
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.model_name = limits.model_name
+        self.max_model_len = limits.max_model_len
         self.max_num_seqs = max_num_seqs
-        self.vocab_size = int(getattr(engine, "vocab_size", self.tokenizer.vocab_size))
-        self._validate = getattr(engine, "validate_request", None)
-        self.metrics.bind(self.model_name, async_engine.stats, lambda: async_engine.healthy)
+        self.metrics.bind(self.model_name, client.stats, lambda: client.healthy)
         self.phase = READY
-        return async_engine
+        return client
 
     @property
-    def engine(self) -> AsyncEngine:
+    def engine(self) -> EngineClient:
         assert self._engine is not None
         return self._engine
 
@@ -83,11 +86,6 @@ class ServerState:
         if self.phase == FAILED:
             return False, FAILED, self.load_error
         return self.phase == READY, self.phase, None
-
-    def validate_request(self, prompt_token_ids: list[int], params: Any) -> None:
-        """The engine's read-only request check (ValueError), run on the loop before anything is queued."""
-        if self._validate is not None:
-            self._validate(prompt_token_ids, params)
 
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)

@@ -1,7 +1,9 @@
-"""The engine core: requests in, one scheduler step at a time, outputs out.
+"""The engine core: requests in, one scheduler step at a time, one `RequestDelta` per request that progressed
+out (`step_deltas`; `step` adds them up into vLLM-like cumulative `RequestOutput`s for direct callers).
 
-Single-threaded by design: `add_request`, `abort_request` and `step` are called from one
-thread (the async server runs them in its engine thread; `LLM` calls them directly).
+Single-threaded by design: `add_request`, `abort_request` and the steps are called from one thread (the busy
+loop of `hetero_infer.worker.core.busy_loop`, on the server's engine thread or in the engine process; `LLM`
+calls them directly).
 """
 
 from __future__ import annotations
@@ -9,15 +11,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from itertools import repeat
 
 from hetero_infer.worker.block_manager import BlockManager
 from hetero_infer.worker.config import EngineConfig
+from hetero_infer.worker.core.outputs import OutputAccumulator, RequestDelta, RequestOutput, SampleDelta
+from hetero_infer.worker.core.request_check import EngineLimits, check_request
+from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.detokenizer import IncrementalDetokenizer
 from hetero_infer.worker.model_loader import load_hf_config, resolve_model
-from hetero_infer.worker.outputs import CompletionOutput, RequestOutput
 from hetero_infer.worker.sampler import Sampler, SamplingRow, make_generator
-from hetero_infer.worker.sampling_params import SamplingParams
 from hetero_infer.worker.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.sequence import Sequence, SequenceStatus
 from hetero_infer.worker.tokenizer import Tokenizer
@@ -49,9 +51,8 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     error: str | None = None
-    # Delta outputs (`add_request(..., delta=True)`): per sample, what earlier outputs already carried
-    # ([tokens, characters of text, logprobs entries]); None for cumulative outputs.
-    sent: list[list[int]] | None = None
+    # Per sample, what earlier deltas already carried: [tokens, characters of text, logprobs entries].
+    sent: list[list[int]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -87,29 +88,32 @@ class LLMEngine:
         self.last_schedule: SchedulerOutput | None = None  # for benchmarks and tracing
         self.last_schedule_seconds = 0.0
         self.generation_tokens_total = 0
+        self._accumulators: dict[str, OutputAccumulator] = {}  # `step()`'s cumulative outputs
+        self.limits = EngineLimits(self.model_name, self.max_model_len, int(self.vocab_size),
+                                   self.block_manager.num_blocks, self.block_manager.block_size,
+                                   tuple(self.eos_token_ids))
 
     # -- requests -----------------------------------------------------------------------
-    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
-        """Check a request without touching engine state; return its resolved max_tokens."""
-        return validate_request(prompt_token_ids, params, vocab_size=self.vocab_size,
-                                max_model_len=self.max_model_len, block_size=self.block_manager.block_size,
-                                num_blocks=self.block_manager.num_blocks)
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        """`check_request` against this engine's limits (RequestError); the resolved max_tokens."""
+        return check_request(prompt_token_ids, params, self.limits)
 
     def add_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-        *, delta: bool = False,
+        *, max_tokens: int | None = None, arrival_time: float | None = None,
     ) -> None:
-        """Queue a request. Its outputs are cumulative (every output holds all the tokens, text and logprobs so
-        far), or with `delta=True` carry only what is new since the request's previous output (finish reasons,
-        stop reasons and cumulative logprobs stay absolute): what a streaming consumer that accumulates needs,
-        without copying each request's whole output at every step."""
+        """Queue a request. `max_tokens`: the resolved max_tokens of a request its caller has checked already
+        (`check_request`); without it the request is checked here (RequestError)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        max_tokens = self.validate_request(prompt_token_ids, params)
+        if max_tokens is None:
+            max_tokens = self.check_request(prompt_token_ids, params)
         seq = self._new_sequence(request_id, list(prompt_token_ids), params, max_tokens, 0)
         seq.forks_pending = params.n - 1
-        self.requests[request_id] = Request(request_id, prompt, list(prompt_token_ids), params, [seq],
-                                            sent=[] if delta else None)
+        request = Request(request_id, prompt, list(prompt_token_ids), params, [seq])
+        if arrival_time is not None:
+            request.arrival_time = arrival_time
+        self.requests[request_id] = request
         self.scheduler.add(seq)
 
     def _new_sequence(self, request_id, token_ids, params, max_tokens, sample_index) -> Sequence:
@@ -121,6 +125,7 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
+        self._accumulators.pop(request_id, None)
         if request is None:
             return
         for seq in request.seqs:
@@ -131,23 +136,32 @@ class LLMEngine:
         return bool(self.requests)
 
     # -- the step -----------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        """One scheduler step; an output for every request that got new tokens (or failed) in it."""
-        return [self._output(r) for r in self._step()]
-
-    def step_merged(self, pending: dict[str, list]) -> int:
-        """One step, like `step()`, for requests added with `delta=True`: instead of returning their delta
-        outputs, merge them into `pending` (request id -> merged deltas in the format of
-        `hetero_infer.worker.outputs.take_entries`, with this step's end time), without building output objects.
-        What a consumer that forwards outputs in batches (the engine process) needs. Returns the number of
-        requests that ended (finished or failed) in this step."""
+    def step_deltas(self) -> list[RequestDelta]:
+        """One scheduler step; a delta for every request that got new tokens (or failed) in it."""
         touched = self._step()
-        ended = 0
-        if touched:
-            step_end = time.monotonic()
-            for request in touched:
-                ended += self._merge_output(request, pending, step_end)
-        return ended
+        if not touched:
+            return []
+        step_end = time.monotonic()
+        return [self._delta(r, step_end) for r in touched]
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduler step; the cumulative output of every request that got new tokens (or failed) in it."""
+        touched = self._step()
+        if not touched:
+            return []
+        step_end = time.monotonic()
+        outputs = []
+        accumulators = self._accumulators
+        for request in touched:
+            acc = accumulators.get(request.request_id)
+            if acc is None:
+                acc = accumulators[request.request_id] = OutputAccumulator(
+                    request.request_id, request.prompt, request.prompt_token_ids, request.arrival_time)
+            acc.add(self._delta(request, step_end))
+            if acc.finished:
+                del accumulators[request.request_id]
+            outputs.append(acc.output())
+        return outputs
 
     def _step(self) -> list[Request]:
         """Schedule and run one step; the requests that got new tokens (or failed) in it."""
@@ -200,6 +214,8 @@ class LLMEngine:
             tokens = [(self.executor.next_token(s.token_ids, s.sample_index), None) for s, _ in rows]
         else:
             logits = result[[r for _, r in rows]] if children else result
+            if any(s.params.logits_processors for s, _ in rows):
+                logits = _process_logits(logits, [s for s, _ in rows])
             sampling_rows = [
                 SamplingRow(s.params, s.token_ids[: s.num_prompt_tokens], s.output_token_ids, s.generator,
                             self.eos_token_ids)
@@ -253,80 +269,23 @@ class LLMEngine:
                     self.scheduler.finish(seq, "error")
         return list(failed.values())
 
-    def _output(self, request: Request) -> RequestOutput:
+    def _delta(self, request: Request, step_end: float) -> RequestDelta:
+        """What `request` gained since its previous delta (the only place deltas are cut)."""
         seqs = request.seqs
         finished = len(seqs) == request.params.n  # every sample forked and finished (Request.finished)
         with_logprobs = request.params.logprobs is not None
         sent = request.sent
-        outs = []
+        samples = []
         for i, seq in enumerate(seqs):
             done = seq.status is _FINISHED
             finished = finished and done
-            text = seq.detokenizer.emittable_text(done)
-            logprobs = seq.logprobs
-            if sent is None:  # cumulative
-                token_ids = seq.token_ids[seq.num_prompt_tokens:]
-                if logprobs is not None:
-                    logprobs = list(logprobs)
-            else:  # delta: only what the previous outputs did not carry
-                if i == len(sent):
-                    sent.append([0, 0, 0])
-                s = sent[i]
-                start = seq.num_prompt_tokens + s[0]
-                token_ids = seq.token_ids[start:]
-                s[0] += len(token_ids)
-                # The emittable text only ever grows (each is a prefix of every later one).
-                n_chars = len(text)
-                text = text[s[1]:]
-                s[1] = n_chars
-                if logprobs is not None:
-                    n_lp = len(logprobs)
-                    logprobs = logprobs[s[2]:]
-                    s[2] = n_lp
-            outs.append(CompletionOutput(seq.sample_index, text, token_ids,
-                                         seq.cumulative_logprob if with_logprobs else None, logprobs,
-                                         seq.finish_reason, seq.stop_reason))
-        finished = finished or request.error is not None
-        metrics = {"arrival_time": request.arrival_time}
-        if request.first_scheduled_time is not None:
-            metrics["first_scheduled_time"] = request.first_scheduled_time
-        if request.first_token_time is not None:
-            metrics["first_token_time"] = request.first_token_time
-        out = RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outs, finished, metrics)
-        out.error = request.error
-        if finished:
-            self.requests.pop(request.request_id, None)
-        return out
-
-    def _merge_output(self, request: Request, pending: dict[str, list], step_end: float) -> bool:
-        """`_output` in delta mode, merged straight into `pending` (see `step_merged`); whether the request
-        ended."""
-        seqs = request.seqs
-        finished = len(seqs) == request.params.n
-        with_logprobs = request.params.logprobs is not None
-        sent = request.sent
-        if sent is None:
-            sent = request.sent = []
-        e = pending.get(request.request_id)
-        if e is None:
-            metrics = {"arrival_time": request.arrival_time}
-            if request.first_scheduled_time is not None:
-                metrics["first_scheduled_time"] = request.first_scheduled_time
-            if request.first_token_time is not None:
-                metrics["first_token_time"] = request.first_token_time
-            e = pending[request.request_id] = [False, None, metrics, [], [step_end]]
-        else:
-            e[4].append(step_end)
-        samples = e[3]
-        for i, seq in enumerate(seqs):
-            done = seq.status is _FINISHED
-            finished = finished and done
-            text = seq.detokenizer.emittable_text(done)
             if i == len(sent):
                 sent.append([0, 0, 0])
             s = sent[i]
             token_ids = seq.token_ids[seq.num_prompt_tokens + s[0]:]
             s[0] += len(token_ids)
+            # The emittable text only ever grows (each is a prefix of every later one).
+            text = seq.detokenizer.emittable_text(done)
             n_chars = len(text)
             text = text[s[1]:]
             s[1] = n_chars
@@ -335,29 +294,13 @@ class LLMEngine:
                 n_lp = len(logprobs)
                 logprobs = logprobs[s[2]:]
                 s[2] = n_lp
-            cumulative_logprob = seq.cumulative_logprob if with_logprobs else None
-            if i == len(samples):
-                samples.append([token_ids, [text], logprobs, cumulative_logprob, seq.finish_reason, seq.stop_reason])
-                continue
-            smp = samples[i]
-            if token_ids:
-                smp[0] += token_ids
-            if text:
-                smp[1].append(text)
-            if logprobs is not None:
-                if smp[2] is None:
-                    smp[2] = logprobs
-                else:
-                    smp[2] += logprobs
-            smp[3] = cumulative_logprob
-            smp[4] = seq.finish_reason
-            smp[5] = seq.stop_reason
+            samples.append(SampleDelta(token_ids, text, logprobs, seq.cumulative_logprob if with_logprobs else None,
+                                       seq.finish_reason, seq.stop_reason))
         finished = finished or request.error is not None
-        e[0] = finished
-        e[1] = request.error
         if finished:
             self.requests.pop(request.request_id, None)
-        return finished
+        return RequestDelta(request.request_id, samples, finished, request.error, [step_end],
+                            request.first_scheduled_time, request.first_token_time)
 
     # -- observability ------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -379,35 +322,14 @@ class LLMEngine:
         return wasted / allocated if allocated else 0.0
 
 
-def validate_request(prompt_token_ids: list[int], params: SamplingParams, *, vocab_size: int, max_model_len: int,
-                     block_size: int, num_blocks: int) -> int:
-    """The engine's request check from its limits alone (no engine needed: the server's process mode runs it
-    without the model); ValueError on a bad request, else the resolved max_tokens."""
-    params.validate()
-    n_prompt = len(prompt_token_ids)
-    if n_prompt == 0:
-        raise ValueError("the prompt is empty: at least one token is needed")
-    if (not all(map(isinstance, prompt_token_ids, repeat(int)))  # C loops: this runs twice per request served
-            or min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size):
-        raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
-    if n_prompt >= max_model_len:
-        raise ValueError(
-            f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
-            f"has {n_prompt} tokens, leaving no room for output."
-        )
-    max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - n_prompt
-    if n_prompt + max_tokens > max_model_len:
-        raise ValueError(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion)."
-        )
-    needed = -(-(n_prompt + max_tokens) // block_size)
-    if needed > num_blocks:
-        raise ValueError(
-            f"the request needs up to {needed} KV-cache blocks ({n_prompt + max_tokens} tokens) but the pool "
-            f"holds {num_blocks}; lower max_tokens or raise --max-num-blocks"
-        )
-    return max_tokens
+def _process_logits(logits, seqs: list[Sequence]):
+    """Each sequence's logits row through its request's logits processors, on a copy (the executor's output
+    stays as it was)."""
+    logits = logits.clone()
+    for i, seq in enumerate(seqs):
+        for process in seq.params.logits_processors or ():
+            logits[i] = process(seq.output_token_ids, logits[i])
+    return logits
 
 
 def _max_model_len(config: EngineConfig, hf_config) -> int:

@@ -7,9 +7,9 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.engine import LLMEngine
-from hetero_infer.worker.outputs import RequestOutput
-from hetero_infer.worker.sampling_params import SamplingParams
+from hetero_infer.worker.core.engine import LLMEngine
+from hetero_infer.worker.core.outputs import RequestOutput
+from hetero_infer.worker.core.sampling_params import SamplingParams
 
 
 class LLM:
@@ -73,13 +73,12 @@ class LLM:
         )
         if len(params) != len(token_lists):
             raise ValueError(f"{len(params)} sampling params for {len(token_lists)} prompts")
-        for ids, p in zip(token_lists, params):
-            self.engine.validate_request(ids, p)  # all or nothing
+        max_tokens = [self.engine.check_request(ids, p) for ids, p in zip(token_lists, params)]  # all or nothing
         order: dict[str, int] = {}
-        for i, (text, ids, p) in enumerate(zip(texts, token_lists, params)):
+        for i, (text, ids, p, m) in enumerate(zip(texts, token_lists, params, max_tokens)):
             request_id = f"llm-{next(self._ids)}"
             order[request_id] = i
-            self.engine.add_request(request_id, text, ids, p)
+            self.engine.add_request(request_id, text, ids, p, max_tokens=m)
         results: list[RequestOutput | None] = [None] * len(token_lists)
         bar = None
         if use_tqdm:

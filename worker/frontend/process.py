@@ -1,20 +1,16 @@
-"""The engine core in its own process, so that the engine loop and the HTTP event loop do not share one GIL.
+"""`ProcessEngineClient`: the engine core in its own process, so that the busy loop and the HTTP event loop
+do not share one GIL.
 
-The child (`spawn` context, daemon) builds `LLMEngine(config)` and loops: it applies the commands of the parent
-(batches of add / abort / shutdown) — without blocking while it has work, blocking when idle —, runs `step()`
-with delta outputs, and sends back only what is NEW, at most every `stream_interval` seconds (and always when
-the engine turns idle): one entry per request that progressed since the previous message, with the new token
-ids, new text and new logprobs entries of every sample (the deltas of all steps in between, merged), its
-finish/stop reasons, error and metrics, and the end time of every step that gave it tokens
-(`time.monotonic()`, the same clock in both processes on Linux: the parent records the per-request timing, first
-token and the gap between every two output steps, from them); plus the requests it refused or aborted and the
-`EngineStats` snapshot. A slow parent gets fewer, bigger messages rather than a backlog.
+The child (`spawn` context, daemon) builds `LLMEngine(config)`, reports its `EngineLimits`, and runs the busy
+loop (`hetero_infer.worker.core.busy_loop`) over its two pipes: commands in (batches of add / abort /
+shutdown; read without blocking while it has work, blocking when idle), `EngineOutputs` out (pickled: a merged
+`RequestDelta` per request that progressed, with the end time of every step that gave it tokens, on the same
+`time.monotonic()` clock as the parent on Linux; the requests refused or aborted; the `EngineStats` snapshot).
 
-The parent side is `ProcessAsyncEngine`: the `AsyncEngine` interface the server uses (submit / abort /
-fail_all / stats / healthy / error / shutdown, `OutputStream`), without a thread: the event loop reads the
-child's pipe when it is readable and merges the deltas into the requests' streams, which hand out cumulative
-outputs exactly as in thread mode. If the child dies (crash, killed), the pipe reads end-of-file and the engine
-turns dead (/readyz red, open requests fail with `EngineDeadError`).
+The parent side has no thread: the event loop reads the child's pipe when it is readable and hands each message
+to `EngineClient._on_outputs`, exactly as the thread client does. Commands are written at once and without
+blocking. If the child dies (crash, killed), the pipe reads end-of-file and the engine turns dead (/readyz red,
+open requests fail with `EngineDeadError`).
 
 The child never outlives the parent: it is a daemon process (terminated at the parent's exit), it asks the
 kernel for SIGKILL when the parent dies (Linux PR_SET_PDEATHSIG) and it exits on end-of-file of the command
@@ -32,22 +28,14 @@ import pickle
 import select
 import signal
 import threading
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from hetero_infer.worker.async_engine import (
-    AsyncEngine,
-    EngineDeadError,
-    EngineRequest,
-    OutputStream,
-    RequestTiming,
-    TimingSink,
-    take_entries,
-)
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.gc_freeze import freeze_startup_objects
+from hetero_infer.worker.core.busy_loop import SHUTDOWN, Command, EngineOutputs, run_busy_loop
+from hetero_infer.worker.core.request_check import EngineLimits
+from hetero_infer.worker.frontend.client import EngineClient, EngineDeadError
+from hetero_infer.worker.frontend.gc_freeze import freeze_startup_objects
+from hetero_infer.worker.frontend.timing import TimingSink
 
 logger = logging.getLogger("hetero_infer.engine_process")
 
@@ -55,22 +43,8 @@ _PROTO = pickle.HIGHEST_PROTOCOL  # 5 on the supported Pythons
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 _PIPE_SIZE = 1 << 20
 
-# Commands (parent -> child)
-_C_ADD, _C_ABORT, _C_SHUTDOWN = 0, 1, 2
 # Messages (child -> parent)
 _M_READY, _M_LOAD_ERROR, _M_BATCH, _M_FATAL = 0, 1, 2, 3
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    """What the parent needs to know of the engine to validate requests without it."""
-
-    model_name: str
-    max_model_len: int
-    vocab_size: int
-    num_blocks: int
-    block_size: int
-    eos_token_ids: tuple[int, ...]
 
 
 # ============================================================================ child
@@ -101,12 +75,10 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
     if os.getppid() != parent_pid:
         return
     try:
-        from hetero_infer.worker.engine import LLMEngine
+        from hetero_infer.worker.core.engine import LLMEngine
 
         engine = LLMEngine(config)
-        limits = EngineLimits(engine.model_name, engine.max_model_len, int(engine.vocab_size),
-                              engine.block_manager.num_blocks, engine.block_manager.block_size,
-                              tuple(sorted(engine.tokenizer.eos_token_ids)))
+        limits = engine.limits
     except BaseException as exc:
         out_conn.send_bytes(pickle.dumps((_M_LOAD_ERROR, f"{type(exc).__name__}: {exc}"), _PROTO))
         return
@@ -116,7 +88,7 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
         config.executor, limits.num_blocks, limits.block_size)
     out_conn.send_bytes(pickle.dumps((_M_READY, (limits, engine.stats())), _PROTO))
     try:
-        _child_loop(engine, cmd_conn, out_conn, parent_pid, interval)
+        run_busy_loop(engine, _PipeLink(cmd_conn, out_conn, parent_pid), interval)
     except (EOFError, BrokenPipeError, ConnectionResetError):  # the parent is gone
         return
     except BaseException as exc:
@@ -127,75 +99,30 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
             pass
 
 
-def _child_loop(engine: Any, cmd_conn: Any, out_conn: Any, parent_pid: int, interval: float) -> None:
-    """Apply commands, step, and send what is new at most every `interval` seconds (always when idle).
+class _PipeLink:
+    """The busy loop's link in the child: commands from one pipe, outputs to the other."""
 
-    Requests are added with delta outputs; the engine merges the deltas of the steps between two messages per
-    request (`LLMEngine.step_merged`), with the end time of every step that gave the request tokens, so a
-    message holds one entry per request that progressed (not one per step) and the parent records the
-    per-request timing from those times. Requests that end are sent at once, in a message of their own.
-    """
-    loads, dumps = pickle.loads, pickle.dumps
-    monotonic = time.monotonic
-    poller = select.poll()  # one poll object: Connection.poll() builds a selector per call (5 us, once per step)
-    poller.register(cmd_conn.fileno(), select.POLLIN)
-    poll = poller.poll
-    pending: dict[str, list] = {}  # the deltas of the steps since the last message (merged)
-    rejected: list[tuple[str, str, bool]] = []
-    aborted: list[tuple[str, float, list[float] | None, int]] = []  # (request id, when, its step times and tokens
-    # not sent yet)
-    num_steps = 0
-    last_send = 0.0
-    dirty = False  # something happened since the last message (stats to refresh)
+    def __init__(self, cmd_conn: Any, out_conn: Any, parent_pid: int) -> None:
+        self.cmd_conn = cmd_conn
+        self.out_conn = out_conn
+        self.parent_pid = parent_pid
+        poller = select.poll()  # one poll object: Connection.poll() builds a selector per call (5 us per step)
+        poller.register(cmd_conn.fileno(), select.POLLIN)
+        self.poll = poller.poll
 
-    def send(batch: dict[str, list], steps: int) -> None:
-        nonlocal rejected, aborted, dirty
-        out_conn.send_bytes(dumps((_M_BATCH, (steps, take_entries(batch), rejected, aborted, engine.stats())),
-                                  _PROTO))
-        rejected, aborted = [], []
-        dirty = False
-
-    while True:
-        busy = engine.has_unfinished_requests()
-        if not busy:
-            if dirty or pending or rejected or aborted:
-                send(pending, num_steps)
-                pending, num_steps = {}, 0
-            # Idle: block on the command pipe, checking now and then that the parent still lives.
+    def receive(self, block: bool) -> list[Command] | None:
+        poll = self.poll
+        if block:  # idle: wait for commands, checking now and then that the parent still lives
             while not poll(1000):
-                if os.getppid() != parent_pid:
-                    return
+                if os.getppid() != self.parent_pid:
+                    return None
+        commands: list[Command] = []
         while poll(0):
-            dirty = True
-            for kind, item in loads(cmd_conn.recv_bytes()):
-                if kind == _C_ADD:
-                    rid, prompt, ids, params = item
-                    try:
-                        engine.add_request(rid, prompt, ids, params, delta=True)
-                    except Exception as exc:  # a refused request must not stop the engine
-                        rejected.append((rid, str(exc), isinstance(exc, ValueError)))
-                elif kind == _C_ABORT:
-                    now = monotonic()
-                    for rid in item:
-                        if rid not in engine.requests:  # finished already: its last entry stands
-                            continue
-                        engine.abort_request(rid)
-                        e = pending.pop(rid, None)  # deltas not sent yet die with the request
-                        aborted.append((rid, now, None, 0) if e is None else
-                                       (rid, now, e[4], sum(len(smp[0]) for smp in e[3])))
-                else:
-                    return
-        if not engine.has_unfinished_requests():
-            continue
-        ended = engine.step_merged(pending)  # the step's deltas, merged straight into `pending` (no objects)
-        t = monotonic()
-        num_steps += 1
-        if t - last_send >= interval:
-            send(pending, num_steps)
-            pending, num_steps = {}, 0
-            last_send = t
-        elif ended:  # requests that ended go out at once: their clients wait for the end, not for more tokens
-            send({rid: pending.pop(rid) for rid in [rid for rid, e in pending.items() if e[0]]}, 0)
+            commands += pickle.loads(self.cmd_conn.recv_bytes())
+        return commands
+
+    def send(self, outputs: EngineOutputs) -> None:
+        self.out_conn.send_bytes(pickle.dumps((_M_BATCH, outputs), _PROTO))
 
 
 # ============================================================================ parent
@@ -247,7 +174,7 @@ class EngineProcess:
         self.limits, self.initial_stats = item
         return self.limits
 
-    def send(self, commands: list[tuple[int, Any]]) -> None:
+    def send(self, commands: list[Command]) -> None:
         """Send commands (kind, item) to the child, in one message."""
         data = pickle.dumps(commands, _PROTO)
         with self._send_lock:
@@ -259,7 +186,7 @@ class EngineProcess:
         if self.process.is_alive():
             if ask:
                 try:
-                    self.send([(_C_SHUTDOWN, None)])
+                    self.send([(SHUTDOWN, None)])
                 except OSError:
                     pass
             self.process.join(timeout)
@@ -280,19 +207,16 @@ class EngineProcess:
         return self.process.pid
 
 
-class ProcessAsyncEngine(AsyncEngine):
-    """`AsyncEngine` whose engine runs in an `EngineProcess`.
-
-    There is no thread on this side: the event loop reads the child's messages itself when its pipe is readable
-    (`add_reader`) and merges them straight into the requests' streams; commands go to the child as they come
-    (`_send`).
-    """
+class ProcessEngineClient(EngineClient):
+    """The engine client whose engine runs in an `EngineProcess`: the event loop reads the child's messages
+    itself when its pipe is readable (`add_reader`); commands go to the child as they come (`_send`)."""
 
     def __init__(self, core: EngineProcess, *, timing_sink: TimingSink | None = None,
                  stream_interval: float = 0.0) -> None:
-        super().__init__(None, timing_sink=timing_sink, stream_interval=stream_interval)  # type: ignore[arg-type]
+        super().__init__(timing_sink=timing_sink, stream_interval=stream_interval)
         self.core = core
         self._started = False
+        self._stop = False
         self._fd = -1
         self._buf = bytearray()
         self._cmd_fd = -1
@@ -301,7 +225,7 @@ class ProcessAsyncEngine(AsyncEngine):
     # ----------------------------------------------------------------- lifecycle (loop thread)
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         if self._started:
-            raise RuntimeError("AsyncEngine already started")
+            raise RuntimeError("the engine client is already started")
         self._loop = loop or asyncio.get_running_loop()
         self._stats = self.core.initial_stats
         self._fd = self.core.out_conn.fileno()
@@ -317,7 +241,7 @@ class ProcessAsyncEngine(AsyncEngine):
         # Ask the child to stop unless commands are still stuck in front of the request (it is not reading:
         # then it is terminated at once).
         asked = self._cmd_fd >= 0 and not self._backlog and self._dead is None and self._write(
-            _frame(pickle.dumps([(_C_SHUTDOWN, None)], _PROTO)))
+            _frame(pickle.dumps([(SHUTDOWN, None)], _PROTO)))
         if self._cmd_fd >= 0 and self._loop is not None and not self._loop.is_closed():
             self._loop.remove_writer(self._cmd_fd)
         self._cmd_fd = -1
@@ -337,20 +261,8 @@ class ProcessAsyncEngine(AsyncEngine):
         # this needs no system call per request.
         return self._dead is None and self._started and not self._stop
 
-    # ----------------------------------------------------------------- requests (loop thread)
-    def submit(self, requests: Sequence[EngineRequest], arrival: float | None = None) -> OutputStream:
-        stream, arrival = self._register(requests, arrival)
-        for r in requests:
-            self._timings[r.request_id] = RequestTiming(arrival, len(r.prompt_token_ids))
-        self._send([(_C_ADD, (r.request_id, r.prompt, r.prompt_token_ids, r.params)) for r in requests])
-        return stream
-
-    def abort(self, stream: OutputStream) -> None:
-        rids = [rid for rid in stream.request_ids if self._streams.pop(rid, None) is not None]
-        if rids:
-            self._send([(_C_ABORT, rids)])
-
-    def _send(self, commands: list[tuple[int, Any]]) -> None:
+    # ----------------------------------------------------------------- commands (loop thread)
+    def _send(self, commands: list[Command]) -> None:
         """Send commands to the child at once. Not batched per loop iteration: when many requests arrive
         together (clients that each send their next request as the previous one ends), the engine starts on
         the first while the loop is still parsing the others, instead of idling until the last is parsed and
@@ -430,7 +342,7 @@ class ProcessAsyncEngine(AsyncEngine):
                 if kind == _M_FATAL:
                     self._fail_dead(item)
                 elif kind == _M_BATCH:
-                    self._apply_message(*item)
+                    self._on_outputs(item)
             except Exception as exc:  # a message we cannot use: the engine can no longer be trusted
                 logger.exception("bad message from the engine process")
                 self._fail_dead(f"engine failure: {type(exc).__name__}: {exc}")
@@ -441,39 +353,10 @@ class ProcessAsyncEngine(AsyncEngine):
         self._remove_reader()
         self._on_dead(err)
 
-    def _apply_message(self, num_steps: int, entries: list[tuple], rejected: list[tuple[str, str, bool]],
-                       aborted: list[tuple[str, float, list[float] | None, int]], stats: Any) -> None:
-        """One message of the child: merge its deltas into the streams, record the requests' timing."""
-        self.steps += num_steps
-        self._stats = stats
-        if rejected:
-            self._on_rejected([(rid, ValueError(message) if is_value_error else RuntimeError(message))
-                               for rid, message, is_value_error in rejected])
-        self._apply(entries, aborted)
-
-
-class EngineInfo:
-    """Stands in for the `LLMEngine` on the server side in process mode: its facts and its request check."""
-
-    def __init__(self, limits: EngineLimits, tokenizer: Any) -> None:
-        self.limits = limits
-        self.tokenizer = tokenizer
-        self.model_name = limits.model_name
-        self.max_model_len = limits.max_model_len
-        self.vocab_size = limits.vocab_size
-
-    def validate_request(self, prompt_token_ids: list[int], params: Any) -> int:
-        from hetero_infer.worker.engine import validate_request
-
-        lim = self.limits
-        return validate_request(prompt_token_ids, params, vocab_size=lim.vocab_size,
-                                max_model_len=lim.max_model_len, block_size=lim.block_size,
-                                num_blocks=lim.num_blocks)
-
 
 def load_parent_tokenizer(config: EngineConfig) -> Any:
     """The server's own tokenizer, as the engine builds it (same folder, same generation EOS ids)."""
-    from hetero_infer.worker.engine import _generation_eos_ids
+    from hetero_infer.worker.core.engine import _generation_eos_ids
     from hetero_infer.worker.model_loader import resolve_model
     from hetero_infer.worker.tokenizer import Tokenizer
 

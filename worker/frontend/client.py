@@ -1,0 +1,161 @@
+"""The engine-client interface: what the server (and any other frontend: a router-side or test client) uses to
+run requests on an engine, whether the engine runs on a thread of this process (`InprocEngineClient`) or in a
+child process (`ProcessEngineClient`). Both drive the engine with the same busy loop
+(`hetero_infer.worker.core.busy_loop`); this base class is their common loop-side half: it keeps one
+`OutputStream` per submitted batch of requests, hands each engine hand-over (`EngineOutputs`) to the streams,
+records the requests' timing and fails everything when the engine dies. Subclasses only move commands to the
+loop (`_send`) and bring its outputs back (`_on_outputs`, called on the event loop).
+
+Everything here runs on the event-loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from hetero_infer.worker.core.busy_loop import ABORT, ADD, Command, EngineOutputs, EngineRequest
+from hetero_infer.worker.frontend.stream import OutputStream
+from hetero_infer.worker.frontend.timing import RequestTiming, TimingSink, record_delta, record_steps
+
+logger = logging.getLogger("hetero_infer.engine_client")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped (a step raised, the engine process died, or the engine was shut down)."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine finished a request with finish_reason "error" (an executor failure in its step)."""
+
+
+class EngineClient(ABC):
+    """submit / abort / fail_all / stats / healthy / error / shutdown, and an `OutputStream` per submission.
+
+    `stream_interval` (seconds) bounds how often the busy loop hands outputs over for running requests: the
+    deltas of the steps in between are merged per request. Requests that end are handed over at once."""
+
+    def __init__(self, *, timing_sink: TimingSink | None = None, stream_interval: float = 0.0) -> None:
+        self.timing_sink = timing_sink
+        self.stream_interval = stream_interval
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timings: dict[str, RequestTiming] = {}
+        self._streams: dict[str, OutputStream] = {}
+        self._dead: BaseException | None = None
+        self._stats: Any = None
+        self.steps = 0
+
+    # ----------------------------------------------------------------- lifecycle
+    @abstractmethod
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Start serving (on the event loop that will read the streams)."""
+
+    @abstractmethod
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine loop (open requests fail with EngineDeadError)."""
+
+    @property
+    @abstractmethod
+    def healthy(self) -> bool: ...
+
+    @abstractmethod
+    def _send(self, commands: list[Command]) -> None:
+        """Hand commands to the busy loop, in order, without blocking."""
+
+    @property
+    def error(self) -> str | None:
+        return None if self._dead is None else str(self._dead)
+
+    @property
+    def num_open_requests(self) -> int:
+        """Engine requests submitted and not yet finished (as the loop sees them)."""
+        return len(self._streams)
+
+    def stats(self) -> Any:
+        """The latest engine stats snapshot (taken by the busy loop at its latest hand-over)."""
+        return self._stats
+
+    # ----------------------------------------------------------------- requests
+    def submit(self, requests: Sequence[EngineRequest], arrival: float | None = None) -> OutputStream:
+        """Queue requests for the engine; their outputs arrive on the returned stream."""
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        stream = OutputStream(requests)
+        for r in requests:
+            if r.request_id in self._streams:
+                raise ValueError(f"duplicate request id {r.request_id!r}")
+        arrival = time.monotonic() if arrival is None else arrival
+        for r in requests:
+            self._streams[r.request_id] = stream
+            self._timings[r.request_id] = RequestTiming(arrival, len(r.prompt_token_ids))
+        self._send([(ADD, r) for r in requests])
+        return stream
+
+    def abort(self, stream: OutputStream) -> None:
+        """Abort every unfinished request of a stream; the engine frees their KV blocks at its next turn."""
+        rids = [rid for rid in stream.request_ids if self._streams.pop(rid, None) is not None]
+        if rids:
+            self._send([(ABORT, rids)])
+
+    def fail_all(self, error: BaseException) -> None:
+        """Abort every open request and fail its stream with `error` (used at the end of a drain)."""
+        streams = {id(s): s for s in self._streams.values()}
+        for stream in streams.values():
+            self.abort(stream)
+            stream._fail(error)
+
+    # ----------------------------------------------------------------- outputs (event loop)
+    def _on_outputs(self, outputs: EngineOutputs) -> None:
+        """One hand-over of the busy loop: streams, timing, stats."""
+        self.steps += outputs.num_steps
+        self._stats = outputs.stats
+        if outputs.rejected:
+            self._on_rejected(outputs.rejected)
+        streams = self._streams
+        timings = self._timings
+        for delta in outputs.deltas:
+            rid = delta.request_id
+            stream = streams.get(rid)
+            if stream is not None:  # else aborted meanwhile
+                if delta.finished:
+                    del streams[rid]
+                if delta.error:
+                    stream._fail(RequestFailedError(delta.error))
+                else:
+                    stream._add(delta)
+            timing = timings.get(rid)
+            if timing is not None:
+                reason = record_delta(timing, delta)
+                if reason is not None:
+                    self._end_timing(rid, delta.step_times[-1] if delta.step_times else time.monotonic(), reason)
+        for a in outputs.aborted:
+            timing = timings.get(a.request_id)
+            if timing is not None:
+                record_steps(timing, a.step_times, None, a.num_tokens)
+                self._end_timing(a.request_id, a.when, "abort")
+
+    def _end_timing(self, rid: str, now: float, reason: str) -> None:
+        timing = self._timings.pop(rid, None)
+        if timing is not None and self.timing_sink is not None:
+            try:
+                self.timing_sink.observe_request(timing, now, reason)
+            except Exception:  # metrics must never break serving
+                logger.exception("timing sink failed")
+
+    def _on_rejected(self, rejected: list[tuple[str, Exception]]) -> None:
+        for rid, exc in rejected:
+            self._timings.pop(rid, None)
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                self.abort(stream)  # its sibling requests (multi-prompt) are no longer wanted either
+                stream._fail(exc)
+
+    def _on_dead(self, error: BaseException) -> None:
+        self._dead = error
+        for stream in list(self._streams.values()):
+            stream._fail(error)
+        self._streams.clear()

@@ -1,0 +1,79 @@
+"""/v1/completions: prompts (text, token ids, or batches of either), optional echo and logprobs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from hetero_infer.worker.core.outputs import CompletionOutput, SampleDelta
+from hetero_infer.worker.server.formatting import Choice, Formatter, dumps, json_reason, json_str
+from hetero_infer.worker.server.generate import generate
+from hetero_infer.worker.server.prompts import Prompt, completion_prompts, parse_body, request_sampling_params
+from hetero_infer.worker.server.protocol import CompletionRequest
+from hetero_infer.worker.server.state import get_state
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    arrival = time.monotonic()
+    state = get_state(request)
+    req: CompletionRequest = await parse_body(request, CompletionRequest)
+    state.check_model(req.model)
+    state.check_serving()
+    prompts = await completion_prompts(state, req)
+    params = [request_sampling_params(state, req, p, "prompt" if len(prompts) == 1 else f"prompt.{i}")
+              for i, p in enumerate(prompts)]
+    fmt = CompletionFormatter(state, req, prompts)
+    return await generate(request, state, prompts, params, fmt, arrival, req.stream,
+                          bool(req.stream_options and req.stream_options.include_usage))
+
+
+class CompletionFormatter(Formatter):
+    object_name = "text_completion"
+    chunk_object = "text_completion"
+    id_prefix = "cmpl-"
+
+    def __init__(self, state: Any, req: CompletionRequest, prompts: list[Prompt]) -> None:
+        super().__init__(state, req.n, prompts)
+        self.top_n = req.logprobs
+        self.echo = req.echo
+        self._echo_text: dict[int, str] = {}
+
+    def _prompt_text(self, idx: int) -> str:
+        p_idx = idx // self.n
+        if p_idx not in self._echo_text:
+            p = self.prompts[p_idx]
+            self._echo_text[p_idx] = p.text if p.text is not None else self.state.tokenizer.decode(p.token_ids)
+        return self._echo_text[p_idx]
+
+    def _logprobs(self, token_ids: list[int], entries: list[dict[int, float]] | None,
+                  offset: int) -> tuple[dict[str, Any], int]:
+        tokens, token_lps, tops, offsets = [], [], [], []
+        for text, lp, top in self._token_logprobs(token_ids, entries, self.top_n or 0):
+            tokens.append(text)
+            token_lps.append(lp)
+            tops.append(dict(top))
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}, offset
+
+    def _chunk(self, idx: int, d: SampleDelta, ch: Choice) -> str:
+        text = d.text
+        if self.echo and not ch.started:
+            text = self._prompt_text(idx) + text
+        if self.top_n is None:  # the common case, without a dict round trip
+            return self._base_chunk(f'{{"index":{idx},"text":{json_str(text)},"logprobs":null,'
+                                    f'"finish_reason":{json_reason(d.finish_reason)}}}')
+        if not ch.started and self.echo:
+            ch.offset = len(self._prompt_text(idx))
+        logprobs, ch.offset = self._logprobs(d.token_ids, d.logprobs, ch.offset)
+        return self._base_chunk(dumps({"index": idx, "text": text, "logprobs": logprobs,
+                                       "finish_reason": d.finish_reason}))
+
+    def _choice(self, idx: int, c: CompletionOutput) -> dict[str, Any]:
+        prefix = self._prompt_text(idx) if self.echo else ""
+        logprobs = None
+        if self.top_n is not None:
+            logprobs, _ = self._logprobs(c.token_ids, c.logprobs, len(prefix))
+        return {"index": idx, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}

@@ -1,0 +1,131 @@
+"""What both endpoints share to answer: the per-choice state of a response and the constant parts of its
+chunks. A formatter turns each engine delta into stream chunks once (`chunks`), or the requests' cumulative
+outputs into one response (`response`); the endpoint's subclass shapes a chunk and a choice."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+from hetero_infer.worker.core.outputs import CompletionOutput, RequestDelta, RequestOutput, SampleDelta
+from hetero_infer.worker.server.ids import new_id
+from hetero_infer.worker.server.prompts import Prompt
+
+dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+json_str = json.encoder.encode_basestring  # a JSON string literal (C implementation)
+
+
+def json_reason(finish_reason: str | None) -> str:
+    return "null" if finish_reason is None else json_str(finish_reason)
+
+
+def finite(logprob: float | None) -> float:
+    """Logprobs as JSON-safe numbers: a missing or -inf logprob becomes -9999.0, as OpenAI reports it."""
+    if logprob is None or math.isnan(logprob) or logprob < -9999.0:
+        return -9999.0
+    return float(logprob)
+
+
+class Choice:
+    """What a stream has sent of one choice."""
+
+    __slots__ = ("tokens", "offset", "done", "started")
+
+    def __init__(self) -> None:
+        self.tokens = 0  # tokens already sent
+        self.offset = 0  # completions logprobs: text offset of the next token
+        self.done = False
+        self.started = False
+
+
+class Formatter(ABC):
+    object_name = ""
+    chunk_object = ""
+    id_prefix = ""
+
+    def __init__(self, state: Any, n: int, prompts: list[Prompt]) -> None:
+        self.state = state
+        self.model = state.model_name
+        self.n = n
+        self.prompts = prompts
+        self.id = f"{self.id_prefix}{new_id()}"
+        self.created = int(time.time())
+        self.prompt_index: dict[str, int] = {}
+        self.choices = [Choice() for _ in range(len(prompts) * n)]
+        self.completion_tokens = [0] * len(self.choices)
+        self._chunk_head = (f'{{"id":{json_str(self.id)},"object":{json_str(self.chunk_object)},'
+                            f'"created":{self.created},"model":{json_str(self.model)},"choices":[')
+        self.set_include_usage(False)
+
+    def bind(self, request_ids: list[str]) -> None:
+        self.prompt_index = {rid: i for i, rid in enumerate(request_ids)}
+
+    def usage(self) -> dict[str, int]:
+        prompt = sum(len(p.token_ids) for p in self.prompts)
+        completion = sum(self.completion_tokens)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def set_include_usage(self, include_usage: bool) -> None:
+        """Streaming: with usage, every chunk carries `"usage": null` and a last chunk the totals."""
+        self.include_usage = include_usage
+        self._chunk_tail = '],"usage":null}' if include_usage else "]}"
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
+                "choices": [], "usage": self.usage()}
+
+    def chunks(self, deltas: list[RequestDelta]) -> list[str]:
+        """Stream chunks (JSON text) for what is new in `deltas` (one chunk per choice that changed)."""
+        chunks = []
+        for delta in deltas:
+            base = self.prompt_index[delta.request_id] * self.n
+            for i, d in enumerate(delta.samples):
+                idx = base + i
+                ch = self.choices[idx]
+                if ch.done:
+                    continue
+                new_tokens = len(d.token_ids)
+                if not d.text and not new_tokens and d.finish_reason is None and ch.started:
+                    continue
+                chunks.append(self._chunk(idx, d, ch))
+                ch.tokens += new_tokens
+                ch.started = True
+                self.completion_tokens[idx] = ch.tokens
+                if d.finish_reason is not None:
+                    ch.done = True
+        return chunks
+
+    def response(self, outputs: list[RequestOutput]) -> dict[str, Any]:
+        """The whole (non-streamed) response from the requests' cumulative outputs."""
+        found = [(self.prompt_index[out.request_id] * self.n + c.index, c) for out in outputs for c in out.outputs]
+        choices = []
+        for idx, c in sorted(found, key=lambda x: x[0]):
+            self.completion_tokens[idx] = len(c.token_ids)
+            choices.append(self._choice(idx, c))
+        return {"id": self.id, "object": self.object_name, "created": self.created, "model": self.model,
+                "choices": choices, "usage": self.usage()}
+
+    def _base_chunk(self, choice: str) -> str:
+        """A whole chunk around one choice's JSON (the constant parts are encoded once per request)."""
+        return self._chunk_head + choice + self._chunk_tail
+
+    def _token_logprobs(self, token_ids: list[int], entries: list[dict[int, float]] | None,
+                        top_n: int) -> list[tuple[str, float, list[tuple[str, float]]]]:
+        """(token text, logprob, top-N (text, logprob)) for the given tokens and their logprobs entries."""
+        text_of = self.state.token_text
+        result = []
+        for tid, d in zip(token_ids, entries or ()):
+            top = sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:top_n] if top_n else []
+            result.append((text_of(tid), finite(d.get(tid)), [(text_of(t), finite(lp)) for t, lp in top]))
+        return result
+
+    @abstractmethod
+    def _chunk(self, idx: int, d: SampleDelta, ch: Choice) -> str:
+        """The stream chunk for what one choice gained (`ch`: what was sent of it before)."""
+
+    @abstractmethod
+    def _choice(self, idx: int, c: CompletionOutput) -> dict[str, Any]:
+        """The final (non-streamed) choice."""

@@ -1,0 +1,109 @@
+"""What both generation endpoints share before the engine: the body parsed (pydantic: its shape), prompts
+tokenized (long ones off the event loop), and the request mapped to the engine's `SamplingParams` and checked,
+once, with the engine's `check_request`."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from hetero_infer.worker.core.request_check import ParamNames, RequestError, check_request
+from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.worker.server.errors import bad_request, from_request_error
+from hetero_infer.worker.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    describe_validation_error,
+)
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+# Prompts longer than this (characters) are tokenized on a worker thread, not on the event loop.
+TOKENIZE_INLINE_MAX_CHARS = 8192
+
+
+@dataclass(slots=True)
+class Prompt:
+    text: str | None
+    token_ids: list[int]
+
+
+async def parse_body(request: web.Request, model: type[BaseModel]) -> Any:
+    body = await request.read()  # 413 from aiohttp beyond client_max_size
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        message, param = describe_validation_error(exc)
+        raise bad_request(message, param) from None
+
+
+async def off_loop_if(cond: bool, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    if not cond:
+        return fn(*args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs))
+
+
+def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionRequest, prompt: Prompt,
+                            prompt_param: str | None = None) -> SamplingParams:
+    """The engine's sampling parameters for one prompt of a parsed request (max_tokens resolved), checked
+    against the engine's limits (`state.limits`, `state.max_num_seqs`; APIError for what the engine would
+    refuse): the only check of the request's values."""
+    if isinstance(req, ChatCompletionRequest):
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        requested, default = req.requested_max_tokens, None
+        names = ParamNames(prompt_param or "messages", "max_completion_tokens"
+                           if req.max_completion_tokens is not None else "max_tokens")
+    else:
+        logprobs = req.logprobs
+        requested, default = req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
+        names = ParamNames(prompt_param or "prompt", "max_tokens")
+    limits = state.limits
+    if requested is None:  # the rest of the context (at least 1: a prompt that fills it fails the check)
+        room = limits.max_model_len - len(prompt.token_ids)
+        requested = max(1, room if default is None else min(default, room))
+    top_k = req.top_k if req.top_k is not None and req.top_k > 0 else -1
+    if top_k >= limits.vocab_size:
+        top_k = -1
+    params = SamplingParams(
+        n=req.n,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=top_k,
+        min_p=req.min_p or 0.0,
+        max_tokens=requested,
+        min_tokens=req.min_tokens,
+        stop=req.stop,
+        stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos,
+        seed=req.seed,
+        logprobs=logprobs,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        skip_special_tokens=req.skip_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+    )
+    try:
+        check_request(prompt.token_ids, params, limits, names=names, max_n=state.max_num_seqs)
+    except RequestError as exc:
+        raise from_request_error(exc) from None
+    return params
+
+
+async def completion_prompts(state: Any, req: CompletionRequest) -> list[Prompt]:
+    raw = req.prompt
+    if isinstance(raw, str):
+        texts: list[str] = [raw]
+    elif raw and isinstance(raw[0], str):
+        texts = raw  # type: ignore[assignment]
+    elif raw and isinstance(raw[0], int):
+        return [Prompt(None, list(raw))]  # type: ignore[arg-type]
+    else:
+        return [Prompt(None, list(ids)) for ids in raw]  # type: ignore[arg-type, union-attr]
+    chars = sum(len(t) for t in texts)
+    encode = state.tokenizer.encode
+    ids_list = await off_loop_if(chars > TOKENIZE_INLINE_MAX_CHARS, lambda: [encode(t) for t in texts])
+    return [Prompt(t, list(ids)) for t, ids in zip(texts, ids_list, strict=True)]
