@@ -14,10 +14,10 @@ clusters):
 The docker suite (tests/docker/test_images_docker.py) uses it; by hand, as root:
 
     python tests/docker/local_images.py base                # prints the base image's name
-    python tests/docker/local_images.py serve-index 8765    # serves the torch index until Ctrl-C
+    python tests/docker/local_images.py serve-index         # serves the torch index until Ctrl-C
     DOCKER_BUILDKIT=0 docker build --network host -f docker/worker-cpu.Dockerfile \\
         --build-arg PYTHON_IMAGE=hetero-infer-local/bookworm-python:1 \\
-        --build-arg TORCH_INDEX=http://127.0.0.1:8765/ -t hetero-infer/worker:0.1.0-cpu .
+        --build-arg TORCH_INDEX=http://127.0.0.1:38765/ -t hetero-infer/worker:0.1.0-cpu .
 """
 
 from __future__ import annotations
@@ -127,11 +127,18 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+INDEX_PORT = 38765  # a fixed URL keeps TORCH_INDEX, and so docker's layer cache, the same between runs
+
+
 @contextmanager
-def serve_index(folder: Path, port: int = 0) -> Iterator[str]:
-    """Serve `folder` on 127.0.0.1 (its directory listings are valid simple-index pages); yields the URL."""
+def serve_index(folder: Path, port: int = INDEX_PORT) -> Iterator[str]:
+    """Serve `folder` on 127.0.0.1 (its directory listings are valid simple-index pages); yields the URL.
+    Where `port` is taken, any free one (the builds then miss the cache of the torch step)."""
     handler = functools.partial(_QuietHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -183,7 +190,7 @@ def main(argv: list[str]) -> int:
     elif argv[:1] == ["index"]:
         print(make_torch_index())
     elif argv[:1] == ["serve-index"]:
-        port = int(argv[1]) if len(argv) > 1 else 8765
+        port = int(argv[1]) if len(argv) > 1 else INDEX_PORT
         with serve_index(make_torch_index(), port) as url:
             print(f"TORCH_INDEX={url} (Ctrl-C stops it)", flush=True)
             try:

@@ -34,7 +34,7 @@ def test_the_index_is_served_as_pip_reads_it(tmp_path: Path) -> None:
 
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"x")
-    with local_images.serve_index(tmp_path) as url:
+    with local_images.serve_index(tmp_path, 0) as url:
         assert url.startswith("http://127.0.0.1:")
         page = urllib.request.urlopen(url + "torch/", timeout=10).read().decode()
     assert 'href="torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"' in page
