@@ -422,3 +422,20 @@ def test_the_message_gives_each_signal_its_note():
     d = decide(History(), queue_only(2, 5, 5), hpa_like(5), now=0.0)
     assert f"{a.QUEUE_DEPTH} 5/5 -> 2 (within tolerance)" in d.message
     assert f"{a.KV_CACHE_USAGE} 0/0.8 -> 0;" in d.message  # no note, no parentheses
+
+
+def test_missing_pods_count_as_idle_when_the_load_is_high():
+    # 6 requested, 2 answer at 19 (target 5), 4 without data count as 0: 38 / 30 -> 1.27 -> 8 replicas
+    r = signal_recommendation(a.QUEUE_DEPTH, queue_only(6, 19, 19), hpa_like(5))
+    assert r.replicas == 8
+
+
+def test_an_unanswered_pod_holds_only_a_scale_down():
+    d = decide(History(), queue_only(3, 5, 5, 5, None), hpa_like(5), now=0.0)
+    assert (d.desired, d.reason) == (3, a.STEADY)
+
+
+def test_a_bounded_recommendation_still_stabilizes_before_going_down():
+    policy = Policy(min_replicas=2, max_replicas=10, target_queue_depth=5, scale_down_stabilization_seconds=300)
+    d = decide(History(), queue_only(4, 0, 0, 0, 0), policy, now=0.0)  # 0 load: raw 0, bounded to 2
+    assert (d.desired, d.recommendation, d.reason) == (4, 2, a.STABILIZING)
