@@ -1,4 +1,4 @@
-"""`hetero-infer` command line: serve, generate, bench, operator."""
+"""`hetero-infer` command line: serve, generate, bench, operator, router."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ commands:
   generate   one-off generation from a prompt
   bench      offline throughput benchmark (`bench serve --url ...` for a serving benchmark)
   operator   run the Kubernetes operator
+  router     one OpenAI-compatible endpoint in front of many workers (cache-aware routing)
 
 `hetero-infer <command> --help` for a command's options."""
 
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
             from hetero_infer.bench.throughput import main as run
     elif command == "operator":
         from hetero_infer.operator.cli import main as run
+    elif command == "router":
+        from hetero_infer.router.cli import main as run
     else:
         print(f"hetero-infer: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2

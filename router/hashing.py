@@ -48,3 +48,9 @@ def text_block_hashes(text: str, chunk_bytes: int) -> list[int]:
         parent = _digest(b"t" + parent, data[start : start + chunk_bytes])
         out.append(int.from_bytes(parent, "little"))
     return out
+
+
+def rendezvous(key: int, name: str) -> int:
+    """A stable pseudo-random rank of `name` for `key` (highest-random-weight hashing): equal keys rank names
+    alike, different keys spread over names."""
+    return int.from_bytes(_digest(key.to_bytes(8, "little"), name.encode()), "little")

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from hetero_infer.router.hashing import rendezvous
+
 Policy = Literal["prefix", "least-load", "round-robin"]
 POLICIES: tuple[str, ...] = ("prefix", "least-load", "round-robin")
 
@@ -64,12 +66,18 @@ def load_bound(endpoints: Sequence[EndpointState], load_factor: float) -> int:
 
 
 def prefix(endpoints: Sequence[EndpointState], matched: Mapping[str, int], load_factor: float = 1.25,
-           kv_full: float = 0.95) -> Decision | None:
+           kv_full: float = 0.95, affinity: int | None = None) -> Decision | None:
     """The worker under the load bound holding the most leading blocks (`matched`: url -> blocks); ties and
-    cold prefixes go to the least loaded."""
+    cold prefixes go to the least loaded, and among equally loaded ones to the highest rendezvous rank for
+    `affinity` (the prompt's first block hash): a new prefix lands on a stable worker, different ones spread."""
     if not endpoints:
         return None
     bound = load_bound(endpoints, load_factor)
     under = [e for e in endpoints if e.load + 1 <= bound] or list(endpoints)
-    best = min(under, key=lambda e: (e.kv_usage >= kv_full, -matched.get(e.url, 0), *load_key(e, kv_full)))
+
+    def key(e: EndpointState) -> tuple:
+        rank = -rendezvous(affinity, e.url) if affinity is not None else 0
+        return (e.kv_usage >= kv_full, -matched.get(e.url, 0), e.load, rank, *load_key(e, kv_full))
+
+    best = min(under, key=key)
     return Decision(best.url, matched.get(best.url, 0))

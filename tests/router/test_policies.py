@@ -85,3 +85,11 @@ def test_prefix_picks_a_maximal_match_among_workers_under_the_bound(loads, match
     under = [e for e in eps if e.load + 1 <= bound]
     assert d.url in {e.url for e in under}
     assert d.matched_blocks == max(matched.get(e.url, 0) for e in under)
+
+
+def test_cold_prefixes_spread_by_rendezvous_and_each_stays_put():
+    eps = states(a=0, b=0, c=0)
+    picks = {h: prefix(eps, {}, affinity=h).url for h in range(40)}
+    assert set(picks.values()) == {A, B, C}
+    assert all(prefix(list(reversed(eps)), {}, affinity=h).url == u for h, u in picks.items())
+    assert prefix(states(a=0, b=1, c=1), {}, affinity=next(h for h, u in picks.items() if u == B)).url == A

@@ -1,0 +1,251 @@
+"""The router's HTTP side: OpenAI endpoints proxied to a chosen worker, plus /healthz, /readyz and /metrics.
+
+One request: read the body, hash its prompt's blocks, choose a worker by the policy, send it there. Until the
+worker's first body byte has arrived nothing has gone back to the client, so a refusal (cannot connect, 429,
+503, a time-out, a connection lost before the first byte) is retried on another worker, up to `max_attempts`.
+From the first byte on the response is the worker's, streamed through untouched; an upstream failure then ends
+the client's connection (never a second send). With no ready worker the request is held until one is ready or
+`hold_timeout_s` passes (then 503 with Retry-After). A client that disconnects cancels its handler, which closes
+the upstream connection, and the worker aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from hetero_infer.router import policies
+from hetero_infer.router.index import PrefixIndex
+from hetero_infer.router.metrics import RouterMetrics
+from hetero_infer.router.options import RouterOptions
+from hetero_infer.router.pool import Worker, WorkerPool
+from hetero_infer.router.prompt import load_tokenizer, request_hashes
+
+logger = logging.getLogger("hetero_infer.router")
+
+# Not forwarded either way: hop-by-hop, or recomputed by aiohttp.
+_DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
+_DROP_RESPONSE = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
+_REFUSED = (429, 503)
+
+
+class Retry(Exception):
+    """This attempt ended before the first byte: try another worker."""
+
+    def __init__(self, reason: str, response: tuple[int, dict[str, str], bytes] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.response = response
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Router:
+    def __init__(self, options: RouterOptions, tokenizer: Any = None) -> None:
+        self.options = options
+        self.tokenizer = tokenizer
+        self.metrics = RouterMetrics()
+        self.index = PrefixIndex(options.approx_capacity_blocks)
+        self.pool = WorkerPool(options.worker, self.index, options.block_size, options.health_interval_s,
+                               on_change=self._count_ready)
+        self._rr = 0
+        self.session: aiohttp.ClientSession | None = None
+
+    def _count_ready(self) -> None:
+        self.metrics.workers_ready.set(len(self.pool.ready()))
+
+    # -- choosing -----------------------------------------------------------------------------
+    def choose(self, candidates: list[Worker], hashes: list[int], policy: str) -> policies.Decision:
+        states = [w.state() for w in candidates]
+        if policy == "round-robin":
+            decision = policies.round_robin(states, self._rr)
+            self._rr += 1
+        elif policy == "least-load":
+            decision = policies.least_load(states)
+        else:
+            matched = self.index.match(hashes, [s.url for s in states])
+            decision = policies.prefix(states, matched, self.options.load_factor,
+                                       affinity=hashes[0] if hashes else None)
+        assert decision is not None
+        return decision
+
+    # -- proxying -----------------------------------------------------------------------------
+    async def proxy(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        payload: Any = None
+        if body:
+            try:
+                payload = json.loads(body)
+            except ValueError:
+                payload = None
+        hashes: list[int] = []
+        policy = self.options.policy
+        if isinstance(payload, dict) and request.method == "POST":
+            if policy == "prefix":
+                hashes = await asyncio.get_running_loop().run_in_executor(
+                    None, request_hashes, payload, self.tokenizer, self.options.block_size,
+                    self.options.text_chunk_bytes)
+        elif policy == "prefix":
+            policy = "least-load"
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
+        response = await self._route(request, body, headers, hashes, policy)
+        self.metrics.responses.labels(str(response.status)).inc()
+        return response
+
+    async def _route(self, request: web.Request, body: bytes, headers: dict[str, str], hashes: list[int],
+                     policy: str) -> web.StreamResponse:
+        tried: set[str] = set()
+        refusal: tuple[int, dict[str, str], bytes] | None = None
+        deadline = time.monotonic() + self.options.hold_timeout_s
+        for _ in range(self.options.max_attempts):
+            candidates = self.pool.ready(tried)
+            if not candidates:
+                if tried and self.pool.ready():
+                    break  # every ready worker has refused this request
+                candidates = await self._hold(tried, deadline)
+                if not candidates:
+                    break
+            decision = self.choose(candidates, hashes, policy)
+            worker = self.pool.workers[decision.url]
+            tried.add(worker.url)
+            if policy == "prefix":
+                self.metrics.prefix_query_tokens.inc(len(hashes) * self.options.block_size)
+                self.metrics.prefix_matched_tokens.labels(worker.url).inc(
+                    decision.matched_blocks * self.options.block_size)
+                self.index.record_route(worker.url, hashes)
+            try:
+                return await self._attempt(request, worker, body, headers, policy)
+            except Retry as retry:
+                self.metrics.retries.labels(worker.url, retry.reason).inc()
+                refusal = retry.response or refusal
+                logger.info("retrying %s elsewhere: %s from %s", request.path, retry.reason, worker.url)
+        if refusal is not None:
+            status, resp_headers, data = refusal
+            return web.Response(status=status, body=data, headers=resp_headers)
+        if not self.pool.ready():
+            return _error(503, "no worker is ready; try again later", "service_unavailable",
+                          {"Retry-After": str(self.options.retry_after_s)})
+        return _error(502, "no worker could take the request", "bad_gateway",
+                      {"Retry-After": str(self.options.retry_after_s)})
+
+    async def _hold(self, tried: set[str], deadline: float) -> list[Worker]:
+        self.metrics.held.inc()
+        self.metrics.held_total.inc()
+        start = time.monotonic()
+        try:
+            return await self.pool.wait_ready(tried, deadline)
+        finally:
+            self.metrics.held.dec()
+            self.metrics.hold_seconds.observe(time.monotonic() - start)
+
+    async def _attempt(self, request: web.Request, worker: Worker, body: bytes, headers: dict[str, str],
+                       policy: str) -> web.StreamResponse:
+        assert self.session is not None
+        opts = self.options
+        self.metrics.routed.labels(worker.url, policy).inc()
+        worker.in_flight += 1
+        self.metrics.in_flight.labels(worker.url).inc()
+        sent = time.monotonic()
+        upstream: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                upstream = await asyncio.wait_for(
+                    self.session.request(request.method, worker.url + request.path_qs, data=body or None,
+                                         headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=None, sock_connect=opts.connect_timeout_s)),
+                    opts.first_byte_timeout_s)
+                if upstream.status in _REFUSED:
+                    data = await upstream.read()
+                    keep = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE}
+                    raise Retry(f"status {upstream.status}", (upstream.status, keep, data))
+                first = await asyncio.wait_for(upstream.content.readany(), opts.first_byte_timeout_s)
+            except asyncio.TimeoutError:
+                raise Retry("timeout") from None
+            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+                self.pool.mark_down(worker.url, f"request failed: {exc.__class__.__name__}")
+                raise Retry("connect") from None
+            except (aiohttp.ClientError, OSError) as exc:
+                raise Retry(exc.__class__.__name__) from None
+            self.metrics.ttft.labels(worker.url).observe(time.monotonic() - sent)
+            # From here on the response is this worker's: no other attempt.
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for k, v in upstream.headers.items():
+                if k.lower() not in _DROP_RESPONSE:
+                    response.headers.add(k, v)
+            if upstream.content_length is not None and "content-encoding" not in upstream.headers:
+                response.content_length = upstream.content_length
+            await response.prepare(request)
+            chunk = first
+            try:
+                while chunk:
+                    await response.write(chunk)
+                    chunk = await upstream.content.readany()
+            except (aiohttp.ClientError, OSError) as exc:
+                # The stream broke after bytes went back: end the client's connection without a clean end of the
+                # response, so the client sees a truncated answer rather than a short one.
+                logger.warning("stream from %s broke: %s", worker.url, exc.__class__.__name__)
+                if request.transport is not None:
+                    request.transport.abort()
+                return response
+            await response.write_eof()
+            return response
+        finally:
+            worker.in_flight -= 1
+            self.metrics.in_flight.labels(worker.url).dec()
+            if upstream is not None:
+                upstream.close()  # a response not read to the end closes its connection: the worker aborts
+
+    # -- plain endpoints ----------------------------------------------------------------------
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        # Ready with no worker too: requests are held, which is what scale-from-zero needs.
+        return web.json_response({"status": "ready", "workers_ready": len(self.pool.ready()),
+                                  "workers": len(self.pool.workers)})
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        data = generate_latest(self.metrics.registry)
+        return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- life cycle ---------------------------------------------------------------------------
+    async def on_startup(self, app: web.Application) -> None:
+        self.session = aiohttp.ClientSession(auto_decompress=False,
+                                             connector=aiohttp.TCPConnector(limit=0, force_close=False))
+        await self.pool.start(self.session)
+
+    async def on_cleanup(self, app: web.Application) -> None:
+        await self.pool.stop()
+        if self.session is not None:
+            await self.session.close()
+
+
+def create_app(router: Router) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get("/healthz", router.healthz)
+    app.router.add_get("/readyz", router.readyz)
+    app.router.add_get("/metrics", router.metrics_endpoint)
+    app.router.add_route("*", "/v1/{tail:.*}", router.proxy)
+    app.on_startup.append(router.on_startup)
+    app.on_cleanup.append(router.on_cleanup)
+    return app
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    # handler_cancellation: a client that disconnects cancels its handler, which closes the upstream request.
+    return web.AppRunner(app, handler_cancellation=True, access_log=None)
+
+
+def build(options: RouterOptions) -> tuple[Router, web.Application]:
+    router = Router(options, load_tokenizer(options.tokenizer))
+    return router, create_app(router)

@@ -1,0 +1,65 @@
+"""`hetero-infer router`: one OpenAI-compatible endpoint in front of a model's workers.
+
+Options: flags > HETERO_INFER_ROUTER_<OPTION> environment > --config FILE (JSON or YAML, snake_case keys).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from hetero_infer.options import add_config_flag, add_flags, load_options
+from hetero_infer.router.app import build, make_runner
+from hetero_infer.router.options import ENV_PREFIX, HELP, RouterOptions
+
+logger = logging.getLogger("hetero_infer.router")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hetero-infer router", description=__doc__.splitlines()[0])
+    add_config_flag(parser, ENV_PREFIX)
+    add_flags(parser, RouterOptions, HELP)
+    return parser
+
+
+def resolve_options(argv: list[str], environ: dict[str, str] | None = None) -> RouterOptions:
+    args = build_parser().parse_args(argv)
+    (options,) = load_options((RouterOptions,), args, ENV_PREFIX, environ)
+    return options
+
+
+async def serve(options: RouterOptions) -> None:
+    router, app = build(options)
+    runner = make_runner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, options.host, options.port)
+    await site.start()
+    port = runner.addresses[0][1] if runner.addresses else options.port
+    print(f"hetero-infer router listening on http://{options.host}:{port} "
+          f"(policy {options.policy}, {len(options.worker)} workers)", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        options = resolve_options(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:
+        print(f"hetero-infer router: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not options.worker:
+        logger.warning("no --worker given: every request is held until the hold time-out")
+    asyncio.run(serve(options))
+    return 0

@@ -1,0 +1,35 @@
+"""The router's Prometheus metrics (its own registry, served on /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.routed = Counter("hetero_infer_router_requests_routed", "requests sent to a worker (every attempt)",
+                              ["worker", "policy"], registry=r)
+        self.responses = Counter("hetero_infer_router_responses", "responses returned to clients", ["code"],
+                                 registry=r)
+        self.prefix_query_tokens = Counter("hetero_infer_router_prefix_query_tokens",
+                                           "prompt tokens in full blocks looked up in the index", registry=r)
+        self.prefix_matched_tokens = Counter("hetero_infer_router_prefix_matched_tokens",
+                                             "of those, tokens the chosen worker holds per the index", ["worker"],
+                                             registry=r)
+        self.retries = Counter("hetero_infer_router_retries", "attempts given up before the first byte",
+                               ["worker", "reason"], registry=r)
+        self.held = Gauge("hetero_infer_router_requests_held", "requests waiting for a ready worker", registry=r)
+        self.held_total = Counter("hetero_infer_router_held_requests", "requests that had to wait for a worker",
+                                  registry=r)
+        self.hold_seconds = Histogram("hetero_infer_router_hold_seconds", "time requests waited for a ready worker",
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("hetero_infer_router_upstream_ttft_seconds",
+                              "from sending a request to a worker to its first body byte", ["worker"],
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.in_flight = Gauge("hetero_infer_router_requests_in_flight", "requests open to a worker", ["worker"],
+                               registry=r)
+        self.workers_ready = Gauge("hetero_infer_router_workers_ready", "workers passing their readiness check",
+                                   registry=r)

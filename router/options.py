@@ -1,0 +1,65 @@
+"""The router's options (`hetero-infer router`): flags > HETERO_INFER_ROUTER_<OPTION> > --config FILE."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hetero_infer.options import InvalidOption
+
+ENV_PREFIX = "HETERO_INFER_ROUTER_"
+
+HELP = {
+    "host": "address to bind (default 127.0.0.1; 0.0.0.0 in containers)",
+    "port": "port to bind (default 3000; 0 picks a free one, printed at start)",
+    "worker": "a worker's base URL, e.g. http://127.0.0.1:3001 (repeatable; the environment variable takes a "
+    "comma-separated list)",
+    "policy": "prefix (default): the worker holding the longest cached prefix, bounded load; least-load; round-robin",
+    "tokenizer": "tokenizer folder (the workers' model folder) for exact prefix hashes; 'default' for the default "
+    "model's; unset: hash chunks of the prompt text (approximate)",
+    "block_size": "tokens per KV block: the workers' --block-size (default 16)",
+    "hold_timeout_s": "seconds a request is held while no worker is ready, then 503 with Retry-After (default 60)",
+    "retry_after_s": "Retry-After seconds on that 503 (default 5)",
+    "max_attempts": "workers one request may be sent to before a byte has gone back (default 3)",
+    "connect_timeout_s": "seconds to connect to a worker before trying another (default 3)",
+    "first_byte_timeout_s": "seconds to wait for a worker's first byte before trying another (default 300)",
+    "health_interval_s": "seconds between health checks, load scrapes and block-report polls per worker (default 1)",
+    "load_factor": "prefix policy: no worker takes a request above this times the average load (default 1.25)",
+    "approx_capacity_blocks": "approximate index: blocks remembered per worker that does not report (default 4096)",
+    "text_chunk_bytes": "without a tokenizer: bytes of prompt text per hashed chunk (default 64)",
+    "log_level": "debug, info, warning or error (default info)",
+}
+
+
+@dataclass
+class RouterOptions:
+    host: str = "127.0.0.1"
+    port: int = 3000
+    worker: list[str] = field(default_factory=list)
+    policy: Literal["prefix", "least-load", "round-robin"] = "prefix"
+    tokenizer: str | None = None
+    block_size: int = 16
+    hold_timeout_s: float = 60.0
+    retry_after_s: int = 5
+    max_attempts: int = 3
+    connect_timeout_s: float = 3.0
+    first_byte_timeout_s: float = 300.0
+    health_interval_s: float = 1.0
+    load_factor: float = 1.25
+    approx_capacity_blocks: int = 4096
+    text_chunk_bytes: int = 64
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    def __post_init__(self) -> None:
+        self.worker = [u.strip().rstrip("/") for w in self.worker for u in w.split(",") if u.strip()]
+        for name in ("block_size", "max_attempts", "approx_capacity_blocks", "text_chunk_bytes"):
+            if getattr(self, name) < 1:
+                raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: must be >= 1")
+        for name in ("hold_timeout_s", "connect_timeout_s", "first_byte_timeout_s", "health_interval_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: must be > 0")
+        if self.load_factor < 1.0:
+            raise InvalidOption("load_factor", f"invalid router option load_factor={self.load_factor!r}: must be >= 1")
+        for url in self.worker:
+            if not url.startswith(("http://", "https://")):
+                raise InvalidOption("worker", f"invalid router option worker={url!r}: must be an http(s) URL")

@@ -1,0 +1,172 @@
+"""The workers behind the router: readiness, load and block reports, polled per worker; waiting for a ready one.
+
+A worker joins the pool when its /readyz answers 200 and leaves it at once when a request to it cannot connect
+(`mark_down`) or /readyz fails; its index entry goes with it (a restarted worker starts with an empty cache).
+Load comes from its /metrics (running, waiting, KV usage); its cached blocks from `GET /v1/cache/blocks` when it
+serves that (see docs/router.md), else the index keeps an approximate entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from hetero_infer.router.hashing import HASH_NAME
+from hetero_infer.router.index import BlockReport, PrefixIndex
+from hetero_infer.router.policies import EndpointState
+
+logger = logging.getLogger("hetero_infer.router")
+
+LOAD_METRICS = {"hetero_infer_num_requests_running": "running", "hetero_infer_num_requests_waiting": "waiting",
+                "hetero_infer_kv_cache_usage_ratio": "kv_usage"}
+BLOCKS_PATH = "/v1/cache/blocks"
+
+
+@dataclass
+class Worker:
+    url: str
+    ready: bool = False
+    in_flight: int = 0
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    reports_blocks: bool | None = None  # None: not asked yet
+
+    def state(self) -> EndpointState:
+        return EndpointState(self.url, self.in_flight, self.running, self.waiting, self.kv_usage)
+
+
+def parse_load(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = LOAD_METRICS.get(sample.name)
+            if key is not None:
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def parse_report(data: dict, block_size: int) -> BlockReport | None:
+    """A block report, or None when it is in another hash scheme or block size (not comparable)."""
+    if data.get("hash") != HASH_NAME or data.get("block_size") != block_size:
+        return None
+    return BlockReport(str(data["epoch"]), int(data["seq"]), None if data.get("since") is None else int(data["since"]),
+                       tuple(int(h) for h in data.get("added", ())), tuple(int(h) for h in data.get("removed", ())))
+
+
+class WorkerPool:
+    def __init__(self, urls: Iterable[str], index: PrefixIndex, block_size: int, interval_s: float,
+                 on_change: callable | None = None) -> None:
+        self.workers = {u: Worker(u) for u in urls}
+        self.index = index
+        self.block_size = block_size
+        self.interval_s = interval_s
+        self.on_change = on_change
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self.session: aiohttp.ClientSession | None = None
+
+    # -- state --------------------------------------------------------------------------------
+    def ready(self, exclude: Iterable[str] = ()) -> list[Worker]:
+        skip = set(exclude)
+        return [w for w in self.workers.values() if w.ready and w.url not in skip]
+
+    def _set_ready(self, worker: Worker, ready: bool, why: str = "") -> None:
+        if worker.ready == ready:
+            return
+        worker.ready = ready
+        if not ready:
+            self.index.drop(worker.url)
+            worker.reports_blocks = None
+            logger.warning("worker %s left the pool: %s", worker.url, why)
+        else:
+            logger.info("worker %s joined the pool", worker.url)
+        if self.on_change:
+            self.on_change()
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def mark_down(self, url: str, why: str) -> None:
+        """A request could not reach it: out of the pool until its /readyz answers again."""
+        self._set_ready(self.workers[url], False, why)
+
+    async def wait_ready(self, exclude: Iterable[str], deadline: float) -> list[Worker]:
+        """Ready workers not in `exclude`, waiting for one until `deadline` (time.monotonic); [] at the deadline."""
+        while not (found := self.ready(exclude)):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        return found
+
+    # -- polling ------------------------------------------------------------------------------
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self._tasks = [asyncio.create_task(self._watch(w)) for w in self.workers.values()]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _watch(self, worker: Worker) -> None:
+        while True:
+            try:
+                await self.check(worker)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a poll must never end the loop
+                logger.debug("poll of %s failed: %s", worker.url, exc)
+            await asyncio.sleep(self.interval_s)
+
+    async def check(self, worker: Worker) -> None:
+        """One round for one worker: readiness, then load, then its block report."""
+        assert self.session is not None
+        timeout = aiohttp.ClientTimeout(total=max(2.0, self.interval_s * 2))
+        try:
+            async with self.session.get(worker.url + "/readyz", timeout=timeout) as r:
+                ok = r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            ok, why = False, f"/readyz: {exc.__class__.__name__}"
+        else:
+            why = f"/readyz answered {r.status}"
+        if not ok:
+            self._set_ready(worker, False, why)
+            return
+        async with self.session.get(worker.url + "/metrics", timeout=timeout) as r:
+            if r.status == 200:
+                load = parse_load(await r.text())
+                worker.running = int(load.get("running", 0))
+                worker.waiting = int(load.get("waiting", 0))
+                worker.kv_usage = float(load.get("kv_usage", 0.0))
+        if worker.reports_blocks is not False:
+            await self._poll_blocks(worker, timeout)
+        self._set_ready(worker, True)
+
+    async def _poll_blocks(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
+        assert self.session is not None
+        for _ in range(2):  # a refused delta is followed by a snapshot
+            cursor = self.index.cursor(worker.url)
+            params = {"epoch": cursor[0], "since": str(cursor[1])} if cursor else {}
+            async with self.session.get(worker.url + BLOCKS_PATH, params=params, timeout=timeout) as r:
+                if r.status != 200:
+                    worker.reports_blocks = False  # another server, or a worker without the endpoint
+                    return
+                report = parse_report(await r.json(), self.block_size)
+            if report is None:
+                logger.warning("worker %s reports blocks in another scheme: approximate index", worker.url)
+                worker.reports_blocks = False
+                return
+            worker.reports_blocks = True
+            if self.index.apply(worker.url, report):
+                return
+            self.index.drop(worker.url)
