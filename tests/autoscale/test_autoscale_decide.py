@@ -439,3 +439,17 @@ def test_a_bounded_recommendation_still_stabilizes_before_going_down():
     policy = Policy(min_replicas=2, max_replicas=10, target_queue_depth=5, scale_down_stabilization_seconds=300)
     d = decide(History(), queue_only(4, 0, 0, 0, 0), policy, now=0.0)  # 0 load: raw 0, bounded to 2
     assert (d.desired, d.recommendation, d.reason) == (4, 2, a.STABILIZING)
+
+
+def test_at_the_bounds_the_reason_names_which_one():
+    policy = Policy(min_replicas=2, max_replicas=3, target_queue_depth=5, scale_down_stabilization_seconds=0)
+    assert decide(History(), queue_only(3, 50, 50, 50), policy, now=0.0).reason == a.AT_MAX
+    assert decide(History(), queue_only(2, 0, 0), policy, now=0.0).reason == a.AT_MIN
+
+
+def test_the_tolerance_is_inclusive_like_the_hpa():
+    # |ratio - 1| == tolerance counts as within it (Kubernetes: math.Abs(1.0-usageRatio) <= tolerance)
+    policy = Policy(min_replicas=1, max_replicas=10, target_queue_depth=4, tolerance=0.5)
+    assert signal_recommendation(a.QUEUE_DEPTH, queue_only(2, 6, 6), policy).replicas == 2
+    # with a pod missing (cautious branch): 2 answer at 9, 1 missing counts as 0 -> 18 / 3 / 4 = 1.5
+    assert signal_recommendation(a.QUEUE_DEPTH, queue_only(3, 9, 9), policy).replicas == 3
