@@ -30,6 +30,9 @@ _HELP = {
     "seed": "seed for requests that give none",
     "enforce_eager": "disable CUDA graphs",
     "mock_step_latency_s": "mock executor: seconds per step",
+    "mock_token_latency_s": "mock executor: seconds more per token a step computes (prefill or decode; prefix-cache "
+    "hits are not computed)",
+    "mock_seq_latency_s": "mock executor: seconds more per sequence a step runs",
     "mock_vocab_size": "mock executor: vocabulary size (default: the tokenizer's)",
     "mock_logits": "mock executor: return fixed, context-dependent logits so the real sampler picks the tokens",
 }

@@ -35,6 +35,10 @@ class EngineConfig:
     enforce_eager: bool = False
     # mock executor
     mock_step_latency_s: float = 0.0
+    # mock cost model: a step also takes these per token whose K/V it computes (prefill chunks and decodes; a
+    # prefix-cache hit is not computed) and per sequence it runs, so a cache hit saves real time
+    mock_token_latency_s: float = 0.0
+    mock_seq_latency_s: float = 0.0
     mock_vocab_size: int | None = None
     mock_logits: bool = False
 
@@ -67,8 +71,9 @@ class EngineConfig:
             bad("memory_threshold", "must be in (0, 1]")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             bad("gpu_memory_utilization", "must be in (0, 1]")
-        if self.mock_step_latency_s < 0:
-            bad("mock_step_latency_s", "must be >= 0")
+        for name in ("mock_step_latency_s", "mock_token_latency_s", "mock_seq_latency_s"):
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
