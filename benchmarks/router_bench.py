@@ -1,0 +1,167 @@
+"""Router benchmark: the policies side by side on one shared-prefix, multi-turn workload.
+
+Starts `--workers` mock workers with a cost model (a step takes `--step-s` plus `--token-s` per token it
+computes and `--seq-s` per sequence it runs, so a prefix-cache hit saves real time), then for each policy a
+router in front of them, and drives the same workload through it: `--systems` long system prompts, `--users`
+users each holding a `--turns`-turn conversation on one of them, `--concurrency` conversations at a time,
+prompts as token ids (so the router hashes exactly what the workers cache). Each policy gets its own random
+salt in the prompts, so no policy starts on another's cache. Reports per policy: the cluster's prefix-cache hit
+rate (workers' own counters) and the rate one replica holding everything would get, TTFT p50/p99, output
+tokens/s, and the spread of requests over workers.
+
+    python benchmarks/router_bench.py [--workers 3] [--policies prefix least-load round-robin] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "router"))
+from router_proc import Proc, samples, start_router, start_workers  # noqa: E402
+
+BLOCK = 16
+
+
+def ideal_hit_tokens(prompts: list[list[int]]) -> tuple[int, int]:
+    """(hit tokens, query tokens) of one replica with an unbounded cache seeing the prompts in order (as the
+    engine looks up: full blocks, the newest token always computed)."""
+    from hetero_infer.router.hashing import block_hashes
+
+    seen: set[int] = set()
+    hit = query = 0
+    for p in prompts:
+        hashes = block_hashes(p, BLOCK)[: (len(p) - 1) // BLOCK]
+        n = 0
+        while n < len(hashes) and hashes[n] in seen:
+            n += 1
+        hit += n * BLOCK
+        query += len(p)
+        seen.update(block_hashes(p, BLOCK))
+    return hit, query
+
+
+def conversations(args: argparse.Namespace, salt: int) -> list[list[list[int]]]:
+    """Per user, the token ids of each turn's prompt (system + earlier turns + a new question)."""
+    rng = random.Random(salt)
+    systems = [[rng.randrange(1000, 40000) for _ in range(args.system_tokens)] for _ in range(args.systems)]
+    out = []
+    for u in range(args.users):
+        history = list(systems[u % args.systems])
+        turns = []
+        for _ in range(args.turns):
+            history += [rng.randrange(1000, 40000) for _ in range(args.question_tokens)]
+            turns.append(list(history))
+            history += [rng.randrange(1000, 40000) for _ in range(args.max_tokens)]  # stands in for the answer
+        out.append(turns)
+    return out
+
+
+async def run_policy(args: argparse.Namespace, url: str, convs: list[list[list[int]]], model: str) -> dict:
+    ttfts: list[float] = []
+    out_tokens = 0
+    errors = 0
+    queue: asyncio.Queue[list[list[int]]] = asyncio.Queue()
+    for c in convs:
+        queue.put_nowait(c)
+
+    async def user(session: aiohttp.ClientSession) -> None:
+        nonlocal out_tokens, errors
+        while not queue.empty():
+            turns = queue.get_nowait()
+            for prompt in turns:
+                body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "stream": True,
+                        "ignore_eos": True}
+                start = time.perf_counter()
+                first = None
+                async with session.post(url + "/v1/completions", json=body) as r:
+                    if r.status != 200:
+                        errors += 1
+                        await r.read()
+                        continue
+                    async for line in r.content:
+                        if line.startswith(b"data: {"):
+                            if first is None:
+                                first = time.perf_counter() - start
+                            out_tokens += 1
+                if first is not None:
+                    ttfts.append(first)
+
+    start = time.perf_counter()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        await asyncio.gather(*(user(session) for _ in range(args.concurrency)))
+    elapsed = time.perf_counter() - start
+    ttfts.sort()
+    return {"requests": len(ttfts), "errors": errors, "elapsed_s": elapsed, "output_tokens_per_s": out_tokens / elapsed,
+            "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else None,
+            "ttft_p99_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None}
+
+
+def worker_counters(workers: list[Proc]) -> tuple[float, float]:
+    hits = sum(sum(samples(w.url, "hetero_infer_prefix_cache_hits_total").values()) for w in workers)
+    queries = sum(sum(samples(w.url, "hetero_infer_prefix_cache_queries_total").values()) for w in workers)
+    return hits, queries
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--policies", nargs="+", default=["prefix", "least-load", "round-robin"])
+    p.add_argument("--systems", type=int, default=4)
+    p.add_argument("--system-tokens", type=int, default=1024)
+    p.add_argument("--users", type=int, default=24)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--question-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--step-s", type=float, default=0.002)
+    p.add_argument("--token-s", type=float, default=0.0003)
+    p.add_argument("--seq-s", type=float, default=0.0005)
+    p.add_argument("--json", help="write the results here as JSON too")
+    args = p.parse_args(argv)
+
+    workers = start_workers(args.workers, "--mock-step-latency-s", str(args.step_s), "--mock-token-latency-s",
+                            str(args.token_s), "--mock-seq-latency-s", str(args.seq_s), "--max-num-seqs", "16")
+    results = {}
+    try:
+        for i, policy in enumerate(args.policies):
+            router = start_router(workers, "--policy", policy)
+            try:
+                model = json.loads(__import__("urllib.request").request.urlopen(router.url + "/v1/models").read())[
+                    "data"][0]["id"]
+                convs = conversations(args, salt=1000 + i)
+                h0, q0 = worker_counters(workers)
+                r = asyncio.run(run_policy(args, router.url, convs, model))
+                h1, q1 = worker_counters(workers)
+                routed = samples(router.url, "hetero_infer_router_requests_routed_total")
+                per_worker = [sum(v for k, v in routed.items() if w.url in k) for w in workers]
+                ideal_hit, ideal_query = ideal_hit_tokens([t for c in convs for t in c])
+                r.update({"hit_rate": (h1 - h0) / max(q1 - q0, 1), "ideal_hit_rate": ideal_hit / ideal_query,
+                          "requests_per_worker": per_worker})
+                results[policy] = r
+                print(f"{policy}: {json.dumps(r)}", flush=True)
+            finally:
+                router.stop()
+    finally:
+        for w in workers:
+            w.stop()
+    print("\n| policy | hit rate (ideal) | TTFT p50 ms | TTFT p99 ms | output tok/s | requests per worker |")
+    print("|---|---|---|---|---|---|")
+    for policy, r in results.items():
+        print(f"| {policy} | {r['hit_rate']:.2f} ({r['ideal_hit_rate']:.2f}) | {r['ttft_p50_ms']:.0f} | "
+              f"{r['ttft_p99_ms']:.0f} | {r['output_tokens_per_s']:.0f} | {r['requests_per_worker']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Real processes for the router's end-to-end tests: `hetero-infer serve --executor mock` workers and
+`hetero-infer router`, each on a free port read from its log."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+_LISTENING = re.compile(r"listening on http://([^:\s]+):(\d+)")
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def samples(url: str, name: str) -> dict[str, float]:
+    """{label values joined by ',': value} of one metric (counters by their _total sample)."""
+    _, text = get(url + "/metrics")
+    out = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for s in family.samples:
+            if s.name == name:
+                out[",".join(v for k, v in sorted(s.labels.items()) if k != "model_name")] = s.value
+    return out
+
+
+class Proc:
+    def __init__(self, *args: str, start_timeout: float = 180.0) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "hetero_infer.cli", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+        self.url = ""
+        self._port = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._port.wait(start_timeout):
+            self.stop()
+            raise RuntimeError("did not start listening:\n" + "".join(self.lines))
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = _LISTENING.search(line)
+            if m and not self._port.is_set():
+                self.url = f"http://{m.group(1)}:{m.group(2)}"
+                self._port.set()
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("exited:\n" + "".join(self.lines))
+            try:
+                if get(self.url + "/readyz", 2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("not ready:\n" + "".join(self.lines))
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_workers(n: int, *args: str) -> list[Proc]:
+    """`n` mock workers started side by side (each pays its imports at once), all ready."""
+    out: list[Proc | BaseException] = [RuntimeError("not started")] * n
+
+    def one(i: int) -> None:
+        try:
+            p = Proc("serve", "--port", "0", "--executor", "mock", "--no-engine-process", "--log-format", "json",
+                     "--no-access-log", *args)
+            out[i] = p
+            p.wait_ready()
+        except BaseException as exc:  # reported below
+            out[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = [o for o in out if isinstance(o, BaseException)]
+    if errors:
+        for o in out:
+            if isinstance(o, Proc):
+                o.stop()
+        raise RuntimeError(f"worker start failed: {errors[0]}")
+    return out  # type: ignore[return-value]
+
+
+def start_router(workers: list[Proc], *args: str) -> Proc:
+    worker_args = [a for w in workers for a in ("--worker", w.url)]
+    router = Proc("router", "--port", "0", *worker_args, "--health-interval-s", "0.2", *args)
+    router.wait_ready()
+    deadline = time.monotonic() + 60
+    while json.loads(get(router.url + "/readyz")[1])["workers_ready"] < len(workers):
+        if time.monotonic() > deadline:
+            raise RuntimeError("router never saw the workers ready:\n" + "".join(router.lines))
+        time.sleep(0.1)
+    return router
