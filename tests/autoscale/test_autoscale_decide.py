@@ -453,3 +453,14 @@ def test_the_tolerance_is_inclusive_like_the_hpa():
     assert signal_recommendation(a.QUEUE_DEPTH, queue_only(2, 6, 6), policy).replicas == 2
     # with a pod missing (cautious branch): 2 answer at 9, 1 missing counts as 0 -> 18 / 3 / 4 = 1.5
     assert signal_recommendation(a.QUEUE_DEPTH, queue_only(3, 9, 9), policy).replicas == 3
+
+
+def test_cautious_counting_scales_up_while_the_load_stays_above_target():
+    # 3 requested, 2 answer at 9 (1.8x of 5), 1 missing counts as 0: 18 / 3 / 5 = 1.2 -> 4
+    assert signal_recommendation(a.QUEUE_DEPTH, queue_only(3, 9, 9), hpa_like(5)).replicas == 4
+
+
+def test_cautious_counting_never_grows_on_a_low_load_during_a_surge():
+    # 2 requested, 4 listed: 3 answer at 2 (0.4x), 1 does not and counts as the target: 11 / 4 / 5 = 0.55,
+    # whose per-pod count (3) is above the current 2: no change rather than growth on a low load
+    assert signal_recommendation(a.QUEUE_DEPTH, queue_only(2, 2, 2, 2, None), hpa_like(5)).replicas == 2
