@@ -10,6 +10,14 @@ from hetero_infer.router.hashing import block_hashes, text_block_hashes
 logger = logging.getLogger("hetero_infer.router")
 
 
+def _resolve_model() -> Any:
+    try:
+        from hetero_infer.worker.runner.loader import resolve_model
+    except ImportError:  # the layout before worker/runner/
+        from hetero_infer.worker.model_loader import resolve_model
+    return resolve_model
+
+
 def load_tokenizer(name: str | None) -> Any:
     """The workers' tokenizer (hetero_infer.worker.tokenizer.Tokenizer), or None (text fallback) when `name` is
     unset or cannot be loaded."""
