@@ -135,3 +135,13 @@ def test_match_counts_leading_blocks_only():
     index.apply("a", BlockReport("e", 0, None, (1, 2, 4)))
     index.apply("b", BlockReport("e", 0, None, (2, 3)))
     assert index.match([1, 2, 3, 4], ["a", "b", "c"]) == {"a": 2, "b": 0, "c": 0}
+
+
+def test_a_report_in_another_scheme_or_block_size_is_not_taken():
+    from hetero_infer.router.pool import parse_report
+
+    log = BlockLog(epoch="e")
+    log.added(5)
+    assert parse_report(log.to_json(None, None, 16), 16) == BlockReport("e", 1, None, (5,), ())
+    assert parse_report(log.to_json(None, None, 32), 16) is None
+    assert parse_report({**log.to_json(None, None, 16), "hash": "python-hash"}, 16) is None
