@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from timing import median_ms
 
-from hetero_infer.worker import cpu_native, cpu_paged_attention
+from hetero_infer.kernels.cpu import native as cpu_native
+from hetero_infer.kernels.cpu import paged_attention as cpu_paged_attention
 
 
 def make_inputs(dtype: torch.dtype, batch: int, heads: int, kv_heads: int, dim: int, block: int, seed: int = 0):

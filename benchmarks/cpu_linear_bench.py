@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from timing import median_ms
 
-from hetero_infer.worker import cpu_linear
+from hetero_infer.kernels.cpu import linear as cpu_linear
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)] * 30 + [(576, 49152)]  # (in, out)
 

@@ -5,7 +5,7 @@ o 576->576, gate_up 576->3072, down 1536->576: 202 MB in bfloat16), each weight 
 engine, so every call streams its weight from memory. Per row count it prints the median time of the set for:
 
 * bf16: the project's bfloat16 GEMM (the unquantized model);
-* int8 / int4 ours: the project's W8A16 / W4A16 GEMM (`gemm_w8a16`, `gemm_w4a16`, worker/csrc/gemm.c);
+* int8 / int4 ours: the project's W8A16 / W4A16 GEMM (`gemm_w8a16`, `gemm_w4a16`, kernels/cpu/csrc/gemm.c);
 * int8 / int4 torch: PyTorch's CPU kernels for the same formats, as gpt-fast and torchao use them
   (`torch._weight_int8pack_mm`, `torch._weight_int4pack_mm_for_cpu`; groups of 64 / 128 as ours);
 * int8 / int4 ref: the kernels' PyTorch reference (`hetero_infer.kernels.int8_matmul` / `int4_matmul` on
@@ -22,8 +22,8 @@ import torch
 from timing import median_ms
 
 from hetero_infer import kernels
-from hetero_infer.worker import cpu_linear
-from hetero_infer.worker.quantization import int4_group_size
+from hetero_infer.kernels.cpu import linear as cpu_linear
+from hetero_infer.worker.quant.quantize import int4_group_size
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)] * 30  # (in, out)
 

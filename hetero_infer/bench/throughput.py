@@ -262,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"hetero-infer bench: unknown peer(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
-    from hetero_infer.worker.model_loader import load_hf_config, resolve_model
-    from hetero_infer.worker.model_runner import resolve_device
+    from hetero_infer.worker.runner.executor import resolve_device
+    from hetero_infer.worker.runner.loader import load_hf_config, resolve_model
 
     try:
         base = engine_config_from_args(args)

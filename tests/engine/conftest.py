@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetero_infer.worker.model_loader import DEFAULT_MODEL_FILE, default_model_gguf
+from hetero_infer.worker.runner.loader import DEFAULT_MODEL_FILE, default_model_gguf
 
 TINY = dict(
     hidden_size=64,

@@ -1,6 +1,6 @@
 """An independent reference for what the engine samples: the documented recipe applied to transformers' logits.
 
-The recipe (worker/sampler.py's docstring, vLLM's order): repetition penalty over prompt + output (HF style:
+The recipe (worker/runner/sampler.py's docstring, vLLM's order): repetition penalty over prompt + output (HF style:
 positive logits divided, negative multiplied), then frequency and presence penalties over the output
 (OpenAI style), then while fewer than `min_tokens` were produced the stop tokens (and EOS unless `ignore_eos`)
 are masked, then temperature (greedy below 1e-5), top-k, top-p (the smallest set of most likely tokens, among

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from hetero_infer.worker import cpu_linear
+from hetero_infer.kernels.cpu import linear as cpu_linear
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
@@ -115,7 +115,7 @@ def test_quantized_gemm_against_float64(rows, k, n, bias, method):
 def test_quantized_linear_packed_for_cpu_gives_the_same_layer():
     """Packed where the build has the quantized GEMM; elsewhere (the portable build) the layer stays as it was,
     on the kernels' reference."""
-    from hetero_infer.worker.quantization import QuantizedLinear, weight_bytes
+    from hetero_infer.worker.quant.quantize import QuantizedLinear, weight_bytes
 
     here = cpu_linear.quantized_gemm_available()
     assert here == bf16_gemm_here()

@@ -1,4 +1,4 @@
-"""The fused CPU ops (worker/csrc/ops.c) against the PyTorch expressions they replace (the reference backend)."""
+"""The fused CPU ops (kernels/cpu/csrc/ops.c) against the PyTorch expressions they replace (the reference backend)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hetero_infer.worker import cpu_ops
-from hetero_infer.worker.attention.torch_backend import rms_norm
-from hetero_infer.worker.models.rotary import rotate_half
+from hetero_infer.kernels.cpu import ops as cpu_ops
+from hetero_infer.worker.runner.attention.torch_backend import rms_norm
+from hetero_infer.worker.runner.models.rotary import rotate_half
 
 DTYPES = [torch.float32, torch.bfloat16]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hetero_infer.worker import cpu_paged_attention
+from hetero_infer.kernels.cpu import paged_attention as cpu_paged_attention
 
 
 def reference(q, k_cache, v_cache, tables, lens, scale):
@@ -54,8 +54,8 @@ def _mixed_step(dtype, block_size=4, heads=4, kv_heads=2, d=64):
     cached tokens, with rotary tables of a Llama config: (batch, rope, q, k, v, k_cache, v_cache)."""
     from transformers import LlamaConfig
 
-    from hetero_infer.worker.attention import SeqSpan, StepBatch
-    from hetero_infer.worker.models.rotary import RotaryEmbedding
+    from hetero_infer.worker.runner.attention import SeqSpan, StepBatch
+    from hetero_infer.worker.runner.models.rotary import RotaryEmbedding
 
     gen = torch.Generator().manual_seed(7)
     config = LlamaConfig(hidden_size=heads * d, num_attention_heads=heads, num_key_value_heads=kv_heads)
@@ -84,7 +84,7 @@ def _mixed_step(dtype, block_size=4, heads=4, kv_heads=2, d=64):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_cpu_backend_matches_reference_backend_on_a_mixed_step(dtype, tol):
-    from hetero_infer.worker.attention import CpuBackend, TorchBackend
+    from hetero_infer.worker.runner.attention import CpuBackend, TorchBackend
 
     batch, rope, q, k, v, k_cache, v_cache = _mixed_step(dtype)
     outs, caches = [], []
@@ -103,7 +103,7 @@ def test_cpu_backend_matches_reference_backend_on_a_mixed_step(dtype, tol):
 
 
 def test_backend_selection(monkeypatch):
-    from hetero_infer.worker.attention import CpuBackend, TorchBackend, select_backend
+    from hetero_infer.worker.runner.attention import CpuBackend, TorchBackend, select_backend
 
     _, rope, *_ = _mixed_step(torch.float32)
     cpu = torch.device("cpu")

@@ -13,7 +13,7 @@ HERE = Path(__file__).parent
 def test_portable_build_passes_the_kernel_tests(tmp_path):
     env = {**os.environ, "HETERO_INFER_CPU_MARCH": "x86-64-v2", "HETERO_INFER_CACHE": str(tmp_path)}
     probe = subprocess.run(
-        [sys.executable, "-c", "from hetero_infer.worker import cpu_paged_attention as c; "
+        [sys.executable, "-c", "from hetero_infer.kernels.cpu import paged_attention as c; "
          "assert c.available(); print(c.variant())"], env=env, capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0 and probe.stdout.strip() == "portable", probe.stderr[-2000:]
     tests = [str(HERE / name) for name in ("test_cpu_ops.py", "test_cpu_paged_attention.py", "test_cpu_linear.py")]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero_infer.worker.cpu_threads import cgroup_cpu_limit, usable_cpus
+from hetero_infer.kernels.cpu.threads import cgroup_cpu_limit, usable_cpus
 
 
 def _write(path: Path, text: str) -> None:
@@ -61,7 +61,7 @@ def _threads_after_configure(env_threads: str | None, torch_threads: int) -> str
     code = (
         "import torch\n"
         f"torch.set_num_threads({torch_threads})\n"
-        "from hetero_infer.worker import cpu_threads\n"
+        "from hetero_infer.kernels.cpu import threads as cpu_threads\n"
         "cpu_threads.usable_cpus = lambda limit=None, affinity=None: 1\n"  # a 1-CPU quota
         "cpu_threads.configure_torch_threads()\n"
         "print(torch.get_num_threads())\n"

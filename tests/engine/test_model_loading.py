@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from hetero_infer import LLM, SamplingParams
-from hetero_infer.worker.model_loader import load_hf_config, resolve_model
+from hetero_infer.worker.runner.loader import load_hf_config, resolve_model
 
 
 def test_sharded_checkpoint_loads_like_single_file(tiny_model, tmp_path):

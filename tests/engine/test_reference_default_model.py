@@ -13,7 +13,7 @@ import torch
 from hf_reference import teacher_forced_logits
 
 from hetero_infer import LLM, SamplingParams
-from hetero_infer.worker.model_loader import resolve_model
+from hetero_infer.worker.runner.loader import resolve_model
 
 MAX_NEW = 32
 # Chat-templated prompts of different lengths (31 to 42 tokens), decoded in one batch.

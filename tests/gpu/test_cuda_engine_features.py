@@ -21,7 +21,7 @@ import torch
 from quant_testing import TINY, hf_greedy
 
 from hetero_infer import LLM, SamplingParams
-from hetero_infer.worker.model_loader import resolve_model
+from hetero_infer.worker.runner.loader import resolve_model
 
 HEAD_DIMS = [64, 128]
 MAX_NEW = 12

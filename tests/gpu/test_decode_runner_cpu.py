@@ -11,12 +11,12 @@ import sys
 import pytest
 from quant_testing import hf_greedy
 
-from hetero_infer.worker.model_runner import decode_buckets
+from hetero_infer.worker.runner.cuda_graphs import decode_buckets
 
 SCRIPT = """
 import json, sys
 from hetero_infer import LLM, SamplingParams
-from hetero_infer.worker.model_runner import DecodeRunner
+from hetero_infer.worker.runner.cuda_graphs import DecodeRunner
 llm = LLM(sys.argv[1], device="cpu", dtype="float32", block_size=4, max_model_len=64, max_num_batched_tokens=32)
 ex = llm.engine.executor
 assert ex.backend.name == "triton" and ex.decode_runner is None  # the runner is CUDA-only: attach one by hand

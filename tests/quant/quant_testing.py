@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from hetero_infer.worker.model_loader import resolve_model
+from hetero_infer.worker.runner.loader import resolve_model
 
 TINY = dict(
     hidden_size=128,  # K = 128 and 256: INT4 group 128

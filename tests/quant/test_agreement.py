@@ -7,7 +7,7 @@ batched prefill step. (Free-running greedy agreement up to the first mismatch co
 early near-tie into a whole diverged tail; `python tests/quant/test_agreement.py` prints it too.)
 
 Targets from the issue: INT8 > 95%, INT4 > 85% of tokens, asserted here. Both formats are quantized
-by GPTQ on the built-in calibration conversations (`worker/quant_calibration.py`, none of them among
+by GPTQ on the built-in calibration conversations (`worker/quant/calibration.py`, none of them among
 these prompts); rounding to nearest scores about 0.95 (INT8) and 0.75 (INT4). See docs/benchmarks.md,
 "Quantized weights".
 """
@@ -62,7 +62,7 @@ def test_quantized_greedy_agreement_with_bf16(bf16, method):
 
 def projection_bytes(llm) -> tuple[int, int]:
     """(bytes of the quantized projections, bytes the same projections take in bf16)."""
-    from hetero_infer.worker.quantization import QuantizedLinear, weight_bytes
+    from hetero_infer.worker.quant.quantize import QuantizedLinear, weight_bytes
 
     layers = [m for m in llm.engine.executor.model.modules() if isinstance(m, QuantizedLinear)]
     return sum(weight_bytes(m) for m in layers), sum(2 * m.in_features * m.out_features for m in layers)

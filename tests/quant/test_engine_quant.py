@@ -10,8 +10,8 @@ import torch
 from quant_testing import forced_greedy, hf_greedy
 
 from hetero_infer import LLM, SamplingParams
-from hetero_infer.worker.quant_calibration import CONVERSATIONS
-from hetero_infer.worker.quantization import QuantizedLinear, calibration_tokens
+from hetero_infer.worker.quant.calibration import CONVERSATIONS
+from hetero_infer.worker.quant.quantize import QuantizedLinear, calibration_tokens
 
 MAX_NEW = 8
 
@@ -95,7 +95,7 @@ def test_profile_run_covers_the_largest_step(tiny_model):
 def test_auto_dtype_of_quantized_models_on_cpu_runs_the_cpu_gemm(tiny_model, method):
     """`--dtype auto` stays float32 on the CPU, except for W8A16/W4A16 models where the CPU has their bfloat16
     GEMM: there the activations are bfloat16 and every projection runs it (not the slow float32 reference)."""
-    from hetero_infer.worker import cpu_linear
+    from hetero_infer.kernels.cpu import linear as cpu_linear
 
     folder, _ = tiny_model("llama")
     here = cpu_linear.quantized_gemm_available()

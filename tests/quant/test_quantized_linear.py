@@ -9,9 +9,9 @@ from quant_testing import tiny_config
 from torch import nn
 
 from hetero_infer import kernels
-from hetero_infer.worker.attention import StepBatch, TorchBackend
-from hetero_infer.worker.models.llama import LlamaForCausalLM
-from hetero_infer.worker.quantization import QuantizedLinear, int4_group_size, quantize_model, weight_bytes
+from hetero_infer.worker.quant.quantize import QuantizedLinear, int4_group_size, quantize_model, weight_bytes
+from hetero_infer.worker.runner.attention import StepBatch, TorchBackend
+from hetero_infer.worker.runner.models.llama import LlamaForCausalLM
 
 TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2)}
 

@@ -24,7 +24,7 @@ def model_name(server: ServerProcess) -> str:
 @pytest.fixture(scope="session")
 def sampling_server() -> Iterator[ServerProcess]:
     """A mock server whose executor returns logits (`--mock-logits`), so the real sampler honours every
-    sampling parameter; see `hetero_infer.worker.mock_executor.mock_logits` for the distribution."""
+    sampling parameter; see `hetero_infer.worker.runner.mock_executor.mock_logits` for the distribution."""
     s = ServerProcess("--max-model-len", "512", "--mock-logits")
     yield s
     assert s.stop() == 0, s.log()

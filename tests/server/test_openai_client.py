@@ -16,8 +16,8 @@ import torch
 from server_proc import ServerProcess, http
 from transformers import AutoTokenizer
 
-from hetero_infer.worker.mock_executor import FAVOURITES, mock_logits
-from hetero_infer.worker.model_loader import resolve_model
+from hetero_infer.worker.runner.loader import resolve_model
+from hetero_infer.worker.runner.mock_executor import FAVOURITES, mock_logits
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 The PyTorch reference path must gather every sequence's blocks into a padded copy before
 attention, which triples the KV bytes moved per step; on a CPU that copy costs as much as
-the matmuls. This kernel (worker/csrc/paged_attention.c, built by `cpu_native`) walks the
+the matmuls. This kernel (kernels/cpu/csrc/paged_attention.c, built by `native`) walks the
 block table instead. Without a compiler, or with HETERO_INFER_CPU_KERNEL=0, the engine keeps
 the PyTorch path.
 """
@@ -13,19 +13,19 @@ import ctypes
 
 import torch
 
-from hetero_infer.worker import cpu_native
+from hetero_infer.kernels.cpu import native
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 _DECODE_ARGS = [_P] * 6 + [_I] * 6 + [_F]
 
 
 def available() -> bool:
-    return cpu_native.library() is not None
+    return native.library() is not None
 
 
 def variant() -> str:
     """Which implementation serves head dims 64 and 128 here: "avx512+bf16", "avx512" or "portable"."""
-    fn = cpu_native.function("paged_decode_variant", [], ctypes.c_char_p)
+    fn = native.function("paged_decode_variant", [], ctypes.c_char_p)
     assert fn is not None, "call available() first"
     return fn().decode()
 
@@ -44,7 +44,7 @@ def paged_decode(
     out = torch.empty_like(qc)
     tables = block_tables.contiguous()
     lens = context_lens.contiguous()
-    fn = cpu_native.function("paged_decode_f32" if k_cache.dtype == torch.float32 else "paged_decode_bf16",
+    fn = native.function("paged_decode_f32" if k_cache.dtype == torch.float32 else "paged_decode_bf16",
                              _DECODE_ARGS)
     assert fn is not None, "call available() first"
     fn(qc.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from hetero_infer import kernels
-from hetero_infer.worker.attention.base import KVCache, StepBatch, pad_tables, to_device
-from hetero_infer.worker.models.rotary import RotaryEmbedding
+from hetero_infer.worker.runner.attention.base import KVCache, StepBatch, pad_tables, to_device
+from hetero_infer.worker.runner.models.rotary import RotaryEmbedding
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ PyTorch's `F.linear` on CPU goes to MKL; on the AMD EPYC machines this project r
 oneDNN's packed-weight GEMM is 2-4x faster in float32 for decode-sized batches (measured:
 32x576x3072 0.90 -> 0.35 ms; the 49152-row LM head 32 -> 7.3 ms). It is the same packing
 torch.compile's CPU backend applies ("weight prepacking"). In bfloat16, on CPUs with
-AVX512_BF16, the project's own GEMM (worker/csrc/gemm.c) replaces oneDNN: it overlaps weight
+AVX512_BF16, the project's own GEMM (kernels/cpu/csrc/gemm.c) replaces oneDNN: it overlaps weight
 streaming with compute, which oneDNN does not at decode batch sizes (one decode step's linears
 of the default model, one thread: 27.5 -> 23.8 ms at 32 rows, 10.8 -> 8.0 ms at one row; equal
 or faster at prefill sizes). HETERO_INFER_ONEDNN=0 keeps plain `F.linear` everywhere.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hetero_infer.worker import cpu_native
+from hetero_infer.kernels.cpu import native
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,11 @@ def available() -> bool:
 @functools.cache
 def _gemm_bf16():
     """The C bfloat16 GEMM, or None where the library or AVX512_BF16 is missing."""
-    if cpu_native.library() is None:
+    if native.library() is None:
         return None
-    if not cpu_native.function("gemm_bf16_available", [], ctypes.c_int)():
+    if not native.function("gemm_bf16_available", [], ctypes.c_int)():
         return None
-    return cpu_native.function("gemm_bf16", [_P, _I, _I, _P, _I, _P, _P], ctypes.c_int)
+    return native.function("gemm_bf16", [_P, _I, _I, _P, _I, _P, _P], ctypes.c_int)
 
 
 @functools.cache
@@ -52,8 +52,8 @@ def _gemm_quantized(bits: int):
     if _gemm_bf16() is None:
         return None
     if bits == 8:
-        return cpu_native.function("gemm_w8a16", [_P, _I, _I, _P, _P, _I, _P, _P], ctypes.c_int)
-    return cpu_native.function("gemm_w4a16", [_P, _I, _I, _P, _P, _P, _I, _I, _P, _P], ctypes.c_int)
+        return native.function("gemm_w8a16", [_P, _I, _I, _P, _P, _I, _P, _P], ctypes.c_int)
+    return native.function("gemm_w4a16", [_P, _I, _I, _P, _P, _P, _I, _I, _P, _P], ctypes.c_int)
 
 
 def quantized_gemm_available() -> bool:

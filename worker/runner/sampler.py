@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hetero_infer.worker import cpu_ops
+from hetero_infer.kernels.cpu import ops as cpu_ops
 from hetero_infer.worker.core.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1

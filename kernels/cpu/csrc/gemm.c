@@ -10,7 +10,7 @@
  * VDPBF16PS. x is read as 32-bit pairs and broadcast. Accumulation is float32; out is rounded to bfloat16
  * (nearest even) after adding the float32 bias, as PyTorch's bfloat16 linear does.
  *
- * Weight-only quantized weights (W8A16, W4A16; hetero_infer.worker.quantization) use the same micro kernels:
+ * Weight-only quantized weights (W8A16, W4A16; hetero_infer.worker.quant.quantize) use the same micro kernels:
  * each thread dequantizes one panel at a time into a bfloat16 panel of its own (at most K * 128 bytes: it
  * stays in L2) and runs every row of x over it, so a decode step streams 1 (INT8) or 0.5 (INT4) bytes per
  * weight from memory instead of 2. INT8 panels hold the integers (exact in bfloat16) and the per-column

@@ -1,4 +1,4 @@
-"""The CPU backend: the project's C kernels (worker/csrc/, built by `cpu_native`).
+"""The CPU backend: the project's C kernels (kernels/cpu/csrc/, built by `cpu_native`).
 
 Rotary and the cache write are one pass (`cpu_ops.rope_and_cache`); then every row, prefill rows too,
 attends over its causal prefix straight from the block pool (`cpu_paged_attention`): one call per layer,
@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hetero_infer.worker import cpu_ops, cpu_paged_attention
-from hetero_infer.worker.attention import torch_backend
-from hetero_infer.worker.attention.base import KVCache, StepBatch, pad_tables
-from hetero_infer.worker.models.rotary import RotaryEmbedding
+from hetero_infer.kernels.cpu import ops as cpu_ops
+from hetero_infer.kernels.cpu import paged_attention as cpu_paged_attention
+from hetero_infer.worker.runner.attention import torch_backend
+from hetero_infer.worker.runner.attention.base import KVCache, StepBatch, pad_tables
+from hetero_infer.worker.runner.models.rotary import RotaryEmbedding
 
 
 @dataclass(frozen=True)

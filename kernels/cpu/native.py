@@ -1,4 +1,4 @@
-"""The CPU kernels in `worker/csrc/`, compiled once with the system C compiler and loaded through ctypes.
+"""The CPU kernels in `kernels/cpu/csrc/`, compiled once with the system C compiler and loaded through ctypes.
 
 One shared library holds them all (paged attention, fused norm/rotary/activation, argmax, the bfloat16
 GEMM). It is built with `-march=native` into the cache folder, keyed by a digest of the sources, flags,
@@ -61,7 +61,7 @@ def _build() -> ctypes.CDLL | None:
     if cc is None:
         log.info("no C compiler found: the engine uses its PyTorch paths on the CPU")
         return None
-    from hetero_infer.worker.model_loader import cache_dir
+    from hetero_infer.worker.runner.loader import cache_dir
 
     files = sorted(SOURCES.glob("*.[ch]"))
     digest = hashlib.sha256()

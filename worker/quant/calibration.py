@@ -1,4 +1,4 @@
-"""Calibration set of the GPTQ quantization (`worker/quantization.py`): fixed chat conversations.
+"""Calibration set of the GPTQ quantization (`worker/quant/quantize.py`): fixed chat conversations.
 
 32 user prompts (none of them in the agreement prompt sets of tests/quant) with the replies of the
 default model (SmolLM2-135M-Instruct, bfloat16, greedy, at most 128 tokens) recorded once: calibration

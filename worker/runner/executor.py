@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import logging
-import time
 
-import numpy as np
 import torch
 
-from hetero_infer.worker import cpu_linear, cpu_native, cpu_threads
-from hetero_infer.worker.attention import SeqSpan, StepBatch, select_backend
-from hetero_infer.worker.attention.base import to_device
-from hetero_infer.worker.attention.triton_backend import TritonAttentionMetadata, TritonBackend
+from hetero_infer.kernels.cpu import linear as cpu_linear
+from hetero_infer.kernels.cpu import native as cpu_native
+from hetero_infer.kernels.cpu import threads as cpu_threads
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.model_loader import iter_safetensors
-from hetero_infer.worker.models.llama import LlamaForCausalLM
-from hetero_infer.worker.models.rotary import head_dim_of
-from hetero_infer.worker.quantization import quantize_model, weight_bytes
+from hetero_infer.worker.quant.quantize import quantize_model, weight_bytes
+from hetero_infer.worker.runner.attention import StepBatch, select_backend
+from hetero_infer.worker.runner.attention.base import to_device
+from hetero_infer.worker.runner.attention.triton_backend import TritonBackend
+from hetero_infer.worker.runner.cuda_graphs import DecodeRunner
+from hetero_infer.worker.runner.inputs import step_inputs
+from hetero_infer.worker.runner.loader import iter_safetensors
+from hetero_infer.worker.runner.models.llama import LlamaForCausalLM
+from hetero_infer.worker.runner.models.rotary import head_dim_of
 from hetero_infer.worker.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -170,105 +172,10 @@ class TorchExecutor:
 
     def prepare(self, sched: SchedulerOutput):
         """(input ids, the backend's metadata, rows whose logits are sampled) of the step."""
-        bs = self.block_size
-        tokens: list[int] = []
-        pos: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
-        spans: list[SeqSpan] = []
-        logits_index: list[int] = []
-        row = 0
-        for item in sched.scheduled:
-            seq = item.seq
-            start, n = seq.num_computed_tokens, item.num_new_tokens
-            table = np.asarray(seq.block_table, dtype=np.int64)
-            p = np.arange(start, start + n, dtype=np.int64)
-            tokens.extend(seq.token_ids[start : start + n])
-            pos.append(p)
-            slots.append(table[p // bs] * bs + p % bs)
-            spans.append(SeqSpan(seq.block_table, start, n, seq.is_prefill))
-            row += n
-            if item.samples:
-                logits_index.append(row - 1)
-        batch = StepBatch(spans, np.concatenate(pos), np.concatenate(slots), bs)
-        input_ids = self._h2d(torch.tensor(tokens, dtype=torch.long))
-        return input_ids, self.backend.prepare(batch), self._h2d(torch.tensor(logits_index, dtype=torch.long))
-
-
-def decode_buckets(max_batch: int) -> list[int]:
-    """Batch sizes with a CUDA graph: powers of two up to `max_batch`, and `max_batch` itself."""
-    buckets = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch]
-    return [*buckets, max_batch]
-
-
-class DecodeRunner:
-    """Decode-only steps on CUDA, padded to a batch-size bucket in static input buffers.
-
-    Each bucket's forward is captured once as a CUDA graph and replayed. With `use_graphs=False`
-    (enforce_eager) the same padded forward runs eagerly: both modes launch the same kernels on
-    the same shapes, so they give identical numbers. Padding rows have slot -1 (the KV write
-    skips them) and context length 0 (attention returns zeros for them).
-    """
-
-    def __init__(self, model, backend: TritonBackend, kv_caches, max_batch: int, max_blocks_per_seq: int,
-                 device: torch.device, use_graphs: bool) -> None:
-        self.model, self.backend, self.kv_caches = model, backend, kv_caches
-        self.buckets = decode_buckets(max_batch)
-        n = self.buckets[-1]
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
-        # fixed width: the decode kernel plans its KV split from the table's shape, so every replay fits
-        self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
-        self.context_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.num_steps = 0
-        if use_graphs:
-            self.capture()
-
-    def accepts(self, meta: TritonAttentionMetadata) -> bool:
-        return (meta.prefill_block_tables is None and 0 < meta.num_decode_tokens <= self.buckets[-1]
-                and meta.decode_block_tables.shape[1] <= self.block_tables.shape[1])
-
-    def _forward(self, bs: int) -> torch.Tensor:
-        meta = TritonAttentionMetadata(
-            slot_mapping=self.slot_mapping[:bs], positions=self.positions[:bs], num_decode_tokens=bs,
-            decode_block_tables=self.block_tables[:bs], decode_context_lens=self.context_lens[:bs],
-        )
-        return self.model(self.input_ids[:bs], self.backend, meta, self.kv_caches)
-
-    @torch.inference_mode()
-    def capture(self) -> None:
-        start, pool = time.perf_counter(), None
-        before = torch.cuda.memory_reserved()
-        for bs in reversed(self.buckets):  # largest first: the smaller graphs reuse its memory pool
-            self._forward(bs)  # warm-up outside the capture: Triton compiles, cuBLAS picks its kernels
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self._forward(bs)
-            pool = graph.pool()
-            self.graphs[bs] = graph
-        log.info("captured CUDA graphs for decode batch sizes %s in %.1f s (%.0f MiB)", self.buckets,
-                 time.perf_counter() - start, (torch.cuda.memory_reserved() - before) / 2**20)
-
-    def run(self, input_ids: torch.Tensor, meta: TritonAttentionMetadata) -> torch.Tensor:
-        """Hidden states [bucket, hidden]; rows past the real batch are padding."""
-        n = input_ids.shape[0]
-        bs = next(b for b in self.buckets if b >= n)
-        self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(meta.positions)
-        self.slot_mapping[:n].copy_(meta.slot_mapping)
-        self.slot_mapping[n:bs].fill_(-1)
-        self.block_tables[:n, : meta.decode_block_tables.shape[1]].copy_(meta.decode_block_tables)
-        self.context_lens[:n].copy_(meta.decode_context_lens)
-        self.context_lens[n:bs].zero_()
-        self.num_steps += 1
-        graph = self.graphs.get(bs)
-        if graph is None:
-            return self._forward(bs)
-        graph.replay()
-        return self.outputs[bs]
+        step = step_inputs(sched, self.block_size)
+        input_ids = self._h2d(torch.tensor(step.token_ids, dtype=torch.long))
+        logits_index = self._h2d(torch.tensor(step.logits_index, dtype=torch.long))
+        return input_ids, self.backend.prepare(step.batch), logits_index
 
 
 def _layer_caches(kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,4 +1,4 @@
-"""Fused decoder-layer ops on the CPU (worker/csrc/ops.c): one C call and one pass over the data where the
+"""Fused decoder-layer ops on the CPU (kernels/cpu/csrc/ops.c): one C call and one pass over the data where the
 PyTorch expressions they replace take several ops (and as many Python dispatches) each.
 
 Each function computes exactly what its PyTorch expression in the reference backend
@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from hetero_infer.worker import cpu_native
+from hetero_infer.kernels.cpu import native
 
 _P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -24,11 +24,11 @@ _SIGNATURES = {
 
 
 def available(dtype: torch.dtype) -> bool:
-    return dtype in _SUFFIX and cpu_native.library() is not None
+    return dtype in _SUFFIX and native.library() is not None
 
 
 def _fn(name: str, dtype: torch.dtype):
-    fn = cpu_native.function(f"{name}_{_SUFFIX[dtype]}", _SIGNATURES[name])
+    fn = native.function(f"{name}_{_SUFFIX[dtype]}", _SIGNATURES[name])
     assert fn is not None, "the CPU kernel library is not available"
     return fn
 
@@ -82,7 +82,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """`x.argmax(-1)` for float32 [rows, n] (first index of the maximum); rows holding a NaN go to PyTorch."""
-    fn = cpu_native.function("argmax_rows", [_P, _I, _I, _P])
+    fn = native.function("argmax_rows", [_P, _I, _I, _P])
     assert fn is not None and x.dtype == torch.float32 and x.dim() == 2
     x = x.contiguous()
     out = torch.empty(x.shape[0], dtype=torch.int64)

@@ -9,11 +9,15 @@ import logging
 
 import torch
 
-from hetero_infer.worker.attention import cpu_backend
-from hetero_infer.worker.attention.base import AttentionBackend, KVCache, SeqSpan, StepBatch
-from hetero_infer.worker.attention.cpu_backend import CpuAttentionMetadata, CpuBackend
-from hetero_infer.worker.attention.torch_backend import PrefillChunk, TorchAttentionMetadata, TorchBackend
-from hetero_infer.worker.models.rotary import RotaryEmbedding
+from hetero_infer.worker.runner.attention import cpu_backend
+from hetero_infer.worker.runner.attention.base import AttentionBackend, KVCache, SeqSpan, StepBatch
+from hetero_infer.worker.runner.attention.cpu_backend import CpuAttentionMetadata, CpuBackend
+from hetero_infer.worker.runner.attention.torch_backend import (
+    PrefillChunk,
+    TorchAttentionMetadata,
+    TorchBackend,
+)
+from hetero_infer.worker.runner.models.rotary import RotaryEmbedding
 
 __all__ = [
     "AttentionBackend", "CpuAttentionMetadata", "CpuBackend", "KVCache", "PrefillChunk", "SeqSpan", "StepBatch",
@@ -27,7 +31,7 @@ def select_backend(device: torch.device, dtype: torch.dtype, rope: RotaryEmbeddi
     """Triton where its kernels run (CUDA, or anywhere with HETERO_INFER_KERNELS=triton, e.g. in Triton's
     interpreter); else on the CPU the C kernels where they built for `dtype`; else the PyTorch reference."""
     if triton_available(device):
-        from hetero_infer.worker.attention.triton_backend import TritonBackend
+        from hetero_infer.worker.runner.attention.triton_backend import TritonBackend
 
         return TritonBackend(rope, device)
     if device.type == "cpu" and cpu_backend.available(dtype):

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetero_infer.worker.attention import AttentionBackend, KVCache
-from hetero_infer.worker.models.rotary import RotaryEmbedding, head_dim_of
+from hetero_infer.worker.runner.attention import AttentionBackend, KVCache
+from hetero_infer.worker.runner.models.rotary import RotaryEmbedding, head_dim_of
 
 
 class RMSNorm(nn.Module):
@@ -120,7 +120,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed_logits_weight is not None:
-            from hetero_infer.worker.cpu_linear import packed_linear
+            from hetero_infer.kernels.cpu.linear import packed_linear
 
             return packed_linear(hidden, self.packed_logits_weight, None)
         weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
@@ -129,8 +129,8 @@ class LlamaForCausalLM(nn.Module):
     def pack_for_cpu(self) -> int:
         """Pre-pack every projection and the LM head for the CPU GEMMs (see cpu_linear), quantized projections
         included where their GEMM runs; return the count."""
-        from hetero_infer.worker.cpu_linear import pack_linears, pack_weight
-        from hetero_infer.worker.quantization import QuantizedLinear
+        from hetero_infer.kernels.cpu.linear import pack_linears, pack_weight
+        from hetero_infer.worker.quant.quantize import QuantizedLinear
 
         weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         self.packed_logits_weight = pack_weight(weight)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from hetero_infer import kernels
-from hetero_infer.worker import cpu_linear
+from hetero_infer.kernels.cpu import linear as cpu_linear
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ def calibration_tokens(model: nn.Module) -> list[list[int]] | None:
     """The `quant_calibration` conversations, tokenized by the tokenizer in the model's folder
     (`config.name_or_path`; through its chat template when it has one, else as plain text) and cut to the model's
     length; None without a local tokenizer."""
-    from hetero_infer.worker.quant_calibration import CONVERSATIONS
+    from hetero_infer.worker.quant.calibration import CONVERSATIONS
     from hetero_infer.worker.tokenizer import Tokenizer
 
     folder = getattr(getattr(model, "config", None), "name_or_path", None)
@@ -251,7 +251,7 @@ def _first_layer_inputs(model: nn.Module, seqs: list[list[int]]) -> tuple:
     """The arguments of the first decoder layer for `seqs` (one prefill chunk each): hidden states (and whatever
     else the model passes from layer to layer), then the attention backend, its metadata and a scratch KV cache,
     the same for every layer."""
-    from hetero_infer.worker.attention import StepBatch, TorchBackend
+    from hetero_infer.worker.runner.attention import StepBatch, TorchBackend
 
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     batch = StepBatch.fresh_prompts([len(s) for s in seqs], block_size=1)
