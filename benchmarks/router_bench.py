@@ -105,6 +105,35 @@ async def run_policy(args: argparse.Namespace, url: str, convs: list[list[list[i
             "ttft_p99_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None}
 
 
+async def latencies(url: str, model: str, n: int) -> list[float]:
+    """Seconds per sequential one-token completion (a short prompt), sorted."""
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for i in range(n):
+            start = time.perf_counter()
+            async with session.post(url + "/v1/completions",
+                                    json={"model": model, "prompt": f"ping {i}", "max_tokens": 1}) as r:
+                await r.read()
+            out.append(time.perf_counter() - start)
+    return sorted(out)
+
+
+def overhead(args: argparse.Namespace, worker: Proc, model: str) -> dict:
+    """The router's added latency: the same requests straight to one worker and through a router in front of it
+    alone, interleaved in rounds so a busy machine slows both alike."""
+    router = start_router([worker], "--policy", "prefix")
+    direct: list[float] = []
+    routed: list[float] = []
+    try:
+        for _ in range(5):
+            direct += asyncio.run(latencies(worker.url, model, args.overhead_requests // 5))
+            routed += asyncio.run(latencies(router.url, model, args.overhead_requests // 5))
+    finally:
+        router.stop()
+    d, r = statistics.median(direct), statistics.median(routed)
+    return {"direct_p50_ms": 1000 * d, "routed_p50_ms": 1000 * r, "added_p50_ms": 1000 * (r - d)}
+
+
 def worker_counters(workers: list[Proc]) -> tuple[float, float]:
     hits = sum(sum(samples(w.url, "hetero_infer_prefix_cache_hits_total").values()) for w in workers)
     queries = sum(sum(samples(w.url, "hetero_infer_prefix_cache_queries_total").values()) for w in workers)
@@ -115,21 +144,26 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--policies", nargs="+", default=["prefix", "least-load", "round-robin"])
-    p.add_argument("--systems", type=int, default=4)
+    p.add_argument("--systems", type=int, default=12)
     p.add_argument("--system-tokens", type=int, default=1024)
-    p.add_argument("--users", type=int, default=24)
+    p.add_argument("--users", type=int, default=48)
     p.add_argument("--turns", type=int, default=3)
-    p.add_argument("--question-tokens", type=int, default=32)
+    p.add_argument("--question-tokens", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=12)
+    p.add_argument("--kv-blocks", type=int, default=640,
+                   help="KV blocks per worker: room for a few system prompts, not all (default 640)")
     p.add_argument("--step-s", type=float, default=0.002)
     p.add_argument("--token-s", type=float, default=0.0003)
     p.add_argument("--seq-s", type=float, default=0.0005)
+    p.add_argument("--overhead-requests", type=int, default=200,
+                   help="sequential requests per side for the router's added latency (0: skip)")
     p.add_argument("--json", help="write the results here as JSON too")
     args = p.parse_args(argv)
 
     workers = start_workers(args.workers, "--mock-step-latency-s", str(args.step_s), "--mock-token-latency-s",
-                            str(args.token_s), "--mock-seq-latency-s", str(args.seq_s), "--max-num-seqs", "16")
+                            str(args.token_s), "--mock-seq-latency-s", str(args.seq_s), "--max-num-seqs", "16",
+                            "--max-num-blocks", str(args.kv_blocks))
     results = {}
     try:
         for i, policy in enumerate(args.policies):
@@ -150,12 +184,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{policy}: {json.dumps(r)}", flush=True)
             finally:
                 router.stop()
+        if args.overhead_requests:
+            results["overhead"] = overhead(args, workers[0], model)
+            print(f"overhead: {json.dumps(results['overhead'])}", flush=True)
     finally:
         for w in workers:
             w.stop()
     print("\n| policy | hit rate (ideal) | TTFT p50 ms | TTFT p99 ms | output tok/s | requests per worker |")
     print("|---|---|---|---|---|---|")
     for policy, r in results.items():
+        if policy == "overhead":
+            continue
         print(f"| {policy} | {r['hit_rate']:.2f} ({r['ideal_hit_rate']:.2f}) | {r['ttft_p50_ms']:.0f} | "
               f"{r['ttft_p99_ms']:.0f} | {r['output_tokens_per_s']:.0f} | {r['requests_per_worker']} |")
     if args.json:
