@@ -113,7 +113,7 @@ class ServerProcess:
     def terminate(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
 
-    def stop(self, timeout: float = 15.0) -> int | None:
+    def stop(self, timeout: float = 120.0) -> int | None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
