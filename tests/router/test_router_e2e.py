@@ -109,3 +109,48 @@ def test_killing_a_worker_fails_no_request_that_had_not_started_streaming(cluste
         s.join(180)
         assert s.finished and s.error is None, s.error
     assert routed_to_victim() == before  # the dead worker left the pool
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_scale_from_zero_a_held_request_is_answered_once_the_first_worker_is_ready():
+    from router_proc import Proc
+
+    port = free_port()
+    router = Proc("router", "--port", "0", "--worker", f"http://127.0.0.1:{port}", "--health-interval-s", "0.2",
+                  "--hold-timeout-s", "300")
+    worker = None
+    try:
+        router.wait_ready()
+        c = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        result: dict = {}
+
+        def ask() -> None:
+            try:
+                result["text"] = c.completions.create(model="m", prompt="hello", max_tokens=3).choices[0].text
+            except BaseException as exc:  # recorded for the assertion
+                result["error"] = exc
+
+        t = threading.Thread(target=ask, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 60
+        while samples(router.url, "hetero_infer_router_requests_held").get("", 0) < 1:
+            assert time.monotonic() < deadline, "the request was not held"
+            time.sleep(0.05)
+        assert t.is_alive()
+        worker = Proc("serve", "--port", str(port), "--executor", "mock", "--no-engine-process",
+                      "--served-model-name", "m", "--log-format", "json")
+        t.join(300)
+        assert "error" not in result, result.get("error")
+        assert isinstance(result["text"], str)
+        assert samples(router.url, "hetero_infer_router_requests_held").get("", 0) == 0
+    finally:
+        router.stop()
+        if worker is not None:
+            worker.stop()
