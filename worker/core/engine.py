@@ -18,8 +18,8 @@ from hetero_infer.worker.core.outputs import OutputAccumulator, RequestDelta, Re
 from hetero_infer.worker.core.request_check import EngineLimits, check_request
 from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.detokenizer import IncrementalDetokenizer
-from hetero_infer.worker.model_loader import load_hf_config, resolve_model
-from hetero_infer.worker.sampler import Sampler, SamplingRow, make_generator
+from hetero_infer.worker.runner.loader import load_hf_config, resolve_model
+from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, make_generator
 from hetero_infer.worker.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.sequence import Sequence, SequenceStatus
 from hetero_infer.worker.tokenizer import Tokenizer
@@ -69,11 +69,11 @@ class LLMEngine:
         generation_eos = _generation_eos_ids(folder)
         self.tokenizer = Tokenizer.from_pretrained(folder, extra_eos_token_ids=generation_eos)
         if config.executor == "mock":
-            from hetero_infer.worker.mock_executor import MockExecutor
+            from hetero_infer.worker.runner.mock_executor import MockExecutor
 
             self.executor = MockExecutor(config, vocab_size=self.tokenizer.vocab_size)
         else:
-            from hetero_infer.worker.model_runner import TorchExecutor
+            from hetero_infer.worker.runner.executor import TorchExecutor
 
             self.executor = TorchExecutor(config, hf_config, folder, self.max_model_len)
         self.vocab_size = self.executor.vocab_size

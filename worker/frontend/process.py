@@ -357,7 +357,7 @@ class ProcessEngineClient(EngineClient):
 def load_parent_tokenizer(config: EngineConfig) -> Any:
     """The server's own tokenizer, as the engine builds it (same folder, same generation EOS ids)."""
     from hetero_infer.worker.core.engine import _generation_eos_ids
-    from hetero_infer.worker.model_loader import resolve_model
+    from hetero_infer.worker.runner.loader import resolve_model
     from hetero_infer.worker.tokenizer import Tokenizer
 
     folder, _ = resolve_model(config.model)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from hetero_infer.kernels.cpu.threads import usable_cpus
 from hetero_infer.options import InvalidOption
-from hetero_infer.worker.cpu_threads import usable_cpus
 
 LOG_FORMATS = ("json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
