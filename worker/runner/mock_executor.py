@@ -54,6 +54,8 @@ def mock_logits(prompt_token_ids: Sequence[int], token_ids: Sequence[int], vocab
 class MockExecutor:
     def __init__(self, config: EngineConfig, vocab_size: int) -> None:
         self.step_latency_s = config.mock_step_latency_s
+        self.token_latency_s = config.mock_token_latency_s
+        self.seq_latency_s = config.mock_seq_latency_s
         self.vocab_size = config.mock_vocab_size or vocab_size
         self.num_blocks = config.max_num_blocks or MOCK_DEFAULT_NUM_BLOCKS
         self.device = "cpu"
@@ -64,11 +66,17 @@ class MockExecutor:
         h = (token_ids[-1] * 1103515245 + len(token_ids) * 12345 + sample_index * 2654435761) % span
         return _FIRST_ORDINARY_TOKEN + h
 
+    def step_seconds(self, sched: SchedulerOutput) -> float:
+        """The cost model: a fixed step time, plus time per token computed and per sequence run."""
+        tokens = sum(s.num_new_tokens for s in sched.scheduled)
+        return self.step_latency_s + self.token_latency_s * tokens + self.seq_latency_s * len(sched.scheduled)
+
     def execute(self, sched: SchedulerOutput) -> torch.Tensor | None:
         """Stand in for the forward pass: with `mock_logits`, a logits row per sequence that samples in this
         step; otherwise nothing (the engine then asks `next_token` for each sampled row)."""
-        if self.step_latency_s:
-            time.sleep(self.step_latency_s)
+        seconds = self.step_seconds(sched)
+        if seconds:
+            time.sleep(seconds)
         if self.samples_itself:
             return None
         rows = [mock_logits(s.seq.token_ids[: s.seq.num_prompt_tokens], s.seq.token_ids, self.vocab_size)
