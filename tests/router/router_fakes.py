@@ -24,6 +24,8 @@ class FakeWorker:
     drop_after_first: bool = False  # send one chunk, then cut the connection once `cut` is set
     stall: bool = False  # send one chunk, then wait forever
     block_log: BlockLog | None = None  # serve /v1/cache/blocks from it
+    waiting: int = 0  # reported on /metrics
+    kv_usage: float = 0.0
     requests: list[dict] = field(default_factory=list)
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     cut: asyncio.Event = field(default_factory=asyncio.Event)
@@ -42,7 +44,8 @@ class FakeWorker:
         return web.Response(status=200 if self.ready else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text="hetero_infer_num_requests_running 0\nhetero_infer_num_requests_waiting 0\n")
+        return web.Response(text=f"hetero_infer_num_requests_running 1\nhetero_infer_num_requests_waiting "
+                                 f"{self.waiting}\nhetero_infer_kv_cache_usage_ratio {self.kv_usage}\n")
 
     async def blocks(self, request: web.Request) -> web.Response:
         if self.block_log is None:

@@ -158,3 +158,16 @@ async def test_prefix_policy_follows_the_workers_block_reports():
         async with s.post(url + "/v1/completions", json={"prompt": ids}) as r:
             assert r.headers["X-From"] == "a"
         assert metric(router, "hetero_infer_router_prefix_matched_tokens_total", worker=a.url) == 32
+
+
+async def test_least_load_follows_the_queues_the_workers_report():
+    a, b = FakeWorker("a", waiting=6), FakeWorker("b", waiting=2)
+    async with cluster(a, b, policy="least-load") as (router, url, s):
+        await wait_for(lambda: router.pool.workers[a.url].waiting == 6, what="a's scraped queue")
+        for _ in range(3):
+            async with s.post(url + "/v1/completions", json={"prompt": "x"}) as r:
+                assert r.headers["X-From"] == "b"
+        a.waiting, b.waiting = 0, 9
+        await wait_for(lambda: router.pool.workers[b.url].waiting == 9, what="b's scraped queue")
+        async with s.post(url + "/v1/completions", json={"prompt": "x"}) as r:
+            assert r.headers["X-From"] == "a"
