@@ -7,6 +7,7 @@ and the fingerprint annotation itself does not.
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -46,3 +47,10 @@ def test_the_fingerprint_annotation_does_not_change_the_fingerprint() -> None:
         stamped = with_fingerprint(desired)
         assert stamped["metadata"]["annotations"][FINGERPRINT_ANNOTATION] == fingerprint(desired)
         assert fingerprint(stamped) == fingerprint(desired)
+
+
+def test_the_fingerprint_is_128_bits_of_hex() -> None:
+    """Its format is part of every child the operator has written: a fingerprint of another length would
+    make every existing child differ after an operator upgrade (a rewrite, and a rollout, of all of them)."""
+    for desired in (_manifest(), _manifest(labels={"app": "x"})):
+        assert re.fullmatch("[0-9a-f]{32}", fingerprint(desired))
