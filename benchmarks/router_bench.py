@@ -7,7 +7,8 @@ users each holding a `--turns`-turn conversation on one of them, `--concurrency`
 prompts as token ids (so the router hashes exactly what the workers cache). Each policy gets its own random
 salt in the prompts, so no policy starts on another's cache. Reports per policy: the cluster's prefix-cache hit
 rate (workers' own counters) and the rate one replica holding everything would get, TTFT p50/p99, output
-tokens/s, and the spread of requests over workers.
+tokens/s, the spread of requests over workers and each worker's mean waiting queue (`--slow-worker 3` makes
+the first worker three times slower).
 
     python benchmarks/router_bench.py [--workers 3] [--policies prefix least-load round-robin] [--json out.json]
 """
@@ -65,7 +66,8 @@ def conversations(args: argparse.Namespace, salt: int) -> list[list[list[int]]]:
     return out
 
 
-async def run_policy(args: argparse.Namespace, url: str, convs: list[list[list[int]]], model: str) -> dict:
+async def run_policy(args: argparse.Namespace, url: str, convs: list[list[list[int]]], model: str,
+                     worker_urls: list[str]) -> dict:
     ttfts: list[float] = []
     out_tokens = 0
     errors = 0
@@ -95,14 +97,28 @@ async def run_policy(args: argparse.Namespace, url: str, convs: list[list[list[i
                 if first is not None:
                     ttfts.append(first)
 
+    queues: dict[str, list[float]] = {w: [] for w in worker_urls}
+
+    async def sample_queues(session: aiohttp.ClientSession) -> None:
+        while True:
+            for w in worker_urls:
+                async with session.get(w + "/metrics") as r:
+                    text = await r.text()
+                queues[w].append(sum(float(line.split()[-1]) for line in text.splitlines()
+                                     if line.startswith("hetero_infer_num_requests_waiting")))
+            await asyncio.sleep(0.2)
+
     start = time.perf_counter()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        sampler = asyncio.create_task(sample_queues(session))
         await asyncio.gather(*(user(session) for _ in range(args.concurrency)))
+        sampler.cancel()
     elapsed = time.perf_counter() - start
     ttfts.sort()
     return {"requests": len(ttfts), "errors": errors, "elapsed_s": elapsed, "output_tokens_per_s": out_tokens / elapsed,
             "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else None,
-            "ttft_p99_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None}
+            "ttft_p99_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None,
+            "mean_waiting_per_worker": [round(statistics.fmean(q), 2) if q else None for q in queues.values()]}
 
 
 async def latencies(url: str, model: str, n: int) -> list[float]:
@@ -156,14 +172,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-s", type=float, default=0.002)
     p.add_argument("--token-s", type=float, default=0.0003)
     p.add_argument("--seq-s", type=float, default=0.0005)
+    p.add_argument("--slow-worker", type=float, default=1.0,
+                   help="make the first worker this many times slower (all its latencies), e.g. 3")
     p.add_argument("--overhead-requests", type=int, default=200,
                    help="sequential requests per side for the router's added latency (0: skip)")
     p.add_argument("--json", help="write the results here as JSON too")
     args = p.parse_args(argv)
 
-    workers = start_workers(args.workers, "--mock-step-latency-s", str(args.step_s), "--mock-token-latency-s",
-                            str(args.token_s), "--mock-seq-latency-s", str(args.seq_s), "--max-num-seqs", "16",
-                            "--max-num-blocks", str(args.kv_blocks))
+    def costs(factor: float) -> list[str]:
+        return ["--mock-step-latency-s", str(args.step_s * factor), "--mock-token-latency-s",
+                str(args.token_s * factor), "--mock-seq-latency-s", str(args.seq_s * factor)]
+
+    workers = start_workers(args.workers, *costs(1.0), "--max-num-seqs", "16", "--max-num-blocks",
+                            str(args.kv_blocks), extra={0: costs(args.slow_worker)} if args.slow_worker != 1 else None)
     results = {}
     try:
         for i, policy in enumerate(args.policies):
@@ -173,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                     "data"][0]["id"]
                 convs = conversations(args, salt=1000 + i)
                 h0, q0 = worker_counters(workers)
-                r = asyncio.run(run_policy(args, router.url, convs, model))
+                r = asyncio.run(run_policy(args, router.url, convs, model, [w.url for w in workers]))
                 h1, q1 = worker_counters(workers)
                 routed = samples(router.url, "hetero_infer_router_requests_routed_total")
                 per_worker = [sum(v for k, v in routed.items() if w.url in k) for w in workers]
@@ -190,13 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for w in workers:
             w.stop()
-    print("\n| policy | hit rate (ideal) | TTFT p50 ms | TTFT p99 ms | output tok/s | requests per worker |")
-    print("|---|---|---|---|---|---|")
+    print("\n| policy | hit rate (ideal) | TTFT p50 ms | TTFT p99 ms | output tok/s | requests per worker | "
+          "mean queue per worker |")
+    print("|---|---|---|---|---|---|---|")
     for policy, r in results.items():
         if policy == "overhead":
             continue
         print(f"| {policy} | {r['hit_rate']:.2f} ({r['ideal_hit_rate']:.2f}) | {r['ttft_p50_ms']:.0f} | "
-              f"{r['ttft_p99_ms']:.0f} | {r['output_tokens_per_s']:.0f} | {r['requests_per_worker']} |")
+              f"{r['ttft_p99_ms']:.0f} | {r['output_tokens_per_s']:.0f} | {r['requests_per_worker']} | "
+              f"{r['mean_waiting_per_worker']} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

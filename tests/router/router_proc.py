@@ -86,14 +86,15 @@ class Proc:
                 self.proc.wait()
 
 
-def start_workers(n: int, *args: str) -> list[Proc]:
-    """`n` mock workers started side by side (each pays its imports at once), all ready."""
+def start_workers(n: int, *args: str, extra: dict[int, list[str]] | None = None) -> list[Proc]:
+    """`n` mock workers started side by side (each pays its imports at once), all ready; worker i also gets
+    `extra[i]` (later flags win)."""
     out: list[Proc | BaseException] = [RuntimeError("not started")] * n
 
     def one(i: int) -> None:
         try:
             p = Proc("serve", "--port", "0", "--executor", "mock", "--no-engine-process", "--log-format", "json",
-                     "--no-access-log", *args)
+                     "--no-access-log", *args, *(extra or {}).get(i, []))
             out[i] = p
             p.wait_ready()
         except BaseException as exc:  # reported below
