@@ -15,7 +15,7 @@ import pytest
 from kubernetes.utils.quantity import parse_quantity as k8s_parse_quantity
 
 from hetero_infer.operator.constants import FINGERPRINT_ANNOTATION
-from hetero_infer.operator.diff import fingerprint, parse_quantity, with_fingerprint
+from hetero_infer.operator.diff import differences, fingerprint, parse_quantity, with_fingerprint
 
 # "E" and "Ei" (exa) are left out: parse_quantity returns None for them (it reads a leading "E" as an
 # exponent), reported to the lead with docs/testing.md's mutation notes.
@@ -54,3 +54,25 @@ def test_the_fingerprint_is_128_bits_of_hex() -> None:
     make every existing child differ after an operator upgrade (a rewrite, and a rollout, of all of them)."""
     for desired in (_manifest(), _manifest(labels={"app": "x"})):
         assert re.fullmatch("[0-9a-f]{32}", fingerprint(desired))
+
+
+@pytest.mark.parametrize("empty", [False, "", {}, []])
+def test_an_empty_desired_value_matches_an_absent_or_empty_field_only(empty: Any) -> None:
+    """The API server drops empty fields (false, "", {}, []): absent is what the operator wrote."""
+    assert differences({"a": empty}, {}) == []
+    assert differences({"a": empty}, {"a": None}) == []
+    assert differences({"a": empty}, {"a": empty}) == []
+    assert differences({"a": empty}, {"a": {"k": "v"}}) == [".a"]
+    assert differences({"a": empty}, {"a": ["x"]}) == [".a"]
+
+
+@pytest.mark.parametrize(("want", "have"), [(True, 1), (1, True), (False, 0), (True, "true"), ("1", True)])
+def test_a_bool_never_equals_another_type(want: Any, have: Any) -> None:
+    assert differences({"a": want}, {"a": have}) == [".a"]
+
+
+def test_a_map_where_the_live_object_holds_something_else_is_reported_at_its_path() -> None:
+    assert differences({"a": {"b": 1}}, {"a": 5}) == [".a"]
+    assert differences({"a": {"b": 1}}, {"a": [1]}) == [".a"]
+    assert differences({"b": 1}, None) == ["."]
+    assert differences({"b": 1}, "x") == ["."]
