@@ -76,3 +76,12 @@ def test_a_map_where_the_live_object_holds_something_else_is_reported_at_its_pat
     assert differences({"a": {"b": 1}}, {"a": [1]}) == [".a"]
     assert differences({"b": 1}, None) == ["."]
     assert differences({"b": 1}, "x") == ["."]
+
+
+def test_the_fingerprint_does_not_depend_on_key_order() -> None:
+    """Manifests are built as dicts in code order; the same manifest built in another order is the same."""
+    a = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "labels": {"x": "1", "y": "2"}},
+         "spec": {"type": "ClusterIP", "ports": [{"port": 80, "name": "http"}]}}
+    b = {"spec": {"ports": [{"name": "http", "port": 80}], "type": "ClusterIP"},
+         "metadata": {"labels": {"y": "2", "x": "1"}, "name": "s"}, "kind": "Service", "apiVersion": "v1"}
+    assert fingerprint(a) == fingerprint(b)
