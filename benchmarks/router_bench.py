@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import sys
@@ -150,6 +151,41 @@ def overhead(args: argparse.Namespace, worker: Proc, model: str) -> dict:
     return {"direct_p50_ms": 1000 * d, "routed_p50_ms": 1000 * r, "added_p50_ms": 1000 * (r - d)}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def stream_tokens(url: str, model: str, streams: int, tokens: int) -> int:
+    """Stream `streams` completions of `tokens` tokens each at once; the chunks received."""
+    async def one(session: aiohttp.ClientSession) -> int:
+        body = {"model": model, "prompt": "go", "max_tokens": tokens, "stream": True, "ignore_eos": True}
+        n = 0
+        async with session.post(url + "/v1/completions", json=body) as r:
+            async for line in r.content:
+                n += line.startswith(b"data: {")
+        return n
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        return sum(await asyncio.gather(*(one(session) for _ in range(streams))))
+
+
+def streaming_cost(args: argparse.Namespace, worker: Proc, model: str) -> dict:
+    """Streamed tokens per second of the router's own CPU time (one core fully busy would pass this many)."""
+    router = start_router([worker], "--policy", "prefix")
+    try:
+        before = cpu_seconds(router.proc.pid)
+        start = time.perf_counter()
+        chunks = asyncio.run(stream_tokens(router.url, model, 16, args.stream_tokens))
+        elapsed = time.perf_counter() - start
+        used = cpu_seconds(router.proc.pid) - before
+    finally:
+        router.stop()
+    return {"chunks": chunks, "elapsed_s": elapsed, "router_cpu_s": used,
+            "chunks_per_router_cpu_s": chunks / used if used else None}
+
+
 def worker_counters(workers: list[Proc]) -> tuple[float, float]:
     hits = sum(sum(samples(w.url, "hetero_infer_prefix_cache_hits_total").values()) for w in workers)
     queries = sum(sum(samples(w.url, "hetero_infer_prefix_cache_queries_total").values()) for w in workers)
@@ -176,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="make the first worker this many times slower (all its latencies), e.g. 3")
     p.add_argument("--overhead-requests", type=int, default=200,
                    help="sequential requests per side for the router's added latency (0: skip)")
+    p.add_argument("--stream-tokens", type=int, default=500,
+                   help="tokens per stream (16 at once) for the router's CPU cost per streamed token (0: skip)")
     p.add_argument("--json", help="write the results here as JSON too")
     args = p.parse_args(argv)
 
@@ -208,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.overhead_requests:
             results["overhead"] = overhead(args, workers[0], model)
             print(f"overhead: {json.dumps(results['overhead'])}", flush=True)
+        if args.stream_tokens:
+            results["streaming"] = streaming_cost(args, workers[0], model)
+            print(f"streaming: {json.dumps(results['streaming'])}", flush=True)
     finally:
         for w in workers:
             w.stop()
@@ -215,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
           "mean queue per worker |")
     print("|---|---|---|---|---|---|---|")
     for policy, r in results.items():
-        if policy == "overhead":
+        if policy in ("overhead", "streaming"):
             continue
         print(f"| {policy} | {r['hit_rate']:.2f} ({r['ideal_hit_rate']:.2f}) | {r['ttft_p50_ms']:.0f} | "
               f"{r['ttft_p99_ms']:.0f} | {r['output_tokens_per_s']:.0f} | {r['requests_per_worker']} | "
