@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hetero_infer.worker.core.sampling_params import SamplingParams
-from hetero_infer.worker.detokenizer import IncrementalDetokenizer
+from hetero_infer.worker.core.detokenizer import IncrementalDetokenizer
 from hetero_infer.worker.tokenizer import Tokenizer
 
 
@@ -22,3 +22,40 @@ def test_stop_strings_starting_at_the_same_place_the_first_listed_wins(
     hits = [s for s in (detok.add_token(i) for i in ids) if s is not None]
     assert hits == [stops[0]] and detok.stop_string == stops[0]
     assert detok.text == "say" + stops[0]
+
+
+def _metaspace_tokenizer() -> Tokenizer:
+    """A SentencePiece-style decoder (it drops the space of a text's first word) with a special token."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = RawTokenizer(models.WordLevel({"<unk>": 0, "▁Hello": 1, "▁world": 2, "<s>": 3}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace()
+    raw.decoder = decoders.Metaspace()
+    hf = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", additional_special_tokens=["<s>"])
+    tok = Tokenizer(hf)
+    assert 3 in tok.special_token_ids
+    return tok
+
+
+def _first_output(tok: Tokenizer, prompt: list[int]) -> str:
+    detok = IncrementalDetokenizer(tok, prompt, SamplingParams())  # skip_special_tokens by default
+    detok.add_token(2)
+    return detok.text
+
+
+def test_a_word_after_a_skipped_special_token_is_context() -> None:
+    """Special tokens inside the prompt's tail are skipped, not an end of the context: the output
+    continues the word after them (leading space kept)."""
+    tok = _metaspace_tokenizer()
+    assert _first_output(tok, [3, 1]) == " world"
+    assert _first_output(tok, [3]) == "world"  # no word before: SentencePiece drops the space
+
+
+@pytest.mark.parametrize("specials", range(7))
+def test_the_context_looks_at_the_last_seven_prompt_ids(specials: int) -> None:
+    """vLLM's window: the last _PROMPT_CONTEXT + 2 = 7 prompt ids (2 of slack for skipped special
+    tokens); a word six special tokens before the output still gives it its leading space."""
+    tok = _metaspace_tokenizer()
+    assert _first_output(tok, [1] + [3] * specials) == " world"
