@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
             else "peering auto-detected")
     logging.getLogger("hetero_infer.operator").info(f"watching {where}; {mode}")
     if args.metrics_port is not None:
-        from hetero_infer.operator import metrics
+        from hetero_infer.operator.autoscale import metrics
 
         metrics.serve(args.metrics_port)
         logging.getLogger("hetero_infer.operator").info(f"metrics on :{args.metrics_port}/metrics")

@@ -6,7 +6,7 @@ Triggers for a reconciliation pass of an InferenceDeployment:
 - a periodic resync (catches anything missed while the operator was down).
 
 In autoscaling mode `operator`, a worker per InferenceDeployment scrapes its workers every
-`intervalSeconds` and sets `spec.replicas` (scaling.py); the spec change then reconciles as above.
+`intervalSeconds` and sets `spec.replicas` (autoscale/loop.py); the spec change then reconciles as above.
 
 No finalizer: the resync and the autoscaler run as plain tasks (loops.py), not as kopf timers or
 daemons, and there is no delete handler. The children carry a controller ownerReference, so the
@@ -31,7 +31,8 @@ from typing import Any
 import kopf
 
 from hetero_infer.operator import constants as c
-from hetero_infer.operator import kube, loops, peering, scaling
+from hetero_infer.operator import kube, loops, peering
+from hetero_infer.operator.autoscale import loop as autoscale_loop
 from hetero_infer.operator.manifests import WorkerDefaults
 from hetero_infer.operator.reconcile import Outcome, Recorder, reconcile
 
@@ -156,7 +157,7 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
             return await asyncio.to_thread(peering.active, client, options.peering)
 
         async def autoscale(stopper: loops.Stopper, body: dict[str, Any]) -> None:
-            await scaling.run(stopper, body, client, event_recorder(body), options.scrape_timeout, active=is_active)
+            await autoscale_loop.run(stopper, body, client, event_recorder(body), options.scrape_timeout, active=is_active)
 
         # As a kopf filter would: the autoscaler runs while autoscaling is enabled in mode operator, and
         # stops when that changes or the object goes away.

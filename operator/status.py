@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero_infer.operator import autoscale
 from hetero_infer.operator import constants as c
+from hetero_infer.operator.autoscale.decision import SIGNALS, Decision
 from hetero_infer.operator.diff import parse_quantity
 from hetero_infer.operator.spec import InferenceSpec
 
@@ -194,7 +194,7 @@ def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -
     return any(previous.get(k) != v for k, v in new.items())
 
 
-def autoscaler_status(*, previous: Mapping[str, Any] | None, decision: autoscale.Decision, generation: int | None,
+def autoscaler_status(*, previous: Mapping[str, Any] | None, decision: Decision, generation: int | None,
                       now: str) -> dict[str, Any]:
     """The fields the autoscaler owns (mode operator; module docstring), as a merge patch over `previous`.
 
@@ -206,7 +206,7 @@ def autoscaler_status(*, previous: Mapping[str, Any] | None, decision: autoscale
     previous = previous or {}
     old = previous.get("metrics") or {}
     values = {}
-    for name in autoscale.SIGNALS:
+    for name in SIGNALS:
         average = decision.signal(name).average
         if average is not None:
             values[name] = round(float(average), 4)

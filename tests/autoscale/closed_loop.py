@@ -35,9 +35,9 @@ from typing import Any
 
 import aiohttp
 
-from hetero_infer.operator.autoscale import KV_CACHE_USAGE, QUEUE_DEPTH, Policy
-from hetero_infer.operator.scaling import Autoscaler
-from hetero_infer.operator.scrape import Endpoint
+from hetero_infer.operator.autoscale.decision import KV_CACHE_USAGE, QUEUE_DEPTH, Policy
+from hetero_infer.operator.autoscale.loop import Autoscaler
+from hetero_infer.operator.autoscale.scrape import Endpoint
 
 _LISTENING = re.compile(r"listening on (http://\S+:\d+)")
 

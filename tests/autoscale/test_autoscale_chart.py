@@ -10,9 +10,9 @@ from typing import Any
 import yaml
 
 from hetero_infer.operator import constants as c
+from hetero_infer.operator.autoscale.scrape import KV_NAMES, WAITING_NAMES
 from hetero_infer.operator.cli import build_parser
 from hetero_infer.operator.manifests import Owner, horizontal_pod_autoscaler
-from hetero_infer.operator.scrape import KV_NAMES, WAITING_NAMES
 from hetero_infer.operator.spec import parse_spec
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "hetero-infer"

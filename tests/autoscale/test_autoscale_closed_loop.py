@@ -24,7 +24,7 @@ from closed_loop import (
     short_phases,
 )
 
-from hetero_infer.operator.autoscale import Policy
+from hetero_infer.operator.autoscale.decision import Policy
 
 INTERVAL = 1.0
 TICK_ROUNDING = 0.05  # sample times are rounded to the millisecond; the decision reads the loop's clock

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from hetero_infer.operator import autoscale as a
-from hetero_infer.operator.autoscale import (
+from hetero_infer.operator.autoscale import decision as a
+from hetero_infer.operator.autoscale.decision import (
     History,
     Observation,
     PodSample,

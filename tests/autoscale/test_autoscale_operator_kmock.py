@@ -18,7 +18,7 @@ from autoscale_fakes import PODS, FakeWorkers
 from kmock_cluster import DEPLOYMENTS, EVENTS, INFD, wait_for
 
 from hetero_infer.operator import constants as c
-from hetero_infer.operator import metrics as opmetrics
+from hetero_infer.operator.autoscale import metrics as opmetrics
 from hetero_infer.operator.manifests import selector_labels
 
 NS = "autoscale"

@@ -11,8 +11,7 @@ import pytest
 from aiohttp import web
 
 from hetero_infer.operator import constants as c
-from hetero_infer.operator.manifests import selector_labels
-from hetero_infer.operator.scrape import (
+from hetero_infer.operator.autoscale.scrape import (
     Endpoint,
     ScrapeError,
     endpoints_from_pods,
@@ -20,6 +19,7 @@ from hetero_infer.operator.scrape import (
     scrape,
     scrape_all,
 )
+from hetero_infer.operator.manifests import selector_labels
 
 WORKER_TEXT = """# HELP hetero_infer_kv_cache_usage_ratio Fraction of KV-cache blocks in use (0..1).
 # TYPE hetero_infer_kv_cache_usage_ratio gauge

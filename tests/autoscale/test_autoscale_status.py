@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from autoscale_fakes import FakeWorkers
 
-from hetero_infer.operator import autoscale as a
 from hetero_infer.operator import kube
-from hetero_infer.operator import metrics as opmetrics
-from hetero_infer.operator.autoscale import History, Observation, PodSample, Policy, decide
+from hetero_infer.operator.autoscale import decision as a
+from hetero_infer.operator.autoscale import metrics as opmetrics
+from hetero_infer.operator.autoscale.decision import History, Observation, PodSample, Policy, decide
+from hetero_infer.operator.autoscale.loop import Autoscaler, autoscale_once, interval_of, replicas_patch
 from hetero_infer.operator.cli import build_parser, operator_kwargs
 from hetero_infer.operator.manifests import selector_labels
-from hetero_infer.operator.scaling import Autoscaler, autoscale_once, interval_of, replicas_patch
 from hetero_infer.operator.status import autoscaler_status
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:00:15Z"
@@ -167,7 +167,7 @@ async def test_listing_failures_mean_no_metrics_not_a_scale_down() -> None:
 
 async def test_the_daemon_loop_runs_passes_until_stopped(workers: FakeWorkers) -> None:
     """scaling.run: one pass per interval on the live body, stops on the flag, forgets its metrics."""
-    from hetero_infer.operator.scaling import run
+    from hetero_infer.operator.autoscale.loop import run
 
     class Stopped:
         def __init__(self) -> None:

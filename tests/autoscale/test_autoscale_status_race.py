@@ -21,9 +21,9 @@ from kmock_cluster import DEPLOYMENTS, INFD
 
 from hetero_infer.operator import constants as c
 from hetero_infer.operator import kube
+from hetero_infer.operator.autoscale.loop import Autoscaler, autoscale_once
 from hetero_infer.operator.manifests import selector_labels
 from hetero_infer.operator.reconcile import reconcile
-from hetero_infer.operator.scaling import Autoscaler, autoscale_once
 
 NS, NAME = "race", "smol"
 INFD_PATH = f"/apis/{c.API_VERSION}/namespaces/{NS}/{c.PLURAL}/{NAME}"

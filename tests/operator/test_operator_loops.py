@@ -119,7 +119,7 @@ class CountingClient:
 
 
 async def test_a_standing_by_replica_neither_resyncs_nor_autoscales() -> None:
-    from hetero_infer.operator import scaling
+    from hetero_infer.operator.autoscale import loop as autoscale_loop
     from hetero_infer.operator.handlers import OperatorOptions, resync_all
 
     async def standing_by() -> bool:
@@ -148,7 +148,7 @@ async def test_a_standing_by_replica_neither_resyncs_nor_autoscales() -> None:
             asked.append(await gate())
             return asked[-1]
 
-        task = asyncio.create_task(scaling.run(stopper, autoscaled, client, lambda *e: None, active=counted))
+        task = asyncio.create_task(autoscale_loop.run(stopper, autoscaled, client, lambda *e: None, active=counted))
         # Two passes asked the gate (the first pass is over, whatever the machine's load); then stop.
         deadline = asyncio.get_running_loop().time() + 30
         while len(asked) < 2 and asyncio.get_running_loop().time() < deadline:

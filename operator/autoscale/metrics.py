@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from hetero_infer.operator.autoscale import Decision
+from hetero_infer.operator.autoscale.decision import Decision
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 LABELS = ("namespace", "name")

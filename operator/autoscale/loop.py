@@ -1,4 +1,4 @@
-"""Autoscaling in mode `operator`: the I/O around `autoscale.decide`.
+"""Autoscaling in mode `operator`: the I/O around `decision.decide`.
 
 `Autoscaler.step` is one pass over a list of endpoints: scrape every ready worker, decide, keep the
 history. The autoscaler worker (handlers.py, loops.py) feeds it the pods the API lists for the
@@ -27,16 +27,23 @@ from typing import Any
 import aiohttp
 
 from hetero_infer.operator import kube
-from hetero_infer.operator import metrics as opmetrics
-from hetero_infer.operator.autoscale import Decision, History, Observation, Policy, decide, policy_from_spec
-from hetero_infer.operator.manifests import selector_labels, selector_string
-from hetero_infer.operator.scrape import (
+from hetero_infer.operator.autoscale import metrics as opmetrics
+from hetero_infer.operator.autoscale.decision import (
+    Decision,
+    History,
+    Observation,
+    Policy,
+    decide,
+    policy_from_spec,
+)
+from hetero_infer.operator.autoscale.scrape import (
     DEFAULT_TIMEOUT_SECONDS,
     Endpoint,
     ScrapeResult,
     endpoints_from_pods,
     scrape_all,
 )
+from hetero_infer.operator.manifests import selector_labels, selector_string
 from hetero_infer.operator.spec import DEFAULT_INTERVAL_SECONDS, SpecError, parse_spec
 from hetero_infer.operator.status import autoscaler_status, status_changed
 

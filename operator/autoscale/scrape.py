@@ -22,7 +22,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from hetero_infer.operator import constants as c
-from hetero_infer.operator.autoscale import PodSample
+from hetero_infer.operator.autoscale.decision import PodSample
 
 DEFAULT_TIMEOUT_SECONDS = 2.0
 MAX_BODY_BYTES = 4 * 1024 * 1024
