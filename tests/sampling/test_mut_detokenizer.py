@@ -59,3 +59,15 @@ def test_the_context_looks_at_the_last_seven_prompt_ids(specials: int) -> None:
     tokens); a word six special tokens before the output still gives it its leading space."""
     tok = _metaspace_tokenizer()
     assert _first_output(tok, [1] + [3] * specials) == " world"
+
+
+def test_a_short_text_that_could_begin_a_stop_string_is_held_back(smol_tokenizer: Tokenizer) -> None:
+    """Nothing is streamed while the whole text could still be the start of a stop string: "H" may
+    become "Hello", which is then cut from the output, so an emitted "H" could never be taken back."""
+    h = smol_tokenizer.hf.convert_tokens_to_ids("H")
+    rest = smol_tokenizer.encode("ello", add_special_tokens=False)
+    detok = IncrementalDetokenizer(smol_tokenizer, [], SamplingParams(stop=["Hello"]))
+    assert detok.add_token(h) is None and detok.text == "H"
+    assert detok.emittable_text(finished=False) == ""
+    hits = [s for s in (detok.add_token(i) for i in rest) if s is not None]
+    assert hits == ["Hello"] and detok.text == ""
