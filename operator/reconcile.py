@@ -1,7 +1,8 @@
 """One reconciliation pass: spec -> children on the server -> status (no kopf in here).
 
 `reconcile` is idempotent: it creates what is missing, patches what drifted from the spec, removes
-an HPA that the spec no longer asks for, and writes the status only when it changed. It never
+an HPA that the spec no longer asks for, and writes its status fields only when they changed
+(status.py says which are its own; the write is retried on a conflict, kube.patch_status). It never
 raises for a bad spec (that becomes a Degraded condition); API failures are reported in the outcome
 so the caller can retry with backoff.
 """
