@@ -3,7 +3,7 @@
 # working tree may be shared, and a mutant left behind by a killed run would break it).
 #
 #   mutation/run.sh MODULE_PATH "TEST FILES..." [extra pytest args]
-#   e.g. mutation/run.sh worker/block_manager.py "tests/engine/test_block_manager_properties.py"
+#   e.g. mutation/run.sh worker/core/block_manager.py "tests/engine/test_block_manager_properties.py"
 #
 # Needs cosmic-ray (pip install cosmic-ray==8.7.0, see docs/testing.md). Environment:
 #   MUT_DIR      scratch copy (default /tmp/hetero-infer-mut); recreated on each run

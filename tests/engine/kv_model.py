@@ -18,9 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from hetero_infer import SamplingParams
-from hetero_infer.worker.block_manager import BlockManager
-from hetero_infer.worker.scheduler import Scheduler, SchedulerOutput
-from hetero_infer.worker.sequence import Sequence, SequenceStatus
+from hetero_infer.worker.core.block_manager import BlockManager
+from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
+from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
 
 VOCAB = 7  # few token ids: unrelated prompts often share prefixes by chance
 

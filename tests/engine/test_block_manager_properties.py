@@ -7,10 +7,10 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_infer.worker.block_manager import BlockManager
+from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.sampling_params import SamplingParams
-from hetero_infer.worker.scheduler import Scheduler
-from hetero_infer.worker.sequence import Sequence, SequenceStatus
+from hetero_infer.worker.core.scheduler import Scheduler
+from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
 
 
 def check_invariants(bm: BlockManager, live: list[Sequence]) -> None:

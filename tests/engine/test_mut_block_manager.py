@@ -6,8 +6,8 @@ import pytest
 from kv_model import Sim
 
 from hetero_infer import SamplingParams
-from hetero_infer.worker.block_manager import BlockManager
-from hetero_infer.worker.sequence import Sequence
+from hetero_infer.worker.core.block_manager import BlockManager
+from hetero_infer.worker.core.sequence import Sequence
 
 
 def seq(tokens: list[int]) -> Sequence:

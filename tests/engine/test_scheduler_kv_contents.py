@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_model import Sim
 
-from hetero_infer.worker.sequence import SequenceStatus
+from hetero_infer.worker.core.sequence import SequenceStatus
 
 
 def test_prefix_cache_never_offers_a_block_before_its_kv_is_computed():

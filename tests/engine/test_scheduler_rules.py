@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from kv_model import Sim
 
-from hetero_infer.worker.sequence import SequenceStatus
+from hetero_infer.worker.core.sequence import SequenceStatus
 
 
 def decoding_pair(budget: int) -> Sim:

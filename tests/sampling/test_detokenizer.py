@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hetero_infer.worker.detokenizer import IncrementalDetokenizer
+from hetero_infer.worker.core.detokenizer import IncrementalDetokenizer
 from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.tokenizer import Tokenizer
 

@@ -19,7 +19,7 @@ from hetero_infer.worker.runner.inputs import step_inputs
 from hetero_infer.worker.runner.loader import iter_safetensors
 from hetero_infer.worker.runner.models.llama import LlamaForCausalLM
 from hetero_infer.worker.runner.models.rotary import head_dim_of
-from hetero_infer.worker.scheduler import SchedulerOutput
+from hetero_infer.worker.core.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.scheduler import SchedulerOutput
+from hetero_infer.worker.core.scheduler import SchedulerOutput
 
 MOCK_DEFAULT_NUM_BLOCKS = 4096
 _FIRST_ORDINARY_TOKEN = 100  # keep clear of special tokens at the start of the vocabulary

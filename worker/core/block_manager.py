@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from hetero_infer.worker.sequence import Sequence
+from hetero_infer.worker.core.sequence import Sequence
 
 
 @dataclass

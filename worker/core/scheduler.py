@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from hetero_infer.worker.block_manager import BlockManager
-from hetero_infer.worker.sequence import Sequence, SequenceStatus
+from hetero_infer.worker.core.block_manager import BlockManager
+from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
 
 
 @dataclass
