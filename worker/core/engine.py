@@ -12,16 +12,16 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.config import EngineConfig
+from hetero_infer.worker.core.block_manager import BlockManager
+from hetero_infer.worker.core.detokenizer import IncrementalDetokenizer
 from hetero_infer.worker.core.outputs import OutputAccumulator, RequestDelta, RequestOutput, SampleDelta
 from hetero_infer.worker.core.request_check import EngineLimits, check_request
 from hetero_infer.worker.core.sampling_params import SamplingParams
-from hetero_infer.worker.core.detokenizer import IncrementalDetokenizer
-from hetero_infer.worker.runner.loader import load_hf_config, resolve_model
-from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, make_generator
 from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
+from hetero_infer.worker.runner.loader import load_hf_config, resolve_model
+from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, make_generator
 from hetero_infer.worker.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

@@ -10,6 +10,7 @@ from hetero_infer.kernels.cpu import linear as cpu_linear
 from hetero_infer.kernels.cpu import native as cpu_native
 from hetero_infer.kernels.cpu import threads as cpu_threads
 from hetero_infer.worker.config import EngineConfig
+from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.quant.quantize import quantize_model, weight_bytes
 from hetero_infer.worker.runner.attention import StepBatch, select_backend
 from hetero_infer.worker.runner.attention.base import to_device
@@ -19,7 +20,6 @@ from hetero_infer.worker.runner.inputs import step_inputs
 from hetero_infer.worker.runner.loader import iter_safetensors
 from hetero_infer.worker.runner.models.llama import LlamaForCausalLM
 from hetero_infer.worker.runner.models.rotary import head_dim_of
-from hetero_infer.worker.core.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetero_infer.worker.runner.attention import SeqSpan, StepBatch
 from hetero_infer.worker.core.scheduler import SchedulerOutput
+from hetero_infer.worker.runner.attention import SeqSpan, StepBatch
 
 
 @dataclass
