@@ -1,4 +1,4 @@
-"""Fast INT8 / INT4 quality check on the default model (SmolLM2-135M-Instruct, CPU, float32), run in CI.
+"""Fast INT8 quality check on the default model (SmolLM2-135M-Instruct, CPU, float32), run in CI.
 
 Teacher forcing on one fixed English paragraph (71 tokens): at every position the engine's quantized model
 (weights rounded to nearest, HETERO_INFER_GPTQ=0: GPTQ calibration takes 30-50 s) predicts the next token in
