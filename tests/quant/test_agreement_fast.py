@@ -8,8 +8,11 @@ the engine's argmax is among the reference's 5 most likely tokens.
 
 Measured (AMD EPYC, torch 2.13.0+cpu): INT8 agreement 0.986 (70 of 71), top-5 1.000. The bounds leave a
 margin of a few positions for other CPUs' numerics; INT8 scales 1.25x too large measured 0.479 / 0.690.
-INT4 is not here: its load runs the clip search even when rounding to nearest (~100 s CPU on 2 cores);
-it measured 0.718 / 0.915 on this text. The slow, GPTQ-calibrated check of both is `test_agreement.py`.
+INT4 (round to nearest, no clip search): 0.704 / 0.972; scales 1.25x too large 0.465 / 0.732, the two
+nibbles of each byte swapped 0.000 / 0.000.
+INT4: the load's clip search (a better rounding range per group, ~100 s CPU on 2 cores) is turned off here,
+so the weights are plain round-to-nearest; what is checked is the engine's INT4 path itself (packing, nibble
+order, scales and zero points, the CPU GEMM). The slow, GPTQ-calibrated check of both is `test_agreement.py`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ TEXT = ("The river runs through the old town, past the market square and under t
         "was an important stop on the road between the mountains and the sea.")
 
 # (argmax agreement, top-5 containment) lower bounds
-BOUNDS = {"int8": (0.93, 0.97)}
+BOUNDS = {"int8": (0.93, 0.97), "int4": (0.60, 0.90)}
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +56,13 @@ def quantized_argmax(method: str, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("method", sorted(BOUNDS))
 def test_quantized_model_agrees_with_float32_transformers(reference, method, monkeypatch):
     monkeypatch.setenv("HETERO_INFER_GPTQ", "0")
+    if method == "int4":
+        from hetero_infer import kernels
+
+        plain = kernels.quantize_int4
+        monkeypatch.setattr(kernels, "quantize_int4",
+                            lambda w, group_size, clip_search=True, hessian=None: plain(w, group_size, clip_search=False,
+                                                                                         hessian=hessian))
     ids, ref_top5 = reference
     ours = quantized_argmax(method, ids)
     assert ours.shape == (len(ids),)
