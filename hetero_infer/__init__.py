@@ -30,9 +30,9 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from hetero_infer.worker.frontend.llm import LLM
     from hetero_infer.worker.core.outputs import CompletionOutput, RequestOutput
     from hetero_infer.worker.core.sampling_params import SamplingParams
+    from hetero_infer.worker.frontend.llm import LLM
 
 
 def __getattr__(name: str) -> Any:

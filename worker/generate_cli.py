@@ -23,8 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from hetero_infer.worker.frontend.llm import LLM
     from hetero_infer.worker.core.sampling_params import SamplingParams
+    from hetero_infer.worker.frontend.llm import LLM
 
     try:
         config = engine_config_from_args(args)
