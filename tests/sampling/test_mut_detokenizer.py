@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.detokenizer import IncrementalDetokenizer
+from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.tokenizer import Tokenizer
 
 
