@@ -42,9 +42,11 @@ def parse_quantity(value: Any) -> Decimal | None:
         return None
     number, suffix = m.group(1), m.group(2) or ""
     try:
+        if suffix in _SUFFIXES:  # before the exponent form: "E" and "Ei" are the exa suffixes, not "1E"+digits
+            return Decimal(number) * _SUFFIXES[suffix]
         if suffix[:1] in ("e", "E"):
             return Decimal(number + suffix)
-        return Decimal(number) * _SUFFIXES[suffix]
+        return None
     except (InvalidOperation, KeyError):
         return None
 

@@ -17,9 +17,12 @@ from kubernetes.utils.quantity import parse_quantity as k8s_parse_quantity
 from hetero_infer.operator.constants import FINGERPRINT_ANNOTATION
 from hetero_infer.operator.diff import differences, fingerprint, parse_quantity, with_fingerprint
 
-# "E" and "Ei" (exa) are left out: parse_quantity returns None for them (it reads a leading "E" as an
-# exponent), reported to the lead with docs/testing.md's mutation notes.
-SUFFIXES = ["n", "u", "m", "", "k", "M", "G", "T", "P", "Ki", "Mi", "Gi", "Ti", "Pi"]
+SUFFIXES = ["n", "u", "m", "", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+
+
+@pytest.mark.parametrize("text", ["1e3", "1E3", "2.5e-3", "4E2"])
+def test_the_exponent_form_parses_like_the_kubernetes_client(text: str) -> None:
+    assert parse_quantity(text) == Decimal(k8s_parse_quantity(text)), text
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
