@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kv_model import check_refcounts
 
 from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.scheduler import Scheduler
 from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
-
-
-def check_invariants(bm: BlockManager, live: list[Sequence]) -> None:
-    owners = Counter(b for s in live for b in s.block_table)
-    for block in bm.blocks:
-        assert block.ref_count == owners.get(block.block_id, 0), "ref count differs from owners"
-        assert (block.ref_count == 0) == (block.block_id in bm.free_blocks), "free list out of sync"
-    for s in live:
-        assert len(set(s.block_table)) == len(s.block_table), "a block owned twice by one sequence"
-    for h, block_id in bm.hash_to_block.items():
-        assert bm.blocks[block_id].hash == h
 
 
 def fake_token(seq: Sequence) -> int:
@@ -65,7 +53,7 @@ def test_scheduler_and_block_invariants(num_blocks, block_size, max_num_seqs, bu
             seq = item.seq
             assert seq.status is SequenceStatus.RUNNING
             assert len(seq.block_table) * block_size >= seq.num_computed_tokens + item.num_new_tokens
-        check_invariants(bm, [s for s in live if not s.is_finished])
+        check_refcounts(bm, [s for s in live if not s.is_finished])
         for item in out.scheduled:
             seq = item.seq
             samples = item.samples
@@ -89,7 +77,7 @@ def test_scheduler_and_block_invariants(num_blocks, block_size, max_num_seqs, bu
             victims = [s for s in live if not s.is_finished][:1]
             for v in victims:
                 sched.finish(v, "abort")
-        check_invariants(bm, [s for s in live if not s.is_finished])
+        check_refcounts(bm, [s for s in live if not s.is_finished])
     assert not sched.has_unfinished(), "requests left unfinished: starvation or deadlock"
     assert bm.num_free_blocks == num_blocks, "blocks leaked"
     assert all(b.ref_count == 0 for b in bm.blocks)
