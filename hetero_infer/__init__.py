@@ -20,18 +20,19 @@ if not os.path.isdir(os.path.join(_here, "operator")) and os.path.isdir(os.path.
 del _here
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput"]
 
 _LAZY = {
     "LLM": "hetero_infer.worker.frontend.llm",
     "SamplingParams": "hetero_infer.worker.core.sampling_params",
+    "StructuredOutputsParams": "hetero_infer.worker.core.sampling_params",
     "RequestOutput": "hetero_infer.worker.core.outputs",
     "CompletionOutput": "hetero_infer.worker.core.outputs",
 }
 
 if TYPE_CHECKING:
     from hetero_infer.worker.core.outputs import CompletionOutput, RequestOutput
-    from hetero_infer.worker.core.sampling_params import SamplingParams
+    from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
     from hetero_infer.worker.frontend.llm import LLM
 
 

@@ -13,6 +13,20 @@ LogitsProcessor = Callable[[list[int], Any], Any]
 
 
 @dataclass
+class StructuredOutputsParams:
+    """A constraint on what a request may generate, shaped like vLLM's `StructuredOutputsParams`: exactly one
+    of `json` (a JSON schema, as a dict or its text), `regex`, `choice`, `grammar` (EBNF) or `json_object`
+    (any JSON object) is set. Compiled and applied as a token mask by the sampler (owner: STRUCT)."""
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+
+@dataclass
 class SamplingParams:
     n: int = 1
     temperature: float = 1.0
@@ -32,6 +46,11 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logits_processors: list[LogitsProcessor] | None = None
+    # token id -> value added to its logit before sampling (OpenAI's `logit_bias`, clamped to [-100, 100])
+    logit_bias: dict[int, float] | None = None
+    # sample this many and return the `n` with the highest cumulative logprob (vLLM's `best_of`); None: n
+    best_of: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
