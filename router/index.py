@@ -10,26 +10,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class BlockReport:
-    """One answer of a worker's `GET /v1/cache/blocks?epoch=E&since=N` (see docs/router.md).
-
-    `epoch` changes whenever the worker's cache starts over (a restart). `since` None: a snapshot, `added` is
-    every block held at `seq`. Otherwise a delta from `since` to `seq`: the net change, `added` and `removed`
-    disjoint."""
-
-    epoch: str
-    seq: int
-    since: int | None
-    added: tuple[int, ...] = ()
-    removed: tuple[int, ...] = ()
-
-    @property
-    def is_snapshot(self) -> bool:
-        return self.since is None
+from hetero_infer.block_hashes import BlockReport
 
 
 class PrefixIndex:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from hetero_infer.router.hashing import HASH_NAME
-from hetero_infer.router.index import BlockReport, PrefixIndex
+from hetero_infer.block_hashes import HASH_NAME, BlockReport
+from hetero_infer.router.index import PrefixIndex
 from hetero_infer.router.policies import EndpointState
 
 logger = logging.getLogger("hetero_infer.router")

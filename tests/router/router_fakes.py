@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from hetero_infer.block_hashes import BlockLog
 from hetero_infer.router.app import Router, create_app, make_runner
-from hetero_infer.router.block_log import BlockLog
 from hetero_infer.router.options import RouterOptions
 
 

@@ -1,4 +1,5 @@
-"""The block-hash chain: equal prefixes give equal hashes, in every process."""
+"""The block-hash chain (`hetero_infer.block_hashes`, shared by the workers' block manager and the router): equal
+prefixes give equal hashes, in every process."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hetero_infer.block_hashes import extend_chain
 from hetero_infer.router.hashing import block_hashes, chain_hash, text_block_hashes
 
 tokens = st.lists(st.integers(0, 2**31 - 1), max_size=80)
@@ -29,6 +31,15 @@ def test_only_full_blocks_each_chained_on_its_parent(ids, bs):
     for i, h in enumerate(hashes):
         assert h == chain_hash(parent, ids[i * bs : (i + 1) * bs])
         parent = h
+
+
+@given(tokens, st.integers(1, 16), st.data())
+def test_extending_a_chain_in_pieces_gives_the_whole_chain(ids, bs, data):
+    """What the block manager does as a sequence's blocks fill up."""
+    hashes: list[int] = []
+    for upto in sorted(data.draw(st.lists(st.integers(0, len(ids) // bs), max_size=4))) + [len(ids) // bs]:
+        extend_chain(hashes, ids, bs, upto)
+        assert hashes == block_hashes(ids[: upto * bs], bs)
 
 
 @given(tokens, tokens, st.integers(1, 8))

@@ -9,8 +9,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_infer.router.block_log import BlockLog
-from hetero_infer.router.index import BlockReport, PrefixIndex
+from hetero_infer.block_hashes import BlockLog, BlockReport
+from hetero_infer.router.index import PrefixIndex
 
 WORKERS = ("w0", "w1", "w2")
 

@@ -4,6 +4,10 @@ Blocks hold `block_size` tokens. A full block whose K/V are computed is register
 hash chained over its parent's hash and its token ids, so a later prompt with the same
 prefix reuses it. Freed blocks keep their hash and sit in an LRU free list until a fresh
 allocation evicts them (oldest first).
+
+Hashes are `hetero_infer.block_hashes.chain_hash` (the same in every process), and the manager keeps the net
+change of its cache's hashes since the last `take_cache_changes()`: what a worker reports to the router
+(docs/router.md). At most one entry per hash, so it stays bounded (2 x blocks) when nobody takes it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from hetero_infer.block_hashes import extend_chain
 from hetero_infer.worker.core.sequence import Sequence
 
 
@@ -19,10 +24,6 @@ class Block:
     block_id: int
     ref_count: int = 0
     hash: int | None = None
-
-
-def chain_hash(parent: int | None, token_ids: list[int]) -> int:
-    return hash((parent, tuple(token_ids)))
 
 
 class BlockManager:
@@ -36,6 +37,7 @@ class BlockManager:
         self.free_blocks: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the executor
+        self._cache_changes: dict[int, bool] = {}  # hash -> entered (True) or left the cache since the last take
         self.prefix_queries = 0  # tokens looked up in the prefix cache
         self.prefix_hits = 0  # tokens found there
 
@@ -57,6 +59,7 @@ class BlockManager:
         if block.hash is not None:
             if self.hash_to_block.get(block.hash) == block_id:
                 del self.hash_to_block[block.hash]
+                self._cache_change(block.hash, False)
             block.hash = None
         block.ref_count = 1
         return block_id
@@ -76,10 +79,7 @@ class BlockManager:
 
     # -- prefix cache -----------------------------------------------------------------
     def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
-        bs = self.block_size
-        for i in range(len(seq.block_hashes), num_full_blocks):
-            parent = seq.block_hashes[i - 1] if i else None
-            seq.block_hashes.append(chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs]))
+        extend_chain(seq.block_hashes, seq.token_ids, self.block_size, num_full_blocks)
 
     def lookup_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks for the longest prefix of `seq`; the newest token is always left to compute."""
@@ -109,7 +109,19 @@ class BlockManager:
             if block.hash is None and h not in self.hash_to_block:
                 block.hash = h
                 self.hash_to_block[h] = block.block_id
+                self._cache_change(h, True)
         seq.num_registered_blocks = num_full
+
+    def _cache_change(self, h: int, entered: bool) -> None:
+        # A hash enters and leaves alternately: a pending opposite change cancels out.
+        if self._cache_changes.pop(h, None) is None:
+            self._cache_changes[h] = entered
+
+    def take_cache_changes(self) -> tuple[list[int], list[int]]:
+        """(hashes that entered the prefix cache, hashes that left it) since the last call: a net change, the
+        two disjoint."""
+        changes, self._cache_changes = self._cache_changes, {}
+        return [h for h, entered in changes.items() if entered], [h for h, entered in changes.items() if not entered]
 
     # -- allocation -------------------------------------------------------------------
     def can_admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> bool:
