@@ -15,6 +15,7 @@ from aiohttp import web
 from hetero_infer.worker.server.chat import create_chat_completion
 from hetero_infer.worker.server.completions import create_completion
 from hetero_infer.worker.server.errors import APIError
+from hetero_infer.worker.server.extras import add_routes as add_vllm_routes
 from hetero_infer.worker.server.ids import new_id
 from hetero_infer.worker.server.metrics import CONTENT_TYPE
 from hetero_infer.worker.server.openapi import build_openapi
@@ -25,6 +26,8 @@ logger = logging.getLogger("hetero_infer.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+# Paths that need the API key when the server has keys (vLLM's /tokenize and /detokenize run the tokenizer too).
+_PROTECTED = ("/v1/", "/tokenize", "/detokenize")
 
 
 @web.middleware
@@ -68,9 +71,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """With API keys configured, /v1/* needs `Authorization: Bearer <key>` (constant-time comparison)."""
+    """With API keys configured, /v1/*, /tokenize and /detokenize need `Authorization: Bearer <key>`
+    (constant-time comparison)."""
     keys = get_state(request).api_keys
-    if keys and request.path.startswith("/v1/"):
+    if keys and request.path.startswith(_PROTECTED):
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         given = token.strip().encode() if scheme.lower() == "bearer" else b""
@@ -137,4 +141,5 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_get("/v1/models/{model:.+}", get_model)  # served names may contain "/"
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
+    add_vllm_routes(app)  # /tokenize, /detokenize, /health, /version
     return app
