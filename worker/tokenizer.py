@@ -61,15 +61,18 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Render messages with the model's chat template and tokenize the result.
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Render messages (and `tools`, OpenAI's shape, for templates that render them) with the model's chat
+        template and tokenize the result.
 
         Message content may be a string or a list of OpenAI-style text parts.
         """
         if not getattr(self.hf, "chat_template", None):
             raise ValueError("this tokenizer has no chat template; send a plain prompt instead")
         normalized = _check_messages(messages)
-        text = self.hf.apply_chat_template(normalized, add_generation_prompt=add_generation_prompt, tokenize=False)
+        text = self.hf.apply_chat_template(normalized, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                           tools=tools or None)
         # The template writes any BOS itself: tokenizing must not add another.
         return self.hf.encode(text, add_special_tokens=False)
 

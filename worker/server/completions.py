@@ -47,16 +47,16 @@ class CompletionFormatter(Formatter):
             self._echo_text[p_idx] = p.text if p.text is not None else self.state.tokenizer.decode(p.token_ids)
         return self._echo_text[p_idx]
 
-    def _logprobs(self, token_ids: list[int], entries: list[dict[int, float]] | None,
-                  offset: int) -> tuple[dict[str, Any], int]:
+    def _logprobs(self, token_ids: list[int], entries: list[dict[int, float]] | None, ch: Choice) -> dict[str, Any]:
+        """`text_offset` counts characters of the choice's text, from the tokens' own bytes (a character split
+        over tokens starts at the first of them)."""
         tokens, token_lps, tops, offsets = [], [], [], []
-        for text, lp, top in self._token_logprobs(token_ids, entries, self.top_n or 0):
+        for text, raw, lp, top in self._token_logprobs(token_ids, entries, self.top_n or 0):
             tokens.append(text)
             token_lps.append(lp)
-            tops.append(dict(top))
-            offsets.append(offset)
-            offset += len(text)
-        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}, offset
+            tops.append({t: v for t, _, v in top})
+            offsets.append(ch.advance(raw))
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
     def _chunk(self, idx: int, d: SampleDelta, ch: Choice) -> str:
         text = d.text
@@ -67,7 +67,7 @@ class CompletionFormatter(Formatter):
                                     f'"finish_reason":{json_reason(d.finish_reason)}}}')
         if not ch.started and self.echo:
             ch.offset = len(self._prompt_text(idx))
-        logprobs, ch.offset = self._logprobs(d.token_ids, d.logprobs, ch.offset)
+        logprobs = self._logprobs(d.token_ids, d.logprobs, ch)
         return self._base_chunk(dumps({"index": idx, "text": text, "logprobs": logprobs,
                                        "finish_reason": d.finish_reason}))
 
@@ -75,5 +75,7 @@ class CompletionFormatter(Formatter):
         prefix = self._prompt_text(idx) if self.echo else ""
         logprobs = None
         if self.top_n is not None:
-            logprobs, _ = self._logprobs(c.token_ids, c.logprobs, len(prefix))
+            ch = Choice()
+            ch.offset = len(prefix)
+            logprobs = self._logprobs(c.token_ids, c.logprobs, ch)
         return {"index": idx, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}

@@ -4,6 +4,7 @@ outputs into one response (`response`); the endpoint's subclass shapes a chunk a
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import time
@@ -13,6 +14,10 @@ from typing import Any
 from hetero_infer.worker.core.outputs import CompletionOutput, RequestDelta, RequestOutput, SampleDelta
 from hetero_infer.worker.server.ids import new_id
 from hetero_infer.worker.server.prompts import Prompt
+from hetero_infer.worker.server.token_bytes import token_bytes_for
+
+# (token text, its own bytes, logprob, top-N (text, bytes, logprob))
+TokenLogprob = tuple[str, bytes, float, list[tuple[str, bytes, float]]]
 
 dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 json_str = json.encoder.encode_basestring  # a JSON string literal (C implementation)
@@ -32,13 +37,21 @@ def finite(logprob: float | None) -> float:
 class Choice:
     """What a stream has sent of one choice."""
 
-    __slots__ = ("tokens", "offset", "done", "started")
+    __slots__ = ("tokens", "offset", "utf8", "done", "started", "extra")
 
     def __init__(self) -> None:
         self.tokens = 0  # tokens already sent
         self.offset = 0  # completions logprobs: text offset of the next token
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # the tokens' bytes so far, as characters
         self.done = False
         self.started = False
+        self.extra: Any = None  # what an endpoint keeps per streamed choice (chat: its tool-call state)
+
+    def advance(self, token_bytes: bytes) -> int:
+        """Text offset of a token, then move past it: a token that ends inside a character adds none yet."""
+        offset = self.offset
+        self.offset += len(self.utf8.decode(token_bytes))
+        return offset
 
 
 class Formatter(ABC):
@@ -113,13 +126,17 @@ class Formatter(ABC):
         return self._chunk_head + choice + self._chunk_tail
 
     def _token_logprobs(self, token_ids: list[int], entries: list[dict[int, float]] | None,
-                        top_n: int) -> list[tuple[str, float, list[tuple[str, float]]]]:
-        """(token text, logprob, top-N (text, logprob)) for the given tokens and their logprobs entries."""
+                        top_n: int) -> list[TokenLogprob]:
+        """(token text, its bytes, logprob, top-N (text, bytes, logprob)) for the given tokens and their logprobs
+        entries. The text is the token decoded alone (U+FFFD for part of a character); the bytes are its own."""
         text_of = self.state.token_text
+        bytes_of = token_bytes_for(self.state.tokenizer)
         result = []
         for tid, d in zip(token_ids, entries or ()):
             top = sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:top_n] if top_n else []
-            result.append((text_of(tid), finite(d.get(tid)), [(text_of(t), finite(lp)) for t, lp in top]))
+            text = text_of(tid)
+            result.append((text, bytes_of(tid, text), finite(d.get(tid)),
+                           [(t_text, bytes_of(t, t_text), finite(lp)) for t, lp in top for t_text in (text_of(t),)]))
         return result
 
     @abstractmethod

@@ -22,7 +22,7 @@ from hetero_infer.worker.server.state import ServerState
 
 async def generate(request: web.Request, state: ServerState, prompts: list[Prompt], params: list[SamplingParams],
                    fmt: Formatter, arrival: float, stream: bool, include_usage: bool) -> web.StreamResponse:
-    num_seqs = sum(p.n for p in params)
+    num_seqs = sum(max(p.n, p.best_of or 0) for p in params)  # best_of: every sample runs
     base = new_id()
     engine_requests = [EngineRequest(f"{base}-{i}", p.text, p.token_ids, sp, sp.max_tokens)  # checked already
                        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]

@@ -5,6 +5,7 @@ once, with the engine's `check_request`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,9 @@ from hetero_infer.worker.server.protocol import (
     CompletionRequest,
     describe_validation_error,
 )
+from hetero_infer.worker.server.structured import structured_outputs
+
+logger = logging.getLogger("hetero_infer.server")
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 # Prompts longer than this (characters) are tokenized on a worker thread, not on the event loop.
@@ -33,11 +37,21 @@ class Prompt:
 
 async def parse_body(request: web.Request, model: type[BaseModel]) -> Any:
     body = await request.read()  # 413 from aiohttp beyond client_max_size
+    return parse_request(body, model)
+
+
+def parse_request(body: bytes | str, model: type[BaseModel]) -> Any:
+    """The validated request (400 otherwise); unknown top-level fields are ignored with a warning naming them,
+    as vLLM does."""
     try:
-        return model.model_validate_json(body)
+        req = model.model_validate_json(body)
     except ValidationError as exc:
         message, param = describe_validation_error(exc)
         raise bad_request(message, param) from None
+    ignored = getattr(req, "ignored_fields", None)
+    if ignored:
+        logger.warning("The following fields were present in the request but ignored: %s", ignored)
+    return req
 
 
 async def off_loop_if(cond: bool, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -85,12 +99,30 @@ def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionR
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         skip_special_tokens=req.skip_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output,
+        logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
+        best_of=getattr(req, "best_of", None),
+        structured_outputs=structured_outputs(req),
     )
+    if params.best_of is not None and params.best_of > state.max_num_seqs:
+        raise bad_request(f"best_of ({params.best_of}) is larger than this server's max_num_seqs "
+                          f"({state.max_num_seqs})", "best_of")
     try:
         check_request(prompt.token_ids, params, limits, names=names, max_n=state.max_num_seqs)
     except RequestError as exc:
         raise from_request_error(exc) from None
     return params
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    """OpenAI's token-id strings as ids (their values are in [-100, 100] by the model); 400 for an id outside
+    the vocabulary."""
+    if not bias:
+        return None
+    ids = {int(k): v for k, v in bias.items()}
+    bad = [k for k in ids if k >= vocab_size]
+    if bad:
+        raise bad_request(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab_size})", "logit_bias")
+    return ids
 
 
 async def completion_prompts(state: Any, req: CompletionRequest) -> list[Prompt]:

@@ -1,7 +1,8 @@
 """Request and response models of the OpenAI-compatible API (pydantic v2).
 
-Requests are validated strictly (no string-to-number coercion, no NaN/Infinity) and unknown fields are
-ignored, as OpenAI-compatible servers usually do. The response models document `/openapi.json`; on the hot
+Requests are validated strictly (no string-to-number coercion, no NaN/Infinity). As in OpenAI's API, `null`
+means "the default" for every field that has one. Unknown top-level fields are ignored with a warning that
+names them (vLLM's behaviour: `ignored_fields`, logged by `prompts.parse_body`). The response models document `/openapi.json`; on the hot
 path handlers build the same shapes directly as dicts or JSON text (tests/server/test_openapi.py checks
 real responses against the published schemas).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 MAX_STOP_SEQUENCES = 16
@@ -29,12 +30,68 @@ def _invalid(param: str, message: str) -> PydanticCustomError:
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """`"field": null` means the field's default (OpenAI and vLLM accept null for every optional field)."""
+        if isinstance(data, dict) and None in data.values():
+            fields = cls.model_fields
+            return {k: v for k, v in data.items()
+                    if not (v is None and k in fields and fields[k].default is not None)}
+        return data
+
+
+class _Request(_Strict):
+    """A request body: unknown top-level fields are kept aside (`ignored_fields`) for a warning, as vLLM does."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        return sorted(self.model_extra or ())
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs` object: exactly one of its constraints."""
+
+    json_: dict[str, Any] | bool | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
 
 class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _Sampling(_Strict):
+class JsonSchemaFormat(_Strict):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's `response_format`: plain text, any JSON object, or JSON that follows `json_schema.schema`."""
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise _invalid("response_format.json_schema", "response_format of type json_schema needs "
+                                                           "json_schema.schema (a JSON schema)")
+        return self
+
+
+class _Sampling(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI names, then vLLM's extensions)."""
 
     model: str | None = Field(None, description="served model name; defaults to the one model this worker serves")
@@ -45,7 +102,8 @@ class _Sampling(_Strict):
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = Field(None, description="not supported: must be empty")
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        None, description="token id (a decimal string) -> bias in [-100, 100] added to its logit")
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -58,13 +116,27 @@ class _Sampling(_Strict):
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(max_length=64)] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # vLLM's structured outputs: the older guided_* fields and the current `structured_outputs` object
+    guided_json: dict[str, Any] | bool | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = Field(None, description="accepted and ignored (one engine)")
+    guided_whitespace_pattern: str | None = Field(None, description="accepted and ignored")
+    structured_outputs: StructuredOutputs | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or ():
+            if not (key.isascii() and key.isdigit()) or int(key) > INT32_MAX:
+                raise _invalid("logit_bias", f"logit_bias keys must be token ids (decimal strings), got {key!r}")
+        return v
 
     @model_validator(mode="after")
     def _check_common(self) -> _Sampling:
         if self.stream_options is not None and not self.stream:
             raise _invalid("stream_options", "stream_options is only allowed when stream is true")
-        if self.logit_bias:
-            raise _invalid("logit_bias", "logit_bias is not supported")
         return self
 
 
@@ -85,15 +157,20 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="default 16")
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
-    best_of: int | None = Field(None, ge=1, le=MAX_N, description="must equal n when given")
-    suffix: str | None = Field(None, description="not supported: must be empty")
+    best_of: int | None = Field(None, ge=1, le=MAX_N,
+                                description="sample this many, return the n with the highest cumulative logprob")
+    suffix: str | None = Field(None, description="not supported (no fill-in-the-middle): must be empty")
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _check(self) -> CompletionRequest:
-        if self.best_of is not None and self.best_of != self.n:
-            raise _invalid("best_of", "best_of other than n is not supported")
+        if self.best_of is not None and self.best_of < self.n:
+            raise _invalid("best_of", f"best_of ({self.best_of}) must be greater than or equal to n ({self.n})")
+        if self.best_of is not None and self.best_of > 1 and self.stream:
+            raise _invalid("best_of", "best_of is not supported with stream (the best choices are known at the end)")
         if self.suffix:
-            raise _invalid("suffix", "suffix is not supported")
+            raise _invalid("suffix", "suffix is not supported: this server does not do fill-in-the-middle "
+                                     "completion; put all the text in `prompt`")
         if self.echo and self.logprobs is not None:
             raise _invalid("echo", "echo together with logprobs (prompt logprobs) is not supported")
         return self
@@ -104,10 +181,23 @@ class TextContentPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = Field(description="the arguments as JSON text")
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer: to which call
 
     def text(self) -> str:
         if self.content is None:
@@ -117,8 +207,25 @@ class ChatMessage(_Strict):
         return "".join(part.text for part in self.content)
 
 
-class ResponseFormat(_Strict):
-    type: Literal["text"] = "text"
+class FunctionDefinition(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_Sampling):
@@ -128,17 +235,40 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = Field(None, description="not supported: must be empty")
-    tool_choice: Literal["none", "auto"] | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="default: auto with tools, none without")
+    parallel_tool_calls: bool = True
+    functions: list[dict[str, Any]] | None = Field(None, description="deprecated (use tools): refused")
+    function_call: str | dict[str, Any] | None = Field(None, description="deprecated (use tool_choice): refused")
     add_generation_prompt: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise _invalid("top_logprobs", "top_logprobs requires logprobs to be true")
-        if self.tools:
-            raise _invalid("tools", "tools are not supported")
+        for legacy, now in (("functions", "tools"), ("function_call", "tool_choice")):
+            if getattr(self, legacy) is not None:
+                raise _invalid(legacy, f"`{legacy}` is deprecated by OpenAI and not supported here: use `{now}`")
+        names = [t.function.name for t in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise _invalid("tools", "tool function names must be unique")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise _invalid("tool_choice", f"tool_choice names the function {choice.function.name!r}, which is "
+                                          "not in `tools`")
+        if choice == "required" and not names:
+            raise _invalid("tool_choice", "tool_choice `required` needs `tools`")
         return self
+
+    @property
+    def tool_mode(self) -> str:
+        """'none', 'auto', 'required' or 'named' (the default: auto with tools, none without)."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -221,9 +351,21 @@ class ChatLogprobs(_Response):
     content: list[TokenLogprob] | None = None
 
 
+class ResponseFunctionCall(_Response):
+    name: str
+    arguments: str
+
+
+class ResponseToolCall(_Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: ResponseFunctionCall
+
+
 class AssistantMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ResponseToolCall] | None = None
 
 
 class ChatChoice(_Response):
@@ -242,9 +384,22 @@ class ChatCompletionResponse(_Response):
     usage: Usage
 
 
+class DeltaFunctionCall(_Response):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_Response):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
 class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(_Response):

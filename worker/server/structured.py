@@ -1,0 +1,71 @@
+"""A request's structured-output constraint: OpenAI's `response_format`, vLLM's `guided_*` fields, its
+`structured_outputs` object, or a tool choice that fixes the output's shape, as the engine's one
+`StructuredOutputsParams`. At most one may be given; two are a 400 that names both."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hetero_infer.worker.core.sampling_params import StructuredOutputsParams
+from hetero_infer.worker.server.errors import bad_request
+from hetero_infer.worker.server.protocol import ChatCompletionRequest, CompletionRequest, StructuredOutputs
+from hetero_infer.worker.server.tools.constraint import tool_constraint
+
+def structured_outputs(req: CompletionRequest | ChatCompletionRequest) -> StructuredOutputsParams | None:
+    """The request's one constraint (None without any); 400 for two, or for a JSON schema that is no schema."""
+    found: list[tuple[str, StructuredOutputsParams]] = []
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_object":
+        found.append(("response_format", StructuredOutputsParams(json_object=True)))
+    elif fmt is not None and fmt.type == "json_schema":
+        assert fmt.json_schema is not None  # checked by the model
+        found.append(("response_format", StructuredOutputsParams(json=_schema(fmt.json_schema.schema_,
+                                                                              "response_format.json_schema.schema"))))
+    if req.guided_json is not None:
+        found.append(("guided_json", StructuredOutputsParams(json=_schema(req.guided_json, "guided_json"))))
+    for name in ("regex", "choice", "grammar"):
+        value = getattr(req, f"guided_{name}")
+        if value is not None:
+            found.append((f"guided_{name}", StructuredOutputsParams(**{name: value})))
+    if req.structured_outputs is not None:
+        sop = _from_object(req.structured_outputs)
+        if sop is not None:
+            found.append(("structured_outputs", sop))
+    if isinstance(req, ChatCompletionRequest):
+        schema = tool_constraint(req)
+        if schema is not None:
+            found.append(("tool_choice", StructuredOutputsParams(json=schema)))
+    if len(found) > 1:
+        names = ", ".join(f"`{n}`" for n, _ in found)
+        raise bad_request(f"only one structured-output constraint may be given per request; got {names}",
+                          found[1][0])
+    return found[0][1] if found else None
+
+
+def _from_object(so: StructuredOutputs) -> StructuredOutputsParams | None:
+    given = {k: v for k, v in (("json", so.json_), ("regex", so.regex), ("choice", so.choice),
+                               ("grammar", so.grammar), ("json_object", so.json_object or None)) if v is not None}
+    if len(given) > 1:
+        raise bad_request("structured_outputs takes exactly one of json, regex, choice, grammar, json_object; got "
+                          + ", ".join(sorted(given)), "structured_outputs")
+    if not given:
+        return None
+    if "json" in given:
+        given["json"] = _schema(given["json"], "structured_outputs.json")
+    return StructuredOutputsParams(**given, disable_any_whitespace=so.disable_any_whitespace)
+
+
+def _schema(value: Any, param: str) -> dict | bool:
+    """A JSON schema given as an object, a boolean, or its JSON text, as an object or boolean."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise bad_request(f"{param} is not valid JSON: {exc}", param) from None
+    if not isinstance(value, dict | bool):
+        raise bad_request(f"{param} must be a JSON schema (an object or a boolean)", param)
+    if isinstance(value, dict) and "type" in value and not isinstance(value["type"], str | list):
+        raise bad_request(f"{param}: `type` must be a string or a list of strings", param)
+    return value
+
