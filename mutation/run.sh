@@ -10,10 +10,14 @@
 #   MUT_TIMEOUT  seconds per mutant before it counts as killed by timeout (default 60)
 #   COSMIC_RAY   the cosmic-ray executable (default: cosmic-ray on PATH)
 #   MUT_REV      take the files from this commit (git archive) instead of the working tree
+#   MUT_ADD      with MUT_REV: paths copied from the working tree over that commit's files (a new
+#                test file written after MUT_REV, run against the module as MUT_REV has it)
 #   MUT_EARLIER  an earlier session's .sqlite: retry only the mutants that survived it
 #   MUT_LINES    FIRST-LAST: mutate only these lines (one function of a larger module)
 # Prints the survivors' diffs and the kill rate; the session database stays in MUT_DIR.
 set -euo pipefail
+# Edit this file by writing a new one and renaming it over (mv): bash reads a running script as it
+# goes, so an in-place edit shifts what a running session executes next.
 module=$1
 tests=$2
 extra=${3:-}
@@ -27,6 +31,7 @@ mkdir -p "$work"
 # tracked and untracked-but-not-ignored files, as the working tree has them now
 if [ -n "${MUT_REV:-}" ]; then
   git -C "$repo" archive "$MUT_REV" | tar -x -C "$work"
+  for path in ${MUT_ADD:-}; do (cd "$repo" && cp --parents -t "$work" "$path"); done
 else
   (cd "$repo" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work" 2>/dev/null || true)
 fi
