@@ -36,6 +36,7 @@ class OperatorCommandOptions:
     liveness: str | None = None
     worker_image: str = c.DEFAULT_WORKER_IMAGE
     worker_gpu_image: str = c.DEFAULT_WORKER_GPU_IMAGE
+    router_image: str = c.DEFAULT_ROUTER_IMAGE
     image_pull_policy: ImagePullPolicy | None = None
     resync_seconds: float = 60.0
     metrics_port: int | None = None
@@ -63,6 +64,8 @@ _HELP = {
     "worker_image": "worker image for CPU pods when a spec gives none (env HETERO_INFER_OPERATOR_WORKER_IMAGE)",
     "worker_gpu_image": "worker image for GPU pods when a spec gives none "
                         "(env HETERO_INFER_OPERATOR_WORKER_GPU_IMAGE)",
+    "router_image": "image of the router pods (spec.router) when a spec gives none; it needs no torch: the operator "
+                    "image serves (env HETERO_INFER_OPERATOR_ROUTER_IMAGE)",
     "image_pull_policy": "imagePullPolicy of worker containers (default: Kubernetes' default for the tag)",
     "resync_seconds": "how often every InferenceDeployment is reconciled even without changes (default 60)",
     "metrics_port": "serve the operator's Prometheus metrics (autoscaling decisions, scrape errors, desired "
@@ -109,7 +112,7 @@ def operator_kwargs(args: argparse.Namespace | OperatorCommandOptions, identity:
     identity = identity or f"{socket.gethostname()}@{os.getpid()}/{secrets.token_hex(4)}"
     options = OperatorOptions(
         defaults=WorkerDefaults(image=args.worker_image, gpu_image=args.worker_gpu_image,
-                                image_pull_policy=args.image_pull_policy),
+                                image_pull_policy=args.image_pull_policy, router_image=args.router_image),
         resync_seconds=args.resync_seconds,
         scrape_timeout=args.scrape_timeout,
         peering=None if not args.peering else Peering(args.peering, identity, priority or 0, tuple(namespaces)),

@@ -19,6 +19,7 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "hetero-infer-operator"
 COMPONENT_WORKER = "worker"
+COMPONENT_ROUTER = "router"
 APP_NAME = "hetero-infer"
 
 # On every child: a hash of the manifest the operator last wrote it from (diff.py).
@@ -40,6 +41,13 @@ METRIC_REQUESTS_RUNNING = "hetero_infer_num_requests_running"
 # Default worker images; the operator's --worker-image / --worker-gpu-image flags override them.
 DEFAULT_WORKER_IMAGE = "ghcr.io/hetero-infer/worker:0.1.0-cpu"
 DEFAULT_WORKER_GPU_IMAGE = "ghcr.io/hetero-infer/worker:0.1.0-cuda"
+# The router needs no torch: the operator image carries it (`hetero-infer router`); --router-image overrides.
+DEFAULT_ROUTER_IMAGE = "ghcr.io/hetero-infer/operator:0.1.0"
+
+# The router's gauge of requests waiting for a ready worker (router/metrics.py): what scale-from-zero reads.
+METRIC_ROUTER_REQUESTS_HELD = "hetero_infer_router_requests_held"
+METRIC_ROUTER_IN_FLIGHT = "hetero_infer_router_requests_in_flight"
+METRIC_ROUTER_ROUTED = "hetero_infer_router_requests_routed_total"
 
 # Condition types in status.conditions.
 COND_READY = "Ready"

@@ -50,7 +50,12 @@ DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
 SERVICE = Kind("v1", "Service", "services")
 PDB = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 HPA = Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
-KINDS_BY_NAME = {k.kind: k for k in (INFERENCE_DEPLOYMENT, DEPLOYMENT, SERVICE, PDB, HPA)}
+SERVICE_ACCOUNT = Kind("v1", "ServiceAccount", "serviceaccounts")
+ROLE = Kind("rbac.authorization.k8s.io/v1", "Role", "roles")
+ROLE_BINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
+INFERENCE_POOL = Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools")
+KINDS_BY_NAME = {k.kind: k for k in (INFERENCE_DEPLOYMENT, DEPLOYMENT, SERVICE, PDB, HPA, SERVICE_ACCOUNT, ROLE,
+                                     ROLE_BINDING, INFERENCE_POOL)}
 
 
 def kind_of(manifest: Mapping[str, Any]) -> Kind:

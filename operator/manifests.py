@@ -1,4 +1,7 @@
-"""Spec -> child manifests (pure): the worker Deployment, its Service, PodDisruptionBudget and HPA.
+"""Spec -> child manifests (pure): the worker Deployment, its Service, PodDisruptionBudget and HPA; with
+spec.router the router's Deployment, ServiceAccount, Role and RoleBinding and the worker Service it discovers
+workers through (the Service users call then selects the router); with spec.router.inferencePool an
+InferencePool (Gateway API Inference Extension) over the workers.
 
 Every function here takes typed input and returns plain dicts ready for the API server. Optional
 fields that the operator manages but the spec leaves unset are emitted as ``None``: a JSON merge
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetero_infer.operator import constants as c
-from hetero_infer.operator.spec import InferenceSpec
+from hetero_infer.operator.spec import WORKERS_SERVICE_SUFFIX, InferenceSpec
 
 MODEL_MOUNT = "/models"
 CACHE_DIR = "/var/cache/hetero-infer"
@@ -23,6 +26,10 @@ WORKER_UID = 10001
 SHM_SIZE = "1Gi"
 DEFAULT_CPU = {False: "1", True: "4"}  # by "has a GPU"
 DEFAULT_MEMORY = {False: "4Gi", True: "24Gi"}
+ROUTER_CPU = "500m"
+ROUTER_MEMORY = "512Mi"
+ROUTER_SUFFIX = "-router"
+INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1"
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class WorkerDefaults:
     image: str = c.DEFAULT_WORKER_IMAGE
     gpu_image: str = c.DEFAULT_WORKER_GPU_IMAGE
     image_pull_policy: str | None = None  # None: Kubernetes' default for the tag
+    router_image: str = c.DEFAULT_ROUTER_IMAGE
 
 
 @dataclass(frozen=True)
@@ -44,18 +52,54 @@ class Owner:
 
 
 @dataclass(frozen=True)
-class Children:
+class RouterChildren:
+    """What spec.router adds: the router pods, their discovery RBAC and the worker Service they watch."""
+
     deployment: dict[str, Any]
-    service: dict[str, Any]
-    pdb: dict[str, Any]
-    hpa: dict[str, Any] | None  # None: there must be no HPA (autoscaling off or not in hpa mode)
+    workers_service: dict[str, Any]
+    service_account: dict[str, Any]
+    role: dict[str, Any]
+    role_binding: dict[str, Any]
 
     def all(self) -> list[dict[str, Any]]:
-        return [m for m in (self.deployment, self.service, self.pdb, self.hpa) if m is not None]
+        # RBAC before the pods that use it.
+        return [self.service_account, self.role, self.role_binding, self.workers_service, self.deployment]
 
 
-def selector_labels(name: str) -> dict[str, str]:
-    return {c.LABEL_OWNER: name, c.LABEL_COMPONENT: c.COMPONENT_WORKER}
+@dataclass(frozen=True)
+class Children:
+    deployment: dict[str, Any]
+    service: dict[str, Any]  # the Service users call: the router's with spec.router, else the workers'
+    pdb: dict[str, Any]
+    hpa: dict[str, Any] | None  # None: there must be no HPA (autoscaling off or not in hpa mode)
+    router: RouterChildren | None = None  # None: there must be no router children
+    inference_pool: dict[str, Any] | None = None
+
+    def all(self) -> list[dict[str, Any]]:
+        router = self.router.all() if self.router is not None else []
+        return [m for m in (*router, self.deployment, self.service, self.pdb, self.hpa, self.inference_pool)
+                if m is not None]
+
+
+def selector_labels(name: str, component: str = c.COMPONENT_WORKER) -> dict[str, str]:
+    return {c.LABEL_OWNER: name, c.LABEL_COMPONENT: component}
+
+
+def router_name(name: str) -> str:
+    """The router's Deployment, ServiceAccount, Role and RoleBinding."""
+    return name + ROUTER_SUFFIX
+
+
+def workers_service_name(name: str) -> str:
+    """With the router: the Service over the worker pods, whose EndpointSlices the router watches."""
+    return name + WORKERS_SERVICE_SUFFIX
+
+
+def router_child_names(name: str) -> list[tuple[str, str]]:
+    """(kind, name) of every child spec.router adds, for deleting them when the router is turned off."""
+    r = router_name(name)
+    return [("Deployment", r), ("RoleBinding", r), ("Role", r), ("ServiceAccount", r),
+            ("Service", workers_service_name(name))]
 
 
 def selector_string(name: str) -> str:
@@ -63,12 +107,12 @@ def selector_string(name: str) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
 
 
-def common_labels(name: str) -> dict[str, str]:
+def common_labels(name: str, component: str = c.COMPONENT_WORKER) -> dict[str, str]:
     return {
         c.LABEL_NAME: c.APP_NAME,
         c.LABEL_INSTANCE: name,
         c.LABEL_MANAGED_BY: c.MANAGED_BY,
-        **selector_labels(name),
+        **selector_labels(name, component),
     }
 
 
@@ -83,11 +127,11 @@ def owner_reference(owner: Owner) -> dict[str, Any]:
     }
 
 
-def _metadata(owner: Owner) -> dict[str, Any]:
+def _metadata(owner: Owner, name: str | None = None, component: str = c.COMPONENT_WORKER) -> dict[str, Any]:
     return {
-        "name": owner.name,
+        "name": name or owner.name,
         "namespace": owner.namespace,
-        "labels": common_labels(owner.name),
+        "labels": common_labels(owner.name, component),
         "ownerReferences": [owner_reference(owner)],
     }
 
@@ -290,19 +334,168 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
 
 
 def service(owner: Owner, spec: InferenceSpec) -> dict[str, Any]:
+    """The Service users call (spec.service): it selects the router pods with spec.router, else the workers."""
+    component = c.COMPONENT_ROUTER if spec.router.enabled else c.COMPONENT_WORKER
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(owner),
+        "metadata": _metadata(owner, component=component),
         "spec": {
             "type": spec.service.type,
-            "selector": selector_labels(owner.name),
+            "selector": selector_labels(owner.name, component),
             "ports": [{
                 "name": c.WORKER_PORT_NAME,
                 "port": spec.service.port,
                 "targetPort": c.WORKER_PORT_NAME,
                 "protocol": "TCP",
             }],
+        },
+    }
+
+
+def workers_service(owner: Owner) -> dict[str, Any]:
+    """Headless Service over the worker pods: its EndpointSlices are what the router discovers workers from
+    (ready endpoints only), and what a ServiceMonitor scrapes the workers' /metrics through."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, workers_service_name(owner.name)),
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": "None",
+            "selector": selector_labels(owner.name),
+            "ports": [{"name": c.WORKER_PORT_NAME, "port": c.WORKER_PORT, "targetPort": c.WORKER_PORT_NAME,
+                       "protocol": "TCP"}],
+        },
+    }
+
+
+def router_args(owner: Owner, spec: InferenceSpec) -> list[str]:
+    """The `hetero-infer router ...` command line: workers discovered from the worker Service's EndpointSlices."""
+    r = spec.router
+    args = [
+        "router", "--host", "0.0.0.0", "--port", str(c.WORKER_PORT),
+        "--policy", r.policy,
+        "--discover-service", workers_service_name(owner.name), "--namespace", owner.namespace,
+        "--hold-timeout-s", str(r.hold_timeout_seconds),
+    ]
+    if spec.engine.block_size is not None:
+        args += ["--block-size", str(spec.engine.block_size)]
+    return args
+
+
+def router_deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> dict[str, Any]:
+    r = spec.router
+    name = router_name(owner.name)
+    cpu, memory = r.cpu or ROUTER_CPU, r.memory or ROUTER_MEMORY
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": r.image or defaults.router_image,
+        "imagePullPolicy": defaults.image_pull_policy,
+        "command": ["hetero-infer"],
+        "args": router_args(owner, spec),
+        "ports": [{"name": c.WORKER_PORT_NAME, "containerPort": c.WORKER_PORT, "protocol": "TCP"}],
+        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "livenessProbe": _probe("/healthz", period=10, failures=3),
+        # Ready whenever it runs, with or without a ready worker: requests are held, not refused.
+        "readinessProbe": _probe("/readyz", period=5, failures=2),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    labels = common_labels(owner.name, c.COMPONENT_ROUTER)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, name, c.COMPONENT_ROUTER),
+        "spec": {
+            "replicas": r.replicas,
+            "selector": {"matchLabels": selector_labels(owner.name, c.COMPONENT_ROUTER)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(c.WORKER_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "serviceAccountName": name,
+                    "automountServiceAccountToken": True,  # it watches EndpointSlices
+                    "enableServiceLinks": False,
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    "terminationGracePeriodSeconds": 30,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": WORKER_UID,
+                        "runAsGroup": WORKER_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                },
+            },
+        },
+    }
+
+
+def router_service_account(owner: Owner) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": _metadata(owner, router_name(owner.name), c.COMPONENT_ROUTER)}
+
+
+DISCOVERY_RULES = [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                    "verbs": ["get", "list", "watch"]}]
+
+
+def router_role(owner: Owner) -> dict[str, Any]:
+    """Least privilege: read EndpointSlices in this namespace, nothing else (their names are generated, so
+    resourceNames cannot narrow it further; the router filters by the kubernetes.io/service-name label)."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": _metadata(owner, router_name(owner.name), c.COMPONENT_ROUTER),
+            "rules": [dict(rule) for rule in DISCOVERY_RULES]}
+
+
+def router_role_binding(owner: Owner) -> dict[str, Any]:
+    name = router_name(owner.name)
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": _metadata(owner, name, c.COMPONENT_ROUTER),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}]}
+
+
+def router_children(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> RouterChildren:
+    return RouterChildren(
+        deployment=router_deployment(owner, spec, defaults),
+        workers_service=workers_service(owner),
+        service_account=router_service_account(owner),
+        role=router_role(owner),
+        role_binding=router_role_binding(owner),
+    )
+
+
+def inference_pool(owner: Owner, spec: InferenceSpec) -> dict[str, Any] | None:
+    """An InferencePool (inference.networking.k8s.io/v1) over the worker pods, for a gateway whose endpoint
+    picker (spec.router.inferencePool.endpointPicker) routes to them directly."""
+    pool = spec.router.inference_pool
+    if pool is None:
+        return None
+    return {
+        "apiVersion": INFERENCE_POOL_API_VERSION,
+        "kind": "InferencePool",
+        "metadata": _metadata(owner),
+        "spec": {
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "targetPorts": [{"number": c.WORKER_PORT}],
+            "endpointPickerRef": {"kind": "Service", "name": pool.endpoint_picker,
+                                  "port": {"number": pool.endpoint_picker_port}, "failureMode": "FailClose"},
         },
     }
 
@@ -365,4 +558,6 @@ def children(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults | None 
         service=service(owner, spec),
         pdb=pod_disruption_budget(owner),
         hpa=horizontal_pod_autoscaler(owner, spec) if spec.autoscaling.hpa else None,
+        router=router_children(owner, spec, defaults) if spec.router.enabled else None,
+        inference_pool=inference_pool(owner, spec),
     )

@@ -16,7 +16,14 @@ from typing import Any
 
 from hetero_infer.operator import kube
 from hetero_infer.operator.diff import differences, merge_patch, owned_by, strip_none, with_fingerprint
-from hetero_infer.operator.manifests import Owner, WorkerDefaults, children, endpoint, selector_string
+from hetero_infer.operator.manifests import (
+    Owner,
+    WorkerDefaults,
+    children,
+    endpoint,
+    router_child_names,
+    selector_string,
+)
 from hetero_infer.operator.spec import SpecError, parse_spec
 from hetero_infer.operator.status import Observed, compute_status, invalid_spec_status, status_changed
 
@@ -131,15 +138,15 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
     owner = Owner(name, ns, uid)
     wanted = children(owner, spec, defaults)
     outcome = Outcome(status=None)
-    live: dict[str, dict[str, Any] | None] = {}
+    live: dict[tuple[str, str], dict[str, Any] | None] = {}
     for manifest in wanted.all():
         try:
             result = apply_child(client, manifest, uid)
         except kube.ApiError as e:
-            outcome.errors.append(f"{manifest['kind']} {ns}/{name}: {e}")
+            outcome.errors.append(f"{manifest['kind']} {ns}/{manifest['metadata']['name']}: {e}")
             continue
         outcome.results.append(result)
-        live[result.kind] = result.live
+        live[result.kind, result.name] = result.live
         if result.action == "created":
             record("Normal", "Created", f"created {result.kind} {ns}/{result.name}")
         elif result.action == "updated":
@@ -154,13 +161,23 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
                                             "(autoscaling is off or not in hpa mode)")
         except kube.ApiError as e:
             outcome.errors.append(f"HorizontalPodAutoscaler {ns}/{name}: {e}")
+    unwanted = [] if wanted.router is not None else router_child_names(name)
+    if wanted.inference_pool is None:
+        unwanted.append(("InferencePool", name))
+    for kind_name, child in unwanted:
+        try:
+            if delete_owned(client, kube.KINDS_BY_NAME[kind_name], ns, child, uid):
+                record("Normal", "Deleted", f"deleted {kind_name} {ns}/{child} (no longer in the spec)")
+        except kube.ApiError as e:
+            if not e.not_found:  # InferencePool: its CRD need not be installed
+                outcome.errors.append(f"{kind_name} {ns}/{child}: {e}")
 
     conflicts = [r.detail for r in outcome.results if r.action == "conflict"]
     observed = Observed(
         generation=generation,
-        deployment=live.get("Deployment") if not any(r.kind == "Deployment" for r in outcome.results
-                                                      if r.action == "conflict") else None,
-        hpa=live.get("HorizontalPodAutoscaler"),
+        deployment=live.get(("Deployment", name)) if not any(
+            (r.kind, r.name) == ("Deployment", name) for r in outcome.results if r.action == "conflict") else None,
+        hpa=live.get(("HorizontalPodAutoscaler", name)),
         problems=conflicts + outcome.errors,
         problem_reason="ChildConflict" if conflicts else "ReconcileFailed",
     )

@@ -21,6 +21,7 @@ SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 ROLLOUT_STRATEGIES = ("RollingUpdate", "Recreate")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+ROUTER_POLICIES = ("prefix", "least-load", "round-robin")
 
 # Defaults; crds/ carries the same values (tests/operator/test_crd_schema.py keeps them in step).
 DEFAULT_EXECUTOR = "torch"
@@ -33,6 +34,10 @@ DEFAULT_TARGET_QUEUE_DEPTH = 5.0
 DEFAULT_SCALE_UP_STABILIZATION_SECONDS = 0
 DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS = 300
 DEFAULT_INTERVAL_SECONDS = 15
+DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 600
+DEFAULT_ROUTER_REPLICAS = 1
+DEFAULT_ROUTER_POLICY = "prefix"
+DEFAULT_HOLD_TIMEOUT_SECONDS = 300  # long enough for a worker to start from zero and load its model
 DEFAULT_SERVICE_TYPE = "ClusterIP"
 DEFAULT_SERVICE_PORT = 80
 DEFAULT_ROLLOUT_STRATEGY = "RollingUpdate"
@@ -41,6 +46,8 @@ DEFAULT_ROLLOUT_STRATEGY = "RollingUpdate"
 DEFAULT_ROLLOUT = {True: (0, 1), False: (1, 0)}  # has a GPU -> (maxSurge, maxUnavailable)
 MAX_GPUS = 1  # one worker process uses one GPU (ARCHITECTURE.md)
 MAX_NAME_LENGTH = 63  # the name is also the Service's name: a DNS-1035 label
+WORKERS_SERVICE_SUFFIX = "-workers"  # with the router, the worker Service is <name>-workers
+MAX_NAME_LENGTH_WITH_ROUTER = MAX_NAME_LENGTH - len(WORKERS_SERVICE_SUFFIX)
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
@@ -107,6 +114,7 @@ class AutoscalingSpec:
     scale_up_stabilization_seconds: int = DEFAULT_SCALE_UP_STABILIZATION_SECONDS
     scale_down_stabilization_seconds: int = DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS
     interval_seconds: int = DEFAULT_INTERVAL_SECONDS
+    scale_to_zero_after_seconds: int = DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS  # with minReplicas 0 only
 
     @property
     def hpa(self) -> bool:
@@ -134,6 +142,28 @@ class RolloutSpec:
 
 
 @dataclass(frozen=True)
+class InferencePoolSpec:
+    """A Gateway API Inference Extension InferencePool over the workers (for an existing inference gateway)."""
+
+    endpoint_picker: str  # the endpoint picker (EPP) Service's name
+    endpoint_picker_port: int = 9002
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """`hetero-infer router` in front of the workers: the Service users call selects its pods."""
+
+    enabled: bool = False
+    replicas: int = DEFAULT_ROUTER_REPLICAS
+    policy: str = DEFAULT_ROUTER_POLICY
+    image: str | None = None
+    cpu: str | None = None
+    memory: str | None = None
+    hold_timeout_seconds: int = DEFAULT_HOLD_TIMEOUT_SECONDS
+    inference_pool: InferencePoolSpec | None = None
+
+
+@dataclass(frozen=True)
 class InferenceSpec:
     model: ModelSpec
     image: str | None = None
@@ -148,6 +178,7 @@ class InferenceSpec:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     affinity: dict[str, Any] | None = None
     env: list[dict[str, Any]] = field(default_factory=list)
+    router: RouterSpec = field(default_factory=RouterSpec)
 
 
 _MISSING = object()
@@ -275,7 +306,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
         r.problems.extend(validate_name(name))
     spec = r.obj(raw, "spec", (
         "model", "image", "executor", "replicas", "resources", "engine", "autoscaling", "service",
-        "rollout", "nodeSelector", "tolerations", "affinity", "env",
+        "rollout", "nodeSelector", "tolerations", "affinity", "env", "router",
     ), required=("model",))
 
     model = _parse_model(r, spec.get("model"))
@@ -322,13 +353,18 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
         r.bad("spec.affinity", f"must be an object, got {_type_name(affinity)}")
         affinity = None
     env = _parse_env(r, spec.get("env"))
+    router = _parse_router(r, spec.get("router"))
+    _check_scale_to_zero(r, autoscaling, router)
+    if router.enabled and name is not None and len(name) > MAX_NAME_LENGTH_WITH_ROUTER:
+        r.bad("metadata.name", f"must be at most {MAX_NAME_LENGTH_WITH_ROUTER} characters with the router enabled "
+                               f"(the worker Service is named <name>{WORKERS_SERVICE_SUFFIX})")
 
     if r.problems:
         raise SpecError(r.problems)
     return InferenceSpec(
         model=model, image=image, executor=executor, replicas=replicas, resources=resources,
         engine=engine, autoscaling=autoscaling, service=service, rollout=rollout, node_selector=node_selector,
-        tolerations=tolerations, affinity=dict(affinity) if affinity else None, env=env,
+        tolerations=tolerations, affinity=dict(affinity) if affinity else None, env=env, router=router,
     )
 
 
@@ -367,11 +403,12 @@ def _parse_autoscaling(r: _Reader, raw: Any) -> AutoscalingSpec:
     a = r.obj(raw, p, (
         "enabled", "mode", "minReplicas", "maxReplicas", "targetKVCacheUsage", "targetQueueDepth",
         "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds", "intervalSeconds",
+        "scaleToZeroAfterSeconds",
     ))
     out = AutoscalingSpec(
         enabled=r.boolean(a, "enabled", p, False),
         mode=r.string(a, "mode", p, DEFAULT_MODE, enum=AUTOSCALING_MODES),
-        min_replicas=r.integer(a, "minReplicas", p, DEFAULT_MIN_REPLICAS, minimum=1),
+        min_replicas=r.integer(a, "minReplicas", p, DEFAULT_MIN_REPLICAS, minimum=0),
         max_replicas=r.integer(a, "maxReplicas", p, minimum=1),
         target_kv_cache_usage=r.number(a, "targetKVCacheUsage", p, DEFAULT_TARGET_KV_CACHE_USAGE,
                                        exclusive_minimum=0, maximum=1),
@@ -382,12 +419,53 @@ def _parse_autoscaling(r: _Reader, raw: Any) -> AutoscalingSpec:
                                                    DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS, minimum=0,
                                                    maximum=3600),
         interval_seconds=r.integer(a, "intervalSeconds", p, DEFAULT_INTERVAL_SECONDS, minimum=1, maximum=3600),
+        scale_to_zero_after_seconds=r.integer(a, "scaleToZeroAfterSeconds", p, DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS,
+                                              minimum=0, maximum=86400),
     )
     if out.enabled and out.max_replicas is None:
         r.bad(f"{p}.maxReplicas", "is required when autoscaling is enabled")
     if out.max_replicas is not None and out.min_replicas > out.max_replicas:
         r.bad(p, f"minReplicas ({out.min_replicas}) must not be greater than maxReplicas ({out.max_replicas})")
     return out
+
+
+def _parse_router(r: _Reader, raw: Any) -> RouterSpec:
+    p = "spec.router"
+    ro = r.obj(raw, p, ("enabled", "replicas", "policy", "image", "resources", "holdTimeoutSeconds",
+                        "inferencePool"))
+    res = r.obj(ro.get("resources"), f"{p}.resources", ("cpu", "memory"))
+    pool = None
+    if ro.get("inferencePool") is not None:
+        ip = r.obj(ro["inferencePool"], f"{p}.inferencePool", ("endpointPicker", "endpointPickerPort"),
+                   required=("endpointPicker",))
+        picker = r.string(ip, "endpointPicker", f"{p}.inferencePool", pattern=_DNS1035, what="a Service name")
+        port = r.integer(ip, "endpointPickerPort", f"{p}.inferencePool", 9002, minimum=1, maximum=65535)
+        if picker:
+            pool = InferencePoolSpec(picker, port)
+    return RouterSpec(
+        enabled=r.boolean(ro, "enabled", p, False),
+        replicas=r.integer(ro, "replicas", p, DEFAULT_ROUTER_REPLICAS, minimum=1),
+        policy=r.string(ro, "policy", p, DEFAULT_ROUTER_POLICY, enum=ROUTER_POLICIES),
+        image=r.string(ro, "image", p),
+        cpu=r.quantity(res, "cpu", f"{p}.resources"),
+        memory=r.quantity(res, "memory", f"{p}.resources"),
+        hold_timeout_seconds=r.integer(ro, "holdTimeoutSeconds", p, DEFAULT_HOLD_TIMEOUT_SECONDS, minimum=1,
+                                       maximum=3600),
+        inference_pool=pool,
+    )
+
+
+def _check_scale_to_zero(r: _Reader, a: AutoscalingSpec, router: RouterSpec) -> None:
+    """minReplicas 0 needs something that holds requests while the first worker starts: the router, whose
+    held-requests gauge the operator's autoscaler reads (an HPA cannot scale from zero on worker metrics)."""
+    if a.min_replicas != 0:
+        return
+    if not router.enabled:
+        r.bad("spec.autoscaling.minReplicas", "0 (scale to zero) needs spec.router.enabled: true, so that "
+                                              "requests are held while the first worker starts")
+    if a.mode != "operator":
+        r.bad("spec.autoscaling.minReplicas", "0 (scale to zero) needs mode operator (the HPA cannot scale "
+                                              "from zero on the workers' metrics)")
 
 
 def _int_or_percent(r: _Reader, data: Mapping, key: str, path: str) -> int | str | None:

@@ -27,6 +27,11 @@ HELP = {
     "load_factor": "prefix policy: no worker takes a request above this times the average load (default 1.25)",
     "approx_capacity_blocks": "approximate index: blocks remembered per worker that does not report (default 4096)",
     "text_chunk_bytes": "without a tokenizer: bytes of prompt text per hashed chunk (default 64)",
+    "discover_service": "in a cluster: take the workers from the EndpointSlices of this Service (watched, ready "
+    "endpoints only), besides any --worker",
+    "namespace": "the namespace of --discover-service (default: the pod's own, else 'default')",
+    "discover_port": "the EndpointSlice port (name or number) the workers serve on (default: the one named http, "
+    "else the first)",
     "log_level": "debug, info, warning or error (default info)",
 }
 
@@ -48,6 +53,9 @@ class RouterOptions:
     load_factor: float = 1.25
     approx_capacity_blocks: int = 4096
     text_chunk_bytes: int = 64
+    discover_service: str | None = None
+    namespace: str | None = None
+    discover_port: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     def __post_init__(self) -> None:

@@ -85,7 +85,8 @@ def test_the_gpu_example_gives_its_replicas_a_volume_they_can_all_mount() -> Non
 
 
 def test_schema_defaults_match_the_operator_defaults(crd: dict[str, Any]) -> None:
-    obj = with_spec(autoscaling={"enabled": True, "maxReplicas": 3}, resources={}, service={}, engine={})
+    obj = with_spec(autoscaling={"enabled": True, "maxReplicas": 3}, resources={}, service={}, engine={},
+                    router={"inferencePool": {"endpointPicker": "epp"}})
     filled = defaulted(crd, obj)["spec"]
     assert filled["executor"] == s.DEFAULT_EXECUTOR and filled["replicas"] == s.DEFAULT_REPLICAS
     assert filled["resources"] == {"gpus": s.DEFAULT_GPUS}
@@ -97,6 +98,11 @@ def test_schema_defaults_match_the_operator_defaults(crd: dict[str, Any]) -> Non
     assert a["scaleUpStabilizationSeconds"] == s.DEFAULT_SCALE_UP_STABILIZATION_SECONDS
     assert a["scaleDownStabilizationSeconds"] == s.DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS
     assert a["intervalSeconds"] == s.DEFAULT_INTERVAL_SECONDS
+    assert a["scaleToZeroAfterSeconds"] == s.DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS
+    r = filled["router"]
+    assert r["enabled"] is False and r["replicas"] == s.DEFAULT_ROUTER_REPLICAS
+    assert r["policy"] == s.DEFAULT_ROUTER_POLICY and r["holdTimeoutSeconds"] == s.DEFAULT_HOLD_TIMEOUT_SECONDS
+    assert r["inferencePool"]["endpointPickerPort"] == 9002
     # Parsing the raw spec (operator defaults) and the defaulted one (server defaults) agree.
     assert parse_spec(obj["spec"]) == parse_spec(filled)
 
@@ -140,6 +146,21 @@ BAD = {
                                                          "percentage"),
     "negative maxSurge": (with_spec(rollout={"maxSurge": -1}), "percentage"),
     "name longer than 63": ({**base(), "metadata": {"name": "x" * 64, "namespace": "default"}}, "63"),
+    "scale to zero without the router": (with_spec(autoscaling={"enabled": True, "minReplicas": 0, "maxReplicas": 2}),
+                                         "router"),
+    "scale to zero with the router off": (with_spec(autoscaling={"enabled": True, "minReplicas": 0, "maxReplicas": 2},
+                                                    router={"enabled": False}), "router"),
+    "scale to zero in hpa mode": (with_spec(autoscaling={"enabled": True, "mode": "hpa", "minReplicas": 0,
+                                                         "maxReplicas": 2}, router={"enabled": True}), "mode operator"),
+    "unknown router policy": (with_spec(router={"enabled": True, "policy": "random"}), "policy"),
+    "no router replicas": (with_spec(router={"enabled": True, "replicas": 0}), "replicas"),
+    "router hold time-out of 0": (with_spec(router={"enabled": True, "holdTimeoutSeconds": 0}), "holdTimeoutSeconds"),
+    "unknown router field": (with_spec(router={"enabled": True, "workers": 3}), "workers"),
+    "router memory not a quantity": (with_spec(router={"resources": {"memory": "much"}}), "memory"),
+    "inference pool without a picker": (with_spec(router={"inferencePool": {"endpointPickerPort": 9002}}),
+                                        "endpointPicker"),
+    "name too long for the worker Service": ({**with_spec(router={"enabled": True}),
+                                              "metadata": {"name": "x" * 56, "namespace": "default"}}, "55"),
 }
 
 

@@ -176,9 +176,27 @@ def test_rbac_is_least_privilege_and_sufficient(helm_bin: Path) -> None:
     for kind in (kube.DEPLOYMENT, kube.SERVICE, kube.PDB, kube.HPA):
         group = kind.api_version.split("/")[0] if "/" in kind.api_version else ""
         needed |= {(group, kind.plural, v) for v in ("get", "list", "watch", "create", "patch", "delete")}
+    # spec.router: the operator creates the router's RBAC, and may grant only what it holds itself.
+    for kind in (kube.SERVICE_ACCOUNT, kube.ROLE, kube.ROLE_BINDING, kube.INFERENCE_POOL):
+        group = kind.api_version.split("/")[0] if "/" in kind.api_version else ""
+        needed |= {(group, kind.plural, v) for v in ("get", "create", "patch", "delete")}
+    from hetero_infer.operator.manifests import DISCOVERY_RULES
+    needed |= {(g, r, v) for rule in DISCOVERY_RULES for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
     have = {(g, r, v) for _, g, r, v in granted}
     assert needed <= have, needed - have
     assert not {v for _, g, r, v in granted if r == "inferencedeployments"} & {"create", "delete", "update"}
+    assert not {v for _, g, r, v in granted if g == "rbac.authorization.k8s.io"} & {"escalate", "bind"}
+    assert not {v for _, g, r, v in granted if r == "endpointslices"} - {"get", "list", "watch"}
+
+
+def test_router_image_defaults_to_the_operator_image(helm_bin: Path) -> None:
+    def router_image(*sets: str) -> str:
+        env = operator_container(render(helm_bin, *sets))["env"]
+        return next(e["value"] for e in env if e["name"] == "HETERO_INFER_OPERATOR_ROUTER_IMAGE")
+
+    assert router_image("--set", "image.tag=9.9") == "ghcr.io/hetero-infer/operator:9.9"
+    assert router_image("--set", "routerImage=registry.local/router:1") == "registry.local/router:1"
 
 
 def test_namespaced_install_uses_roles_and_namespaced_peering(helm_bin: Path) -> None:

@@ -74,6 +74,21 @@ app.kubernetes.io/component: worker
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# spec.router: the router's ServiceAccount, Role and RoleBinding. The API server lets the operator grant
+# only what it holds itself (RBAC escalation check), hence the endpointslices read below; no escalate/bind.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch"]
+# spec.router.inferencePool (Gateway API Inference Extension).
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "create", "patch", "delete"]
 # Autoscaling mode operator: find the worker pods (podIP) to scrape their /metrics.
 - apiGroups: [""]
   resources: ["pods"]
