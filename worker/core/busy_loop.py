@@ -54,16 +54,19 @@ class Aborted:
 @dataclass(slots=True)
 class EngineOutputs:
     """One hand-over of the loop: the steps run since the previous one, a merged delta per request that
-    progressed, the requests the engine refused or aborted, and the engine's stats."""
+    progressed, the requests the engine refused or aborted, the engine's stats, and the block hashes that
+    entered and left its prefix cache since the previous hand-over (the router's block report)."""
 
     num_steps: int
     deltas: list[RequestDelta]
     rejected: list[tuple[str, Exception]]
     aborted: list[Aborted]
     stats: Any
+    cache_changes: tuple[list[int], list[int]] = ([], [])
 
     def __reduce__(self) -> tuple:
-        return EngineOutputs, (self.num_steps, self.deltas, self.rejected, self.aborted, self.stats)
+        return EngineOutputs, (self.num_steps, self.deltas, self.rejected, self.aborted, self.stats,
+                               self.cache_changes)
 
 
 class Link(Protocol):
@@ -97,7 +100,8 @@ def run_busy_loop(engine: Any, link: Link, interval: float) -> None:
 
     def send(deltas: list[RequestDelta], steps: int) -> None:
         nonlocal rejected, aborted, dirty
-        link.send(EngineOutputs(steps, deltas, rejected, aborted, engine.stats()))
+        link.send(EngineOutputs(steps, deltas, rejected, aborted, engine.stats(),
+                                engine.block_manager.take_cache_changes()))
         rejected, aborted = [], []
         dirty = False
 

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from hetero_infer.block_hashes import BlockLog
 from hetero_infer.worker.core.busy_loop import ABORT, ADD, Command, EngineOutputs, EngineRequest
 from hetero_infer.worker.frontend.stream import OutputStream
 from hetero_infer.worker.frontend.timing import RequestTiming, TimingSink, record_delta, record_steps
@@ -48,6 +49,7 @@ class EngineClient(ABC):
         self._dead: BaseException | None = None
         self._stats: Any = None
         self.steps = 0
+        self.block_log = BlockLog()  # the engine's prefix-cache hashes, for GET /v1/cache/blocks
 
     # ----------------------------------------------------------------- lifecycle
     @abstractmethod
@@ -113,6 +115,8 @@ class EngineClient(ABC):
         """One hand-over of the busy loop: streams, timing, stats."""
         self.steps += outputs.num_steps
         self._stats = outputs.stats
+        if outputs.cache_changes[0] or outputs.cache_changes[1]:
+            self.block_log.apply(*outputs.cache_changes)
         if outputs.rejected:
             self._on_rejected(outputs.rejected)
         streams = self._streams

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from hetero_infer.worker.server.cache_blocks import cache_blocks
 from hetero_infer.worker.server.chat import create_chat_completion
 from hetero_infer.worker.server.completions import create_completion
 from hetero_infer.worker.server.errors import APIError
@@ -141,5 +142,6 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_get("/v1/models/{model:.+}", get_model)  # served names may contain "/"
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app.router.add_get("/v1/cache/blocks", cache_blocks)  # the router's exact prefix index (docs/router.md)
     add_vllm_routes(app)  # /tokenize, /detokenize, /health, /version
     return app

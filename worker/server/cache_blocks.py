@@ -1,0 +1,27 @@
+"""`GET /v1/cache/blocks?epoch=E&since=N`: the block hashes this worker's prefix cache holds, for the router's
+exact prefix index (format and semantics in docs/router.md).
+
+The engine hands the hashes that entered and left its cache to the engine client with every batch of outputs
+(`EngineOutputs.cache_changes`, across the process boundary of the process frontend too); the client keeps them
+in a `BlockLog`, which answers with the net change since `since` when it can, else a snapshot.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from hetero_infer.worker.server.errors import APIError, unavailable
+from hetero_infer.worker.server.state import get_state
+
+
+async def cache_blocks(request: web.Request) -> web.Response:
+    state = get_state(request)
+    if not state.ready or state.limits is None:
+        raise unavailable("the engine is not ready", "engine_not_ready")
+    since_text = request.query.get("since")
+    try:
+        since = None if since_text in (None, "") else int(since_text)
+    except ValueError:
+        raise APIError(400, "since must be an integer", param="since") from None
+    report = state.engine.block_log.to_json(request.query.get("epoch"), since, state.limits.block_size)
+    return web.json_response(report)
