@@ -188,8 +188,32 @@ def test_a_narrow_nucleus_takes_one_candidate_pass(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_batch_with_more_rows_than_vocab_entries() -> None:
-    # Rows 0-3 greedy, 4-5 sampled: the greedy rows are a prefix of the batch as long as the vocab.
+    # Rows 0-3 greedy, 4-5 sampled: the greedy rows are a prefix of the batch as long as the vocab; the last
+    # row's penalty is indexed by row, not by token.
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]]).repeat(6, 1)
-    params = [SamplingParams(temperature=0.0)] * 4 + [SamplingParams(top_k=1)] * 2
-    out = Sampler()(logits, [SamplingRow(p, [], [], None, []) for p in params])
-    assert [t.token_id for t in out] == [1] * 6
+    params = [SamplingParams(temperature=0.0)] * 4 + [SamplingParams(top_k=1)]
+    rows = [SamplingRow(p, [], [], None, []) for p in params]
+    rows.append(SamplingRow(SamplingParams(temperature=0.0, repetition_penalty=4.0), [1], [], None, []))
+    out = Sampler()(logits, rows)
+    assert [t.token_id for t in out] == [1] * 5 + [3]  # 3.0 / 4 < 2.0
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.5])
+def test_temperature_only_rows_race_over_the_whole_vocab(min_p: float) -> None:
+    # No top-k or top-p: every token of a flat 3000-token row can win, so the seeded token is the recipe's
+    # race over the whole vocab (softmax(z / T) / Exp(1) noise from the request's generator), not over the
+    # first 256 candidates.
+    vocab, temperature = 3000, 0.7
+    z = (torch.randn(vocab, generator=torch.Generator().manual_seed(5)) * 0.05).double()
+    probs = torch.softmax(z / temperature, -1)
+    probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
+    params = SamplingParams(temperature=temperature, min_p=min_p)
+    ranks = z.argsort(descending=True).argsort()
+    beyond_first_pass = 0
+    for seed in range(24):
+        noise = torch.empty(vocab).exponential_(generator=make_generator(seed)).double()
+        expected = int((probs / noise).argmax())
+        got = Sampler()(z.float()[None], [SamplingRow(params, [], [], make_generator(seed), [])])[0].token_id
+        assert got == expected
+        beyond_first_pass += int(ranks[expected] >= 256)
+    assert beyond_first_pass > 0
