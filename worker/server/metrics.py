@@ -1,5 +1,8 @@
 """Prometheus metrics of one worker (names are a contract: the operator and vLLM dashboards read them).
 
+Each measurement is computed once and exported under our `hetero_infer_*` name and, where vLLM has one, under
+vLLM's current name (`vllm:*`, docs/metrics.md lists both) from the same value.
+
 Engine state (KV usage, running/waiting, token and cache counters) is read from the engine thread's latest
 stats snapshot at scrape time; request latencies are histograms observed by the async layer when a
 request ends. Everything is labelled with `model_name`, as vLLM does, and lives in the app's own
@@ -12,6 +15,7 @@ import math
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -34,13 +38,53 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20
 LABEL = "model_name"
 
 
-class EngineStatsCollector(Collector):
-    """Gauges and counters taken from the engine's stats snapshot when Prometheus scrapes."""
+@dataclass(frozen=True)
+class Series:
+    """One measurement exported under our name and, where vLLM has one, under vLLM's current name too (the
+    same value: dashboards, autoscalers and the Gateway API Inference Extension's endpoint picker built for
+    vLLM read it unchanged). `attr` is the field of the engine's stats snapshot it comes from."""
 
-    def __init__(self, model_name: Callable[[], str], stats: Callable[[], Any], healthy: Callable[[], bool]) -> None:
+    name: str
+    vllm_name: str | None
+    kind: str  # "gauge" or "counter"
+    documentation: str
+    attr: str
+
+    def names(self) -> tuple[str, ...]:
+        return (self.name,) if self.vllm_name is None else (self.name, self.vllm_name)
+
+
+ENGINE_SERIES = (
+    Series("hetero_infer_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc", "gauge",
+           "Fraction of KV-cache blocks in use (0..1; 1 means 100%).", "kv_cache_usage"),
+    Series("hetero_infer_num_requests_running", "vllm:num_requests_running", "gauge",
+           "Requests in the running batch.", "num_running"),
+    Series("hetero_infer_num_requests_waiting", "vllm:num_requests_waiting", "gauge",
+           "Requests waiting to be scheduled.", "num_waiting"),
+    Series("hetero_infer_prompt_tokens", "vllm:prompt_tokens", "counter", "Prompt tokens processed.",
+           "prompt_tokens_total"),
+    Series("hetero_infer_generation_tokens", "vllm:generation_tokens", "counter", "Tokens generated.",
+           "generation_tokens_total"),
+    Series("hetero_infer_num_preemptions", "vllm:num_preemptions", "counter",
+           "Sequences preempted (recomputed later).", "num_preemptions_total"),
+    Series("hetero_infer_prefix_cache_queries", "vllm:prefix_cache_queries", "counter",
+           "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries_total"),
+    Series("hetero_infer_prefix_cache_hits", "vllm:prefix_cache_hits", "counter",
+           "Prompt tokens found in the prefix cache.", "prefix_cache_hits_total"),
+)
+
+
+class EngineStatsCollector(Collector):
+    """Gauges and counters taken from the engine's stats snapshot when Prometheus scrapes, plus vLLM's
+    `vllm:cache_config_info` (value 1; its labels carry the KV cache's `block_size` and `num_gpu_blocks`, which
+    the inference gateway's prefix-cache scorer reads)."""
+
+    def __init__(self, model_name: Callable[[], str], stats: Callable[[], Any], healthy: Callable[[], bool],
+                 cache_info: dict[str, str] | None = None) -> None:
         self._model_name = model_name
         self._stats = stats
         self._healthy = healthy
+        self._cache_info = dict(cache_info or {})
 
     def describe(self) -> Iterator[Metric]:  # names without sampling the engine
         return iter(self._families(None, ""))
@@ -49,38 +93,24 @@ class EngineStatsCollector(Collector):
         return iter(self._families(self._stats(), self._model_name()))
 
     def _families(self, s: Any, model: str) -> list[Metric]:
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=[LABEL])
-            if s is not None:
-                g.add_metric([model], value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=[LABEL])
-            if s is not None:
-                c.add_metric([model], value)
-            return c
-
-        get = (lambda attr: float(getattr(s, attr))) if s is not None else (lambda attr: 0.0)
-        usage, running, waiting = get("kv_cache_usage"), get("num_running"), get("num_waiting")
-        healthy = 1.0 if s is not None and self._healthy() else 0.0
-        return [
-            gauge("hetero_infer_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use (0..1).", usage),
-            gauge("hetero_infer_num_requests_running", "Requests in the running batch.", running),
-            gauge("hetero_infer_num_requests_waiting", "Requests waiting to be scheduled.", waiting),
-            gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100% (vLLM-compatible name).", usage),
-            gauge("vllm:num_requests_running", "Requests running (vLLM-compatible name).", running),
-            gauge("vllm:num_requests_waiting", "Requests waiting (vLLM-compatible name).", waiting),
-            gauge("hetero_infer_engine_healthy", "1 while the engine loop is healthy.", healthy),
-            counter("hetero_infer_prompt_tokens", "Prompt tokens processed.", get("prompt_tokens_total")),
-            counter("hetero_infer_generation_tokens", "Tokens generated.", get("generation_tokens_total")),
-            counter("hetero_infer_num_preemptions", "Sequences preempted (recomputed later).",
-                    get("num_preemptions_total")),
-            counter("hetero_infer_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                    get("prefix_cache_queries_total")),
-            counter("hetero_infer_prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                    get("prefix_cache_hits_total")),
-        ]
+        out: list[Metric] = []
+        for series in ENGINE_SERIES:
+            value = float(getattr(s, series.attr)) if s is not None else 0.0
+            for name in series.names():
+                family_cls = GaugeMetricFamily if series.kind == "gauge" else CounterMetricFamily
+                family = family_cls(name, series.documentation, labels=[LABEL])
+                if s is not None:
+                    family.add_metric([model], value)
+                out.append(family)
+        healthy = GaugeMetricFamily("hetero_infer_engine_healthy", "1 while the engine loop is healthy.",
+                                    labels=[LABEL])
+        info_labels = [LABEL, *self._cache_info]
+        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache's configuration "
+                                 "(vLLM-compatible; the value is always 1).", labels=info_labels)
+        if s is not None:
+            healthy.add_metric([model], 1.0 if self._healthy() else 0.0)
+            info.add_metric([model, *self._cache_info.values()], 1.0)
+        return [*out, healthy, info]
 
 
 class RequestHistogram:
@@ -88,8 +118,9 @@ class RequestHistogram:
     `prometheus_client.Histogram.observe` costs a lock and a Python bucket scan per value (these are fed
     from the engine thread, once per request, with one inter-token gap per output step)."""
 
-    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], vllm_name: str | None = None) -> None:
         self.name = name
+        self.names = (name,) if vllm_name is None else (name, vllm_name)  # one measurement, both names
         self.documentation = documentation
         self.bounds = tuple(float(b) for b in buckets)
         self._counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
@@ -125,16 +156,19 @@ class RequestHistogram:
             counts[-1] += len(ordered) - below
             self._sum += sum(values)
 
-    def family(self, model: str) -> HistogramMetricFamily:
+    def families(self, model: str) -> list[HistogramMetricFamily]:
         with self._lock:
             counts, total = list(self._counts), self._sum
-        family = HistogramMetricFamily(self.name, self.documentation, labels=[LABEL])
         cumulative, buckets = 0, []
         for bound, count in zip((*self.bounds, math.inf), counts, strict=True):
             cumulative += count
             buckets.append((floatToGoString(bound), cumulative))
-        family.add_metric([model], buckets, total)
-        return family
+        out = []
+        for name in self.names:
+            family = HistogramMetricFamily(name, self.documentation, labels=[LABEL])
+            family.add_metric([model], buckets, total)
+            out.append(family)
+        return out
 
 
 class ServerMetrics(Collector):
@@ -145,18 +179,22 @@ class ServerMetrics(Collector):
         self.model_name = ""
         r = self.registry
         self.ttft = RequestHistogram("hetero_infer_time_to_first_token_seconds", "Time to first token.",
-                                     TTFT_BUCKETS)
+                                     TTFT_BUCKETS, "vllm:time_to_first_token_seconds")
         self.itl = RequestHistogram("hetero_infer_inter_token_latency_seconds",
-                                    "Time between two output steps of a request.", ITL_BUCKETS)
+                                    "Time between two output steps of a request.", ITL_BUCKETS,
+                                    "vllm:inter_token_latency_seconds")
+        self.tpot = RequestHistogram("hetero_infer_request_time_per_output_token_seconds",
+                                     "Per request: first token to last token over the tokens after the first.",
+                                     ITL_BUCKETS, "vllm:request_time_per_output_token_seconds")
         self.e2e = RequestHistogram("hetero_infer_e2e_request_latency_seconds", "Arrival to last token.",
-                                    LATENCY_BUCKETS)
+                                    LATENCY_BUCKETS, "vllm:e2e_request_latency_seconds")
         self.queue = RequestHistogram("hetero_infer_request_queue_time_seconds", "Arrival to first scheduled.",
-                                      LATENCY_BUCKETS)
+                                      LATENCY_BUCKETS, "vllm:request_queue_time_seconds")
         self.prompt_len = RequestHistogram("hetero_infer_request_prompt_tokens", "Prompt length of each request.",
-                                           TOKEN_BUCKETS)
+                                           TOKEN_BUCKETS, "vllm:request_prompt_tokens")
         self.gen_len = RequestHistogram("hetero_infer_request_generation_tokens", "Tokens generated per request.",
-                                        TOKEN_BUCKETS)
-        self._histograms = (self.ttft, self.itl, self.e2e, self.queue, self.prompt_len, self.gen_len)
+                                        TOKEN_BUCKETS, "vllm:request_generation_tokens")
+        self._histograms = (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.prompt_len, self.gen_len)
         self._finished = Counter("hetero_infer_requests_finished", "Engine requests ended, by finish reason.",
                                  [LABEL, "finish_reason"], registry=r)
         self._rejected = Counter("hetero_infer_requests_rejected", "Requests refused before the engine "
@@ -174,18 +212,19 @@ class ServerMetrics(Collector):
             child = self._children[key] = counter.labels(*labels)
         return child
 
-    def bind(self, model_name: str, stats: Callable[[], Any], healthy: Callable[[], bool]) -> None:
+    def bind(self, model_name: str, stats: Callable[[], Any], healthy: Callable[[], bool],
+             cache_info: dict[str, str] | None = None) -> None:
         """Attach the engine once it is loaded (before that, engine metrics export no samples)."""
         self.model_name = model_name
-        self.registry.register(EngineStatsCollector(lambda: self.model_name, stats, healthy))
+        self.registry.register(EngineStatsCollector(lambda: self.model_name, stats, healthy, cache_info))
         self.registry.register(self)
         self._bound = True
 
     def describe(self) -> Iterator[Metric]:
-        return iter([h.family("") for h in self._histograms])
+        return iter([f for h in self._histograms for f in h.families("")])
 
     def collect(self) -> Iterator[Metric]:
-        return iter([h.family(self.model_name) for h in self._histograms])
+        return iter([f for h in self._histograms for f in h.families(self.model_name)])
 
     def observe_request(self, timing: RequestTiming, finished_at: float, finish_reason: str) -> None:
         if not self._bound:
@@ -193,6 +232,8 @@ class ServerMetrics(Collector):
         if timing.first_token is not None:
             self.ttft.observe(timing.first_token - timing.arrival)
             self.e2e.observe(finished_at - timing.arrival)
+            if timing.num_tokens > 1 and timing.last_token is not None:
+                self.tpot.observe((timing.last_token - timing.first_token) / (timing.num_tokens - 1))
         if timing.first_scheduled is not None:
             self.queue.observe(max(0.0, timing.first_scheduled - timing.arrival))
         self.itl.observe_many(timing.inter_token)

@@ -66,7 +66,8 @@ class ServerState:
         self.model_name = limits.model_name
         self.max_model_len = limits.max_model_len
         self.max_num_seqs = max_num_seqs
-        self.metrics.bind(self.model_name, client.stats, lambda: client.healthy)
+        self.metrics.bind(self.model_name, client.stats, lambda: client.healthy,
+                          {"block_size": str(limits.block_size), "num_gpu_blocks": str(limits.num_blocks)})
         self.phase = READY
         return client
 
