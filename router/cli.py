@@ -15,6 +15,7 @@ from aiohttp import web
 
 from hetero_infer.options import add_config_flag, add_flags, load_options
 from hetero_infer.router.app import build, make_runner
+from hetero_infer.router.discovery import Discovery
 from hetero_infer.router.options import ENV_PREFIX, HELP, RouterOptions
 
 logger = logging.getLogger("hetero_infer.router")
@@ -35,13 +36,26 @@ def resolve_options(argv: list[str], environ: dict[str, str] | None = None) -> R
 
 async def serve(options: RouterOptions) -> None:
     router, app = build(options)
+    if options.discover_service:
+        discovery = Discovery(router.pool, options.discover_service, options.namespace, options.discover_port)
+
+        async def start_discovery(_: web.Application) -> None:
+            await discovery.start()  # after the router's own start-up: the pool has its session
+
+        async def stop_discovery(_: web.Application) -> None:
+            await discovery.stop()
+
+        app.on_startup.append(start_discovery)
+        app.on_cleanup.insert(0, stop_discovery)
     runner = make_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port)
     await site.start()
     port = runner.addresses[0][1] if runner.addresses else options.port
     print(f"hetero-infer router listening on http://{options.host}:{port} "
-          f"(policy {options.policy}, {len(options.worker)} workers)", flush=True)
+          f"(policy {options.policy}, {len(options.worker)} workers"
+          + (f", discovering the endpoints of service {options.discover_service})" if options.discover_service
+             else ")"), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -59,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetero-infer router: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not options.worker:
+    if not options.worker and not options.discover_service:
         logger.warning("no --worker given: every request is held until the hold time-out")
     asyncio.run(serve(options))
     return 0

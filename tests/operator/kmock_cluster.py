@@ -49,6 +49,10 @@ HPAS = kmock.resource("autoscaling", "v2", "horizontalpodautoscalers")
 EVENTS = kmock.resource("", "v1", "events")
 PEERINGS = kmock.resource("kopf.dev", "v1", "clusterkopfpeerings")
 NAMESPACES = kmock.resource("", "v1", "namespaces")
+ENDPOINT_SLICES = kmock.resource("discovery.k8s.io", "v1", "endpointslices")
+SERVICE_ACCOUNTS = kmock.resource("", "v1", "serviceaccounts")
+ROLES = kmock.resource("rbac.authorization.k8s.io", "v1", "roles")
+ROLE_BINDINGS = kmock.resource("rbac.authorization.k8s.io", "v1", "rolebindings")
 
 _VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 RESOURCES: dict[kmock.resource, kmock.ResourceInfo] = {
@@ -67,6 +71,12 @@ RESOURCES: dict[kmock.resource, kmock.ResourceInfo] = {
                                  verbs=_VERBS),
     NAMESPACES: kmock.ResourceInfo(kind="Namespace", singular="namespace",
                                                                namespaced=False, verbs=_VERBS, shortnames={"ns"}),
+    ENDPOINT_SLICES: kmock.ResourceInfo(kind="EndpointSlice", singular="endpointslice", namespaced=True,
+                                        verbs=_VERBS),
+    SERVICE_ACCOUNTS: kmock.ResourceInfo(kind="ServiceAccount", singular="serviceaccount", namespaced=True,
+                                         verbs=_VERBS, shortnames={"sa"}),
+    ROLES: kmock.ResourceInfo(kind="Role", singular="role", namespaced=True, verbs=_VERBS),
+    ROLE_BINDINGS: kmock.ResourceInfo(kind="RoleBinding", singular="rolebinding", namespaced=True, verbs=_VERBS),
     kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"): kmock.ResourceInfo(
         kind="CustomResourceDefinition", singular="customresourcedefinition", namespaced=False, verbs=_VERBS,
         shortnames={"crd"}),
