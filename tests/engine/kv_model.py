@@ -8,8 +8,9 @@ prefix. Every read is checked against the reading sequence's own tokens, so a bl
 another sequence's tokens, a stale prefix-cache hit or a slot not yet written fails at once.
 
 The step loop follows `LLMEngine._update`: count the computed tokens, offer full blocks to the
-prefix cache, fork the children of n > 1 requests after the whole batch, then append one token
-to every sequence that samples (a child's token differs from its parent's, so forks diverge).
+prefix cache, then append one token to every sequence that samples. An n > 1 request is n
+sequences queued together, as `LLMEngine.add_request` fans it out (the later ones name the first
+as their `prompt_leader`; their sample_index makes their tokens diverge).
 """
 
 from __future__ import annotations
@@ -97,13 +98,17 @@ class Sim:
         return self.bm.blocks_for(prompt_len + max_tokens) <= self.bm.num_blocks
 
     def add(self, prompt: list[int], max_tokens: int, n: int = 1) -> Sequence:
-        seq = Sequence(f"r{len(self.arrival)}", list(prompt), len(prompt),
-                       SamplingParams(max_tokens=max_tokens, n=n), max_tokens)
-        seq.forks_pending = n - 1
-        self.arrival[seq.seq_id] = len(self.arrival)
-        self.seqs.append(seq)
-        self.sched.add(seq)
-        return seq
+        """Queue a request: its n samples, as the engine fans them out; returns the first."""
+        rank = len(set(self.arrival.values()))
+        params = SamplingParams(max_tokens=max_tokens, n=n)
+        seqs = [Sequence(f"r{rank}", list(prompt), len(prompt), params, max_tokens, sample_index=i)
+                for i in range(n)]
+        for seq in seqs:
+            seq.prompt_leader = seqs[0] if seq is not seqs[0] else None
+            self.arrival[seq.seq_id] = rank
+            self.seqs.append(seq)
+            self.sched.add(seq)
+        return seqs[0]
 
     def abort(self, seq: Sequence) -> None:
         if not seq.is_finished:
@@ -133,28 +138,12 @@ class Sim:
 
     def _update(self, out: SchedulerOutput) -> None:
         sampling: list[Sequence] = []
-        children: list[tuple[Sequence, Sequence]] = []
         for item in out.scheduled:
             seq = item.seq
-            samples = item.samples
+            if item.samples:  # before counting this step's tokens
+                sampling.append(seq)
             seq.num_computed_tokens += item.num_new_tokens
             self.bm.register_computed_blocks(seq)
-            if not samples:
-                continue
-            sampling.append(seq)
-            siblings = sum(1 for s in self.seqs if s.request_id == seq.request_id)
-            for k in range(seq.forks_pending):
-                child = Sequence(seq.request_id, list(seq.token_ids), seq.num_prompt_tokens, seq.params,
-                                 seq.max_tokens, sample_index=siblings + k)
-                self.arrival[child.seq_id] = self.arrival[seq.seq_id]
-                self.seqs.append(child)
-                children.append((seq, child))
-                sampling.append(child)
-            seq.forks_pending = 0
-        for parent, child in children:
-            self.bm.fork(parent, child)
-            self.sched.add_running(child)
-            self.ever_ran.add(child.seq_id)
         for seq in sampling:
             seq.token_ids.append(next_token(seq))
             if seq.num_output_tokens >= seq.max_tokens:

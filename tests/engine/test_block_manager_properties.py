@@ -36,17 +36,19 @@ def test_scheduler_and_block_invariants(num_blocks, block_size, max_num_seqs, bu
         if bm.blocks_for(prompt_len + max_tokens) > num_blocks:
             continue  # the engine rejects what cannot fit alone
         prompt = [prefix_kind] * min(prompt_len, 8) + [(i * 13 + j) % 50 for j in range(max(prompt_len - 8, 0))]
-        seq = Sequence(str(i), prompt, len(prompt), SamplingParams(max_tokens=max_tokens, n=n), max_tokens)
-        seq.forks_pending = n - 1
-        sched.add(seq)
-        live.append(seq)
+        params = SamplingParams(max_tokens=max_tokens, n=n)
+        samples = [Sequence(str(i), list(prompt), len(prompt), params, max_tokens, sample_index=k) for k in range(n)]
+        for seq in samples:  # fanned out as LLMEngine.add_request does
+            seq.prompt_leader = samples[0] if seq is not samples[0] else None
+            sched.add(seq)
+            live.append(seq)
 
     for step in range(400):
         if not sched.has_unfinished():
             break
         out = sched.schedule()
         assert out.num_tokens <= budget
-        assert len(sched.running) <= max_num_seqs + sum(s.params.n for s in live)  # forks join running
+        assert len(sched.running) <= max_num_seqs  # every sample of an n > 1 request counts
         assert len({s.seq.seq_id for s in out.scheduled}) == len(out.scheduled)
         assert out.scheduled or out.num_preempted or not sched.running, "running sequences but nothing scheduled"
         for item in out.scheduled:
@@ -61,16 +63,7 @@ def test_scheduler_and_block_invariants(num_blocks, block_size, max_num_seqs, bu
             bm.register_computed_blocks(seq)
             if not samples:
                 continue
-            for _ in range(seq.forks_pending):
-                child = Sequence(seq.request_id, list(seq.token_ids), seq.num_prompt_tokens, seq.params, seq.max_tokens)
-                bm.fork(seq, child)
-                sched.add_running(child)
-                live.append(child)
-                child.token_ids.append(fake_token(child) + 1)
-                if child.num_output_tokens >= child.max_tokens:
-                    sched.finish(child, "length")
-            seq.forks_pending = 0
-            seq.token_ids.append(fake_token(seq))
+            seq.token_ids.append(fake_token(seq) + seq.sample_index)
             if seq.num_output_tokens >= seq.max_tokens:
                 sched.finish(seq, "length")
         if step in abort_steps:

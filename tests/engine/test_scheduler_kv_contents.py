@@ -29,19 +29,16 @@ def test_prefix_cache_never_offers_a_block_before_its_kv_is_computed():
     assert a.output_token_ids == b.output_token_ids
 
 
-def test_forks_that_diverge_write_their_own_copy_of_the_shared_block():
-    # n=3 forks share the prompt's partial block 1; each writes a different token into it next step
+def test_samples_of_one_request_share_full_prompt_blocks_and_write_their_own_partial_block():
+    # n=3 samples share the prompt's full block 0 through the prefix cache; block 1 (partial) is each one's own
     sim = Sim(num_blocks=16, block_size=4)
-    parent = sim.add([1, 2, 3, 4, 5, 6], max_tokens=5, n=3)
-    sim.step()  # prefill, sample, fork
-    children = [s for s in sim.seqs if s is not parent]
-    assert len(children) == 2 and all(c.block_table == parent.block_table for c in children)
-    out = sim.step()
-    assert len(out.block_copies) == 2  # the first two writers copy, the last owns the original
-    tables = [tuple(s.block_table) for s in (parent, *children)]
-    assert len({t[1] for t in tables}) == 3 and len({t[0] for t in tables}) == 1
+    first = sim.add([1, 2, 3, 4, 5, 6], max_tokens=5, n=3)
+    sim.step()  # the first sample's prompt
+    sim.step()  # the others, from the cache
+    samples = [s for s in sim.seqs if s.request_id == first.request_id]
+    assert len({s.block_table[0] for s in samples}) == 1 and len({s.block_table[1] for s in samples}) == 3
     sim.run()
-    assert len({tuple(s.output_token_ids) for s in (parent, *children)}) == 3
+    assert len({tuple(s.output_token_ids) for s in samples}) == 3
 
 
 def test_preempted_sequence_is_requeued_ahead_of_new_requests():

@@ -102,17 +102,37 @@ def test_preemption_counts_once_per_preemption():
     assert preempted == b.num_preemptions == sim.sched.num_preemptions_total == 1
 
 
-def test_a_sequence_that_preempts_itself_leaves_the_rest_of_the_step_to_others():
-    # after a's prefill its fork c joins running behind b, which is still prefilling: the loop
-    # visits a, c (decodes) then b. c finds no free block and is the newest unscheduled one, so it
-    # preempts itself; b, further down the loop and needing no new block, still gets its last chunk.
-    sim = Sim(num_blocks=3, block_size=4, budget=5, memory_threshold=1.0)
-    a = sim.add([1, 2, 3, 4], max_tokens=4, n=2)
-    b = sim.add([5] * 4, max_tokens=1)
-    sim.step()  # a's prompt (4 tokens) + b's first chunk (1); a forks c
-    c = sim.seqs[-1]
-    assert [s.seq_id for s in sim.sched.running] == [a.seq_id, b.seq_id, c.seq_id] and b.is_prefill
+def test_every_sample_of_an_n_request_counts_against_max_num_seqs():
+    sim = Sim(num_blocks=32, block_size=4, max_num_seqs=2, budget=64)
+    a = sim.add([1, 2], max_tokens=3, n=3)  # a 2-token prompt has no full block to share: no waiting
+    b = sim.add([3, 4], max_tokens=3)
     out = sim.step()
-    assert out.num_preempted == 1 and c.status is SequenceStatus.WAITING
-    assert [(s.seq, s.num_new_tokens) for s in out.scheduled] == [(a, 1), (b, 3)]
+    assert [(s.seq.request_id, s.seq.sample_index) for s in out.scheduled] == [("r0", 0), ("r0", 1)]
+    assert len(sim.sched.running) == 2 and b.status is SequenceStatus.WAITING
+    while sim.sched.has_unfinished():
+        sim.step()
+        assert len(sim.sched.running) <= 2
+    assert a.is_finished and b.is_finished
+
+
+def test_later_samples_wait_for_the_first_to_compute_the_prompt_then_hit_the_prefix_cache():
+    # 9 prompt tokens: two full blocks the later samples can share, the 9th token each computes itself
+    sim = Sim(num_blocks=32, block_size=4, budget=64)
+    first = sim.add(list(range(9)), max_tokens=3, n=3)
+    late = sim.add([5, 6], max_tokens=2)
+    out = sim.step()
+    assert [s.seq for s in out.scheduled] == [first] and late.status is SequenceStatus.WAITING  # FCFS kept
+    out = sim.step()
+    others = [s for s in sim.seqs if s.request_id == "r0" and s is not first]
+    assert [(s.seq, s.num_new_tokens) for s in out.scheduled] == [(first, 1), *((o, 1) for o in others), (late, 2)]
+    assert [o.num_cached_tokens for o in others] == [8, 8]
+    assert all(o.block_table[:2] == first.block_table[:2] for o in others)
+    sim.run()
+
+
+def test_later_samples_do_not_wait_without_prefix_caching():
+    sim = Sim(num_blocks=32, block_size=4, budget=64, enable_prefix_caching=False)
+    sim.add(list(range(9)), max_tokens=3, n=3)
+    out = sim.step()
+    assert [s.num_new_tokens for s in out.scheduled] == [9, 9, 9]
     sim.run()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.block_manager import BlockManager
@@ -56,7 +56,7 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
+        return all(s.is_finished for s in self.seqs)
 
 
 class LLMEngine:
@@ -108,18 +108,27 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         if max_tokens is None:
             max_tokens = self.check_request(prompt_token_ids, params)
-        seq = self._new_sequence(request_id, list(prompt_token_ids), params, max_tokens, 0)
-        seq.forks_pending = params.n - 1
-        request = Request(request_id, prompt, list(prompt_token_ids), params, [seq])
+        # vLLM V1's fan-out: one sequence per sample, each scheduled on its own (so each counts against
+        # max_num_seqs); the later ones take the first one's prompt blocks from the prefix cache
+        seqs = [self._new_sequence(request_id, list(prompt_token_ids), params, max_tokens, i)
+                for i in range(num_samples(params))]
+        for seq in seqs[1:]:
+            seq.prompt_leader = seqs[0]
+        request = Request(request_id, prompt, list(prompt_token_ids), params, seqs)
         if arrival_time is not None:
             request.arrival_time = arrival_time
         self.requests[request_id] = request
-        self.scheduler.add(seq)
+        for seq in seqs:
+            self.scheduler.add(seq)
 
     def _new_sequence(self, request_id, token_ids, params, max_tokens, sample_index) -> Sequence:
         seq = Sequence(request_id, token_ids, len(token_ids), params, max_tokens, sample_index)
         if params.seed is not None:
             seq.generator = make_generator(params.seed, sample_index, self.executor.device)
+        # best_of > n ranks the samples by cumulative logprob, so the sampler computes one for every token
+        seq.sampler_params = params
+        if num_samples(params) > params.n and params.logprobs is None:
+            seq.sampler_params = replace(params, logprobs=0)
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
         return seq
 
@@ -184,48 +193,31 @@ class LLMEngine:
             return self._fail_step(sched, f"{type(exc).__name__}: {exc}")
 
     def _update(self, sched: SchedulerOutput, result) -> list[Request]:
-        rows: list[tuple[Sequence, int]] = []  # (sequence that gets a token, logits row)
-        children: list[tuple[Sequence, Sequence]] = []
-        logits_row = 0
+        rows: list[Sequence] = []  # the sequences that get a token, in the order of the logits rows
         for item in sched.scheduled:
             seq = item.seq
             samples = item.samples
             seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_computed_blocks(seq)
-            if not samples:
-                continue
-            rows.append((seq, logits_row))
-            if seq.forks_pending:
-                request = self.requests[seq.request_id]
-                for _ in range(seq.forks_pending):
-                    child = self._new_sequence(
-                        seq.request_id, list(seq.token_ids), seq.params, seq.max_tokens, len(request.seqs)
-                    )
-                    request.seqs.append(child)
-                    children.append((seq, child))
-                    rows.append((child, logits_row))
-                seq.forks_pending = 0
-            logits_row += 1
-        for parent, child in children:
-            self.block_manager.fork(parent, child)
-            self.scheduler.add_running(child)
+            if samples:
+                rows.append(seq)
 
         if self.executor.samples_itself:
-            tokens = [(self.executor.next_token(s.token_ids, s.sample_index), None) for s, _ in rows]
+            tokens = [(self.executor.next_token(s.token_ids, s.sample_index), None) for s in rows]
         else:
-            logits = result[[r for _, r in rows]] if children else result
-            if any(s.params.logits_processors for s, _ in rows):
-                logits = _process_logits(logits, [s for s, _ in rows])
+            logits = result
+            if any(s.params.logits_processors for s in rows):
+                logits = _process_logits(logits, rows)
             sampling_rows = [
-                SamplingRow(s.params, s.token_ids[: s.num_prompt_tokens], s.output_token_ids, s.generator,
+                SamplingRow(s.sampler_params, s.token_ids[: s.num_prompt_tokens], s.output_token_ids, s.generator,
                             self.eos_token_ids)
-                for s, _ in rows
+                for s in rows
             ]
             tokens = [(t.token_id, t) for t in self.sampler(logits, sampling_rows)]
 
         now = time.monotonic()
         touched: dict[str, Request] = {}
-        for (seq, _), (token_id, sampled) in zip(rows, tokens):
+        for seq, (token_id, sampled) in zip(rows, tokens):
             request = self.requests[seq.request_id]
             touched[request.request_id] = request
             if request.first_token_time is None:
@@ -245,14 +237,16 @@ class LLMEngine:
                     seq.logprobs = []
                 seq.logprobs.append(sampled.top_logprobs or {token_id: sampled.logprob})
         params = seq.params
-        stop_str = seq.detokenizer.add_token(token_id)
         if seq.num_output_tokens >= params.min_tokens:
-            if not params.ignore_eos and token_id in self.tokenizer.eos_token_ids:
-                return self.scheduler.finish(seq, "stop")
-            if token_id in params.stop_token_ids:
-                return self.scheduler.finish(seq, "stop", token_id)
-            if stop_str is not None:
-                return self.scheduler.finish(seq, "stop", stop_str)
+            eos = not params.ignore_eos and token_id in self.tokenizer.eos_token_ids
+            if eos or token_id in params.stop_token_ids:
+                # as vLLM: the stop token stays in token_ids, its text only with include_stop_str_in_output
+                if params.include_stop_str_in_output:
+                    seq.detokenizer.add_token(token_id)
+                return self.scheduler.finish(seq, "stop", None if eos else token_id)
+        stop_str = seq.detokenizer.add_token(token_id)
+        if stop_str is not None and seq.num_output_tokens >= params.min_tokens:
+            return self.scheduler.finish(seq, "stop", stop_str)
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             self.scheduler.finish(seq, "length")
 
@@ -271,21 +265,22 @@ class LLMEngine:
 
     def _delta(self, request: Request, step_end: float) -> RequestDelta:
         """What `request` gained since its previous delta (the only place deltas are cut)."""
+        params = request.params
+        finished = request.finished or request.error is not None
         seqs = request.seqs
-        finished = len(seqs) == request.params.n  # every sample forked and finished (Request.finished)
-        with_logprobs = request.params.logprobs is not None
+        if len(seqs) > params.n:  # best_of: nothing until the end, then the n best as samples 0..n-1
+            seqs = _best(seqs, params.n) if finished else []
         sent = request.sent
+        with_logprobs = params.logprobs is not None
         samples = []
         for i, seq in enumerate(seqs):
-            done = seq.status is _FINISHED
-            finished = finished and done
             if i == len(sent):
                 sent.append([0, 0, 0])
             s = sent[i]
             token_ids = seq.token_ids[seq.num_prompt_tokens + s[0]:]
             s[0] += len(token_ids)
             # The emittable text only ever grows (each is a prefix of every later one).
-            text = seq.detokenizer.emittable_text(done)
+            text = seq.detokenizer.emittable_text(seq.status is _FINISHED)
             n_chars = len(text)
             text = text[s[1]:]
             s[1] = n_chars
@@ -296,7 +291,6 @@ class LLMEngine:
                 s[2] = n_lp
             samples.append(SampleDelta(token_ids, text, logprobs, seq.cumulative_logprob if with_logprobs else None,
                                        seq.finish_reason, seq.stop_reason))
-        finished = finished or request.error is not None
         if finished:
             self.requests.pop(request.request_id, None)
         return RequestDelta(request.request_id, samples, finished, request.error, [step_end],
@@ -320,6 +314,16 @@ class LLMEngine:
         """Fraction of allocated KV slots of running sequences that hold no token."""
         allocated, wasted = self.block_manager.slot_waste(self.scheduler.running)
         return wasted / allocated if allocated else 0.0
+
+
+def num_samples(params: SamplingParams) -> int:
+    """How many sequences a request samples: `best_of` when given, else `n`."""
+    return params.best_of or params.n
+
+
+def _best(seqs: list[Sequence], n: int) -> list[Sequence]:
+    """vLLM's best_of rule: the n samples with the highest cumulative logprob, best first (ties: lower index)."""
+    return sorted(seqs, key=lambda s: -s.cumulative_logprob)[:n]
 
 
 def _process_logits(logits, seqs: list[Sequence]):

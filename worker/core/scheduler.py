@@ -4,6 +4,11 @@ Each step runs, in order: running decodes, running prefill chunks, then newly ad
 waiting sequences (FCFS: the queue head is never skipped, so nothing starves). When the
 pool runs short, the most recently admitted running sequence is preempted (its blocks are
 freed and it is recomputed later from its tokens, ahead of newer requests).
+
+A request with n > 1 is n sequences queued together (vLLM V1's fan-out): each is admitted on
+its own, so every one counts against max_num_seqs. The later ones wait at the head of the
+queue until the first has computed the prompt's full blocks, then take them from the prefix
+cache instead of computing them again.
 """
 
 from __future__ import annotations
@@ -66,11 +71,6 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
-    def add_running(self, seq: Sequence) -> None:
-        """A forked child joins right after its parent's step."""
-        seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
-
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -116,6 +116,8 @@ class Scheduler:
                 if self.running and bm.usage >= self.memory_threshold:
                     break
                 seq = self.waiting[0]
+                if self._waits_for_prompt_leader(seq):
+                    break
                 hits = bm.lookup_prefix(seq)
                 num_new = min(seq.num_tokens - len(hits) * bm.block_size, budget)
                 if not bm.can_admit(seq, hits, num_new):
@@ -133,6 +135,17 @@ class Scheduler:
         # decodes first, then prefill chunks (newly admitted ones included)
         out.scheduled.sort(key=lambda s: s.seq.is_prefill)
         return out
+
+    def _waits_for_prompt_leader(self, seq: Sequence) -> bool:
+        """Whether `seq`, a later sample of an n > 1 request, should wait for its first sample, which runs and
+        has not computed the prompt's shareable full blocks yet (registering blocks only once their K/V are
+        computed, the prefix cache cannot offer them in the step that computes them)."""
+        leader = seq.prompt_leader
+        bm = self.block_manager
+        if leader is None or not bm.enable_prefix_caching or leader.status is not SequenceStatus.RUNNING:
+            return False
+        shareable = (seq.num_prompt_tokens - 1) // bm.block_size * bm.block_size  # as lookup_prefix finds them
+        return leader.num_computed_tokens < shareable
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
         """Finish a sequence and free its blocks at once (running or waiting)."""

@@ -1,4 +1,4 @@
-"""One generated sequence (a request with n > 1 holds n of them) and its bookkeeping."""
+"""One generated sequence (a request with n > 1 holds n of them, scheduled independently) and its bookkeeping."""
 
 from __future__ import annotations
 
@@ -34,12 +34,15 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # chain hashes of leading full blocks
     num_registered_blocks: int = 0  # leading full blocks already offered to the prefix cache
     num_preemptions: int = 0
-    forks_pending: int = 0  # n > 1: children still to fork off this sequence after its prefill
+    # n > 1: the request's first sample, whose computed prompt blocks this one takes from the prefix cache
+    # (Scheduler._waits_for_prompt_leader); None for the first sample itself
+    prompt_leader: Sequence | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     cumulative_logprob: float = 0.0
     logprobs: list[dict[int, float]] | None = None
     generator: Any = None  # torch.Generator for seeded requests
+    sampler_params: Any = None  # what the sampler gets: `params`, or a copy that asks for logprobs (best_of)
     detokenizer: Any = None
 
     @property
