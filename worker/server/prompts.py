@@ -78,6 +78,7 @@ def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionR
     if requested is None:  # the rest of the context (at least 1: a prompt that fills it fails the check)
         room = limits.max_model_len - len(prompt.token_ids)
         requested = max(1, room if default is None else min(default, room))
+    constraint = structured_outputs(req)
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else -1
     if top_k >= limits.vocab_size:
         top_k = -1
@@ -101,7 +102,7 @@ def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionR
         include_stop_str_in_output=req.include_stop_str_in_output,
         logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
         best_of=getattr(req, "best_of", None),
-        structured_outputs=structured_outputs(req),
+        structured_outputs=constraint[1] if constraint else None,
     )
     if params.best_of is not None and params.best_of > state.max_num_seqs:
         raise bad_request(f"best_of ({params.best_of}) is larger than this server's max_num_seqs "
@@ -109,6 +110,8 @@ def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionR
     try:
         check_request(prompt.token_ids, params, limits, names=names, max_n=state.max_num_seqs)
     except RequestError as exc:
+        if constraint is not None and exc.param == "structured_outputs":  # name the field the client sent
+            exc.param = constraint[0]
         raise from_request_error(exc) from None
     return params
 

@@ -12,8 +12,9 @@ from hetero_infer.worker.server.errors import bad_request
 from hetero_infer.worker.server.protocol import ChatCompletionRequest, CompletionRequest, StructuredOutputs
 from hetero_infer.worker.server.tools.constraint import tool_constraint
 
-def structured_outputs(req: CompletionRequest | ChatCompletionRequest) -> StructuredOutputsParams | None:
-    """The request's one constraint (None without any); 400 for two, or for a JSON schema that is no schema."""
+def structured_outputs(req: CompletionRequest | ChatCompletionRequest) -> tuple[str, StructuredOutputsParams] | None:
+    """The request's one constraint and the field it came from (None without any); 400 for two, or for a JSON
+    schema that is no schema (the engine's check compiles it)."""
     found: list[tuple[str, StructuredOutputsParams]] = []
     fmt = req.response_format
     if fmt is not None and fmt.type == "json_object":
@@ -40,7 +41,7 @@ def structured_outputs(req: CompletionRequest | ChatCompletionRequest) -> Struct
         names = ", ".join(f"`{n}`" for n, _ in found)
         raise bad_request(f"only one structured-output constraint may be given per request; got {names}",
                           found[1][0])
-    return found[0][1] if found else None
+    return found[0] if found else None
 
 
 def _from_object(so: StructuredOutputs) -> StructuredOutputsParams | None:
