@@ -66,15 +66,22 @@ class IncrementalDetokenizer:
             return self._text
         return self._text + self._pending_text()
 
+    @property
+    def final_text(self) -> str:
+        """The output text of a finished sequence: `text` without a trailing incomplete character (a cut inside
+        a multi-byte character; its bytes decode to one U+FFFD), as an incremental UTF-8 decoder leaves it."""
+        text = self.text
+        return text[:-1] if self._stop is None and text.endswith(_REPLACEMENT) else text
+
     def emittable_text(self, finished: bool) -> str:
         """Text safe to stream: always a prefix of every later `text`.
 
         While running, holds back a trailing incomplete character and the last
         (longest stop string - 1) characters, which could still turn into a stop string.
-        Once finished everything is final and `text` is returned.
+        Once finished everything is final and `final_text` is returned.
         """
         if finished or self._stop is not None:
-            return self.text
+            return self.final_text
         return self._text[: max(len(self._text) - self._hold, 0)]
 
     def _to_tokens(self, ids: list[int]) -> list[str]:
