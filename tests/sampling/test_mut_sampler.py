@@ -188,14 +188,16 @@ def test_a_narrow_nucleus_takes_one_candidate_pass(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_batch_with_more_rows_than_vocab_entries() -> None:
-    # Rows 0-3 greedy, 4-5 sampled: the greedy rows are a prefix of the batch as long as the vocab; the last
-    # row's penalty is indexed by row, not by token.
-    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]]).repeat(6, 1)
+    # Rows 0-3 greedy, 4-6 sampled: the greedy rows are a prefix of the batch as long as the vocab; the last
+    # rows' penalties are indexed by row, not by token.
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]]).repeat(7, 1)
     params = [SamplingParams(temperature=0.0)] * 4 + [SamplingParams(top_k=1)]
     rows = [SamplingRow(p, [], [], None, []) for p in params]
     rows.append(SamplingRow(SamplingParams(temperature=0.0, repetition_penalty=4.0), [1], [], None, []))
+    rows.append(SamplingRow(SamplingParams(temperature=0.0, frequency_penalty=0.5, presence_penalty=0.6), [], [1],
+                            None, []))
     out = Sampler()(logits, rows)
-    assert [t.token_id for t in out] == [1] * 5 + [3]  # 3.0 / 4 < 2.0
+    assert [t.token_id for t in out] == [1] * 5 + [3, 3]  # 3.0 / 4 < 2.0 and 3.0 - 0.5 - 0.6 < 2.0
 
 
 @pytest.mark.parametrize("min_p", [0.0, 0.5])
