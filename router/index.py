@@ -61,6 +61,9 @@ class PrefixIndex:
     def blocks(self, worker: str) -> frozenset[int]:
         return frozenset(self._blocks.get(worker, ()))
 
+    def count(self, worker: str) -> int:
+        return len(self._blocks.get(worker, ()))
+
     def workers(self) -> list[str]:
         return sorted(w for w, b in self._blocks.items() if b)
 

@@ -31,5 +31,10 @@ class RouterMetrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.in_flight = Gauge("hetero_infer_router_requests_in_flight", "requests open to a worker", ["worker"],
                                registry=r)
+        self.index_blocks = Gauge("hetero_infer_router_index_blocks",
+                                  "blocks the prefix index holds per worker (at scrape time)", ["worker"], registry=r)
+        self.reports_blocks = Gauge("hetero_infer_router_worker_reports_blocks",
+                                    "1: the worker's entry is exact (it serves block reports), 0: approximate",
+                                    ["worker"], registry=r)
         self.workers_ready = Gauge("hetero_infer_router_workers_ready", "workers passing their readiness check",
                                    registry=r)
