@@ -65,7 +65,8 @@ class Router:
         self.metrics.workers_ready.set(len(self.pool.ready()))
 
     # -- choosing -----------------------------------------------------------------------------
-    def choose(self, candidates: list[Worker], hashes: list[int], policy: str) -> policies.Decision:
+    def choose(self, candidates: list[Worker], hashes: list[int], policy: str,
+               exact: bool = True) -> policies.Decision:
         states = [w.state() for w in candidates]
         if policy == "round-robin":
             decision = policies.round_robin(states, self._rr)
@@ -73,7 +74,7 @@ class Router:
         elif policy == "least-load":
             decision = policies.least_load(states)
         else:
-            matched = self.index.match(hashes, [s.url for s in states])
+            matched = self.index.match(hashes, [s.url for s in states], exact)
             decision = policies.prefix(states, matched, self.options.load_factor,
                                        affinity=hashes[0] if hashes else None)
         assert decision is not None
@@ -89,21 +90,22 @@ class Router:
             except ValueError:
                 payload = None
         hashes: list[int] = []
+        exact = True
         policy = self.options.policy
         if isinstance(payload, dict) and request.method == "POST":
             if policy == "prefix":
-                hashes = await asyncio.get_running_loop().run_in_executor(
+                hashes, exact = await asyncio.get_running_loop().run_in_executor(
                     None, request_hashes, payload, self.tokenizer, self.options.block_size,
                     self.options.text_chunk_bytes)
         elif policy == "prefix":
             policy = "least-load"
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
-        response = await self._route(request, body, headers, hashes, policy)
+        response = await self._route(request, body, headers, hashes, policy, exact)
         self.metrics.responses.labels(str(response.status)).inc()
         return response
 
     async def _route(self, request: web.Request, body: bytes, headers: dict[str, str], hashes: list[int],
-                     policy: str) -> web.StreamResponse:
+                     policy: str, exact: bool = True) -> web.StreamResponse:
         tried: set[str] = set()
         refusal: tuple[int, dict[str, str], bytes] | None = None
         deadline = time.monotonic() + self.options.hold_timeout_s
@@ -115,14 +117,14 @@ class Router:
                 candidates = await self._hold(tried, deadline)
                 if not candidates:
                     break
-            decision = self.choose(candidates, hashes, policy)
+            decision = self.choose(candidates, hashes, policy, exact)
             worker = self.pool.workers[decision.url]
             tried.add(worker.url)
             if policy == "prefix":
                 self.metrics.prefix_query_tokens.inc(len(hashes) * self.options.block_size)
                 self.metrics.prefix_matched_tokens.labels(worker.url).inc(
                     decision.matched_blocks * self.options.block_size)
-                self.index.record_route(worker.url, hashes)
+                self.index.record_route(worker.url, hashes, exact)
             try:
                 return await self._attempt(request, worker, body, headers, policy)
             except Retry as retry:

@@ -68,12 +68,14 @@ def prompt_token_ids(payload: dict[str, Any], tokenizer: Any) -> list[int] | Non
     return tokenizer.encode(text) if text else None
 
 
-def request_hashes(payload: dict[str, Any], tokenizer: Any, block_size: int, chunk_bytes: int) -> list[int]:
-    """Block hashes of the request's prompt; [] for anything unreadable (routed as a cold prefix)."""
+def request_hashes(payload: dict[str, Any], tokenizer: Any, block_size: int,
+                   chunk_bytes: int) -> tuple[list[int], bool]:
+    """Block hashes of the request's prompt, and whether they are token-block hashes (comparable with the
+    workers' reports) rather than text chunks; [] for anything unreadable (routed as a cold prefix)."""
     try:
         ids = prompt_token_ids(payload, tokenizer)
     except Exception:  # a malformed request: the worker will answer it with a 400
         ids = None
     if ids is not None:
-        return block_hashes(ids, block_size)
-    return text_block_hashes(prompt_text(payload), chunk_bytes)
+        return block_hashes(ids, block_size), True
+    return text_block_hashes(prompt_text(payload), chunk_bytes), False

@@ -130,6 +130,17 @@ def test_approximate_entries_for_workers_that_do_not_report():
     assert index.blocks("r") == {9}
 
 
+def test_text_chunk_hashes_match_what_was_routed_even_to_reporting_workers():
+    """Without a tokenizer a text prompt's hashes never appear in a report: they keep their own entries."""
+    index = PrefixIndex()
+    index.apply("r", BlockReport("e", 0, None, (9,)))
+    index.record_route("r", [7, 8], exact=False)
+    assert index.match([7, 8, 1], ["r", "s"], exact=False) == {"r": 2, "s": 0}
+    assert index.match([7, 8], ["r"]) == {"r": 0} and index.blocks("r") == {9}
+    index.drop("r")
+    assert index.match([7, 8], ["r"], exact=False) == {"r": 0}
+
+
 def test_match_counts_leading_blocks_only():
     index = PrefixIndex()
     index.apply("a", BlockReport("e", 0, None, (1, 2, 4)))

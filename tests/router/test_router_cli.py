@@ -42,18 +42,18 @@ def test_bad_options_exit_2_naming_the_option(argv, env, needle, monkeypatch, ca
 
 def test_token_id_prompts_hash_as_given():
     ids = list(range(500, 540))
-    assert request_hashes({"prompt": ids}, None, 16, 64) == block_hashes(ids, 16)
-    assert request_hashes({"prompt": [ids, [1, 2]]}, None, 16, 64) == block_hashes(ids, 16)
+    assert request_hashes({"prompt": ids}, None, 16, 64) == (block_hashes(ids, 16), True)
+    assert request_hashes({"prompt": [ids, [1, 2]]}, None, 16, 64) == (block_hashes(ids, 16), True)
 
 
 def test_without_a_tokenizer_text_chunks_are_hashed():
     text = "system prompt " * 20
-    assert request_hashes({"prompt": text}, None, 16, 64) == text_block_hashes(text, 64)
+    assert request_hashes({"prompt": text}, None, 16, 64) == (text_block_hashes(text, 64), False)
     chat = {"messages": [{"role": "system", "content": text}, {"role": "user", "content": "hi"}]}
     other = {"messages": [{"role": "system", "content": text}, {"role": "user", "content": "bye"}]}
-    a, b = request_hashes(chat, None, 16, 64), request_hashes(other, None, 16, 64)
+    (a, _), (b, _) = request_hashes(chat, None, 16, 64), request_hashes(other, None, 16, 64)
     assert len(a) >= 4 and a[:4] == b[:4]
-    assert request_hashes({"prompt": 12}, None, 16, 64) == []
+    assert request_hashes({"prompt": 12}, None, 16, 64) == ([], False)
 
 
 def test_with_the_workers_tokenizer_the_hashes_are_of_the_workers_token_ids():
@@ -62,5 +62,7 @@ def test_with_the_workers_tokenizer_the_hashes_are_of_the_workers_token_ids():
     tok = load_tokenizer("default")
     assert tok is not None
     messages = [{"role": "system", "content": "Be brief. " * 30}, {"role": "user", "content": "Hello"}]
-    assert request_hashes({"messages": messages}, tok, 16, 64) == block_hashes(tok.apply_chat_template(messages), 16)
-    assert request_hashes({"prompt": "Be brief. " * 30}, tok, 16, 64) == block_hashes(tok.encode("Be brief. " * 30), 16)
+    assert request_hashes({"messages": messages}, tok, 16, 64) == (block_hashes(tok.apply_chat_template(messages), 16),
+                                                                   True)
+    assert request_hashes({"prompt": "Be brief. " * 30}, tok, 16, 64) == (block_hashes(tok.encode("Be brief. " * 30),
+                                                                                        16), True)
