@@ -22,6 +22,7 @@ from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
 from hetero_infer.worker.runner.loader import load_hf_config, resolve_model
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, make_generator
+from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
 from hetero_infer.worker.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,9 @@ class LLMEngine:
         )
         self.sampler = Sampler(all_logprobs=False)  # logprobs only for requests that ask
         self.eos_token_ids = sorted(self.tokenizer.eos_token_ids)
+        # structured outputs: built on the first constrained request (EOS only where the grammar is complete)
+        self.grammars = GrammarCache(
+            lambda: tokenizer_info_from_hf(self.tokenizer.hf, int(self.vocab_size), self.eos_token_ids))
         self.requests: dict[str, Request] = {}
         self.prompt_tokens_total = 0
         self.last_schedule: SchedulerOutput | None = None  # for benchmarks and tracing
@@ -130,6 +134,8 @@ class LLMEngine:
         if num_samples(params) > params.n and params.logprobs is None:
             seq.sampler_params = replace(params, logprobs=0)
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
+        if params.structured_outputs is not None:
+            seq.grammar = self.grammars.new_state(params.structured_outputs)
         return seq
 
     def abort_request(self, request_id: str) -> None:
@@ -138,6 +144,7 @@ class LLMEngine:
         if request is None:
             return
         for seq in request.seqs:
+            seq.grammar = None
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
 
@@ -210,7 +217,7 @@ class LLMEngine:
                 logits = _process_logits(logits, rows)
             sampling_rows = [
                 SamplingRow(s.sampler_params, s.token_ids[: s.num_prompt_tokens], s.output_token_ids, s.generator,
-                            self.eos_token_ids)
+                            self.eos_token_ids, s.grammar)
                 for s in rows
             ]
             tokens = [(t.token_id, t) for t in self.sampler(logits, sampling_rows)]
@@ -223,6 +230,8 @@ class LLMEngine:
             if request.first_token_time is None:
                 request.first_token_time = now
             self._append_token(seq, token_id, sampled)
+            if seq.grammar is not None and seq.is_finished:
+                seq.grammar = None  # the matcher ends with its sequence (last_schedule still holds the sequence)
         return list(touched.values())
 
     def _append_token(self, seq: Sequence, token_id: int, sampled) -> None:
@@ -237,6 +246,9 @@ class LLMEngine:
                     seq.logprobs = []
                 seq.logprobs.append(sampled.top_logprobs or {token_id: sampled.logprob})
         params = seq.params
+        if seq.grammar is not None and not seq.grammar.accept(token_id):
+            log.warning("request %s: token %d is outside its grammar; finishing it", seq.request_id, token_id)
+            return self.scheduler.finish(seq, "abort")
         if seq.num_output_tokens >= params.min_tokens:
             eos = not params.ignore_eos and token_id in self.tokenizer.eos_token_ids
             if eos or token_id in params.stop_token_ids:
@@ -247,6 +259,8 @@ class LLMEngine:
         stop_str = seq.detokenizer.add_token(token_id)
         if stop_str is not None and seq.num_output_tokens >= params.min_tokens:
             return self.scheduler.finish(seq, "stop", stop_str)
+        if seq.grammar is not None and seq.grammar.is_terminated:
+            return self.scheduler.finish(seq, "stop")  # the grammar's EOS under ignore_eos: nothing may follow
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             self.scheduler.finish(seq, "length")
 
@@ -260,6 +274,7 @@ class LLMEngine:
             request.error = message
             for seq in request.seqs:
                 if not seq.is_finished:
+                    seq.grammar = None
                     self.scheduler.finish(seq, "error")
         return list(failed.values())
 

@@ -44,6 +44,7 @@ class Sequence:
     generator: Any = None  # torch.Generator for seeded requests
     sampler_params: Any = None  # what the sampler gets: `params`, or a copy that asks for logprobs (best_of)
     detokenizer: Any = None
+    grammar: Any = None  # structured outputs: the sequence's GrammarState (worker/structured)
 
     @property
     def num_tokens(self) -> int:

@@ -1,7 +1,8 @@
-"""Batched token sampler: penalties, min_tokens, temperature, top-k/top-p/min-p, logprobs.
+"""Batched token sampler: penalties, min_tokens, logit_bias, grammar masks, temperature, top-k/top-p/min-p,
+logprobs.
 
-Processing order follows vLLM: penalties -> min_tokens -> temperature -> top-k -> top-p ->
-min-p -> sample. Random rows use the exponential race (argmax of probs / Exp(1) noise), so
+Processing order follows vLLM: penalties -> min_tokens -> logit_bias -> structured-output mask ->
+temperature -> top-k -> top-p -> min-p -> sample. Random rows use the exponential race (argmax of probs / Exp(1) noise), so
 a seeded row's token depends only on its own logits and generator, never on the batch.
 """
 
@@ -13,6 +14,8 @@ import torch
 
 from hetero_infer.kernels.cpu import ops as cpu_ops
 from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.worker.structured.mask import apply_grammar_masks
+from hetero_infer.worker.structured.matcher import GrammarState
 
 _MASK64 = (1 << 64) - 1
 # Width of the first top-k pass used to find top-p nuclei; rows whose nucleus is wider
@@ -29,6 +32,8 @@ class SamplingRow:
     generator: torch.Generator | None = None
     # Masked while len(output_token_ids) < params.min_tokens (unless ignore_eos).
     eos_token_ids: list[int] = field(default_factory=list)
+    # The sequence's structured-output state: only tokens its grammar allows are sampled.
+    grammar: GrammarState | None = None
 
 
 @dataclass
@@ -100,14 +105,16 @@ class Sampler:
 
 
 def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Penalties, then min_tokens masking, as float32.
+    """Penalties, then min_tokens masking, then logit_bias, then grammar masks, as float32.
 
-    Returns `logits` itself when no row needs either, else a new tensor (never in place).
+    Returns `logits` itself when no row needs any, else a new tensor (never in place).
     """
     x = logits.float()
     pen_rows = [i for i, r in enumerate(rows) if _has_penalties(r.params)]
     min_tok_rows = [i for i, r in enumerate(rows) if len(r.output_token_ids) < r.params.min_tokens]
-    if not pen_rows and not min_tok_rows:
+    bias_rows = [i for i, r in enumerate(rows) if r.params.logit_bias]
+    grammar_rows = [i for i, r in enumerate(rows) if r.grammar is not None]
+    if not pen_rows and not min_tok_rows and not bias_rows and not grammar_rows:
         return x
     if x is logits or not x.is_contiguous():
         x = x.clone(memory_format=torch.contiguous_format)
@@ -115,6 +122,11 @@ def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
         _apply_penalties(x, [rows[i] for i in pen_rows], pen_rows)
     if min_tok_rows:
         _mask_stop_tokens(x, [rows[i] for i in min_tok_rows], min_tok_rows)
+    if bias_rows:
+        _apply_logit_bias(x, [rows[i] for i in bias_rows], bias_rows)
+    if grammar_rows:
+        apply_grammar_masks(x, grammar_rows, [rows[i].grammar for i in grammar_rows],
+                            [rows[i].output_token_ids for i in grammar_rows])
     return x
 
 
@@ -198,6 +210,19 @@ def _mask_stop_tokens(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) 
     if pairs:
         r, t = zip(*pairs, strict=True)
         x[_index(list(r), x.device), _index(list(t), x.device)] = float("-inf")
+
+
+def _apply_logit_bias(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:
+    """Add each row's logit_bias to its logits, all rows in one scatter (flat keys row * V + token)."""
+    vocab = x.shape[1]
+    keys, values = [], []
+    for i, row in zip(idx, rows, strict=True):
+        for token, bias in row.params.logit_bias.items():
+            if 0 <= token < vocab:
+                keys.append(i * vocab + token)
+                values.append(bias)
+    if keys:
+        x.view(-1).index_add_(0, _index(keys, x.device), torch.tensor(values, dtype=x.dtype, device=x.device))
 
 
 def _unseeded_noise(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
