@@ -8,6 +8,12 @@ AVX512_BF16, the project's own GEMM (kernels/cpu/csrc/gemm.c) replaces oneDNN: i
 streaming with compute, which oneDNN does not at decode batch sizes (one decode step's linears
 of the default model, one thread: 27.5 -> 23.8 ms at 32 rows, 10.8 -> 8.0 ms at one row; equal
 or faster at prefill sizes). HETERO_INFER_ONEDNN=0 keeps plain `F.linear` everywhere.
+
+Which of these serves a layer is measured, not assumed (`select.py`): for each weight shape and row-count
+bucket the candidates of its dtype (`CANDIDATES`: the project's GEMM, oneDNN's packed weights, PyTorch's
+default `F.linear`) are timed once on the machine at hand, the fastest kept, and the choice cached on disk.
+The vendor-tuned order above is only the tie-break. HETERO_INFER_CPU_SELECT=0 skips the measurement and
+takes the first candidate that runs here (the order of `CANDIDATES`).
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ import os
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from hetero_infer.kernels.cpu import native
+from hetero_infer.kernels.cpu import native, select
+from hetero_infer.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +70,9 @@ def quantized_gemm_available() -> bool:
 
 @dataclass
 class PackedWeight:
-    """A weight [N, K] in the layout of the GEMM that will use it: "onednn", "gemm_bf16", or the weight-only
-    quantized "gemm_w8a16" / "gemm_w4a16" (with their scales, and zero points for INT4)."""
+    """A weight [N, K] in the layout of the GEMM that will use it: "onednn", "gemm_bf16", "torch" (the weight
+    as it is, for `F.linear`), or the weight-only quantized "gemm_w8a16" / "gemm_w4a16" (with their scales,
+    and zero points for INT4)."""
 
     kind: str
     data: torch.Tensor
@@ -104,22 +113,64 @@ def pack_int4(levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g
                         group_size=group_size)
 
 
-def pack_weight(weight: torch.Tensor) -> PackedWeight:
+# Candidates per activation dtype, in the order that breaks near-ties (the order tuned on the AMD EPYC).
+CANDIDATES: dict[torch.dtype, tuple[str, ...]] = {
+    torch.bfloat16: ("gemm_bf16", "onednn", "torch"),
+    torch.float32: ("onednn", "torch"),
+}
+
+
+class Unsupported(ValueError):
+    """The kernel does not run on this CPU, build or shape."""
+
+
+def unsupported(kind: str, weight: torch.Tensor) -> str | None:
+    """Why `kind` cannot run `weight` [N, K] here, or None where it can."""
+    if kind == "torch":
+        return None
+    if kind == "onednn":
+        return None if available() else "oneDNN packing is off or missing in this torch build"
+    if kind == "gemm_bf16":
+        if weight.dtype != torch.bfloat16 or weight.shape[1] % 2:
+            return "the bfloat16 GEMM takes bfloat16 weights with an even K"
+        return None if _gemm_bf16() is not None else "no AVX512_BF16 in this build of the C kernels"
+    return f"unknown linear kernel {kind!r}"
+
+
+def pack_as(kind: str, weight: torch.Tensor) -> PackedWeight:
+    """`weight` [N, K] in `kind`'s layout; Unsupported where that kernel cannot run it here."""
+    reason = unsupported(kind, weight)
+    if reason:
+        raise Unsupported(reason)
     n, k = weight.shape
     weight = weight.detach()
-    if weight.dtype == torch.bfloat16 and k % 2 == 0 and _gemm_bf16() is not None:
-        # panels of 64 columns; row kp of a panel holds each column's pair (W[n, 2kp], W[n, 2kp + 1])
-        padded = -(-n // _PANEL) * _PANEL
-        w = torch.zeros(padded, k, dtype=torch.bfloat16)
-        w[:n] = weight
-        data = w.view(padded // _PANEL, _PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
-        return PackedWeight("gemm_bf16", data, n, k)
-    return PackedWeight("onednn", torch.ops.mkldnn._reorder_linear_weight(weight, _BATCH_HINT), n, k)
+    if kind == "torch":
+        return PackedWeight("torch", weight, n, k)
+    if kind == "onednn":
+        return PackedWeight("onednn", torch.ops.mkldnn._reorder_linear_weight(weight, _BATCH_HINT), n, k)
+    # gemm_bf16: panels of 64 columns; row kp of a panel holds each column's pair (W[n, 2kp], W[n, 2kp + 1])
+    padded = -(-n // _PANEL) * _PANEL
+    w = torch.zeros(padded, k, dtype=torch.bfloat16)
+    w[:n] = weight
+    data = w.view(padded // _PANEL, _PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    return PackedWeight("gemm_bf16", data, n, k)
+
+
+def default_kind(weight: torch.Tensor) -> str:
+    """The first candidate of the weight's dtype that runs here (the choice without measuring)."""
+    return next((k for k in CANDIDATES.get(weight.dtype, ()) if unsupported(k, weight) is None), "torch")
+
+
+def pack_weight(weight: torch.Tensor) -> PackedWeight:
+    """`weight` in the layout of its dtype's default kernel here (no measuring)."""
+    return pack_as(default_kind(weight), weight)
 
 
 def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
     if packed.kind == "onednn":
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.data, bias, "none", [], "")
+    if packed.kind == "torch":
+        return F.linear(x, packed.data, bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, packed.in_features).to(torch.bfloat16).contiguous()
     m, k, n = x2.shape[0], packed.in_features, packed.out_features
@@ -140,24 +191,124 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
 
 
 class PackedLinear(nn.Module):
-    """Drop-in replacement of an `nn.Linear` (same output) over a packed weight."""
+    """Drop-in replacement of an `nn.Linear` (same output) over its weight packed for the kernel `plan` names
+    for each row-count bucket of `select.BUCKETS` (one kernel for all when `plan` is None: the default)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 plan: tuple[str, ...] | None = None) -> None:
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = pack_weight(linear.weight)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+        self.out_features, self.in_features = weight.shape
+        self.plan = plan or (default_kind(weight),) * len(select.BUCKETS)
+        layouts = {kind: pack_as(kind, weight) for kind in dict.fromkeys(self.plan)}
+        self.by_bucket = tuple(layouts[kind] for kind in self.plan)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    @property
+    def packed(self) -> PackedWeight:
+        """The layout of the smallest bucket (decode of one sequence)."""
+        return self.by_bucket[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return packed_linear(x, self.packed, self.bias)
+        rows = x.numel() // self.in_features
+        return packed_linear(x, self.by_bucket[select.bucket_index(rows)], self.bias)
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every plain `nn.Linear` in `model` (CPU, float weights) by a PackedLinear; return how many."""
+def enabled() -> bool:
+    return os.environ.get("HETERO_INFER_CPU_SELECT", "1") != "0"
+
+
+MEASURE_THREADS = 1
+
+
+class LinearSelector:
+    """The measured plan of each weight shape (see `select.py`): from the disk cache when this machine has
+    measured it before, else measured now on the weight itself and saved. `choices` keeps every plan used.
+
+    The candidates are timed on MEASURE_THREADS thread(s): which kernel is fastest is a property of the core
+    (its ISA, caches, the kernel's code), and a one-thread call is disturbed only when a neighbour preempts it,
+    while every parallel call on a shared machine waits for the slowest of its threads (measured on the dev
+    box at load 13: two-thread samples of 20-40 ms for calls that take 0.05 ms, one-thread samples clean).
+    How well each kernel scales over many cores is not part of the ranking."""
+
+    def __init__(self, cache: select.ChoiceCache | None = None, timer=select.clock,
+                 threads: int = MEASURE_THREADS) -> None:
+        self.cache = cache if cache is not None else select.ChoiceCache(cache_dir() / "cpu_choices",
+                                                                       select.MachineKey.here(threads))
+        self.timer = timer
+        self.threads = threads
+        self.choices: dict[str, tuple[str, ...]] = {}
+        self.measured = 0  # shapes timed by this selector (0 on a start that found every choice cached)
+
+    def plan(self, weight: torch.Tensor) -> tuple[str, ...]:
+        n, k = weight.shape
+        entry = f"linear:{str(weight.dtype).removeprefix('torch.')}:{n}x{k}"
+        if entry in self.choices:
+            return self.choices[entry]
+        candidates = CANDIDATES.get(weight.dtype, ("onednn", "torch"))
+        plan = self.cache.get(entry)
+        runnable = [c for c in candidates if unsupported(c, weight) is None]
+        if plan is None or len(plan) != len(select.BUCKETS) or not set(plan) <= set(runnable):
+            before = torch.get_num_threads()
+            torch.set_num_threads(self.threads)
+            try:
+                timings = select.measure(_timed_calls(weight, candidates), select.BUCKETS, self.timer)
+            finally:
+                torch.set_num_threads(before)
+            plan = select.plan_buckets(timings, candidates)
+            self.cache.put(entry, plan, timings)
+            self.measured += 1
+            log.info("%s: measured %s -> %s", entry, _format_timings(timings, candidates), "/".join(plan))
+        self.choices[entry] = plan
+        return plan
+
+
+def _timed_calls(weight: torch.Tensor, candidates: tuple[str, ...]):
+    """For `select.measure`: per candidate, rows -> a call of that kernel on `rows` random rows (packed once)."""
+    packed: dict[str, PackedWeight] = {}
+    gen = torch.Generator().manual_seed(0)
+
+    def maker(kind: str):
+        def make(rows: int):
+            if kind not in packed:
+                packed[kind] = pack_as(kind, weight)
+            x = torch.randn(rows, weight.shape[1], generator=gen).to(weight.dtype)
+            return lambda: packed_linear(x, packed[kind], None)
+        return make
+
+    return {kind: maker(kind) for kind in candidates}
+
+
+def _format_timings(timings, candidates) -> str:
+    return "; ".join(f"{rows} rows " + " ".join(f"{c} {t * 1e3:.3f}ms" if t else f"{c} -" for c, t in
+                                               ((c, b.get(c)) for c in candidates))
+                     for rows, b in zip(select.BUCKETS, timings))
+
+
+def pack_linears(model: nn.Module, selector: LinearSelector | None = None) -> int:
+    """Replace every plain `nn.Linear` in `model` (CPU, float weights) by a PackedLinear whose kernels the
+    selector measured (the defaults without one); return how many."""
     count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.device.type == "cpu":
-                setattr(parent, name, PackedLinear(child))
-                count += 1
+    with torch.no_grad():
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear and child.weight.device.type == "cpu":
+                    plan = selector.plan(child.weight) if selector is not None else None
+                    setattr(parent, name, PackedLinear(child.weight, child.bias, plan))
+                    count += 1
     return count
+
+
+def paths_by_layer(model: nn.Module) -> dict[str, str]:
+    """Which kernel serves each layer type (the last part of the module name: qkv_proj, down_proj, lm_head...)
+    per row bucket, e.g. {"qkv_proj": "1:gemm_bf16 8:gemm_bf16 32:onednn 256:onednn"}; quantized layers give
+    their packed kind; layers of one type that differ are joined by " | "."""
+    found: dict[str, dict[str, None]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, PackedLinear):
+            desc = " ".join(f"{b}:{k}" for b, k in zip(select.BUCKETS, module.plan))
+        elif getattr(module, "cpu_packed", None) is not None:
+            desc = module.cpu_packed.kind
+        else:
+            continue
+        found.setdefault(name.rsplit(".", 1)[-1].removeprefix("packed_"), {})[desc] = None
+    return {kind: " | ".join(descs) for kind, descs in found.items()}

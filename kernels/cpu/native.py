@@ -58,20 +58,41 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+def build_digest(cc: str | None = None) -> str:
+    """A digest of everything the library's machine code depends on: compiler, flags, the CPU's feature flags
+    (-march=native: a library built on one CPU may not run on another, and a cache folder can be shared
+    between nodes) and the sources."""
+    digest = hashlib.sha256()
+    files = sorted(SOURCES.glob("*.[ch]"))
+    for part in [cc or _compiler() or "", _march(), *FLAGS, _cpu_flags(), *(f.name + f.read_text() for f in files)]:
+        digest.update(part.encode())
+    return digest.hexdigest()[:16]
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (the platform's processor string elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (avx2, avx512f, avx512_bf16, amx_bf16, ...)."""
+    line = _cpu_flags()
+    return set(line.split(":", 1)[1].split()) if ":" in line else set(line.split())
+
+
 def _build() -> ctypes.CDLL | None:
     cc = _compiler()
     if cc is None:
         log.info("no C compiler found: the engine uses its PyTorch paths on the CPU")
         return None
     files = sorted(SOURCES.glob("*.[ch]"))
-    digest = hashlib.sha256()
-    # -march=native: a library built on one CPU may not run on another (a cache folder shared between
-    # nodes), so the CPU's feature flags are part of the key
     flags = [_march(), *FLAGS]
-    for part in [cc, *flags, _cpu_flags(), *(f.name + f.read_text() for f in files)]:
-        digest.update(part.encode())
     folder = cache_dir() / "cpu_kernels"
-    lib_path = folder / f"hetero_infer_cpu_{digest.hexdigest()[:16]}.so"
+    lib_path = folder / f"hetero_infer_cpu_{build_digest(cc)}.so"
     if not lib_path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         tmp = lib_path.with_suffix(f".{os.getpid()}.tmp")

@@ -19,7 +19,7 @@ def test_packed_linear_matches_nn_linear(dtype, tol, bias, rows):
     torch.manual_seed(rows)
     linear = nn.Linear(96, 200, bias=bias).to(dtype)
     x = torch.randn(rows, 96).to(dtype)
-    packed = cpu_linear.PackedLinear(linear)
+    packed = cpu_linear.PackedLinear(linear.weight, linear.bias)
     with torch.no_grad():
         torch.testing.assert_close(packed(x).float(), linear(x).float(), atol=tol, rtol=tol)
         torch.testing.assert_close(packed(x[:, :].t().contiguous().t()).float(), linear(x).float(), atol=tol, rtol=tol)
@@ -46,7 +46,7 @@ def test_bf16_gemm_against_float64(rows, k, n, bias):
         if bias:
             linear.bias.copy_(torch.randn(n, generator=gen))
     x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
-    packed = cpu_linear.PackedLinear(linear)
+    packed = cpu_linear.PackedLinear(linear.weight, linear.bias)
     assert packed.packed.kind == "gemm_bf16"
     with torch.no_grad():
         out = packed(x)

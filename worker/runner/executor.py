@@ -77,8 +77,21 @@ class TorchExecutor:
                      report.bytes_before / 2**20, report.bytes_after / 2**20)
         else:
             log.info("weights: %.1f MiB (%s)", self.weight_bytes / 2**20, str(self.dtype).removeprefix("torch."))
+        self.cpu_paths: dict[str, str] = {}  # layer type -> the kernel measured fastest per row bucket
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and cpu_linear.available():
-            log.info("packed %d linear layers for the CPU GEMMs", self.model.pack_for_cpu())
+            selector = cpu_linear.LinearSelector() if cpu_linear.enabled() else None
+            log.info("packed %d linear layers for the CPU GEMMs", self.model.pack_for_cpu(selector))
+            self.cpu_paths = cpu_linear.paths_by_layer(self.model)
+            log.info("CPU linear kernels (%s): %s", "measured" if selector else "defaults",
+                     "; ".join(f"{k} {v}" for k, v in self.cpu_paths.items()))
+        self.thread_governor: cpu_threads.ThreadGovernor | None = None
+        if self.device.type == "cpu":
+            self.cpu_paths["attention"] = _cpu_attention_path(self.backend)
+            most = cpu_threads.base_threads()  # an earlier engine's governor may have left fewer
+            if most != torch.get_num_threads():
+                torch.set_num_threads(most)
+            if cpu_threads.adapt_enabled() and most > 1:
+                self.thread_governor = cpu_threads.ThreadGovernor(most)
         self.num_layers = hf_config.num_hidden_layers
         self.num_kv_heads = hf_config.num_key_value_heads
         self.head_dim = head_dim_of(hf_config)
@@ -163,6 +176,8 @@ class TorchExecutor:
             src = self._h2d(torch.tensor([s for s, _ in sched.block_copies]))
             dst = self._h2d(torch.tensor([d for _, d in sched.block_copies]))
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+        if self.thread_governor is not None:
+            self.thread_governor.tick()  # fewer threads while other processes hold our cores
         input_ids, meta, logits_index = self.prepare(sched)
         if self.decode_runner is not None and self.decode_runner.accepts(meta):
             hidden = self.decode_runner.run(input_ids, meta)
@@ -176,6 +191,15 @@ class TorchExecutor:
         input_ids = self._h2d(torch.tensor(step.token_ids, dtype=torch.long))
         logits_index = self._h2d(torch.tensor(step.logits_index, dtype=torch.long))
         return input_ids, self.backend.prepare(step.batch), logits_index
+
+
+def _cpu_attention_path(backend) -> str:
+    """The CPU attention kernel: the C paged kernel's variant, or the backend's name (the PyTorch reference)."""
+    if backend.name == "cpu":
+        from hetero_infer.kernels.cpu import paged_attention
+
+        return f"paged_decode {paged_attention.variant()}"
+    return backend.name
 
 
 def _layer_caches(kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -104,7 +104,7 @@ class LlamaForCausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.max_positions = max_positions or config.max_position_embeddings
-        self.packed_logits_weight = None
+        self.packed_lm_head: nn.Module | None = None  # the CPU GEMMs' LM head (pack_for_cpu)
 
     def rotary_embedding(self, dtype: torch.dtype, device) -> RotaryEmbedding:
         """The model's rotary tables for `max_positions` positions, for its backend."""
@@ -119,25 +119,25 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(h, backend, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.packed_logits_weight is not None:
-            from hetero_infer.kernels.cpu.linear import packed_linear
-
-            return packed_linear(hidden, self.packed_logits_weight, None)
+        if self.packed_lm_head is not None:
+            return self.packed_lm_head(hidden)
         weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         return F.linear(hidden, weight)
 
-    def pack_for_cpu(self) -> int:
-        """Pre-pack every projection and the LM head for the CPU GEMMs (see cpu_linear), quantized projections
+    def pack_for_cpu(self, selector=None) -> int:
+        """Pre-pack every projection and the LM head for the CPU GEMMs (see cpu_linear), each on the kernels
+        `selector` (a `LinearSelector`) measured fastest here, the defaults without one; quantized projections
         included where their GEMM runs; return the count."""
-        from hetero_infer.kernels.cpu.linear import pack_linears, pack_weight
+        from hetero_infer.kernels.cpu.linear import PackedLinear, pack_linears
         from hetero_infer.worker.quant.quantize import QuantizedLinear
 
         weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        self.packed_logits_weight = pack_weight(weight)
+        with torch.no_grad():
+            self.packed_lm_head = PackedLinear(weight, None, selector.plan(weight) if selector else None)
         if not self.tie_word_embeddings:
             del self.lm_head  # its packed copy is all the logits need
         quantized = sum(m.pack_for_cpu(weight.dtype) for m in self.modules() if isinstance(m, QuantizedLinear))
-        return pack_linears(self) + quantized + 1
+        return pack_linears(self, selector) + quantized + 1
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face tensors into the fused parameters; error on anything missing or unknown."""
