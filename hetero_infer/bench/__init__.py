@@ -4,4 +4,5 @@
 - `serve`: `hetero-infer bench serve`, a serving benchmark for any OpenAI-compatible endpoint.
 - `overhead`: `python -m hetero_infer.bench.overhead`, what the serving path costs over the engine alone.
 - `cpu_speed`: how fast each CPU runs right now (shared machines drift).
+- `contention`: busy processes beside a run (`hetero-infer bench --contention steady|bursty`).
 """

@@ -5,12 +5,17 @@ uniform number of new tokens, greedy, no early EOS. Peers on the same model, dty
 workload in the same invocation: transformers' batched `generate` (padded) and its
 continuous batching (`generate_batch`). Also reported: the matmul and memory roofline of
 our decode steps (measured peaks), the KV-cache slot waste, and the scheduler's CPU time
-per step at 256 running sequences (mock executor).
+per step at 256 running sequences (mock executor). On the CPU, for ours: the kernel each layer
+type got per row bucket (measured at load, kernels/cpu/select.py), the decode steps' weight
+bytes per second against the measured copy bandwidth, and how many intervals the thread
+governor ran at each thread count. `--contention steady|bursty` runs busy processes beside
+every system's run, the same for all (bench/contention.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -21,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from hetero_infer.bench.contention import MODES, contention
+from hetero_infer.kernels.cpu.threads import base_threads
 from hetero_infer.worker.cli_args import add_engine_args, engine_config_from_args
 from hetero_infer.worker.config import EngineConfig
 
@@ -102,6 +109,7 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
     device = getattr(engine.executor, "device", torch.device("cpu"))
     sync = torch.cuda.synchronize if getattr(device, "type", "cpu") == "cuda" else (lambda: None)
     decode_time = decode_floor = 0.0
+    decode_steps = 0
     waste_samples: list[float] = []
     steps = 0
     start = time.perf_counter()
@@ -115,6 +123,7 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
         if sched is not None and sched.scheduled and all(not s.seq.is_prefill and s.num_new_tokens == 1
                                                          for s in sched.scheduled):
             decode_time += dt
+            decode_steps += 1
             if hf is not None:
                 decode_floor += _decode_floor(hf, engine.executor.dtype, sched, peaks)
             waste_samples.append(engine.kv_waste())
@@ -127,6 +136,16 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
         extra["decode_roofline_fraction"] = decode_floor / decode_time
     if waste_samples:
         extra["kv_waste"] = sum(waste_samples) / len(waste_samples)
+    weights = getattr(engine.executor, "weight_bytes", None)
+    if decode_time and weights:  # every decode step reads every weight once
+        extra["decode_weight_gbs"] = weights * decode_steps / decode_time / 1e9
+        extra["weight_gbs_vs_copy"] = weights * decode_steps / decode_time / peaks[1]
+    governor = getattr(engine.executor, "thread_governor", None)
+    if governor is not None:
+        extra["thread_intervals"] = " ".join(f"{t}:{n}" for t, n in sorted(governor.seen.items()))
+    paths = getattr(engine.executor, "cpu_paths", None)
+    if paths:
+        extra["cpu_paths"] = dict(paths)
     system = OURS + (f" ({config.quantization} weights)" if config.quantization else "")
     return Result(system, str(config.dtype), total, elapsed, extra)
 
@@ -246,6 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload-seed", type=int, default=0)
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to run")
     p.add_argument("--peers", default="hf-generate,hf-cb", help="comma-separated: hf-generate, hf-cb, or none")
+    p.add_argument("--contention", choices=MODES, default="none",
+                   help="other work on the CPUs during every system's run: none, steady (one busy process), "
+                        "bursty (every CPU busy --burst-on seconds, then idle --burst-off seconds)")
+    p.add_argument("--burst-on", type=float, default=1.0)
+    p.add_argument("--burst-off", type=float, default=1.0)
     p.add_argument("--scheduler-overhead", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--json", dest="json_path", help="also write the results here")
     add_engine_args(p)
@@ -276,31 +300,40 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(base.device)
     results: list[Result] = []
     report: dict = {"model": name, "device": _device_name(device), "torch": torch.__version__,
-                    "workload": asdict(workload), "threads": torch.get_num_threads()}
+                    "workload": asdict(workload), "threads": base_threads(),
+                    "contention": args.contention}
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         peaks = measure_peaks(dtype, device)
         report.setdefault("peaks", {})[dtype_name] = {"matmul_gflops": peaks[0] / 1e9, "copy_gbs": peaks[1] / 1e9}
         config = EngineConfig.from_dict({**base.to_dict(), "dtype": dtype_name, "model": str(folder),
                                          "served_model_name": name})
-        ours = run_ours(config, prompts, outputs, peaks)
+        busy = functools.partial(contention, args.contention, args.burst_on, args.burst_off)
+        with busy():
+            ours = run_ours(config, prompts, outputs, peaks)
         ours.dtype = dtype_name
         results.append(ours)
         if "hf-generate" in peers:
-            results.append(run_hf_generate(folder, dtype, device, prompts, outputs))
+            with busy():
+                results.append(run_hf_generate(folder, dtype, device, prompts, outputs))
         if "hf-cb" in peers:
-            results.append(run_hf_continuous(folder, dtype, device, prompts, outputs))
+            with busy():
+                results.append(run_hf_continuous(folder, dtype, device, prompts, outputs))
         print(format_table(results), flush=True)
     report["results"] = [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in results]
     print()
-    print(f"model {name} on {report['device']}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+    print(f"model {name} on {report['device']}, torch {torch.__version__}, {base_threads()} threads; "
           f"{workload.num_requests} requests, prompts {workload.min_prompt}-{workload.max_prompt}, "
-          f"outputs {workload.min_output}-{workload.max_output}, greedy, seed {workload.seed}")
+          f"outputs {workload.min_output}-{workload.max_output}, greedy, seed {workload.seed}; "
+          f"contention {args.contention}")
     print(format_table(results))
     for r in results:
         if r.extra:
-            bits = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.extra.items())
+            bits = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.extra.items()
+                             if k != "cpu_paths")
             print(f"{r.system} [{r.dtype}]: {bits}")
+        for layer, path in r.extra.get("cpu_paths", {}).items():
+            print(f"  {r.dtype} {layer}: {path}")
     for dtype_name, pk in report.get("peaks", {}).items():
         print(f"measured peaks [{dtype_name}]: matmul {pk['matmul_gflops']:.0f} GFLOP/s, copy {pk['copy_gbs']:.1f} GB/s")
     if args.scheduler_overhead:
