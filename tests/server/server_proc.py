@@ -38,7 +38,10 @@ def http(method: str, url: str, body: bytes | str | dict | None = None, headers:
     if isinstance(body, dict):
         body = json.dumps(body)
     data = body.encode() if isinstance(body, str) else body
-    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    headers = dict(headers or {})
+    if data is not None and not any(k.lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/json"  # urllib's default is a form: the server refuses those (415)
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return HTTPResult(r.status, {k.lower(): v for k, v in r.headers.items()}, r.read())

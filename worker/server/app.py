@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from hetero_infer.worker.server import cors
 from hetero_infer.worker.server.cache_blocks import cache_blocks
 from hetero_infer.worker.server.chat import create_chat_completion
 from hetero_infer.worker.server.completions import create_completion
@@ -21,6 +22,12 @@ from hetero_infer.worker.server.ids import new_id
 from hetero_infer.worker.server.metrics import CONTENT_TYPE
 from hetero_infer.worker.server.openapi import build_openapi
 from hetero_infer.worker.server.state import STATE_KEY, ServerState, get_state
+from hetero_infer.worker.server.timeouts import (
+    GUARD_KEY,
+    ConnectionGuard,
+    body_timeout_middleware,
+    guard_middleware,
+)
 
 logger = logging.getLogger("hetero_infer.server")
 
@@ -128,11 +135,18 @@ OPENAPI_KEY = web.AppKey("openapi", bytes)
 
 
 def create_app(state: ServerState) -> web.Application:
+    options = state.options
+    guard = ConnectionGuard(options.header_timeout_s)  # installed on the runner's server by `serve`
+    policy = cors.CorsPolicy.from_options(options.allowed_origins, options.allowed_methods, options.allowed_headers,
+                                          options.allow_credentials)
     app = web.Application(
-        client_max_size=state.options.max_body_bytes,
-        middlewares=[request_id_middleware, error_middleware, auth_middleware],
+        client_max_size=options.max_body_bytes,
+        middlewares=[guard_middleware(guard), request_id_middleware, error_middleware, cors.cors_middleware(policy),
+                     auth_middleware, body_timeout_middleware(options.body_timeout_s)],
     )
+    cors.install(app, policy)
     app[STATE_KEY] = state
+    app[GUARD_KEY] = guard
     app[OPENAPI_KEY] = json.dumps(build_openapi(auth=bool(state.api_keys))).encode()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

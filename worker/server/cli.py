@@ -40,6 +40,17 @@ _SERVER_HELP = {
     "max_queue_len": "sequences that may wait beyond --max-num-seqs before requests get 429 (default 512)",
     "request_timeout": "seconds a request may run before it is aborted with 504 (default 600)",
     "shutdown_grace": "seconds in-flight requests may still run after SIGTERM (default 30)",
+    "header_timeout_s": "seconds a new connection has to send its first request's headers, else it is closed "
+    "(default 30)",
+    "body_timeout_s": "seconds a request's body may take to arrive, else 408 and the connection is closed "
+    "(default 60)",
+    "allowed_origins": "origins allowed to call this server from a browser (repeatable; * for any); CORS is off "
+    "without, and requests with a foreign Origin that change something get 403",
+    "allowed_methods": "methods allowed to those origins (repeatable; default *)",
+    "allowed_headers": "request headers allowed to those origins (repeatable; default *)",
+    "allow_credentials": "let those origins send credentials (cookies, Authorization) (default off)",
+    "keepalive_timeout_s": "seconds a kept-alive connection may sit idle, or in the headers of its next request, "
+    "before it is closed (default 30)",
     "max_body_bytes": "largest request body; larger ones get 413 (default 4 MiB)",
     "retry_after": "Retry-After seconds sent with 429 (default 1)",
     "stream_interval": "deliver new tokens to the HTTP side at most every this many seconds; steps in between "
@@ -173,6 +184,7 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
     from hetero_infer.worker.server.errors import unavailable
     from hetero_infer.worker.server.logs import ACCESS_LOGGER, AccessLogger
     from hetero_infer.worker.server.state import DRAINING, FAILED, ServerState
+    from hetero_infer.worker.server.timeouts import GUARD_KEY
 
     state = ServerState(options)
     app = create_app(state)
@@ -182,8 +194,11 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
         access_log_class=AccessLogger,
         access_log=logging.getLogger(ACCESS_LOGGER) if options.access_log else None,
         shutdown_timeout=5.0,
+        keepalive_timeout=options.keepalive_timeout_s,
     )
     await runner.setup()
+    assert runner.server is not None
+    app[GUARD_KEY].install(runner.server)
     site = web.TCPSite(runner, options.host, options.port, backlog=4096)
     try:
         await site.start()

@@ -23,6 +23,16 @@ class ServerOptions:
     api_key_file: str | None = None
     max_queue_len: int = 512  # sequences that may wait beyond the running batch (max_num_seqs); then 429
     request_timeout: float = 600.0  # a request that runs longer is aborted (504)
+    # Connections that make no progress (worker/server/timeouts.py): a new connection's first request headers,
+    # a request body, and the idle time (or next request's headers) between requests on a kept-alive connection.
+    header_timeout_s: float = 30.0
+    body_timeout_s: float = 60.0
+    keepalive_timeout_s: float = 30.0
+    # CORS (worker/server/cors.py), vLLM's flags: off until origins are given ("*" for any).
+    allowed_origins: list[str] = field(default_factory=list)
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
     shutdown_grace: float = 30.0  # SIGTERM: how long in-flight requests may still run
     max_body_bytes: int = 4 * 1024 * 1024  # larger request bodies get 413
     retry_after: int = 1  # Retry-After sent with 429
@@ -55,10 +65,20 @@ class ServerOptions:
             bad("port", "must be an integer in [0, 65535] (0 picks a free port)")
         if any(not isinstance(k, str) or not k.strip() for k in self.api_key):
             bad("api_key", "must be non-empty strings")
+        for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+            if any(not isinstance(v, str) or not v.strip() for v in getattr(self, name)):
+                bad(name, "must be non-empty strings")
+        if any(o != "*" and "://" not in o for o in self.allowed_origins):
+            bad("allowed_origins", "each must be * or an origin such as https://app.example.com")
+        if self.allow_credentials and "*" in self.allowed_origins:
+            bad("allow_credentials", "cannot be combined with allowed_origins *: list the origins")
         if self.max_queue_len < 0:
             bad("max_queue_len", "must be >= 0")
         if not self.request_timeout > 0:
             bad("request_timeout", "must be > 0 seconds")
+        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+            if not getattr(self, name) > 0:
+                bad(name, "must be > 0 seconds")
         if self.shutdown_grace < 0:
             bad("shutdown_grace", "must be >= 0 seconds")
         if self.max_body_bytes < 1024:
