@@ -124,3 +124,16 @@ def start_router(workers: list[Proc], *args: str) -> Proc:
             raise RuntimeError("router never saw the workers ready:\n" + "".join(router.lines))
         time.sleep(0.1)
     return router
+
+
+def wait_index_synced(router_url: str, worker_urls: list[str], timeout: float = 60.0) -> None:
+    """Wait until the router's index holds as many blocks per worker as each worker's block report."""
+    deadline = time.monotonic() + timeout
+    while True:
+        index = samples(router_url, "hetero_infer_router_index_blocks")
+        reported = [len(json.loads(get(u + "/v1/cache/blocks")[1])["added"]) for u in worker_urls]
+        if all(index.get(u) == n for u, n in zip(worker_urls, reported)):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the router's index never caught up: {index} vs {reported}")
+        time.sleep(0.05)

@@ -7,19 +7,14 @@ are the tokens that worker served from its prefix cache."""
 from __future__ import annotations
 
 import json
-import time
 
 import openai
 import pytest
-from router_proc import get, samples, start_router, start_workers
+from router_proc import get, samples, start_router, start_workers, wait_index_synced
 
 pytestmark = pytest.mark.slow  # three processes start (about a minute on two loaded cores)
 
 SYSTEMS = [f"You are assistant number {k}. Answer in one short sentence and never guess. " * 6 for k in range(3)]
-
-
-def reported(worker_url: str) -> int:
-    return len(json.loads(get(worker_url + "/v1/cache/blocks")[1])["added"])
 
 
 def by_worker(router_url: str, name: str) -> dict[str, float]:
@@ -41,13 +36,7 @@ def test_router_predictions_are_the_workers_prefix_cache_hits():
                 matched_before = by_worker(router.url, "hetero_infer_router_prefix_matched_tokens_total")
                 c.chat.completions.create(model=model, max_tokens=3, messages=[
                     {"role": "system", "content": SYSTEMS[i % 3]}, {"role": "user", "content": f"Question {i}?"}])
-                deadline = time.monotonic() + 60
-                while True:  # the router polls every 0.2 s: wait until its index has each worker's report
-                    index = by_worker(router.url, "hetero_infer_router_index_blocks")
-                    if all(index.get(u) == reported(u) for u in urls):
-                        break
-                    assert time.monotonic() < deadline, (index, [reported(u) for u in urls])
-                    time.sleep(0.05)
+                wait_index_synced(router.url, urls)  # the router polls every 0.2 s
                 matched_after = by_worker(router.url, "hetero_infer_router_prefix_matched_tokens_total")
                 for u, before in zip(urls, hits_before):
                     got = sum(samples(u, "hetero_infer_prefix_cache_hits_total").values()) - before
