@@ -157,6 +157,8 @@ class Sim:
         assert waiting == preempted + fresh, "a preempted sequence waits behind a new request"
         ranks = [self.arrival[s.seq_id] for s in fresh]
         assert ranks == sorted(ranks), "new requests out of arrival order"
+        ranks = [self.arrival[s.seq_id] for s in preempted]
+        assert ranks == sorted(ranks), "preempted requests out of arrival order"
 
     def run(self, max_steps: int = 500) -> None:
         for _ in range(max_steps):
