@@ -53,8 +53,8 @@ class SampleDelta:
 
 @dataclass(slots=True)
 class RequestDelta:
-    """One request's news since its previous delta: every sample by index (sample i is `samples[i]`; forks
-    appear after the prefill), whether the request ended (`finished`; with `error` when its step failed), when
+    """One request's news since its previous delta: every sample by index (sample i is `samples[i]`; a
+    best_of > n request has none until it ends, then its n best), whether the request ended (`finished`; with `error` when its step failed), when
     it was first scheduled and got its first token, and the end of every step that gave it tokens
     (`time.monotonic()`: the frontend records the request's timing from them)."""
 
