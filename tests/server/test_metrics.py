@@ -144,6 +144,7 @@ def test_vllm_series_follow_requests(server: ServerProcess) -> None:
         assert delta(name + "_count") == 3, name
     assert delta("vllm:prefix_cache_queries_total") > 0
     assert delta("vllm:prefix_cache_hits_total") > 0  # the same prompt three times
+    assert delta("vllm:request_success_total{finished_reason=length}") == 3
     # A request's TPOT is at most its e2e latency over its tokens after the first.
     assert delta("vllm:request_time_per_output_token_seconds_sum") <= delta("vllm:e2e_request_latency_seconds_sum") / 6
 

@@ -221,10 +221,20 @@ class ServerMetrics(Collector):
         self._bound = True
 
     def describe(self) -> Iterator[Metric]:
-        return iter([f for h in self._histograms for f in h.families("")])
+        return iter([*(f for h in self._histograms for f in h.families("")), self._request_success()])
 
     def collect(self) -> Iterator[Metric]:
-        return iter([f for h in self._histograms for f in h.families(self.model_name)])
+        return iter([*(f for h in self._histograms for f in h.families(self.model_name)), self._request_success()])
+
+    def _request_success(self) -> CounterMetricFamily:
+        """vLLM's `vllm:request_success_total{finished_reason}`: the finish-reason counter under vLLM's names."""
+        family = CounterMetricFamily("vllm:request_success", "Requests ended, by finish reason (vLLM-compatible "
+                                     "name of hetero_infer_requests_finished).", labels=[LABEL, "finished_reason"])
+        for metric in self._finished.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    family.add_metric([sample.labels[LABEL], sample.labels["finish_reason"]], sample.value)
+        return family
 
     def observe_request(self, timing: RequestTiming, finished_at: float, finish_reason: str) -> None:
         if not self._bound:
