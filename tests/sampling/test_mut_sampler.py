@@ -182,7 +182,7 @@ def test_a_narrow_nucleus_takes_one_candidate_pass(monkeypatch: pytest.MonkeyPat
     logits = torch.randn(8, 5000, generator=torch.Generator().manual_seed(4)) * 5.0  # nuclei of 7 to 55 tokens
     rows = [SamplingRow(SamplingParams(top_p=p), [], [], None, []) for p in (0.5, 0.9) * 4]
     tokens = [t.token_id for t in Sampler()(logits, rows)]
-    assert widths == [256]
+    assert len(widths) == 1 and widths[0] < 5000
     for i, t in enumerate(tokens):
         assert t in _hf_kept(logits[i], top_p=rows[i].params.top_p)
 
