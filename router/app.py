@@ -34,6 +34,7 @@ logger = logging.getLogger("hetero_infer.router")
 _DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
 _DROP_RESPONSE = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
 _REFUSED = (429, 503)
+_INLINE_TOKENIZE_BYTES = 1024  # request bodies up to this size are tokenized on the event loop
 
 
 class Retry(Exception):
@@ -94,9 +95,12 @@ class Router:
         policy = self.options.policy
         if isinstance(payload, dict) and request.method == "POST":
             if policy == "prefix":
-                hashes, exact = await asyncio.get_running_loop().run_in_executor(
-                    None, request_hashes, payload, self.tokenizer, self.options.block_size,
-                    self.options.text_chunk_bytes)
+                args = (payload, self.tokenizer, self.options.block_size, self.options.text_chunk_bytes)
+                # Hashing ids or text is cheap, tokenizing is not: a thread hop only for the tokenizer's long prompts.
+                if self.tokenizer is None or len(body) <= _INLINE_TOKENIZE_BYTES:
+                    hashes, exact = request_hashes(*args)
+                else:
+                    hashes, exact = await asyncio.get_running_loop().run_in_executor(None, request_hashes, *args)
         elif policy == "prefix":
             policy = "least-load"
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
