@@ -3,7 +3,8 @@
 Starts `--workers` mock workers with a cost model (a step takes `--step-s` plus `--token-s` per token it
 computes and `--seq-s` per sequence it runs, so a prefix-cache hit saves real time), then for each policy a
 router in front of them, and drives the same workload through it: `--systems` long system prompts, `--users`
-users each holding a `--turns`-turn conversation on one of them, `--concurrency` conversations at a time,
+users each holding a `--turns`-turn conversation on one of them, `--concurrency` conversations at a time
+(or, with `--rate`, conversations arriving at that Poisson rate: the same offered load for every policy),
 prompts as token ids (so the router hashes exactly what the workers cache). Each policy gets its own random
 salt in the prompts, so no policy starts on another's cache. Reports per policy: the cluster's prefix-cache hit
 rate (workers' own counters) and the rate one replica holding everything would get, TTFT p50/p99, output
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "router"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests" / "router")]
 from router_proc import Proc, samples, start_router, start_workers  # noqa: E402
 
 BLOCK = 16
@@ -76,27 +77,40 @@ async def run_policy(args: argparse.Namespace, url: str, convs: list[list[list[i
     for c in convs:
         queue.put_nowait(c)
 
-    async def user(session: aiohttp.ClientSession) -> None:
+    async def converse(session: aiohttp.ClientSession, turns: list[list[int]]) -> None:
         nonlocal out_tokens, errors
+        for prompt in turns:
+            body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "stream": True,
+                    "ignore_eos": True}
+            start = time.perf_counter()
+            first = None
+            async with session.post(url + "/v1/completions", json=body) as r:
+                if r.status != 200:
+                    errors += 1
+                    await r.read()
+                    continue
+                async for line in r.content:
+                    if line.startswith(b"data: {"):
+                        if first is None:
+                            first = time.perf_counter() - start
+                        out_tokens += 1
+            if first is not None:
+                ttfts.append(first)
+
+    async def user(session: aiohttp.ClientSession) -> None:
+        """Closed loop: one conversation after another."""
         while not queue.empty():
-            turns = queue.get_nowait()
-            for prompt in turns:
-                body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "stream": True,
-                        "ignore_eos": True}
-                start = time.perf_counter()
-                first = None
-                async with session.post(url + "/v1/completions", json=body) as r:
-                    if r.status != 200:
-                        errors += 1
-                        await r.read()
-                        continue
-                    async for line in r.content:
-                        if line.startswith(b"data: {"):
-                            if first is None:
-                                first = time.perf_counter() - start
-                            out_tokens += 1
-                if first is not None:
-                    ttfts.append(first)
+            await converse(session, queue.get_nowait())
+
+    async def arrivals(session: aiohttp.ClientSession) -> None:
+        """Open loop: conversations start at Poisson times, `--rate` per second, whatever the policy's speed
+        (the same offered load for every policy)."""
+        rng = random.Random(7)
+        tasks = []
+        for turns in convs:
+            tasks.append(asyncio.create_task(converse(session, turns)))
+            await asyncio.sleep(rng.expovariate(args.rate))
+        await asyncio.gather(*tasks)
 
     queues: dict[str, list[float]] = {w: [] for w in worker_urls}
 
@@ -112,7 +126,10 @@ async def run_policy(args: argparse.Namespace, url: str, convs: list[list[list[i
     start = time.perf_counter()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         sampler = asyncio.create_task(sample_queues(session))
-        await asyncio.gather(*(user(session) for _ in range(args.concurrency)))
+        if args.rate:
+            await arrivals(session)
+        else:
+            await asyncio.gather(*(user(session) for _ in range(args.concurrency)))
         sampler.cancel()
     elapsed = time.perf_counter() - start
     ttfts.sort()
@@ -202,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--question-tokens", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--concurrency", type=int, default=12)
+    p.add_argument("--concurrency", type=int, default=12, help="closed loop: conversations at a time")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="open loop instead: conversations started per second (Poisson), the same for every policy")
     p.add_argument("--kv-blocks", type=int, default=640,
                    help="KV blocks per worker: room for a few system prompts, not all (default 640)")
     p.add_argument("--step-s", type=float, default=0.002)
