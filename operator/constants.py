@@ -25,6 +25,12 @@ APP_NAME = "hetero-infer"
 # On every child: a hash of the manifest the operator last wrote it from (diff.py).
 FINGERPRINT_ANNOTATION = f"{GROUP}/manifest-hash"
 
+# On the Service users call: the optional children the operator rendered with it (router, inference-pool), so a
+# pass that no longer wants them knows what to delete without looking for each.
+OPTIONAL_CHILDREN_ANNOTATION = f"{GROUP}/optional-children"
+OPTIONAL_ROUTER = "router"
+OPTIONAL_INFERENCE_POOL = "inference-pool"
+
 # Annotation prefix for kopf's own bookkeeping (progress, last handled spec).
 KOPF_ANNOTATION_PREFIX = f"operator.{GROUP}"
 

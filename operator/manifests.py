@@ -98,8 +98,21 @@ def workers_service_name(name: str) -> str:
 def router_child_names(name: str) -> list[tuple[str, str]]:
     """(kind, name) of every child spec.router adds, for deleting them when the router is turned off."""
     r = router_name(name)
-    return [("Deployment", r), ("RoleBinding", r), ("Role", r), ("ServiceAccount", r),
-            ("Service", workers_service_name(name))]
+    return [("Deployment", r), ("Service", workers_service_name(name)), ("RoleBinding", r), ("Role", r),
+            ("ServiceAccount", r)]
+
+
+def stale_optional_children(live_service: dict[str, Any] | None, wanted: Children) -> list[tuple[str, str]]:
+    """(kind, name) of the optional children the live Service says were rendered and the spec no longer wants."""
+    if live_service is None:
+        return []
+    meta = live_service.get("metadata") or {}
+    had = set(((meta.get("annotations") or {}).get(c.OPTIONAL_CHILDREN_ANNOTATION) or "").split(","))
+    name = meta.get("name") or ""
+    stale = router_child_names(name) if c.OPTIONAL_ROUTER in had and wanted.router is None else []
+    if c.OPTIONAL_INFERENCE_POOL in had and wanted.inference_pool is None:
+        stale.append(("InferencePool", name))
+    return stale
 
 
 def selector_string(name: str) -> str:
@@ -336,10 +349,14 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
 def service(owner: Owner, spec: InferenceSpec) -> dict[str, Any]:
     """The Service users call (spec.service): it selects the router pods with spec.router, else the workers."""
     component = c.COMPONENT_ROUTER if spec.router.enabled else c.COMPONENT_WORKER
+    optional = [c.OPTIONAL_ROUTER] if spec.router.enabled else []
+    optional += [c.OPTIONAL_INFERENCE_POOL] if spec.router.inference_pool is not None else []
+    metadata = _metadata(owner, component=component)
+    metadata["annotations"] = {c.OPTIONAL_CHILDREN_ANNOTATION: ",".join(optional)} if optional else None
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(owner, component=component),
+        "metadata": metadata,
         "spec": {
             "type": spec.service.type,
             "selector": selector_labels(owner.name, component),

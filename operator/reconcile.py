@@ -21,8 +21,8 @@ from hetero_infer.operator.manifests import (
     WorkerDefaults,
     children,
     endpoint,
-    router_child_names,
     selector_string,
+    stale_optional_children,
 )
 from hetero_infer.operator.spec import SpecError, parse_spec
 from hetero_infer.operator.status import Observed, compute_status, invalid_spec_status, status_changed
@@ -52,13 +52,18 @@ class Outcome:
     errors: list[str] = field(default_factory=list)  # API failures (retry later)
 
 
-def apply_child(client: kube.Client, desired: Mapping[str, Any], owner_uid: str) -> ChildResult:
-    """Create the child or bring the fields the operator owns back to `desired`."""
+_READ = object()
+
+
+def apply_child(client: kube.Client, desired: Mapping[str, Any], owner_uid: str, live: Any = _READ) -> ChildResult:
+    """Create the child or bring the fields the operator owns back to `desired` (`live`: the object as just read,
+    when the caller has it)."""
     desired = with_fingerprint(desired)
     kind = kube.kind_of(desired)
     meta = desired["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    live = client.get(kind, ns, name)
+    if live is _READ:
+        live = client.get(kind, ns, name)
     if live is None:
         try:
             return ChildResult(kind.kind, name, "created", client.create(kind, ns, strip_none(desired)))
@@ -139,9 +144,24 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
     wanted = children(owner, spec, defaults)
     outcome = Outcome(status=None)
     live: dict[tuple[str, str], dict[str, Any] | None] = {}
+    # The Service users call records which optional children (router, InferencePool) were rendered: those the
+    # spec dropped are deleted before the Service is switched, so a failed deletion is retried next pass.
+    service_live: Any = _READ
+    skip_service = False
+    try:
+        service_live = client.get(kube.SERVICE, ns, name)
+        owned = service_live if service_live is not None and owned_by(service_live, uid) else None
+        for kind_name, child in stale_optional_children(owned, wanted):
+            if delete_owned(client, kube.KINDS_BY_NAME[kind_name], ns, child, uid):
+                record("Normal", "Deleted", f"deleted {kind_name} {ns}/{child} (no longer in the spec)")
+    except kube.ApiError as e:
+        outcome.errors.append(f"removing children the spec dropped in {ns}: {e}")
+        skip_service = True
     for manifest in wanted.all():
+        if manifest is wanted.service and skip_service:
+            continue
         try:
-            result = apply_child(client, manifest, uid)
+            result = apply_child(client, manifest, uid, service_live if manifest is wanted.service else _READ)
         except kube.ApiError as e:
             outcome.errors.append(f"{manifest['kind']} {ns}/{manifest['metadata']['name']}: {e}")
             continue
@@ -161,16 +181,6 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
                                             "(autoscaling is off or not in hpa mode)")
         except kube.ApiError as e:
             outcome.errors.append(f"HorizontalPodAutoscaler {ns}/{name}: {e}")
-    unwanted = [] if wanted.router is not None else router_child_names(name)
-    if wanted.inference_pool is None:
-        unwanted.append(("InferencePool", name))
-    for kind_name, child in unwanted:
-        try:
-            if delete_owned(client, kube.KINDS_BY_NAME[kind_name], ns, child, uid):
-                record("Normal", "Deleted", f"deleted {kind_name} {ns}/{child} (no longer in the spec)")
-        except kube.ApiError as e:
-            if not e.not_found:  # InferencePool: its CRD need not be installed
-                outcome.errors.append(f"{kind_name} {ns}/{child}: {e}")
 
     conflicts = [r.detail for r in outcome.results if r.action == "conflict"]
     observed = Observed(

@@ -17,6 +17,7 @@ from hetero_infer.options import add_config_flag, add_flags, load_options
 from hetero_infer.router.app import build, make_runner
 from hetero_infer.router.discovery import Discovery
 from hetero_infer.router.options import ENV_PREFIX, HELP, RouterOptions
+from hetero_infer.router.pool import WorkerPool
 
 logger = logging.getLogger("hetero_infer.router")
 
@@ -34,19 +35,27 @@ def resolve_options(argv: list[str], environ: dict[str, str] | None = None) -> R
     return options
 
 
+def add_discovery(app: web.Application, pool: WorkerPool, options: RouterOptions) -> Discovery | None:
+    """With --discover-service: watch its EndpointSlices while the app runs (started after the router's own
+    start-up, so the pool has its HTTP session)."""
+    if not options.discover_service:
+        return None
+    discovery = Discovery(pool, options.discover_service, options.namespace, options.discover_port)
+
+    async def start_discovery(_: web.Application) -> None:
+        await discovery.start()
+
+    async def stop_discovery(_: web.Application) -> None:
+        await discovery.stop()
+
+    app.on_startup.append(start_discovery)
+    app.on_cleanup.insert(0, stop_discovery)
+    return discovery
+
+
 async def serve(options: RouterOptions) -> None:
     router, app = build(options)
-    if options.discover_service:
-        discovery = Discovery(router.pool, options.discover_service, options.namespace, options.discover_port)
-
-        async def start_discovery(_: web.Application) -> None:
-            await discovery.start()  # after the router's own start-up: the pool has its session
-
-        async def stop_discovery(_: web.Application) -> None:
-            await discovery.stop()
-
-        app.on_startup.append(start_discovery)
-        app.on_cleanup.insert(0, stop_discovery)
+    add_discovery(app, router.pool, options)
     runner = make_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port)

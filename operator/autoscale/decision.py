@@ -25,6 +25,13 @@ result is recorded in the history; a scale-up uses the smallest recommendation o
 `scaleDownStabilizationSeconds`, so it happens only after the whole window recommended fewer
 replicas, and never before the history spans the window (e.g. right after the operator
 started).
+
+Scale to zero (minReplicas 0, only with the router, which holds requests while no worker is ready):
+at 0 replicas, any request the routers hold scales to 1 at once (`ScaledFromZero`), else it stays at 0;
+with replicas, the rules above run with a floor of 1, and the size goes to 0 only once the whole
+`scaleToZeroAfterSeconds` passed without activity (a request running, waiting or held, or a change
+in the routers' routed-requests count) and with every ready pod and the routers answering (missing
+data never scales to zero).
 """
 
 from __future__ import annotations
@@ -51,6 +58,9 @@ HELD = "ScaleDownHeld"  # lower recommendations, but a ready pod did not answer:
 UP_STABILIZING = "ScaleUpStabilizing"  # higher recommendations, but not for the whole up-window yet
 AT_MAX = "AtMaxReplicas"  # more replicas recommended than maxReplicas allows; already there
 AT_MIN = "AtMinReplicas"  # fewer replicas recommended than minReplicas allows; already there
+SCALED_FROM_ZERO = "ScaledFromZero"  # at 0 replicas, the routers hold requests
+SCALED_TO_ZERO = "ScaledToZero"  # idle for scaleToZeroAfterSeconds
+AT_ZERO = "Idle"  # at 0 replicas and nothing held
 NO_METRICS = "NoMetrics"  # no ready pod answered: keep the size (only bounds are enforced)
 BOUNDS = "OutsideBounds"  # replicas moved into [min, max] regardless of metrics
 
@@ -67,10 +77,12 @@ class Policy:
     scale_down_stabilization_seconds: float = 300.0
     tolerance: float = TOLERANCE
     max_scale_up_factor: float = MAX_SCALE_UP_FACTOR
+    scale_to_zero_after_seconds: float = 600.0  # with min_replicas 0 only
 
     def __post_init__(self) -> None:
-        if self.min_replicas < 1 or self.max_replicas < self.min_replicas:
-            raise ValueError(f"need 1 <= min_replicas <= max_replicas, got {self.min_replicas}, {self.max_replicas}")
+        if self.min_replicas < 0 or self.max_replicas < max(1, self.min_replicas):
+            raise ValueError(f"need 0 <= min_replicas <= max_replicas and max_replicas >= 1, got "
+                             f"{self.min_replicas}, {self.max_replicas}")
         if self.target_kv_cache_usage <= 0 or self.target_queue_depth <= 0:
             raise ValueError("targets must be > 0")
 
@@ -105,11 +117,21 @@ class PodSample:
 
 
 @dataclass(frozen=True)
+class RouterSample:
+    """The router pods' gauges, summed over those that answered (scale to zero reads them)."""
+
+    held: float  # hetero_infer_router_requests_held: requests waiting for a ready worker
+    in_flight: float  # hetero_infer_router_requests_in_flight: requests open to a worker
+    routed: float  # hetero_infer_router_requests_routed_total: its changes are activity
+
+
+@dataclass(frozen=True)
 class Observation:
-    """The current size (spec.replicas) and the pods found for it."""
+    """The current size (spec.replicas), the pods found for it and, with the router, its gauges."""
 
     current_replicas: int
     pods: tuple[PodSample, ...] = ()
+    router: RouterSample | None = None  # None: no router, or none of its pods answered
 
     @property
     def ready(self) -> int:
@@ -142,6 +164,8 @@ class History:
     recommendations: tuple[tuple[float, int], ...] = ()
     since: float | None = None
     last_scale_time: float | None = None
+    last_active: float | None = None  # scale to zero: when activity was last seen (None: not yet looked)
+    last_routed: float | None = None  # the routers' routed count at the last pass
 
     def record(self, now: float, replicas: int, keep_seconds: float) -> History:
         kept = tuple((t, r) for t, r in self.recommendations if t > now - keep_seconds)
@@ -225,8 +249,46 @@ def _describe(s: SignalRecommendation) -> str:
     return f"{text} ({s.note})" if s.note else text
 
 
+def _busy(history: History, obs: Observation) -> bool | None:
+    """Whether anything is going on; None when it cannot be told (missing data never scales to zero)."""
+    r = obs.router
+    if r is None or obs.unanswered:
+        return None
+    if r.held > 0 or r.in_flight > 0:
+        return True
+    if history.last_routed is not None and r.routed != history.last_routed:
+        return True
+    return any((p.running or 0) > 0 or (p.queue_depth or 0) > 0 for p in obs.pods if p.has_data)
+
+
 def decide(history: History, obs: Observation, policy: Policy, now: float) -> Decision:
     """The replicas to run now, why, and the history to pass to the next call."""
+    if policy.min_replicas > 0:
+        return _decide(history, obs, policy, now)
+    busy = _busy(history, obs)
+    last_active = now if busy is not False or history.last_active is None else history.last_active
+    history = replace(history, last_active=last_active,
+                      last_routed=obs.router.routed if obs.router is not None else history.last_routed)
+    current = obs.current_replicas
+    held = obs.router.held if obs.router is not None else None
+    floor = replace(policy, min_replicas=1)
+    signals = tuple(signal_recommendation(s, obs, floor) for s in SIGNALS)
+    if current == 0:
+        if held:
+            message = f"scaling up from 0 to 1: the routers hold {held:g} request(s)"
+            return Decision(1, 0, 1, SCALED_FROM_ZERO, message, signals, replace(history, last_scale_time=now))
+        message = ("keeping 0 replicas: no request held" if held is not None
+                   else "keeping 0 replicas: no router answered")
+        return Decision(0, 0, 0, AT_ZERO, message, signals, history, active=held is not None)
+    idle = now - last_active
+    if busy is False and idle >= policy.scale_to_zero_after_seconds:
+        message = (f"scaling down from {current} to 0: no request for {idle:g}s "
+                   f"(scaleToZeroAfterSeconds {policy.scale_to_zero_after_seconds:g})")
+        return Decision(0, current, 0, SCALED_TO_ZERO, message, signals, replace(history, last_scale_time=now))
+    return _decide(history, obs, floor, now)
+
+
+def _decide(history: History, obs: Observation, policy: Policy, now: float) -> Decision:
     current = obs.current_replicas
     signals = tuple(signal_recommendation(s, obs, policy) for s in SIGNALS)
     known = [s.replicas for s in signals if s.replicas is not None]
@@ -318,6 +380,7 @@ def policy_from_spec(a: AutoscalingSpec) -> Policy:
         target_queue_depth=a.target_queue_depth,
         scale_up_stabilization_seconds=float(a.scale_up_stabilization_seconds),
         scale_down_stabilization_seconds=float(a.scale_down_stabilization_seconds),
+        scale_to_zero_after_seconds=float(a.scale_to_zero_after_seconds),
     )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from hetero_infer.operator import constants as c
 from hetero_infer.operator import kube
 from hetero_infer.operator.autoscale import metrics as opmetrics
 from hetero_infer.operator.autoscale.decision import (
@@ -42,8 +43,9 @@ from hetero_infer.operator.autoscale.scrape import (
     ScrapeResult,
     endpoints_from_pods,
     scrape_all,
+    scrape_routers,
 )
-from hetero_infer.operator.manifests import selector_labels, selector_string
+from hetero_infer.operator.manifests import selector_labels
 from hetero_infer.operator.spec import DEFAULT_INTERVAL_SECONDS, SpecError, parse_spec
 from hetero_infer.operator.status import autoscaler_status, status_changed
 
@@ -85,9 +87,13 @@ class Autoscaler:
         self.failing: frozenset[str] = frozenset()
 
     async def step(self, policy: Policy, current_replicas: int, endpoints: list[Endpoint], now: float,
-                   session: aiohttp.ClientSession | None = None) -> Pass:
+                   session: aiohttp.ClientSession | None = None, routers: list[Endpoint] | None = None) -> Pass:
+        if session is None:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as own:
+                return await self.step(policy, current_replicas, endpoints, now, own, routers)
         results = await scrape_all(endpoints, self.scrape_timeout, session, self.model_name)
-        obs = Observation(current_replicas=current_replicas, pods=tuple(r.sample for r in results))
+        router = await scrape_routers(session, routers, self.scrape_timeout) if routers is not None else None
+        obs = Observation(current_replicas=current_replicas, pods=tuple(r.sample for r in results), router=router)
         decision = decide(self.history, obs, policy, now)
         self.history = decision.history
         return Pass(decision, obs, results)
@@ -95,10 +101,12 @@ class Autoscaler:
 
 # -- one pass against the API ------------------------------------------------------------------------
 
-def list_endpoints(client: Any, namespace: str, name: str) -> list[Endpoint]:
-    """The InferenceDeployment's worker pods (the Deployment's selector) as endpoints."""
-    payload = client.request("GET", POD.path(namespace), query={"labelSelector": selector_string(name)})
-    return endpoints_from_pods(payload.get("items") or [], selector_labels(name))
+def list_endpoints(client: Any, namespace: str, name: str, component: str = c.COMPONENT_WORKER) -> list[Endpoint]:
+    """The InferenceDeployment's worker (or router) pods, by their Deployment's selector, as endpoints."""
+    selector = selector_labels(name, component)
+    query = {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))}
+    payload = client.request("GET", POD.path(namespace), query=query)
+    return endpoints_from_pods(payload.get("items") or [], selector)
 
 
 def interval_of(body: Mapping[str, Any]) -> float:
@@ -158,7 +166,15 @@ async def autoscale_once(body: Mapping[str, Any], client: Any, autoscaler: Autos
         opmetrics.record_list_error(ns, name)
         log.warning(f"{ns}/{name}: listing worker pods failed: {e}")
         endpoints = []
-    result = await autoscaler.step(policy, spec.replicas, endpoints, now, session)
+    routers = None
+    if spec.router.enabled:
+        try:
+            routers = await asyncio.to_thread(list_endpoints, client, ns, name, c.COMPONENT_ROUTER)
+        except Exception as e:  # unknown router state: never scales to zero, never from zero
+            opmetrics.record_list_error(ns, name)
+            log.warning(f"{ns}/{name}: listing router pods failed: {e}")
+            routers = []
+    result = await autoscaler.step(policy, spec.replicas, endpoints, now, session, routers)
     decision = result.decision
 
     opmetrics.record_decision(ns, name, decision)

@@ -22,7 +22,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from hetero_infer.operator import constants as c
-from hetero_infer.operator.autoscale.decision import PodSample
+from hetero_infer.operator.autoscale.decision import PodSample, RouterSample
 
 DEFAULT_TIMEOUT_SECONDS = 2.0
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -132,11 +132,29 @@ def parse_worker_metrics(text: str, model_name: str | None = None) -> WorkerMetr
                          requests_running=max(running, 0.0))
 
 
+def parse_router_metrics(text: str) -> RouterSample:
+    """The router's gauges from its /metrics (router/metrics.py): held, in flight (summed over workers) and the
+    routed-requests count (summed over workers and policies)."""
+    wanted = {c.METRIC_ROUTER_REQUESTS_HELD: "held", c.METRIC_ROUTER_IN_FLIGHT: "in_flight",
+              c.METRIC_ROUTER_ROUTED: "routed"}
+    found: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = wanted.get(sample.name)
+                if key is not None and math.isfinite(sample.value):
+                    found[key] = found.get(key, 0.0) + float(sample.value)
+    except (ValueError, TypeError, IndexError) as e:
+        raise ScrapeError("parse", f"invalid Prometheus text: {e}") from e
+    if "held" not in found:
+        raise ScrapeError("missing", f"no {c.METRIC_ROUTER_REQUESTS_HELD} sample")
+    return RouterSample(held=max(found["held"], 0.0), in_flight=max(found.get("in_flight", 0.0), 0.0),
+                        routed=found.get("routed", 0.0))
+
+
 # -- HTTP ------------------------------------------------------------------------------------------------
 
-async def fetch_metrics(session: aiohttp.ClientSession, url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                        model_name: str | None = None) -> WorkerMetrics:
-    """GET <url>/metrics and parse it; ScrapeError on any failure."""
+async def _get_metrics_text(session: aiohttp.ClientSession, url: str, timeout: float) -> str:
     try:
         async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout),
                                allow_redirects=False) as rsp:
@@ -149,7 +167,32 @@ async def fetch_metrics(session: aiohttp.ClientSession, url: str, timeout: float
         raise ScrapeError("connect", f"{type(e).__name__}: {e}") from e
     if len(body) > MAX_BODY_BYTES:
         raise ScrapeError("parse", "response too large")
-    return parse_worker_metrics(body.decode("utf-8", "replace"), model_name)
+    return body.decode("utf-8", "replace")
+
+
+async def fetch_metrics(session: aiohttp.ClientSession, url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                        model_name: str | None = None) -> WorkerMetrics:
+    """GET <url>/metrics and parse it; ScrapeError on any failure."""
+    return parse_worker_metrics(await _get_metrics_text(session, url, timeout), model_name)
+
+
+async def scrape_routers(session: aiohttp.ClientSession, routers: Sequence[Endpoint],
+                         timeout: float = DEFAULT_TIMEOUT_SECONDS) -> RouterSample | None:
+    """The ready router pods' gauges summed; None unless every ready router answered (a router that does not
+    answer may be holding requests: its count is unknown, and unknown is never "idle")."""
+    ready = [r for r in routers if r.ready and r.url]
+
+    async def one(r: Endpoint) -> RouterSample | None:
+        try:
+            return parse_router_metrics(await _get_metrics_text(session, r.url, timeout))
+        except ScrapeError:
+            return None
+
+    samples = await asyncio.gather(*(one(r) for r in ready))
+    if not samples or any(s is None for s in samples):
+        return None
+    return RouterSample(held=sum(s.held for s in samples if s), in_flight=sum(s.in_flight for s in samples if s),
+                        routed=sum(s.routed for s in samples if s))
 
 
 @dataclass(frozen=True)

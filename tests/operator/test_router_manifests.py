@@ -161,3 +161,25 @@ def test_turning_the_router_on_creates_its_children_and_off_deletes_them() -> No
     assert not set(router_child_names("smol")) & names
     assert client.objects[("Service", "ns", "smol")]["spec"]["selector"][c.LABEL_COMPONENT] == c.COMPONENT_WORKER
     assert ("Deployment", "smol") in names  # the workers stay
+
+
+def test_a_failed_removal_keeps_the_router_in_front_and_is_retried() -> None:
+    client = FakeClient()
+    body = infd(client, router={"enabled": True, "inferencePool": {"endpointPicker": "epp"}})
+    run(client)
+    assert ("InferencePool", "ns", "smol") in client.objects
+    body["spec"]["router"] = {"enabled": False}
+    body["metadata"]["generation"] = 2
+    client.fail.add(("delete", "Role"))
+    out = run(client)
+    assert out.errors
+    # The Service users call still selects the router (whose pods still run), and still records it.
+    assert client.objects[("Service", "ns", "smol")]["spec"]["selector"][c.LABEL_COMPONENT] == c.COMPONENT_ROUTER
+    client.fail.clear()
+    run(client)
+    names = {(kind, name) for kind, _, name in client.objects}
+    assert not (set(router_child_names("smol")) | {("InferencePool", "smol")}) & names
+    assert client.objects[("Service", "ns", "smol")]["spec"]["selector"][c.LABEL_COMPONENT] == c.COMPONENT_WORKER
+    client.writes.clear()
+    run(client)
+    assert client.writes == []  # converged: nothing left to remove, nothing to write

@@ -218,3 +218,26 @@ async def test_workers_given_with_worker_stay_the_pools_own(
         finally:
             await discovery.stop()
             await pool.stop()
+
+
+def test_the_router_runs_without_the_engines_dependencies() -> None:
+    """The router pods run the operator image (the `operator` extra only: no torch, numpy or transformers):
+    the router with discovery must build without them."""
+    import subprocess
+
+    code = (
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'numpy', 'transformers', 'triton', 'safetensors', 'tokenizers'):\n"
+        "            raise ImportError('not in the operator image: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from hetero_infer.router.app import build\n"
+        "from hetero_infer.router.cli import add_discovery, resolve_options\n"
+        "options = resolve_options(['--discover-service', 'w', '--namespace', 'n'], {})\n"
+        "router, app = build(options)\n"
+        "assert add_discovery(app, router.pool, options) is not None\n"
+        "print('built')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr
