@@ -165,3 +165,21 @@ async def test_api_key_guards_tokenize(served: tuple[str, ServerState]) -> None:
                 assert r.status == 200
         async with session.get(url + "/health") as r:
             assert r.status == 200  # probes need no key
+
+
+def test_responses_match_the_published_schemas(server: ServerProcess) -> None:
+    from jsonschema import Draft202012Validator
+
+    spec = http("GET", server.url + "/openapi.json").json()
+    assert {"/tokenize", "/detokenize", "/health", "/version"} <= set(spec["paths"])
+
+    def check(component: str, instance: Any) -> None:
+        schema = {"$ref": f"#/components/schemas/{component}", "components": spec["components"]}
+        assert not list(Draft202012Validator(schema).iter_errors(instance)), (component, instance)
+
+    check("TokenizeResponse", http("POST", server.url + "/tokenize", {"prompt": "x"}).json())
+    check("TokenizeResponse", http("POST", server.url + "/tokenize", {"messages": MESSAGES,
+                                                                      "return_token_strs": True}).json())
+    check("DetokenizeResponse", http("POST", server.url + "/detokenize", {"tokens": [1, 2]}).json())
+    check("VersionResponse", http("GET", server.url + "/version").json())
+    check("ErrorResponse", http("POST", server.url + "/detokenize", {"tokens": [-1]}).json())

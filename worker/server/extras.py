@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from aiohttp import web
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hetero_infer import __version__
 from hetero_infer.worker.server.chat import chat_prompt
@@ -51,6 +51,24 @@ class TokenizeChatRequest(ChatCompletionRequest):
 class DetokenizeRequest(_Strict):
     model: str | None = None
     tokens: list[Annotated[int, Field(ge=0, le=INT64_MAX)]]
+
+
+class TokenizeResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = Field(None, description="only with return_token_strs")
+
+
+class DetokenizeResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: str
 
 
 class _Probe(BaseModel):

@@ -7,14 +7,18 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from hetero_infer.worker.server import extras as x
 from hetero_infer.worker.server import protocol as p
 
 _REF = "#/components/schemas/{model}"
 _ERROR_STATUSES = {
     "400": "Invalid request (malformed JSON, wrong types, out-of-range values, prompt too long)",
     "401": "Missing or wrong API key (only when the server has keys)",
+    "403": "A browser request from an origin not in --allowed-origins",
     "404": "Unknown model",
+    "408": "The request body did not arrive within --body-timeout-s",
     "413": "Request body too large",
+    "415": "The body's Content-Type is not JSON",
     "429": "Too many requests waiting; retry after `Retry-After` seconds",
     "500": "The engine failed while generating this request",
     "503": "Loading, shutting down, or the engine has failed",
@@ -65,17 +69,41 @@ def _generation(request: type[BaseModel], response: type[BaseModel], chunk: type
                         }},
                     },
                 },
-                **_errors(*auth, "400", "404", "413", "429", "500", "503", "504"),
+                **_errors(*auth, "400", "403", "404", "408", "413", "415", "429", "500", "503", "504"),
             },
         }
     }
 
 
+def _vllm_extras(auth: list[str]) -> dict[str, Any]:
+    """vLLM's /tokenize, /detokenize, /health and /version (worker/server/extras.py)."""
+    def post(request: dict[str, Any], response: type[BaseModel], summary: str) -> dict[str, Any]:
+        return {"post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+            "responses": {"200": _json(_ref(response), "OK"), **_errors(*auth, "400", "403", "404", "408", "413",
+                                                                           "415", "503")},
+        }}
+
+    empty = {"description": "Engine alive (empty body)"}
+    return {
+        "/tokenize": post({"anyOf": [_ref(x.TokenizeCompletionRequest), _ref(x.TokenizeChatRequest)]},
+                          x.TokenizeResponse, "Tokenize a prompt, or messages rendered with the chat template"),
+        "/detokenize": post(_ref(x.DetokenizeRequest), x.DetokenizeResponse, "Token ids to text"),
+        "/health": {"get": {"summary": "vLLM's health probe", "responses": {
+            "200": empty, "503": {"description": "Loading, or the engine has failed (empty body)"}}}},
+        "/version": {"get": {"summary": "Server version", "responses": {"200": _json(_ref(x.VersionResponse),
+                                                                                     "Version")}}},
+    }
+
+
 def build_openapi(*, title: str = "hetero-infer worker", version: str = "0.1.0", auth: bool = False) -> dict[str, Any]:
-    request_models: list[type[BaseModel]] = [p.CompletionRequest, p.ChatCompletionRequest]
+    request_models: list[type[BaseModel]] = [p.CompletionRequest, p.ChatCompletionRequest,
+                                             x.TokenizeCompletionRequest, x.TokenizeChatRequest, x.DetokenizeRequest]
     response_models: list[type[BaseModel]] = [
         p.CompletionResponse, p.CompletionChunk, p.ChatCompletionResponse, p.ChatCompletionChunk,
         p.ModelList, p.ModelCard, p.ErrorResponse, p.HealthStatus,
+        x.TokenizeResponse, x.DetokenizeResponse, x.VersionResponse,
     ]
     _, top = models_json_schema(
         [(m, "validation") for m in request_models + response_models],
@@ -106,13 +134,14 @@ def build_openapi(*, title: str = "hetero-infer worker", version: str = "0.1.0",
                                            "Text completion", auth_codes),
             "/v1/chat/completions": _generation(p.ChatCompletionRequest, p.ChatCompletionResponse,
                                                 p.ChatCompletionChunk, "Chat completion", auth_codes),
+            **_vllm_extras(auth_codes),
         },
         "components": {"schemas": top.get("$defs", {})},
     }
     if auth:
         spec["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         for path, ops in spec["paths"].items():
-            if path.startswith("/v1/"):
+            if path.startswith(("/v1/", "/tokenize", "/detokenize")):
                 for op in ops.values():
                     op["security"] = [{"bearer": []}]
     return spec
