@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -241,3 +242,67 @@ def test_the_router_runs_without_the_engines_dependencies() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr
+
+
+async def test_a_watch_resumes_where_it_ended_and_lists_again_after_410_gone(
+        loopback_workers: tuple[int, list[str]], caplog: pytest.LogCaptureFixture) -> None:
+    """Against a scripted API server: a watch the server ends is resumed from the last resourceVersion seen; a
+    410 Gone (history compacted) makes the router list again at once, as routine (no warning, no back-off);
+    every request carries the credentials."""
+    from hetero_infer.router.discovery import ApiAccess
+
+    port, (a, b, c) = loopback_workers
+    url = {h: f"http://{h}:{port}" for h in (a, b, c)}
+    seen: list[tuple[str, str | None, str | None]] = []  # (list|watch, resourceVersion, Authorization)
+    lists = [([endpoint(a)], "10"), ([endpoint(c)], "20")]
+    release = asyncio.Event()
+
+    async def endpointslices(request: web.Request) -> web.StreamResponse:
+        watch = request.query.get("watch") == "true"
+        assert request.query["labelSelector"] == f"{SERVICE_NAME_LABEL}=smol-workers"
+        seen.append(("watch" if watch else "list", request.query.get("resourceVersion"),
+                     request.headers.get("Authorization")))
+        if not watch:
+            endpoints, version = lists.pop(0)
+            item = endpoint_slice("smol-workers-x1", "smol-workers", endpoints, port=port)
+            return web.json_response({"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
+                                      "metadata": {"resourceVersion": version}, "items": [item]})
+        rsp = web.StreamResponse()
+        await rsp.prepare(request)
+        watches = sum(kind == "watch" for kind, _, _ in seen)
+        if watches == 1:  # an event, then the server ends the watch (its timeout)
+            item = endpoint_slice("smol-workers-x1", "smol-workers", [endpoint(a), endpoint(b)], port=port)
+            item["metadata"]["resourceVersion"] = "15"
+            await rsp.write(json.dumps({"type": "MODIFIED", "object": item}).encode() + b"\n")
+        elif watches == 2:  # the history no longer reaches back
+            await rsp.write(json.dumps({"type": "ERROR", "object": {"kind": "Status", "code": 410,
+                                                                    "reason": "Expired"}}).encode() + b"\n")
+        else:
+            await release.wait()
+        return rsp
+
+    app = web.Application()
+    app.router.add_get("/apis/discovery.k8s.io/v1/namespaces/models/endpointslices", endpointslices)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    api = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    pool = WorkerPool([], PrefixIndex(64), 16, 0.05)
+    discovery = Discovery(pool, "smol-workers", NS, access=ApiAccess(api, lambda: "Bearer sa-token"))
+    async with aiohttp.ClientSession() as session:
+        await pool.start(session)
+        try:
+            await discovery.start()
+            await until(lambda: [k for k, _, _ in seen] == ["list", "watch", "watch", "list", "watch"],
+                        "list, watch, resumed watch, list after 410, watch")
+            await until(lambda: {w.url for w in pool.ready()} == {url[c]}, "the second list's endpoint only")
+        finally:
+            release.set()
+            await discovery.stop()
+            await pool.stop()
+            await runner.cleanup()
+    assert [v for _, v, _ in seen] == [None, "10", "15", None, "20"]
+    assert {auth for _, _, auth in seen} == {"Bearer sa-token"}
+    assert not [r for r in caplog.records if r.name.startswith("hetero_infer.router.discovery")
+                and r.levelname == "WARNING"]
