@@ -74,6 +74,9 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: E
         raise RequestError(str(exc), param=exc.param) from None
     if max_n is not None and params.n > max_n:
         raise RequestError(f"n ({params.n}) is larger than this server's max_num_seqs ({max_n})", param="n")
+    if max_n is not None and params.best_of is not None and params.best_of > max_n:
+        raise RequestError(f"best_of ({params.best_of}) is larger than this server's max_num_seqs ({max_n})",
+                           param="best_of")
     n_prompt = len(prompt_token_ids)
     if n_prompt == 0:
         raise RequestError("the prompt is empty: at least one token is needed", param=names.prompt)
@@ -105,6 +108,8 @@ def check_sampling_params(p: SamplingParams) -> None:
 
     if not isinstance(p.n, int) or p.n < 1:
         bad("n", "must be an integer >= 1")
+    if p.best_of is not None and (not isinstance(p.best_of, int) or p.best_of < p.n):
+        bad("best_of", f"must be an integer >= n ({p.n}) or None")
     if p.temperature < 0.0:
         bad("temperature", "must be >= 0")
     if not 0.0 < p.top_p <= 1.0:
