@@ -247,10 +247,10 @@ def test_guided_json_as_text(endpoint: str) -> None:
 def test_tool_choice_named_constrains_to_the_functions_parameters() -> None:
     named = {"type": "function", "function": {"name": "get_weather"}}
     assert _changes("chat", tools=[TIME, WEATHER], tool_choice=named) == {
-        "structured_outputs": asdict(StructuredOutputsParams(json=WEATHER_ARGS))}
+        "structured_outputs": asdict(StructuredOutputsParams(json=WEATHER_ARGS, disable_any_whitespace=True))}
     named_time = {"type": "function", "function": {"name": "get_time"}}  # no parameters: an empty object
     assert _params("chat", tools=[TIME, WEATHER], tool_choice=named_time).structured_outputs == \
-        StructuredOutputsParams(json={"type": "object", "properties": {}})
+        StructuredOutputsParams(json={"type": "object", "properties": {}}, disable_any_whitespace=True)
 
 
 @pytest.mark.parametrize("parallel", [True, False])
@@ -258,7 +258,7 @@ def test_tool_choice_required_constrains_to_a_list_of_calls(parallel: bool) -> N
     """vLLM's schema: an array of at least one {"name", "parameters"} object, one alternative per tool."""
     jsonschema = pytest.importorskip("jsonschema")
     so = _params("chat", tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=parallel).structured_outputs
-    assert so is not None and set(asdict(so)) - {"json", "disable_any_whitespace"} == {
+    assert so is not None and so.disable_any_whitespace and set(asdict(so)) - {"json", "disable_any_whitespace"} == {
         k for k, v in asdict(so).items() if v is None}
     schema = so.json
     jsonschema.Draft202012Validator.check_schema(schema)

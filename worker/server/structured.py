@@ -36,7 +36,8 @@ def structured_outputs(req: CompletionRequest | ChatCompletionRequest) -> tuple[
     if isinstance(req, ChatCompletionRequest):
         schema = tool_constraint(req)
         if schema is not None:
-            found.append(("tool_choice", StructuredOutputsParams(json=schema)))
+            # compact JSON: arguments are read by programs, and whitespace is no token budget's best use
+            found.append(("tool_choice", StructuredOutputsParams(json=schema, disable_any_whitespace=True)))
     if len(found) > 1:
         names = ", ".join(f"`{n}`" for n, _ in found)
         raise bad_request(f"only one structured-output constraint may be given per request; got {names}",
