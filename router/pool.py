@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from hetero_infer.block_hashes import HASH_NAME, BlockReport
 from hetero_infer.router.index import PrefixIndex
@@ -26,6 +26,7 @@ logger = logging.getLogger("hetero_infer.router")
 LOAD_METRICS = {"hetero_infer_num_requests_running": "running", "hetero_infer_num_requests_waiting": "waiting",
                 "hetero_infer_kv_cache_usage_ratio": "kv_usage"}
 BLOCKS_PATH = "/v1/cache/blocks"
+_NAME_END = re.compile(r"[{\s]")
 
 
 @dataclass
@@ -43,12 +44,22 @@ class Worker:
 
 
 def parse_load(text: str) -> dict[str, float]:
+    """The load gauges of a worker's Prometheus exposition, summed over label sets. Only those gauges' lines are
+    read: a worker's /metrics is hundreds of lines (histograms), and a full parse took tens of milliseconds of the
+    router's event loop per poll."""
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = LOAD_METRICS.get(sample.name)
-            if key is not None:
-                out[key] = out.get(key, 0.0) + sample.value
+    for line in text.splitlines():
+        if not line.startswith("hetero_infer_"):
+            continue
+        m = _NAME_END.search(line)
+        key = LOAD_METRICS.get(line[: m.start()]) if m else None
+        if key is None:
+            continue
+        fields = line[line.rindex("}") + 1 :].split() if "}" in line else line[m.start() :].split()
+        try:
+            out[key] = out.get(key, 0.0) + float(fields[0])
+        except (IndexError, ValueError):
+            continue
     return out
 
 
