@@ -36,6 +36,8 @@ def _splitmix64(seed: int, count: int) -> list[int]:
 def test_sample_generators_follow_splitmix64(seed: int) -> None:
     # Sample 0 takes the seed itself; sample i > 0 the (i + 1)-th splitmix64 output from the seed, so seeds
     # stay reproducible across versions (a changed constant would silently change every seeded n > 1 output).
+    assert torch.equal(torch.rand(6, generator=make_generator(seed)),
+                       torch.rand(6, generator=torch.Generator().manual_seed(seed % _M64)))  # the default: sample 0
     outputs = _splitmix64(seed, 101)
     for index in (1, 2, 3, 7, 100):
         expected = torch.Generator().manual_seed(outputs[index])
@@ -204,9 +206,10 @@ def test_a_batch_with_more_rows_than_vocab_entries() -> None:
 def test_temperature_only_rows_race_over_the_whole_vocab(min_p: float) -> None:
     # No top-k or top-p: every token of a flat 3000-token row can win, so the seeded token is the recipe's
     # race over the whole vocab (softmax(z / T) / Exp(1) noise from the request's generator), not over the
-    # first 256 candidates.
+    # first 256 candidates. Logits around 40, as a real model's can be: the probabilities are relative to the
+    # row's maximum, never exp(z / T) itself (exp(80) overflows float32).
     vocab, temperature = 3000, 0.7
-    z = (torch.randn(vocab, generator=torch.Generator().manual_seed(5)) * 0.05).double()
+    z = (torch.randn(vocab, generator=torch.Generator().manual_seed(5)) * 0.05).double() + 40.0
     probs = torch.softmax(z / temperature, -1)
     probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
     params = SamplingParams(temperature=temperature, min_p=min_p)
@@ -219,3 +222,11 @@ def test_temperature_only_rows_race_over_the_whole_vocab(min_p: float) -> None:
         assert got == expected
         beyond_first_pass += int(ranks[expected] >= 256)
     assert beyond_first_pass > 0
+
+
+def test_greedy_without_the_c_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A machine where the vectorized argmax kernel is not built falls back to torch: still each row's argmax.
+    monkeypatch.setattr(sampler_module.cpu_ops, "available", lambda dtype: False)
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(6))
+    rows = [SamplingRow(SamplingParams(temperature=0.0), [], [], None, []) for _ in range(5)]
+    assert [t.token_id for t in Sampler()(logits, rows)] == [int(torch.argmax(r)) for r in logits.double()]
