@@ -22,6 +22,7 @@ from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredO
 from hetero_infer.worker.runner import sampler as current
 from hetero_infer.worker.runner.loader import resolve_model
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
+from hetero_infer.worker.structured.mask import apply_grammar_masks
 from hetero_infer.worker.tokenizer import Tokenizer
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
@@ -82,6 +83,15 @@ def main() -> None:
             print(f"unconstrained, temperature {temperature}: {name}: {statistics.median(values) * 1e3:.3f} ms "
                   f"(rounds {', '.join(f'{v * 1e3:.3f}' for v in values)})")
 
+    # The only code the feature adds to an unconstrained row's path: process_logits' row scans (no tensor work).
+    results = {name: [] for name in modules}
+    for _ in range(args.rounds):
+        for name, module in modules.items():
+            rows = rows_for(module, args.batch, 1.0)
+            results[name].append(time_sampler(module.process_logits, logits, rows, args.repeat * 100))
+    for name, values in results.items():
+        print(f"process_logits, unconstrained: {name}: {statistics.median(values) * 1e6:.1f} us")
+
     cache = GrammarCache(lambda: tokenizer_info_from_hf(tok.hf, vocab, sorted(tok.eos_token_ids)))
     so = StructuredOutputsParams(json=SCHEMA)
     for k in (1, 8, args.batch):
@@ -97,7 +107,20 @@ def main() -> None:
             rows = rows_for(current, args.batch, 1.0, extra)
             t = statistics.median(time_sampler(current.Sampler(all_logprobs=False), logits, rows, args.repeat)
                                   for _ in range(args.rounds))
-            print(f"{k} of {args.batch} rows with {kind}: {t * 1e3:.3f} ms")
+            print(f"{k} of {args.batch} rows with {kind}: sampler {t * 1e3:.3f} ms", end="")
+            work = [i for i in range(k)]
+            if kind == "grammar":
+                states = [rows[i].grammar for i in work]
+                def step(x, _, work=work, states=states, k=k):
+                    apply_grammar_masks(x, work, states, [[]] * k)
+                mask = statistics.median(time_sampler(step, logits.clone(), None, args.repeat)
+                                         for _ in range(args.rounds))
+            else:
+                def step(x, _, work=work, rows=rows):
+                    current._apply_logit_bias(x, [rows[i] for i in work], work)
+                mask = statistics.median(time_sampler(step, logits.clone(), None, args.repeat)
+                                         for _ in range(args.rounds))
+            print(f"; the {kind} step alone {mask * 1e3:.3f} ms")
 
 
 if __name__ == "__main__":
