@@ -7,23 +7,25 @@ changes; docs/images.md has the last results.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
-import subprocess
-import textwrap
 import threading
-import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from docker_run import (
+    container,
+    docker,
+    free_port,
+    logs,
+    metric_families,
+    pod_run_options,
+    run_python,
+    stop,
+    wait_ready,
+)
 
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.manifests import WORKER_UID, Owner, WorkerDefaults, deployment
@@ -35,72 +37,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
 READY_WITHIN_S = 120  # the issue's bar for the CPU image on the default model
 GAUGES = ("hetero_infer_kv_cache_usage_ratio", "hetero_infer_num_requests_running",
           "hetero_infer_num_requests_waiting", "hetero_infer_engine_healthy")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def docker(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=check)
-
-
-@contextlib.contextmanager
-def container(image: str, *args: str, options: tuple[str, ...] = ()) -> Iterator[str]:
-    """`docker run -d --network host` (no --rm: the exit code is read after it stops); removed at the end,
-    with its log attached to a failure."""
-    name = f"hetero-infer-docker-suite-{uuid.uuid4().hex[:8]}"
-    docker("run", "-d", "--name", name, "--network", "host", *options, image, *args)
-    try:
-        yield name
-    except BaseException:
-        print(f"--- log of {name}:\n{docker('logs', name, check=False).stdout[-8000:]}"
-              f"{docker('logs', name, check=False).stderr[-8000:]}")
-        raise
-    finally:
-        docker("rm", "-f", name, check=False)
-
-
-def running(name: str) -> bool:
-    return docker("inspect", "--format", "{{.State.Running}}", name, check=False).stdout.strip() == "true"
-
-
-def logs(name: str) -> str:
-    proc = docker("logs", name, check=False)
-    return proc.stdout + proc.stderr
-
-
-def wait_ready(name: str, base: str, deadline_s: float) -> float:
-    """Seconds until GET /readyz answers 200; fails at the deadline or when the container exits."""
-    start = time.monotonic()
-    while time.monotonic() - start < deadline_s:
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=5) as rsp:
-                if rsp.status == 200:
-                    return time.monotonic() - start
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        assert running(name), f"the container exited before it was ready:\n{logs(name)[-4000:]}"
-        time.sleep(0.5)
-    raise AssertionError(f"/readyz not 200 within {deadline_s:.0f} s:\n{logs(name)[-4000:]}")
-
-
-def metric_families(base: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as rsp:
-        return {f.name: f for f in text_string_to_metric_families(rsp.read().decode())}
-
-
-def stop(name: str, timeout: float = 660) -> int:
-    """SIGTERM, then the exit code once the process has ended."""
-    docker("kill", "--signal", "TERM", name)
-    return int(docker("wait", name, timeout=timeout).stdout.strip())
-
-
-def run_python(image: str, code: str, *options: str) -> subprocess.CompletedProcess:
-    return docker("run", "--rm", "--network", "host", *options, "--entrypoint", "python", image, "-c",
-                  textwrap.dedent(code), check=False, timeout=600)
 
 
 # -- the CPU worker image -----------------------------------------------------------------------------------
@@ -174,13 +110,7 @@ def test_cpu_worker_runs_the_mock_executor_as_the_operator_deploys_it(worker_cpu
     args = list(worker["args"])
     args[args.index("--port") + 1] = str(port)
     args[args.index("--host") + 1] = "127.0.0.1"
-    options = ["--user", f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}",
-               "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-               "--entrypoint", worker["command"][0]]
-    for mount in worker["volumeMounts"]:  # the pod's emptyDirs (not noexec: kernels may be built there)
-        options += ["--tmpfs", f"{mount['mountPath']}:rw,exec,mode=1777"]
-    for env in worker["env"]:
-        options += ["-e", f"{env['name']}={env['value']}"]
+    options = pod_run_options(pod, worker)
     base = f"http://127.0.0.1:{port}"
     with container(worker_cpu_image, *args, options=tuple(options)) as name:
         wait_ready(name, base, 300)
