@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from autoscale_fakes import PODS, FakeWorkers
 from kmock_cluster import DEPLOYMENTS, EVENTS, INFD, wait_for
 
 from hetero_infer.operator import constants as c
+from hetero_infer.operator.autoscale import decision as opdecision
+from hetero_infer.operator.autoscale import loop as oploop
 from hetero_infer.operator.autoscale import metrics as opmetrics
 from hetero_infer.operator.manifests import selector_labels
 
@@ -39,6 +42,53 @@ def live(kmock: Any, resource: Any, name: str = NAME) -> dict[str, Any] | None:
     if key not in kmock.objects or kmock.objects[key].deleted:
         return None
     return kmock.objects[key].raw
+
+
+def versions(kmock: Any, resource: Any, name: str = NAME) -> list[dict[str, Any]]:
+    """Every version the API server stored of the object, oldest first (KMock keeps the history)."""
+    return [v.raw for v in kmock.objects[(resource, NS, name)].history if v is not None and v.raw]
+
+
+def changes(values: list[Any]) -> list[Any]:
+    """`values` without consecutive repeats: the sequence of states, whatever their durations."""
+    return [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+
+
+def reason_of(obj: dict[str, Any]) -> str | None:
+    conds = (obj.get("status") or {}).get("conditions") or []
+    return next((cond["reason"] for cond in conds if cond["type"] == c.COND_SCALING_ACTIVE), None)
+
+
+@dataclass(frozen=True)
+class Decided:
+    """One autoscaling pass as the operator decided it, at the time of its own clock."""
+
+    now: float
+    current: int
+    recommendation: int
+    desired: int
+    reason: str
+
+
+@pytest.fixture
+def decisions(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Decided]]:
+    """Records every decision the operator's autoscaler makes (it runs in this process), so the tests
+    check the stabilization windows on the operator's own clock instead of the test's wall clock."""
+    seen: list[Decided] = []
+
+    def recording(history: Any, obs: Any, policy: Any, now: float) -> opdecision.Decision:
+        d = opdecision.decide(history, obs, policy, now)
+        seen.append(Decided(now, d.current, d.recommendation, d.desired, d.reason))
+        return d
+
+    monkeypatch.setattr(oploop, "decide", recording)
+    yield seen
+
+
+async def passes_after(decisions: list[Decided], n: int = 2, timeout: float = 30) -> None:
+    """Wait until the autoscaler made `n` more passes (not a fixed time, which a busy CPU may not fill)."""
+    start = len(decisions)
+    await wait_for(lambda: len(decisions) >= start + n, timeout=timeout, what=f"{n} more autoscaling passes")
 
 
 def pod_names(kmock: Any) -> list[str]:
@@ -125,14 +175,18 @@ def metric_value(metric: str, **labels: str) -> float:
 
 
 async def test_operator_mode_scales_up_and_down_and_the_deployment_follows(cluster: Any, workers: FakeWorkers,
-                                                                           operator: Any) -> None:
+                                                                           operator: Any,
+                                                                           decisions: list[Decided]) -> None:
+    """Asserts on what was stored and decided (the object's versions, the events, the operator's passes)
+    rather than on catching a state that lasts one pass: a busy CPU may stretch or skip any window."""
     kmock = cluster
+    window = OPERATOR_MODE["scaleDownStabilizationSeconds"]
     await operator()
     workers.set_all(kv=0.5, queue=0.0)  # one replica, comfortably loaded
     await create(kmock, infd(OPERATOR_MODE))
 
     cond = await wait_for(lambda: (scaling_active(kmock) or {}).get("status") == "True" and scaling_active(kmock),
-                          what="ScalingActive True")
+                          timeout=30, what="ScalingActive True")
     assert cond["reason"] in ("Steady", "AtMinReplicas")
     status = live(kmock, INFD)["status"]
     assert status["metrics"]["kvCacheUsage"] == 0.5 and status["metrics"]["queueDepth"] == 0.0
@@ -140,31 +194,41 @@ async def test_operator_mode_scales_up_and_down_and_the_deployment_follows(clust
 
     # Load: KV pressure and a queue on every worker. Up at once, at most doubling per pass, up to max.
     workers.set_all(kv=0.95, queue=20.0)
-    await wait_for(lambda: spec_replicas(kmock) == 2, timeout=10, what="scaled to 2")
-    await wait_for(lambda: spec_replicas(kmock) == 4, timeout=10, what="scaled to 4")
-    await wait_for(lambda: live(kmock, DEPLOYMENTS)["spec"]["replicas"] == 4, what="the Deployment follows")
-    await wait_for(lambda: len(pod_names(kmock)) == 4, what="4 worker pods")
-    await wait_for(lambda: (scaling_active(kmock) or {}).get("reason") == "AtMaxReplicas", what="AtMaxReplicas")
+    await wait_for(lambda: (scaling_active(kmock) or {}).get("reason") == "AtMaxReplicas", timeout=30,
+                   what="AtMaxReplicas")
+    await wait_for(lambda: live(kmock, DEPLOYMENTS)["spec"]["replicas"] == 4, timeout=30,
+                   what="the Deployment follows")
+    await wait_for(lambda: len(pod_names(kmock)) == 4, timeout=30, what="4 worker pods")
+    assert changes([v["spec"]["replicas"] for v in versions(kmock, INFD)]) == [1, 2, 4]
     status = live(kmock, INFD)["status"]
     assert status["desiredReplicas"] == 4 and status["lastScaleTime"]
     assert status["metrics"]["queueDepth"] == 20.0
     ups = [e for e in events(kmock) if e.get("reason") == "ScaledUp"]
-    assert [e["message"].split(";")[0] for e in ups][:2] == ["scaling up from 1 to 2", "scaling up from 2 to 4"]
+    assert [e["message"].split(";")[0] for e in ups] == ["scaling up from 1 to 2", "scaling up from 2 to 4"]
     assert "queueDepth 20/5" in ups[0]["message"]
 
-    # Load gone: down to min only after the 2 s window of lower recommendations. First passes that hold
-    # (lower recommendations, not for the whole window yet), then the scale-down, 2 s after the last pass that
-    # saw the load; that pass came at most one interval before the load went.
+    # Load gone: down to min only after a whole window of lower recommendations, on the operator's clock.
+    held_from = len(decisions)
     workers.set_all(kv=0.05, queue=0.0)
-    loop = asyncio.get_running_loop()
-    quiet_since = loop.time()
-    await wait_for(lambda: (scaling_active(kmock) or {}).get("reason") == "ScaleDownStabilizing",
-                   what="ScaleDownStabilizing")
-    assert spec_replicas(kmock) == 4
-    await wait_for(lambda: spec_replicas(kmock) == 1, timeout=15, what="scaled down to 1")
-    assert loop.time() - quiet_since >= 2.0 - OPERATOR_MODE["intervalSeconds"]
-    await wait_for(lambda: live(kmock, DEPLOYMENTS)["spec"]["replicas"] == 1, what="the Deployment follows down")
+    await wait_for(lambda: spec_replicas(kmock) == 1, timeout=30, what="scaled down to 1")
+    await wait_for(lambda: live(kmock, DEPLOYMENTS)["spec"]["replicas"] == 1, timeout=30,
+                   what="the Deployment follows down")
     await wait_for(lambda: any(e.get("reason") == "ScaledDown" for e in events(kmock)), what="ScaledDown event")
+    assert changes([v["spec"]["replicas"] for v in versions(kmock, INFD)]) == [1, 2, 4, 1]
+
+    down = next(i for i, d in enumerate(decisions) if d.desired < d.current)
+    assert down >= held_from and (decisions[down].current, decisions[down].desired) == (4, 1)
+    last_high = max(i for i, d in enumerate(decisions[:down]) if d.recommendation >= 4)
+    assert decisions[down].now - decisions[last_high].now >= window, decisions[last_high:down + 1]
+    holding = decisions[last_high + 1:down]  # low passes inside the window: each one keeps the size
+    assert all(d.desired == d.current == 4 and d.reason == "ScaleDownStabilizing" for d in holding), holding
+    # The status tells the same story, whatever the passes' timing: at most, holding, then down (no holding
+    # state at all when the CPU was so busy that a whole window passed between two passes).
+    stored = changes([(v["spec"]["replicas"], reason_of(v)) for v in versions(kmock, INFD)])
+    at_max = stored.index((4, "AtMaxReplicas"))
+    told = [(4, "AtMaxReplicas"), *([(4, "ScaleDownStabilizing")] if holding else []), (4, "ScaledDown"),
+            (1, "ScaledDown")]
+    assert stored[at_max:at_max + len(told)] == told, stored
 
     labels = {"namespace": NS, "name": NAME}
     assert metric_value("hetero_infer_operator_autoscale_decisions_total", direction="up", **labels) >= 2
@@ -173,12 +237,13 @@ async def test_operator_mode_scales_up_and_down_and_the_deployment_follows(clust
     await wait_for(lambda: metric_value("hetero_infer_operator_desired_replicas", **labels) == 1, what="gauge")
 
 
-async def test_workers_that_do_not_answer_keep_the_size(cluster: Any, workers: FakeWorkers, operator: Any) -> None:
+async def test_workers_that_do_not_answer_keep_the_size(cluster: Any, workers: FakeWorkers, operator: Any,
+                                                        decisions: list[Decided]) -> None:
     kmock = cluster
     await operator()
     workers.set_all(kv=0.8, queue=5.0)
     await create(kmock, infd(dict(OPERATOR_MODE, scaleDownStabilizationSeconds=0), replicas=3))
-    await wait_for(lambda: (scaling_active(kmock) or {}).get("reason") == "Steady", what="steady at 3")
+    await wait_for(lambda: (scaling_active(kmock) or {}).get("reason") == "Steady", timeout=30, what="steady at 3")
     labels = {"namespace": NS, "name": NAME}
     before = metric_value("hetero_infer_operator_scrape_errors_total", kind="http", **labels)
 
@@ -187,18 +252,19 @@ async def test_workers_that_do_not_answer_keep_the_size(cluster: Any, workers: F
     workers.values[0] = (0.0, 0.0)
     workers.values[1] = workers.values[2] = None
     await wait_for(lambda: metric_value("hetero_infer_operator_scrape_errors_total", kind="http", **labels)
-                   >= before + 2, what="scrape errors counted")
-    await wait_for(lambda: (scaling_active(kmock) or {}).get("reason") == "ScaleDownHeld", what="ScaleDownHeld")
-    await asyncio.sleep(2.0)
-    assert spec_replicas(kmock) == 3
+                   >= before + 2, timeout=30, what="scrape errors counted")
+    await wait_for(lambda: (scaling_active(kmock) or {}).get("reason") == "ScaleDownHeld", timeout=30,
+                   what="ScaleDownHeld")
+    await passes_after(decisions, 2)
+    assert spec_replicas(kmock) == 3 and decisions[-1].reason == "ScaleDownHeld"
     # None answers: no metrics, keep the size, ScalingActive False and one Warning event.
     size = spec_replicas(kmock)
     workers.values[0] = None
     cond = await wait_for(lambda: (scaling_active(kmock) or {}).get("reason") == "NoMetrics" and scaling_active(kmock),
-                          what="NoMetrics")
+                          timeout=30, what="NoMetrics")
     assert cond["status"] == "False"
-    await asyncio.sleep(2.0)
-    assert spec_replicas(kmock) == size
+    await passes_after(decisions, 2)
+    assert spec_replicas(kmock) == size and decisions[-1].reason == "NoMetrics"
     warnings = [e for e in events(kmock) if e.get("reason") == "NoMetrics"]
     assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
 
@@ -241,7 +307,7 @@ def child_writes(requests: list[Any]) -> list[str]:
 
 
 async def test_a_restarted_operator_adopts_the_children_and_waits_a_whole_window_to_scale_down(
-        cluster: Any, workers: FakeWorkers, operator: Any) -> None:
+        cluster: Any, workers: FakeWorkers, operator: Any, decisions: list[Decided]) -> None:
     """Issue 17: a new operator process (empty autoscaling history) creates nothing that exists, and
     its first low readings do not scale down before a whole stabilization window of them."""
     kmock = cluster
@@ -249,23 +315,28 @@ async def test_a_restarted_operator_adopts_the_children_and_waits_a_whole_window
     await operator()
     workers.set_all(kv=0.95, queue=20.0)
     await create(kmock, infd(dict(OPERATOR_MODE, scaleDownStabilizationSeconds=window)))
-    await wait_for(lambda: spec_replicas(kmock) == 4, timeout=15, what="scaled to 4 under load")
+    await wait_for(lambda: spec_replicas(kmock) == 4, timeout=30, what="scaled to 4 under load")
     await wait_for(lambda: live(kmock, DEPLOYMENTS)["spec"]["replicas"] == 4 and len(pod_names(kmock)) == 4,
-                   what="4 ready workers")
+                   timeout=30, what="4 ready workers")
     await operator.stop()
 
     workers.set_all(kv=0.05, queue=0.0)  # the load went while no operator ran
     seen = len(kmock._requests)
     updated = [e for e in events(kmock) if e.get("reason") == "Updated"]
-    loop = asyncio.get_running_loop()
-    restarted = loop.time()
+    versions_before = versions(kmock, INFD)
+    restarted = len(decisions)
     await operator("--resync-seconds", "0.5")
-    await wait_for(lambda: (scaling_active(kmock) or {}).get("reason") == "ScaleDownStabilizing"
-                   and live(kmock, INFD)["status"]["metrics"]["kvCacheUsage"] == 0.05,
-                   what="the new operator sees the low load and holds")
-    assert spec_replicas(kmock) == 4
-    await wait_for(lambda: spec_replicas(kmock) == 1, timeout=20, what="scaled down after the window")
-    assert loop.time() - restarted >= window  # the window counts from the new process's first pass
+    await wait_for(lambda: spec_replicas(kmock) == 1, timeout=30, what="scaled down after the window")
+    # The window counts from the new process's first pass (its history is empty): every pass before a
+    # whole window of them holds, on the operator's own clock; the status said so before the scale-down.
+    new_passes = decisions[restarted:]
+    down = next(i for i, d in enumerate(new_passes) if d.desired < d.current)
+    assert new_passes[down].now - new_passes[0].now >= window, new_passes
+    assert down >= 1 and all(d.desired == d.current == 4 and d.reason == "ScaleDownStabilizing"
+                             for d in new_passes[:down]), new_passes
+    stored = [(v["spec"]["replicas"], reason_of(v), (v.get("status") or {}).get("metrics", {}).get("kvCacheUsage"))
+              for v in versions(kmock, INFD)[len(versions_before):]]
+    assert (4, "ScaleDownStabilizing", 0.05) in stored, stored
     await wait_for(lambda: live(kmock, DEPLOYMENTS)["spec"]["replicas"] == 1, what="the Deployment follows down")
 
     new = child_writes(kmock._requests[seen:])
