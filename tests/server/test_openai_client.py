@@ -196,11 +196,14 @@ def smodel(sampling_server: ServerProcess) -> str:
 
 def reference_greedy(prompt: list[int], max_tokens: int, eos: int, vocab: int, *, presence: float = 0.0,
                      frequency: float = 0.0, repetition: float = 1.0, min_tokens: int = 0,
-                     stop_token_ids: tuple[int, ...] = (), ignore_eos: bool = False) -> tuple[list[int], str]:
-    """Greedy decoding of the mock's logits under the documented penalty and stopping rules."""
+                     stop_token_ids: tuple[int, ...] = (), ignore_eos: bool = False,
+                     logit_bias: dict[int, float] | None = None) -> tuple[list[int], str]:
+    """Greedy decoding of the mock's logits under the documented penalty, bias and stopping rules."""
     out: list[int] = []
     while len(out) < max_tokens:
         x = mock_logits(prompt, prompt + out, vocab).double().tolist()
+        for t, b in (logit_bias or {}).items():
+            x[t] += b
         for t in set(prompt + out):
             x[t] = x[t] / repetition if x[t] > 0 else x[t] * repetition
         for t in set(out):
@@ -344,3 +347,26 @@ def test_chat_sampling_fields(sclient: openai.OpenAI, smodel: str) -> None:
     assert [len(t.top_logprobs) for t in r.choices[0].logprobs.content] == [4] * 8
     r = chat(temperature=0.0, logprobs=True)
     assert [len(t.top_logprobs) for t in r.choices[0].logprobs.content] == [0] * 8
+
+
+@pytest.mark.parametrize("bias", [{FAVOURITES[0]: -100.0}, {FAVOURITES[0]: -100.0, FAVOURITES[1]: -3.0},
+                                  {7000: 20.0}, {7000: 12.0, 7001: 11.5}])
+def test_logit_bias(sclient: openai.OpenAI, smodel: str, hf_tokenizer: Any, bias: dict[int, float]) -> None:
+    """OpenAI's logit_bias (token-id strings -> bias added to the logit) against the greedy reference."""
+    eos, vocab = hf_tokenizer.eos_token_id, len(hf_tokenizer)
+    ids, reason = reference_greedy(PROMPT, 6, eos, vocab, presence=0.5, logit_bias=bias)
+    unbiased, _ = reference_greedy(PROMPT, 6, eos, vocab, presence=0.5)
+    assert ids != unbiased  # the bias matters
+    got = _complete(sclient, smodel, max_tokens=6, temperature=0.0, presence_penalty=0.5,
+                    logit_bias={str(t): b for t, b in bias.items()})
+    assert (got.finish_reason, got.text) == (reason, hf_tokenizer.decode(ids))
+
+
+def test_best_of_returns_the_n_most_likely(sclient: openai.OpenAI, smodel: str) -> None:
+    r = sclient.completions.create(model=smodel, prompt=PROMPT, max_tokens=5, temperature=1.0, seed=3, n=2,
+                                   best_of=4, logprobs=0, extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in r.choices) == [0, 1]
+    totals = [sum(c.logprobs.token_logprobs) for c in sorted(r.choices, key=lambda c: c.index)]
+    assert totals[0] >= totals[1]
+    with pytest.raises(openai.BadRequestError):
+        sclient.completions.create(model=smodel, prompt=PROMPT, max_tokens=5, n=3, best_of=2)
