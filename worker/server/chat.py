@@ -27,7 +27,12 @@ from hetero_infer.worker.server.prompts import (
 from hetero_infer.worker.server.protocol import ChatCompletionRequest, NamedToolChoice
 from hetero_infer.worker.server.state import ServerState, get_state
 from hetero_infer.worker.server.tools.constraint import constrained_calls
-from hetero_infer.worker.server.tools.parsers import ParsedCall, ToolParser, parser_for_template, template_renders_tools
+from hetero_infer.worker.server.tools.parsers import (
+    ParsedCall,
+    ToolParser,
+    parser_for_template,
+    template_renders_tools,
+)
 from hetero_infer.worker.server.tools.prompt import template_messages, tool_dicts
 
 

@@ -12,6 +12,7 @@ from hetero_infer.worker.server.errors import bad_request
 from hetero_infer.worker.server.protocol import ChatCompletionRequest, CompletionRequest, StructuredOutputs
 from hetero_infer.worker.server.tools.constraint import tool_constraint
 
+
 def structured_outputs(req: CompletionRequest | ChatCompletionRequest) -> tuple[str, StructuredOutputsParams] | None:
     """The request's one constraint and the field it came from (None without any); 400 for two, or for a JSON
     schema that is no schema (the engine's check compiles it)."""
