@@ -202,26 +202,28 @@ def test_a_batch_with_more_rows_than_vocab_entries() -> None:
     assert [t.token_id for t in out] == [1] * 5 + [3, 3]  # 3.0 / 4 < 2.0 and 3.0 - 0.5 - 0.6 < 2.0
 
 
-@pytest.mark.parametrize("min_p", [0.0, 0.5])
+@pytest.mark.parametrize("min_p", [0.0, 0.9])
 def test_temperature_only_rows_race_over_the_whole_vocab(min_p: float) -> None:
     # No top-k or top-p: every token of a flat 3000-token row can win, so the seeded token is the recipe's
     # race over the whole vocab (softmax(z / T) / Exp(1) noise from the request's generator), not over the
-    # first 256 candidates. Logits around 40, as a real model's can be: the probabilities are relative to the
-    # row's maximum, never exp(z / T) itself (exp(80) overflows float32).
+    # first 256 candidates; min-p (0.9: a few dozen tokens) is applied to it. Logits around 40, as a real
+    # model's can be: the probabilities are relative to the row's maximum, never exp(z / T) itself (exp(80)
+    # overflows float32).
     vocab, temperature = 3000, 0.7
     z = (torch.randn(vocab, generator=torch.Generator().manual_seed(5)) * 0.05).double() + 40.0
-    probs = torch.softmax(z / temperature, -1)
-    probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
+    unfiltered = torch.softmax(z / temperature, -1)
+    probs = torch.where(unfiltered >= min_p * unfiltered.max(), unfiltered, 0.0)
     params = SamplingParams(temperature=temperature, min_p=min_p)
     ranks = z.argsort(descending=True).argsort()
-    beyond_first_pass = 0
+    beyond_first_pass = filtered_out = 0
     for seed in range(24):
         noise = torch.empty(vocab).exponential_(generator=make_generator(seed)).double()
         expected = int((probs / noise).argmax())
         got = Sampler()(z.float()[None], [SamplingRow(params, [], [], make_generator(seed), [])])[0].token_id
         assert got == expected
         beyond_first_pass += int(ranks[expected] >= 256)
-    assert beyond_first_pass > 0
+        filtered_out += int(expected != int((unfiltered / noise).argmax()))
+    assert (beyond_first_pass > 0) if min_p == 0.0 else (filtered_out > 0)
 
 
 def test_greedy_without_the_c_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
