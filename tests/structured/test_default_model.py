@@ -20,17 +20,17 @@ PERSON = {"type": "object", "properties": {
     "role": {"enum": ["admin", "user", "guest"]}},
     "required": ["name", "age", "role"]}
 ORDER = {"type": "object", "properties": {
-    "id": {"type": "integer"},
+    "id": {"type": "integer", "minimum": 0, "maximum": 99999},
     "items": {"type": "array", "minItems": 1, "maxItems": 3,
               "items": {"type": "object", "properties": {"sku": {"type": "string", "maxLength": 8},
-                                                         "qty": {"type": "integer", "minimum": 1}},
+                                                         "qty": {"type": "integer", "minimum": 1, "maximum": 99}},
                         "required": ["sku", "qty"]}},
     "paid": {"type": "boolean"}},
     "required": ["id", "items", "paid"]}
 CITY = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 20},
     "country": {"enum": ["France", "Germany", "Italy", "Spain"]},
-    "population_millions": {"type": "number"},
+    "population_millions": {"type": "number", "minimum": 0, "maximum": 100},
     "landmarks": {"type": "array", "items": {"type": "string", "maxLength": 24}, "maxItems": 2}},
     "required": ["city", "country", "landmarks"]}
 DATE = r"\d{4}-\d{2}-\d{2}"
@@ -111,7 +111,7 @@ def test_sweep_sampled_n_and_whitespace(llm, whitespace):
 
 @pytest.mark.slow
 def test_sweep_under_preemption():
-    small = LLM(max_model_len=512, max_num_blocks=24, block_size=16, max_num_seqs=8)
+    small = LLM(max_model_len=512, max_num_blocks=12, block_size=16, max_num_seqs=8)
     requests = [(ask(f"Describe user number {i} as JSON."), params(json=PERSON, temperature=0.7, seed=i, n=2))
                 for i in range(6)]
     outs = _batched(small, requests)
