@@ -177,6 +177,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     printer_columns: list[dict[str, Any]] = attrs.field(factory=list)
     _counter: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
     watch_events: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
+    # The same events by (plural, namespace of the object): which objects reached a watcher.
+    watch_events_in: collections.Counter[tuple[str, str | None]] = attrs.field(
+        factory=collections.Counter, init=False)
     received: list[tuple[str, str, str]] = attrs.field(factory=list, init=False)  # (method, path, JSON body)
     _collected: set[Any] = attrs.field(factory=set, init=False)
     _gc_tasks: set[Any] = attrs.field(factory=set, init=False)
@@ -328,6 +331,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 if selector and not selector_matches(selector, _labels(event.get("object") or {})):
                     continue
                 self.watch_events[request.resource.plural] += 1
+                namespace = ((event.get("object") or {}).get("metadata") or {}).get("namespace")
+                self.watch_events_in[request.resource.plural, namespace] += 1
             yield event
 
     async def _handle(self, request: rendering.Request) -> Any:
