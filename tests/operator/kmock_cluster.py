@@ -422,8 +422,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         }
 
 
-async def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll `predicate` until it returns something truthy (the event loop keeps serving meanwhile)."""
+async def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll `predicate` until it returns something truthy (the event loop keeps serving meanwhile).
+
+    The deadline is generous (a loaded 2-core machine stretches every step); it only bounds how long a
+    failing test hangs. Poll for states that last, never for one that lasts a pass: a busy CPU skips it.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last_error: Exception | None = None
