@@ -89,6 +89,19 @@ def _package_sources() -> list[str]:
     return ["pyproject.toml", "README.md", *sorted(f for f in folders if (ROOT / f).is_dir())]
 
 
+def test_pyproject_lists_every_package_folder() -> None:
+    """setuptools installs only the listed packages: a subpackage left out imports from a checkout (the editable
+    install, the tests) but is missing from every wheel and image."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set()
+    for package, folder in setuptools["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([package, *rel.parts]))
+    missing = sorted(found - set(setuptools["packages"]))
+    assert missing == [], f"package folders not in pyproject's [tool.setuptools] packages: {missing}"
+
+
 def test_a_wheel_installs_the_operator_whole(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
@@ -120,7 +133,7 @@ def test_a_wheel_installs_the_operator_whole(tmp_path: Path) -> None:
 
 def _third_party_imports(folder: Path) -> set[str]:
     names: set[str] = set()
-    for path in folder.glob("*.py"):
+    for path in folder.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names |= {a.name.split(".")[0] for a in node.names}
@@ -143,16 +156,18 @@ def _closure(requirements: list[str]) -> set[str]:
     return seen
 
 
-def test_the_operator_extra_carries_every_module_the_operator_imports() -> None:
+@pytest.mark.parametrize("folder", ["operator", "router"])
+def test_the_operator_extra_carries_every_module_the_operator_imports(folder: str) -> None:
+    """The operator image installs the package with --no-deps plus this extra; the router runs from it too."""
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["operator"]
     installed = _closure(extra)
     providers = metadata.packages_distributions()
     missing = {}
-    for module in _third_party_imports(ROOT / "operator"):
+    for module in _third_party_imports(ROOT / folder):
         dists = {canonicalize_name(d) for d in providers.get(module, [])}
         if not dists & installed:
             missing[module] = sorted(dists)
-    assert missing == {}, f"imported by operator/ but not installed by the `operator` extra: {missing}"
+    assert missing == {}, f"imported by {folder}/ but not installed by the `operator` extra: {missing}"
 
 
 @pytest.mark.parametrize("dockerfile", ["worker-cpu.Dockerfile", "worker.Dockerfile", "operator.Dockerfile"])
