@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from hetero_infer.bench.contention import MODES, contention
+from hetero_infer.bench.peer_llamacpp import run_llama_cpp
 from hetero_infer.kernels.cpu.threads import base_threads
 from hetero_infer.worker.cli_args import add_engine_args, engine_config_from_args
 from hetero_infer.worker.config import EngineConfig
@@ -264,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-output", type=int, default=None)
     p.add_argument("--workload-seed", type=int, default=0)
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to run")
-    p.add_argument("--peers", default="hf-generate,hf-cb", help="comma-separated: hf-generate, hf-cb, or none")
+    p.add_argument("--peers", default="hf-generate,hf-cb",
+                   help="comma-separated: hf-generate, hf-cb, llama-cpp (optional, needs llama-cpp-python), or none")
     p.add_argument("--contention", choices=MODES, default="none",
                    help="other work on the CPUs during every system's run: none, steady (one busy process), "
                         "bursty (every CPU busy --burst-on seconds, then idle --burst-off seconds)")
@@ -282,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = Workload(args.num_requests, args.min_prompt, args.max_prompt,
                         args.min_output or out_len, args.max_output or out_len, args.workload_seed)
     peers = [] if args.peers == "none" else [p for p in args.peers.split(",") if p]
-    unknown = set(peers) - {"hf-generate", "hf-cb"}
+    unknown = set(peers) - {"hf-generate", "hf-cb", "llama-cpp"}
     if unknown:
         print(f"hetero-infer bench: unknown peer(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
@@ -319,6 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         if "hf-cb" in peers:
             with busy():
                 results.append(run_hf_continuous(folder, dtype, device, prompts, outputs))
+        if "llama-cpp" in peers:  # optional peer: skipped with a message when unavailable
+            with busy():
+                peer, why = run_llama_cpp(folder, dtype_name, prompts, outputs, base_threads())
+            if peer is None:
+                print(why, file=sys.stderr)
+            else:
+                results.append(peer)
         print(format_table(results), flush=True)
     report["results"] = [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in results]
     print()
