@@ -91,14 +91,15 @@ def test_greedy_constrained_output_is_the_reference_walk(engine):
     engine.add_request("g", None, prompt, so(choice=choices, temperature=0.0))
     [out] = run(engine).values()
     tok = engine.tokenizer
+    pieces = tok.hf.batch_decode([[t] for t in range(engine.vocab_size)])
     tokens, text = list(prompt), ""
     while text not in choices:
         logits = mock_logits(prompt, tokens, engine.vocab_size)
-        allowed = [t for t in range(engine.vocab_size) if t not in tok.eos_token_ids
-                   and any(c.startswith(text + tok.decode([t])) for c in choices) and tok.decode([t])]
+        allowed = [t for t, piece in enumerate(pieces) if t not in tok.eos_token_ids and piece
+                   and any(c.startswith(text + piece) for c in choices)]
         best = max(allowed, key=lambda t: logits[t].item())
         tokens.append(best)
-        text += tok.decode([best])
+        text += pieces[best]
     assert out.outputs[0].text == text
     assert out.outputs[0].token_ids[:-1] == tokens[len(prompt):]
 

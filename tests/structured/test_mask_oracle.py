@@ -73,14 +73,14 @@ def regex_language(pattern: str, max_len: int = 5) -> set[str]:
 words = st.text(alphabet="abc", min_size=1, max_size=4)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(choices=st.lists(words, min_size=1, max_size=4, unique=True), data=st.data())
 def test_choice_mask_matches_the_oracle(cache, choices, data):
     walk(cache, StructuredOutputsParams(choice=choices), set(choices), lambda ts, _: data.draw(st.sampled_from(ts)))
 
 
 @pytest.mark.parametrize("pattern", ["(ab|c){1,2}", "a+b?", "[ab]c{0,2}", "\"(a|bc)\"", "(a|b)(b|c)?a"])
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_regex_mask_matches_the_oracle(cache, pattern, data):
     # a+ is infinite: the walk's mask checks hold while the text is within the enumerated length, so pick EOS
@@ -93,7 +93,7 @@ def test_regex_mask_matches_the_oracle(cache, pattern, data):
     walk(cache, StructuredOutputsParams(regex=pattern), language, choose)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(values=st.lists(words, min_size=1, max_size=3, unique=True), data=st.data())
 def test_json_enum_mask_matches_the_oracle(cache, values, data):
     params = StructuredOutputsParams(json={"enum": values}, disable_any_whitespace=True)
