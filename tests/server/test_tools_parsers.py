@@ -210,3 +210,11 @@ def test_tool_choice_none_leaves_the_text_alone() -> None:
     text = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
     whole = _whole(_formatter("qwen2.5", False, tool_choice="none"), text)
     assert whole["message"] == {"role": "assistant", "content": text} and whole["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_keeps_the_first_call(stream: bool) -> None:
+    text = HERMES_CASES[1][0]  # two calls
+    fmt = _formatter("qwen2.5", stream, parallel_tool_calls=False)
+    message = _streamed(fmt, [text[:40], text[40:]]).message if stream else _whole(fmt, text)["message"]
+    assert _calls(message) == [("get_weather", {"city": "Paris", "unit": "celsius"})]

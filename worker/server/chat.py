@@ -99,6 +99,7 @@ class ChatFormatter(Formatter):
         self.top_n = (req.top_logprobs or 0) if req.logprobs else None
         self.tool_mode = req.tool_mode
         self.parser: ToolParser | None = parser_for_template(chat_template(state)) if self.tool_mode == "auto" else None
+        self.max_calls = None if req.parallel_tool_calls else 1  # auto; `required` has it in its schema
 
     def _logprobs(self, token_ids: list[int], entries: list[dict[int, float]] | None) -> dict[str, Any]:
         content = []
@@ -157,8 +158,9 @@ class ChatFormatter(Formatter):
         ext = self.parser.extract(s.text, final)
         content = s.text[s.content_sent:ext.content_end] if ext.content_end > s.content_sent else ""
         s.content_sent = max(s.content_sent, ext.content_end)
-        new_calls = [{"index": i, **_tool_call(c)} for i, c in enumerate(ext.calls) if i >= s.calls_sent]
-        s.calls_sent = max(s.calls_sent, len(ext.calls))
+        calls = ext.calls[:self.max_calls]
+        new_calls = [{"index": i, **_tool_call(c)} for i, c in enumerate(calls) if i >= s.calls_sent]
+        s.calls_sent = max(s.calls_sent, len(calls))
         return content, new_calls
 
     # -------------------------------------------------------------------------------------- whole response
@@ -169,7 +171,7 @@ class ChatFormatter(Formatter):
         if self.tool_mode == "auto":
             assert self.parser is not None
             ext = self.parser.extract(c.text, final=True)
-            calls = ext.calls
+            calls = ext.calls[:self.max_calls]
             if calls:
                 message["content"] = c.text[:ext.content_end].strip() or None
         elif self.tool_mode in ("named", "required"):
