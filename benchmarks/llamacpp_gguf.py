@@ -7,7 +7,7 @@ The llama.cpp sources are those vendored in the llama-cpp-python sdist, e.g.:
     pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/sdist
     tar xzf /tmp/sdist/llama_cpp_python-0.3.36.tar.gz -C /tmp
     pip install sentencepiece   # the converter's Llama vocabulary path imports it
-    PYTHONPATH=. python benchmarks/llamacpp_gguf.py --llama-cpp-src /tmp/llama_cpp_python-0.3.36/vendor/llama.cpp
+    python -m benchmarks.llamacpp_gguf --llama-cpp-src /tmp/llama_cpp_python-0.3.36/vendor/llama.cpp
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def run_llama_cpp(folder: Path, dtype_name: str, prompts: list[list[int]], outpu
         return None, f"llama-cpp: no GGUF type for {dtype_name}"
     path = gguf_path(folder, dtype_name)
     if not path.is_file():
-        return None, (f"llama-cpp: no GGUF at {path}: python benchmarks/llamacpp_gguf.py --llama-cpp-src "
+        return None, (f"llama-cpp: no GGUF at {path}: python -m benchmarks.llamacpp_gguf --llama-cpp-src "
                       f"<llama.cpp sources, e.g. vendor/llama.cpp of the llama-cpp-python sdist>")
     return _timed_run(path, dtype_name, prompts, outputs, threads), None
 
