@@ -145,10 +145,10 @@ def test_penalties_on_non_contiguous_half_precision_logits() -> None:
 
 def test_min_tokens_masks_stop_id_zero_and_ignores_ids_outside_the_vocab() -> None:
     vocab = 8
-    logits = torch.tensor([[9.0, 1.0, 2.0, 3.0, 8.0, 0.0, 0.0, 0.0]])
+    logits = torch.tensor([[9.0, 1.0, 2.0, 3.0, 8.0, 0.0, 0.0, 5.0]])
     params = SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[0, vocab, vocab + 2])
     rows = [SamplingRow(params, [1], [], None, [4, -1])]
-    assert Sampler()(logits, rows)[0].token_id == 3  # 0 (stop id) and 4 (eos) masked
+    assert Sampler()(logits, rows)[0].token_id == 7  # 0 (stop id) and 4 (eos) masked; -1 is no token (not 7)
 
 
 @pytest.mark.parametrize("shape", [(2, 1, 30), (30,)], ids=["3d", "1d"])
