@@ -89,8 +89,11 @@ def test_random_ids_match_decode(smol_tokenizer: Tokenizer, seed: int, length: i
     detok, _, snapshots = _stream(smol_tokenizer, ids, SamplingParams(skip_special_tokens=skip))
     final = smol_tokenizer.decode(ids, skip_special_tokens=skip)
     assert detok.text == final
-    assert detok.emittable_text(finished=True) == final
-    _check_stream(final, snapshots)
+    # finished: a trailing U+FFFD (random ids often end inside a multi-byte character) is dropped (issue 15,
+    # defect 7); the byte-exact reference for those cuts is in tests/engine/test_output_text.py
+    emitted = detok.emittable_text(finished=True)
+    assert emitted == (final[:-1] if final.endswith("\ufffd") else final)
+    _check_stream(emitted, snapshots)
 
 
 def test_special_tokens_skipped_or_kept(smol_tokenizer: Tokenizer) -> None:
