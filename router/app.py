@@ -58,7 +58,7 @@ class Router:
         self.metrics = RouterMetrics()
         self.index = PrefixIndex(options.approx_capacity_blocks)
         self.pool = WorkerPool(options.worker, self.index, options.block_size, options.health_interval_s,
-                               on_change=self._count_ready)
+                               on_change=self._count_ready, api_key=options.worker_api_key)
         self._rr = 0
         self.session: aiohttp.ClientSession | None = None
 

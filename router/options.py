@@ -32,6 +32,8 @@ HELP = {
     "namespace": "the namespace of --discover-service (default: the pod's own, else 'default')",
     "discover_port": "the EndpointSlice port (name or number) the workers serve on (default: the one named http, "
     "else the first)",
+    "worker_api_key": "the workers' --api-key, sent only on the router's own block-report polls (GET "
+    "/v1/cache/blocks); clients' requests carry their own Authorization header",
     "log_level": "debug, info, warning or error (default info)",
 }
 
@@ -56,6 +58,7 @@ class RouterOptions:
     discover_service: str | None = None
     namespace: str | None = None
     discover_port: str | None = None
+    worker_api_key: str | None = field(default=None, repr=False)  # never printed
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     def __post_init__(self) -> None:

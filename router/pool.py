@@ -73,8 +73,9 @@ def parse_report(data: dict, block_size: int) -> BlockReport | None:
 
 class WorkerPool:
     def __init__(self, urls: Iterable[str], index: PrefixIndex, block_size: int, interval_s: float,
-                 on_change: callable | None = None) -> None:
+                 on_change: callable | None = None, api_key: str | None = None) -> None:
         self.workers = {u: Worker(u) for u in urls}
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.index = index
         self.block_size = block_size
         self.interval_s = interval_s
@@ -168,7 +169,11 @@ class WorkerPool:
         for _ in range(2):  # a refused delta is followed by a snapshot
             cursor = self.index.cursor(worker.url)
             params = {"epoch": cursor[0], "since": str(cursor[1])} if cursor else {}
-            async with self.session.get(worker.url + BLOCKS_PATH, params=params, timeout=timeout) as r:
+            async with self.session.get(worker.url + BLOCKS_PATH, params=params, timeout=timeout,
+                                        headers=self._auth) as r:
+                if r.status in (401, 403) and worker.reports_blocks is None:
+                    logger.warning("worker %s refused the block report (%d): set --worker-api-key to the "
+                                   "workers' key for the exact index; approximate index", worker.url, r.status)
                 if r.status != 200:
                     worker.reports_blocks = False  # another server, or a worker without the endpoint
                     return
