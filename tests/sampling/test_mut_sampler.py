@@ -190,14 +190,13 @@ def test_a_narrow_nucleus_takes_one_candidate_pass(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_batch_with_more_rows_than_vocab_entries() -> None:
-    # Rows 0-3 greedy, 4-6 sampled: the greedy rows are a prefix of the batch as long as the vocab; the last
+    # Rows 0-3 greedy, 4-6 top-1: the greedy rows are a prefix of the batch exactly as long as the vocab; the last
     # rows' penalties are indexed by row, not by token.
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]]).repeat(7, 1)
     params = [SamplingParams(temperature=0.0)] * 4 + [SamplingParams(top_k=1)]
     rows = [SamplingRow(p, [], [], None, []) for p in params]
-    rows.append(SamplingRow(SamplingParams(temperature=0.0, repetition_penalty=4.0), [1], [], None, []))
-    rows.append(SamplingRow(SamplingParams(temperature=0.0, frequency_penalty=0.5, presence_penalty=0.6), [], [1],
-                            None, []))
+    rows.append(SamplingRow(SamplingParams(top_k=1, repetition_penalty=4.0), [1], [], None, []))
+    rows.append(SamplingRow(SamplingParams(top_k=1, frequency_penalty=0.5, presence_penalty=0.6), [], [1], None, []))
     out = Sampler()(logits, rows)
     assert [t.token_id for t in out] == [1] * 5 + [3, 3]  # 3.0 / 4 < 2.0 and 3.0 - 0.5 - 0.6 < 2.0
 
@@ -232,3 +231,15 @@ def test_greedy_without_the_c_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(6))
     rows = [SamplingRow(SamplingParams(temperature=0.0), [], [], None, []) for _ in range(5)]
     assert [t.token_id for t in Sampler()(logits, rows)] == [int(torch.argmax(r)) for r in logits.double()]
+
+
+@pytest.mark.parametrize("penalty", [dict(frequency_penalty=1.0), dict(presence_penalty=-1.0),
+                                     dict(repetition_penalty=2.0)], ids=lambda d: next(iter(d)))
+def test_a_single_penalty_of_any_value_applies(penalty: dict[str, float]) -> None:
+    logits = torch.tensor([[1.0, 2.0, 3.0, -1.0]])
+    row = SamplingRow(SamplingParams(**penalty), [0], [2, 2], None, [])
+    args = {"rep": 1.0, "freq": 0.0, "pres": 0.0}
+    args.update({{"repetition_penalty": "rep", "frequency_penalty": "freq", "presence_penalty": "pres"}[k]: v
+                 for k, v in penalty.items()})
+    expected = _reference_penalties(logits[0].tolist(), [0], [2, 2], **args)
+    torch.testing.assert_close(process_logits(logits, [row])[0].double(), torch.tensor(expected, dtype=torch.float64))
