@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,11 +30,14 @@ class Extraction:
     calls: list[ParsedCall]
 
 
-class ToolParser:
+class ToolParser(ABC):
+    """One model family's tool-call format: splits generated text into content and the calls it holds."""
+
     name = ""
 
+    @abstractmethod
     def extract(self, text: str, final: bool) -> Extraction:
-        raise NotImplementedError
+        """The content end and the complete calls in `text`; `final`: no more text will come."""
 
 
 def _call(obj: Any) -> ParsedCall | None:
