@@ -140,6 +140,11 @@ def owner_reference(owner: Owner) -> dict[str, Any]:
     }
 
 
+def _scrape_annotations() -> dict[str, str]:
+    """Prometheus' pod annotations: workers and routers both serve /metrics on the same port."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(c.WORKER_PORT), "prometheus.io/path": "/metrics"}
+
+
 def _metadata(owner: Owner, name: str | None = None, component: str = c.COMPONENT_WORKER) -> dict[str, Any]:
     return {
         "name": name or owner.name,
@@ -333,12 +338,7 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
             "template": {
                 "metadata": {
                     "labels": labels,
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(c.WORKER_PORT),
-                        "prometheus.io/path": "/metrics",
-                        "kubectl.kubernetes.io/default-container": "worker",
-                    },
+                    "annotations": {**_scrape_annotations(), "kubectl.kubernetes.io/default-container": "worker"},
                 },
                 "spec": pod_spec,
             },
@@ -438,11 +438,7 @@ def router_deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefault
             "template": {
                 "metadata": {
                     "labels": labels,
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(c.WORKER_PORT),
-                        "prometheus.io/path": "/metrics",
-                    },
+                    "annotations": _scrape_annotations(),
                 },
                 "spec": {
                     "serviceAccountName": name,
