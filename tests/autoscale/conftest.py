@@ -6,10 +6,8 @@ import path and its conftest is loaded under its own name, so both suites use on
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
-from typing import Any
 
 import kmock as kmock_lib
 import pytest
@@ -20,18 +18,9 @@ if str(OPERATOR_TESTS) not in sys.path:
     sys.path.insert(0, str(OPERATOR_TESTS))
 
 
-def _load(name: str, path: Path) -> Any:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from borrowed_fixtures import operator_fixtures  # noqa: E402
 
-
-_operator_fixtures = _load("operator_tests_conftest", OPERATOR_TESTS / "conftest.py")
+_operator_fixtures = operator_fixtures()
 crd = _operator_fixtures.crd
 helm_bin = _operator_fixtures.helm_bin
 kmock_options = _operator_fixtures.kmock_options

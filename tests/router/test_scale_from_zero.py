@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,22 +31,11 @@ for folder in (TESTS / "operator", TESTS / "router"):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
+from borrowed_fixtures import operator_fixtures  # noqa: E402
 from kmock_cluster import DEPLOYMENTS, INFD, wait_for  # noqa: E402
 from router_proc import Proc, samples  # noqa: E402
 
-
-def _load(name: str, path: Path) -> Any:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_operator_fixtures = _load("operator_tests_conftest", TESTS / "operator" / "conftest.py")
+_operator_fixtures = operator_fixtures()
 crd = _operator_fixtures.crd
 kmock_options = _operator_fixtures.kmock_options
 kubeconfig = _operator_fixtures.kubeconfig
