@@ -149,7 +149,7 @@ def test_named_tool_call_validates(sclient: openai.OpenAI, smodel: str, stream: 
     else:
         choice = sclient.chat.completions.create(model=smodel, messages=WEATHER_Q, tools=TOOLS,  # type: ignore[arg-type]
                                                  tool_choice=named, **RANDOM).choices[0]  # type: ignore[arg-type]
-    assert choice.finish_reason == "tool_calls"
+    assert choice.finish_reason == "stop"  # OpenAI's answer for a named tool choice (vLLM PR 25054)
     [(name, args)] = _args(choice.message.tool_calls)
     assert name == "get_weather"
     _valid_call(name, args)
@@ -183,7 +183,7 @@ def test_real_model_tool_calls(rclient: openai.OpenAI) -> None:
         r = rclient.chat.completions.create(model=model, messages=WEATHER_Q, tools=TOOLS,  # type: ignore[arg-type]
                                             tool_choice=tool_choice, max_tokens=120, **extra)  # type: ignore[arg-type]
         choice = r.choices[0]
-        assert choice.finish_reason == "tool_calls", choice
+        assert choice.finish_reason == ("tool_calls" if tool_choice == "required" else "stop"), choice
         for name, args in _args(choice.message.tool_calls):
             _valid_call(name, args)
         with rclient.chat.completions.stream(model=model, messages=WEATHER_Q, tools=TOOLS,  # type: ignore[arg-type]

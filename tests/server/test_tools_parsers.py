@@ -186,11 +186,11 @@ def test_named_choice_reads_the_output_as_arguments(stream: bool) -> None:
     fmt = _formatter("smollm2", stream, tool_choice=named)
     if stream:
         choice = _streamed(fmt, [text[:5], text[5:20], text[20:]])
-        assert _calls(choice.message) == [("get_weather", json.loads(text))] and choice.finish_reason == "tool_calls"
+        assert _calls(choice.message) == [("get_weather", json.loads(text))] and choice.finish_reason == "stop"
     else:
         choice = _whole(fmt, text)
         assert _calls(choice["message"]) == [("get_weather", json.loads(text))]
-        assert (choice["message"]["content"], choice["finish_reason"]) == (None, "tool_calls")
+        assert (choice["message"]["content"], choice["finish_reason"]) == (None, "stop")
 
 
 @pytest.mark.parametrize("stream", [False, True])

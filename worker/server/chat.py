@@ -75,8 +75,10 @@ def _tool_call(call: ParsedCall) -> dict[str, Any]:
             "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def _finish(reason: str | None, called: bool) -> str | None:
-    return "tool_calls" if called and reason == "stop" else reason
+def _finish(reason: str | None, called: bool, tool_mode: str) -> str | None:
+    """OpenAI's finish_reason: "tool_calls" when calls were made, except for a named tool choice, where OpenAI
+    answers "stop" (measured against its API in vLLM PR 25054; vLLM matches it)."""
+    return "tool_calls" if called and reason == "stop" and tool_mode != "named" else reason
 
 
 @dataclass
@@ -135,7 +137,7 @@ class ChatFormatter(Formatter):
             delta["tool_calls"] = calls
         logprobs = self._logprobs(d.token_ids, d.logprobs) if self.top_n is not None else None
         return self._base_chunk(dumps({"index": idx, "delta": delta, "logprobs": logprobs,
-                                       "finish_reason": _finish(d.finish_reason, s.calls_sent > 0)}))
+                                       "finish_reason": _finish(d.finish_reason, s.calls_sent > 0, self.tool_mode)}))
 
     def _stream_step(self, s: _ToolStream, new_text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
         """(content to send, tool-call deltas to send) for what a choice gained."""
@@ -181,4 +183,4 @@ class ChatFormatter(Formatter):
         if calls:
             message["tool_calls"] = [_tool_call(call) for call in calls]
         return {"index": idx, "message": message, "logprobs": logprobs,
-                "finish_reason": _finish(c.finish_reason, bool(calls))}
+                "finish_reason": _finish(c.finish_reason, bool(calls), self.tool_mode)}
