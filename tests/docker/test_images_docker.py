@@ -53,6 +53,16 @@ def test_cpu_worker_serves_the_default_model_and_drains_on_sigterm(worker_cpu_im
         done = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8,
                                          temperature=0)
         assert "Paris" in done.choices[0].text, done.choices[0].text
+        # Structured outputs run in the image (xgrammar's CPU mask kernel; the image has no triton).
+        schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                  "required": ["city"], "additionalProperties": False}
+        shaped = client.chat.completions.create(
+            model=model, max_tokens=24, temperature=0,
+            messages=[{"role": "user", "content": "Which city is the capital of France?"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+        assert json.loads(shaped.choices[0].message.content or "") in ({"city": "Paris"}, {"city": "Rome"})
+        no_triton = run_python(worker_cpu_image, "import importlib.util as u; print(u.find_spec('triton') is None)")
+        assert no_triton.stdout.strip() == "True", no_triton
 
         families = metric_families(base)
         for gauge in GAUGES:
