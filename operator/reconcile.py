@@ -21,6 +21,7 @@ from hetero_infer.operator.manifests import (
     WorkerDefaults,
     children,
     endpoint,
+    router_name,
     selector_string,
     stale_optional_children,
 )
@@ -183,10 +184,15 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
             outcome.errors.append(f"HorizontalPodAutoscaler {ns}/{name}: {e}")
 
     conflicts = [r.detail for r in outcome.results if r.action == "conflict"]
+    foreign = {(r.kind, r.name) for r in outcome.results if r.action == "conflict"}
+
+    def owned(kind: str, child: str) -> dict[str, Any] | None:
+        return None if (kind, child) in foreign else live.get((kind, child))
+
     observed = Observed(
         generation=generation,
-        deployment=live.get(("Deployment", name)) if not any(
-            (r.kind, r.name) == ("Deployment", name) for r in outcome.results if r.action == "conflict") else None,
+        deployment=owned("Deployment", name),
+        router=owned("Deployment", router_name(name)) if wanted.router is not None else None,
         hpa=live.get(("HorizontalPodAutoscaler", name)),
         problems=conflicts + outcome.errors,
         problem_reason="ChildConflict" if conflicts else "ReconcileFailed",

@@ -2,8 +2,8 @@
 
 Two writers share `.status`, each owning its own fields:
 
-- reconcile (`compute_status`): replicas, readyReplicas, selector, endpoint, observedGeneration and
-  the Ready, Progressing and Degraded conditions; and, unless the operator's autoscaler runs (mode
+- reconcile (`compute_status`): replicas, readyReplicas, selector, endpoint, observedGeneration, router
+  and the Ready, RouterReady, Progressing and Degraded conditions; and, unless the operator's autoscaler runs (mode
   operator), desiredReplicas, metrics, lastScaleTime and ScalingActive (from spec.replicas or the HPA);
 - the autoscaler in mode operator (`autoscaler_status`): desiredReplicas, metrics, lastScaleTime and
   ScalingActive.
@@ -13,11 +13,14 @@ patch, so each writer rebuilds it from the object's latest version, keeping the 
 and writes it with a resourceVersion precondition (kube.patch_status: on a conflict it reads again
 and recomputes). Conditions keep their lastTransitionTime while their status stays the same, so
 writing an unchanged status is a no-op the caller can skip.
+
+With spec.router.enabled users call the router's Service, so Ready needs both the workers and the router
+(RouterReady: its Deployment has every requested replica available) and its message says which is missing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +36,7 @@ class Observed:
 
     generation: int | None
     deployment: Mapping[str, Any] | None = None
+    router: Mapping[str, Any] | None = None  # the router Deployment (read only with spec.router.enabled)
     hpa: Mapping[str, Any] | None = None
     problems: list[str] = field(default_factory=list)  # reconcile-level problems (conflicts, API errors)
     problem_reason: str = "ReconcileFailed"
@@ -43,10 +47,11 @@ def _cond(ctype: str, status: str, reason: str, message: str) -> dict[str, Any]:
 
 
 def merge_conditions(previous: list[Mapping[str, Any]] | None, new: list[dict[str, Any]], now: str,
-                     generation: int | None) -> list[dict[str, Any]]:
-    """New conditions in CONDITION_TYPES order, keeping lastTransitionTime when the status is unchanged."""
+                     generation: int | None, drop: Collection[str] = ()) -> list[dict[str, Any]]:
+    """New conditions in CONDITION_TYPES order, keeping lastTransitionTime when the status is unchanged;
+    the previous ones of the types in `drop` are removed."""
     before = {p.get("type"): p for p in previous or []}
-    merged = {p.get("type"): dict(p) for p in previous or []}
+    merged = {p.get("type"): dict(p) for p in previous or [] if p.get("type") not in drop}
     for cond in new:
         old = before.get(cond["type"])
         keep_time = old is not None and old.get("status") == cond["status"] and old.get("lastTransitionTime")
@@ -71,8 +76,7 @@ def _deployment_conditions(spec: InferenceSpec, dep: Mapping[str, Any] | None) -
     generation = (dep.get("metadata") or {}).get("generation")
     seen = st.get("observedGeneration")
     caught_up = generation is None or (seen is not None and seen >= generation)
-    dep_conds = {d.get("type"): d for d in st.get("conditions") or []}
-    stuck = (dep_conds.get("Progressing") or {}).get("reason") == "ProgressDeadlineExceeded"
+    stuck = _rollout_stuck(dep)
 
     if desired == 0:
         ready_c = _cond(c.COND_READY, "True", "ScaledToZero", "no replicas requested")
@@ -85,16 +89,54 @@ def _deployment_conditions(spec: InferenceSpec, dep: Mapping[str, Any] | None) -
 
     degraded = None
     complete = caught_up and updated >= desired and total == desired and available >= desired
-    if stuck:
-        msg = (dep_conds.get("Progressing") or {}).get("message") or "the rollout exceeded its progress deadline"
-        prog_c = _cond(c.COND_PROGRESSING, "False", "ProgressDeadlineExceeded", msg)
-        degraded = _cond(c.COND_DEGRADED, "True", "RolloutStuck", msg)
+    if stuck is not None:
+        prog_c = _cond(c.COND_PROGRESSING, "False", "ProgressDeadlineExceeded", stuck)
+        degraded = _cond(c.COND_DEGRADED, "True", "RolloutStuck", stuck)
     elif complete:
         prog_c = _cond(c.COND_PROGRESSING, "False", "RolloutComplete", f"{desired} replicas up to date")
     else:
         prog_c = _cond(c.COND_PROGRESSING, "True", "RollingOut",
                        f"{updated}/{desired} replicas updated, {available} available, {total} total")
     return ready_c, prog_c, degraded
+
+
+def _rollout_stuck(dep: Mapping[str, Any]) -> str | None:
+    """The Deployment controller's message when the rollout exceeded its progress deadline, else None."""
+    for cond in (dep.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
+            return str(cond.get("message") or "the rollout exceeded its progress deadline")
+    return None
+
+
+def router_status(spec: InferenceSpec, dep: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`.status.router`: the router Deployment's replica counts and the policy it routes with."""
+    st = (dep or {}).get("status") or {}
+    counts = {k: int(st.get(k) or 0) for k in ("replicas", "readyReplicas", "updatedReplicas", "availableReplicas")}
+    return {**counts, "policy": spec.router.policy}
+
+
+def _router_condition(spec: InferenceSpec, dep: Mapping[str, Any] | None) -> dict[str, Any]:
+    """RouterReady: True once every requested router replica is available (the Service users call has them)."""
+    if dep is None:
+        return _cond(c.COND_ROUTER_READY, "False", "DeploymentMissing", "the router Deployment does not exist yet")
+    desired = spec.router.replicas
+    available = int((dep.get("status") or {}).get("availableReplicas") or 0)
+    counted = f"{available}/{desired} router replicas available"
+    if available >= desired:
+        return _cond(c.COND_ROUTER_READY, "True", "RouterAvailable", counted)
+    if available > 0:
+        return _cond(c.COND_ROUTER_READY, "False", "RouterPartiallyAvailable", f"{counted} (serving)")
+    return _cond(c.COND_ROUTER_READY, "False", "RouterUnavailable", counted)
+
+
+def _ready_with_router(workers: dict[str, Any], router: dict[str, Any]) -> dict[str, Any]:
+    """Ready when users call the router: the workers' verdict, unless the router is what is missing."""
+    if router["status"] == "True":
+        return dict(workers, message=f"workers: {workers['message']}; {router['message']}")
+    if workers["status"] == "True":
+        return _cond(c.COND_READY, "False", "RouterNotReady",
+                     f"the router is not available: {router['message']} (workers: {workers['message']})")
+    return dict(workers, message=f"workers: {workers['message']}; router not available either: {router['message']}")
 
 
 def _scaling_condition(spec: InferenceSpec, hpa: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -131,21 +173,34 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
     previous = previous or {}
     dep_status = (observed.deployment or {}).get("status") or {}
     ready_c, prog_c, degraded = _deployment_conditions(spec, observed.deployment)
+    conditions = []
+    if spec.router.enabled:
+        router_c = _router_condition(spec, observed.router)
+        ready_c = _ready_with_router(ready_c, router_c)
+        conditions.append(router_c)
+        router_stuck = _rollout_stuck(observed.router) if observed.router is not None else None
+        if degraded is None and router_stuck is not None:
+            degraded = _cond(c.COND_DEGRADED, "True", "RouterRolloutStuck", router_stuck)
     if observed.problems:
         degraded = _cond(c.COND_DEGRADED, "True", observed.problem_reason, "; ".join(observed.problems))
     if degraded is None:
         degraded = _cond(c.COND_DEGRADED, "False", "AsExpected", "all children match the spec")
-    conditions = [ready_c, prog_c, degraded]
+    conditions += [ready_c, prog_c, degraded]
     if not spec.autoscaling.by_operator:
         conditions.append(_scaling_condition(spec, observed.hpa))
+    drop = () if spec.router.enabled else (c.COND_ROUTER_READY,)
 
     status: dict[str, Any] = {
         "replicas": int(dep_status.get("replicas") or 0),
         "readyReplicas": int(dep_status.get("readyReplicas") or 0),
         "selector": selector,
         "endpoint": endpoint,
-        "conditions": merge_conditions(previous.get("conditions"), conditions, now, observed.generation),
+        "conditions": merge_conditions(previous.get("conditions"), conditions, now, observed.generation, drop),
     }
+    if spec.router.enabled:
+        status["router"] = router_status(spec, observed.router)
+    elif previous.get("router") is not None:
+        status["router"] = None  # the router was turned off: remove its numbers
     if observed.generation is not None:
         status["observedGeneration"] = observed.generation
     if spec.autoscaling.by_operator:

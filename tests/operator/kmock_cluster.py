@@ -164,11 +164,20 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return (obj.get("metadata") or {}).get("labels") or {}
 
 
+_FILTERED = re.compile(r'^(\w+)\[\?\(@\.(\w+)=="([^"]*)"\)\]$')  # list[?(@.key=="value")], as in printer columns
+
+
 def _jsonpath(obj: Any, path: str) -> Any:
-    for part in path.strip(".").split("."):
+    for part in re.findall(r'(?:[^.\[]|\[[^\]]*\])+', path):
         if not isinstance(obj, Mapping):
             return None
-        obj = obj.get(part)
+        filtered = _FILTERED.match(part)
+        if filtered is None:
+            obj = obj.get(part)
+            continue
+        key, field, value = filtered.groups()
+        obj = next((item for item in obj.get(key) or [] if isinstance(item, Mapping) and item.get(field) == value),
+                   None)
     return obj
 
 

@@ -52,7 +52,9 @@ def test_crd_names_subresources_and_columns(crd: dict[str, Any]) -> None:
                                                 "statusReplicasPath": ".status.replicas",
                                                 "labelSelectorPath": ".status.selector"}
     columns = [col["name"] for col in version["additionalPrinterColumns"] if not col.get("priority")]
-    assert columns == ["Model", "Replicas", "Ready", "KV-Usage", "Queue", "Age"]
+    assert columns == ["Model", "Replicas", "Ready", "Status", "KV-Usage", "Queue", "Age"]
+    wide = {col["name"]: col["jsonPath"] for col in version["additionalPrinterColumns"] if col.get("priority")}
+    assert wide["Router"] == ".status.router.availableReplicas"
 
 
 def test_chart_ships_the_same_crd() -> None:

@@ -36,9 +36,9 @@ async def test_kubectl_lists_inference_deployments_with_printer_columns(
 
     table = await kubectl(kubectl_bin, kubeconfig, tmp_path, "get", "infd", "-n", NS)
     header, row = table.strip().splitlines()
-    assert header.split() == ["NAME", "MODEL", "REPLICAS", "READY", "KV-USAGE", "QUEUE", "AGE"]
+    assert header.split() == ["NAME", "MODEL", "REPLICAS", "READY", "STATUS", "KV-USAGE", "QUEUE", "AGE"]
     cells = row.split()
-    assert cells[:6] == ["smol", "smollm2", "1", "0", "0.625", "3"], row
+    assert cells[:7] == ["smol", "smollm2", "1", "0", "NoReplicasReady", "0.625", "3"], row
 
     wide = await kubectl(kubectl_bin, kubeconfig, tmp_path, "get", "inferencedeployments.hetero-infer.io",
                          "-n", NS, "-o", "wide")
