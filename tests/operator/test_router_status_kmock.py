@@ -38,7 +38,7 @@ def gets_of(kmock: Any, path: str) -> int:
 
 
 async def test_ready_follows_the_router_deployment_and_resyncs_write_nothing(
-        kmock: Any, operator: Any, kubeconfig: Path, kubectl_bin: Path, tmp_path: Path) -> None:
+        kmock: Any, operator: Any, kubeconfig: Path, kubectl_bin: Path, tmp_path: Path, crd: dict[str, Any]) -> None:
     await operator("--resync-seconds", "0.2")
     await create(kmock, infd(replicas=1, router={"enabled": True, "policy": "round-robin"}))
     await wait_for(lambda: live(kmock, DEPLOYMENTS) and live(kmock, DEPLOYMENTS, "smol-router"),
@@ -67,6 +67,12 @@ async def test_ready_follows_the_router_deployment_and_resyncs_write_nothing(
     starts = [m.start() for m in re.finditer(r"\S+", header)]  # empty cells (no metrics yet) are blanks
     cells = {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)}
     assert (cells["STATUS"], cells["ROUTER"]) == ("AllReplicasReady", "1")
+    # kubectl's own JSONPath (client-go's, as kube-apiserver evaluates printer columns) agrees with the emulator.
+    for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]:
+        if column["name"] in ("Status", "Router"):
+            value = await kubectl(kubectl_bin, kubeconfig, tmp_path, "get", "infd", "smol", "-n", NS, "-o",
+                                  f"jsonpath={{{column['jsonPath']}}}")
+            assert value == cells[column["name"].upper()], column
 
     # Converged: resync passes read the router Deployment again and again and write no status.
     router_path = f"{DEPLOYMENTS_PATH}/smol-router"
