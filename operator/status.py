@@ -15,7 +15,8 @@ and recomputes). Conditions keep their lastTransitionTime while their status sta
 writing an unchanged status is a no-op the caller can skip.
 
 With spec.router.enabled users call the router's Service, so Ready needs both the workers and the router
-(RouterReady: its Deployment has every requested replica available) and its message says which is missing.
+(RouterReady: its Deployment has every requested replica available) and its message says which is missing;
+Progressing covers the router's rollout too, and Degraded a stuck one.
 """
 
 from __future__ import annotations
@@ -68,14 +69,7 @@ def _deployment_conditions(spec: InferenceSpec, dep: Mapping[str, Any] | None) -
     if dep is None:
         return (_cond(c.COND_READY, "False", "DeploymentMissing", "the worker Deployment does not exist yet"),
                 _cond(c.COND_PROGRESSING, "True", "Creating", "creating the worker Deployment"), None)
-    st = dep.get("status") or {}
-    ready = int(st.get("readyReplicas") or 0)
-    updated = int(st.get("updatedReplicas") or 0)
-    total = int(st.get("replicas") or 0)
-    available = int(st.get("availableReplicas") or 0)
-    generation = (dep.get("metadata") or {}).get("generation")
-    seen = st.get("observedGeneration")
-    caught_up = generation is None or (seen is not None and seen >= generation)
+    ready = int((dep.get("status") or {}).get("readyReplicas") or 0)
     stuck = _rollout_stuck(dep)
 
     if desired == 0:
@@ -88,16 +82,29 @@ def _deployment_conditions(spec: InferenceSpec, dep: Mapping[str, Any] | None) -
         ready_c = _cond(c.COND_READY, "False", "NoReplicasReady", f"0/{desired} replicas ready")
 
     degraded = None
-    complete = caught_up and updated >= desired and total == desired and available >= desired
+    rolling = _rollout(dep, desired)
     if stuck is not None:
         prog_c = _cond(c.COND_PROGRESSING, "False", "ProgressDeadlineExceeded", stuck)
         degraded = _cond(c.COND_DEGRADED, "True", "RolloutStuck", stuck)
-    elif complete:
+    elif rolling is None:
         prog_c = _cond(c.COND_PROGRESSING, "False", "RolloutComplete", f"{desired} replicas up to date")
     else:
-        prog_c = _cond(c.COND_PROGRESSING, "True", "RollingOut",
-                       f"{updated}/{desired} replicas updated, {available} available, {total} total")
+        prog_c = _cond(c.COND_PROGRESSING, "True", "RollingOut", rolling)
     return ready_c, prog_c, degraded
+
+
+def _rollout(dep: Mapping[str, Any], desired: int) -> str | None:
+    """None once the Deployment runs `desired` up-to-date, available replicas and nothing else; else how far it got."""
+    st = dep.get("status") or {}
+    updated = int(st.get("updatedReplicas") or 0)
+    total = int(st.get("replicas") or 0)
+    available = int(st.get("availableReplicas") or 0)
+    generation = (dep.get("metadata") or {}).get("generation")
+    seen = st.get("observedGeneration")
+    caught_up = generation is None or (seen is not None and seen >= generation)
+    if caught_up and updated >= desired and total == desired and available >= desired:
+        return None
+    return f"{updated}/{desired} replicas updated, {available} available, {total} total"
 
 
 def _rollout_stuck(dep: Mapping[str, Any]) -> str | None:
@@ -139,6 +146,15 @@ def _ready_with_router(workers: dict[str, Any], router: dict[str, Any]) -> dict[
     return dict(workers, message=f"workers: {workers['message']}; router not available either: {router['message']}")
 
 
+def _progressing_with_router(workers: dict[str, Any], router: str | None) -> dict[str, Any]:
+    """Progressing also while the router rolls out (`router`: how far, from _rollout; None when done)."""
+    if router is None or workers["reason"] == "ProgressDeadlineExceeded":
+        return workers
+    if workers["status"] == "True":
+        return dict(workers, message=f"{workers['message']}; router: {router}")
+    return _cond(c.COND_PROGRESSING, "True", "RouterRollingOut", f"router: {router}")
+
+
 def _scaling_condition(spec: InferenceSpec, hpa: Mapping[str, Any] | None) -> dict[str, Any]:
     """ScalingActive when reconcile owns it (autoscaling off, or mode hpa)."""
     a = spec.autoscaling
@@ -178,9 +194,12 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
         router_c = _router_condition(spec, observed.router)
         ready_c = _ready_with_router(ready_c, router_c)
         conditions.append(router_c)
-        router_stuck = _rollout_stuck(observed.router) if observed.router is not None else None
-        if degraded is None and router_stuck is not None:
-            degraded = _cond(c.COND_DEGRADED, "True", "RouterRolloutStuck", router_stuck)
+        if observed.router is None:
+            prog_c = _progressing_with_router(prog_c, "creating the router Deployment")
+        elif (router_stuck := _rollout_stuck(observed.router)) is not None:
+            degraded = degraded or _cond(c.COND_DEGRADED, "True", "RouterRolloutStuck", router_stuck)
+        else:
+            prog_c = _progressing_with_router(prog_c, _rollout(observed.router, spec.router.replicas))
     if observed.problems:
         degraded = _cond(c.COND_DEGRADED, "True", observed.problem_reason, "; ".join(observed.problems))
     if degraded is None:

@@ -103,12 +103,34 @@ def test_router_disabled_has_no_router_status_and_turning_it_off_removes_it() ->
     assert "router" not in again and not status_changed(applied, again)
 
 
+@pytest.mark.parametrize(("workers", "router", "status", "reason", "message"), [
+    (WORKERS_READY, dep(1, 1), "False", "RolloutComplete", "2 replicas up to date"),
+    (WORKERS_READY, None, "True", "RouterRollingOut", "router: creating the router Deployment"),
+    (WORKERS_READY, dep(1, 0), "True", "RouterRollingOut", "router: 1/1 replicas updated, 0 available, 1 total"),
+    (dep(2, 1), dep(1, 0), "True", "RollingOut",
+     "2/2 replicas updated, 1 available, 2 total; router: 1/1 replicas updated, 0 available, 1 total"),
+])
+def test_progressing_covers_the_router_rollout(workers: Any, router: Any, status: str, reason: str,
+                                               message: str) -> None:
+    progressing = conds(status_of(spec(), workers=workers, router=router))["Progressing"]
+    assert (progressing["status"], progressing["reason"], progressing["message"]) == (status, reason, message)
+
+
+def test_a_router_rolling_to_a_new_generation_is_progressing_while_available() -> None:
+    rolling = dep(1, 1)
+    rolling["metadata"]["generation"] = 2  # a new image: the controller has not caught up yet
+    cs = conds(status_of(spec(), router=rolling))
+    assert (cs["Progressing"]["status"], cs["Progressing"]["reason"]) == ("True", "RouterRollingOut")
+    assert cs["Ready"]["status"] == "True"  # maxUnavailable 0: it serves throughout
+
+
 def test_a_stuck_router_rollout_is_degraded() -> None:
     stuck = [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
               "message": 'ReplicaSet "smol-router-1" has timed out progressing.'}]
     cs = conds(status_of(spec(), router=dep(1, 0, conditions=stuck)))
     assert (cs["Degraded"]["status"], cs["Degraded"]["reason"]) == ("True", "RouterRolloutStuck")
     assert "timed out" in cs["Degraded"]["message"]
+    assert (cs["Progressing"]["status"], cs["Progressing"]["reason"]) == ("False", "RolloutComplete")  # the workers'
     assert conds(status_of(spec(), router=dep(1, 1)))["Degraded"]["status"] == "False"
 
 

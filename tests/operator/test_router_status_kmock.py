@@ -50,6 +50,7 @@ async def test_ready_follows_the_router_deployment_and_resyncs_write_nothing(
                            and conditions(kmock)["Ready"], what="Ready: RouterNotReady")
     assert ready["status"] == "False" and "0/1 router replicas available" in ready["message"]
     assert conditions(kmock)["RouterReady"]["status"] == "False"
+    assert conditions(kmock)["Progressing"]["reason"] == "RouterRollingOut"
     assert live(kmock, INFD)["status"]["router"]["availableReplicas"] == 0  # type: ignore[index]
 
     # The router's pod passes /readyz: everything users need is there.
@@ -58,6 +59,7 @@ async def test_ready_follows_the_router_deployment_and_resyncs_write_nothing(
     cs = conditions(kmock)
     assert (cs["RouterReady"]["status"], cs["RouterReady"]["reason"]) == ("True", "RouterAvailable")
     assert cs["Ready"]["reason"] == "AllReplicasReady" and "1/1 router replicas available" in cs["Ready"]["message"]
+    assert (cs["Progressing"]["status"], cs["Progressing"]["reason"]) == ("False", "RolloutComplete")
     assert live(kmock, INFD)["status"]["router"] == {  # type: ignore[index]
         "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "availableReplicas": 1, "policy": "round-robin"}
 
