@@ -81,7 +81,7 @@ async def test_ready_follows_the_router_deployment_and_resyncs_write_nothing(
     start = gets_of(kmock, router_path)
     await wait_for(lambda: gets_of(kmock, router_path) >= start + 1, what="a resync pass after convergence")
     writes, start = status_writes(kmock), gets_of(kmock, router_path)
-    await wait_for(lambda: gets_of(kmock, router_path) >= start + 5, timeout=60, what="five resync passes")
+    await wait_for(lambda: gets_of(kmock, router_path) >= start + 3, timeout=60, what="three resync passes")
     assert status_writes(kmock) == writes, "an unchanged router status is written again"
 
     # The router loses its pod: Ready follows, and says it is the router.
