@@ -26,12 +26,17 @@ from hetero_infer.router.index import PrefixIndex
 from hetero_infer.router.metrics import RouterMetrics
 from hetero_infer.router.options import RouterOptions
 from hetero_infer.router.pool import Worker, WorkerPool
-from hetero_infer.router.prompt import load_tokenizer, request_hashes
+from hetero_infer.router.prompt import request_hashes
+from hetero_infer.router.tokenizer_source import MODES, WorkersTokenizer, load_tokenizer, source_of
+from hetero_infer.worker.server import cors
+from hetero_infer.worker.server.errors import APIError
 
 logger = logging.getLogger("hetero_infer.router")
 
-# Not forwarded either way: hop-by-hop, or recomputed by aiohttp.
-_DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
+# Not forwarded either way: hop-by-hop, or recomputed by aiohttp. Origin: CORS is answered here (the router's
+# --allowed-origins); a worker seeing the browser's Origin would refuse what the router allowed.
+_DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
+                 "origin"}
 _DROP_RESPONSE = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
 _REFUSED = (429, 503)
 _INLINE_TOKENIZE_BYTES = 1024  # request bodies up to this size are tokenized on the event loop
@@ -61,6 +66,16 @@ class Router:
                                on_change=self._count_ready, api_key=options.worker_api_key)
         self._rr = 0
         self.session: aiohttp.ClientSession | None = None
+        self._tokenizer_task: asyncio.Task | None = None
+        self._set_tokenizer_mode("folder" if tokenizer is not None else "text")
+
+    def _set_tokenizer_mode(self, mode: str) -> None:
+        for m in MODES:
+            self.metrics.tokenizer_mode.labels(m).set(1 if m == mode else 0)
+
+    def _use_workers_tokenizer(self, tokenizer: Any, url: str) -> None:
+        self.tokenizer = tokenizer
+        self._set_tokenizer_mode("workers")
 
     def _count_ready(self) -> None:
         self.metrics.workers_ready.set(len(self.pool.ready()))
@@ -95,9 +110,10 @@ class Router:
         policy = self.options.policy
         if isinstance(payload, dict) and request.method == "POST":
             if policy == "prefix":
-                args = (payload, self.tokenizer, self.options.block_size, self.options.text_chunk_bytes)
+                tokenizer = self.tokenizer
+                args = (payload, tokenizer, self.options.block_size, self.options.text_chunk_bytes, body)
                 # Hashing ids or text is cheap, tokenizing is not: a thread hop only for the tokenizer's long prompts.
-                if self.tokenizer is None or len(body) <= _INLINE_TOKENIZE_BYTES:
+                if tokenizer is None or len(body) <= _INLINE_TOKENIZE_BYTES:
                     hashes, exact = request_hashes(*args)
                 else:
                     hashes, exact = await asyncio.get_running_loop().run_in_executor(None, request_hashes, *args)
@@ -232,15 +248,37 @@ class Router:
         self.session = aiohttp.ClientSession(auto_decompress=False,
                                              connector=aiohttp.TCPConnector(limit=0, force_close=False))
         await self.pool.start(self.session)
+        if self.tokenizer is None and source_of(self.options.tokenizer) == "workers":
+            logger.info("tokenizer: the workers' (GET /v1/tokenizer/files from the first ready worker, loaded in the "
+                        "background); prompt text hashed until then")
+            fetcher = WorkersTokenizer(self.pool, self._use_workers_tokenizer, self.options.worker_api_key)
+            self._tokenizer_task = asyncio.create_task(fetcher.run(self.session))
 
     async def on_cleanup(self, app: web.Application) -> None:
+        if self._tokenizer_task is not None:
+            self._tokenizer_task.cancel()
+            await asyncio.gather(self._tokenizer_task, return_exceptions=True)
         await self.pool.stop()
         if self.session is not None:
             await self.session.close()
 
 
+@web.middleware
+async def api_error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The CORS middleware's refusals (APIError) as OpenAI-shaped error responses."""
+    try:
+        return await handler(request)
+    except APIError as exc:
+        return exc.response()
+
+
 def create_app(router: Router) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    opts = router.options
+    policy = cors.CorsPolicy.from_options(opts.allowed_origins, opts.allowed_methods, opts.allowed_headers,
+                                          opts.allow_credentials)
+    app = web.Application(client_max_size=64 * 1024 * 1024,
+                          middlewares=[api_error_middleware, cors.cors_middleware(policy)])
+    cors.install(app, policy)
     app.router.add_get("/healthz", router.healthz)
     app.router.add_get("/readyz", router.readyz)
     app.router.add_get("/metrics", router.metrics_endpoint)
@@ -256,5 +294,11 @@ def make_runner(app: web.Application) -> web.AppRunner:
 
 
 def build(options: RouterOptions) -> tuple[Router, web.Application]:
-    router = Router(options, load_tokenizer(options.tokenizer))
+    source = source_of(options.tokenizer)
+    tokenizer = load_tokenizer(options.tokenizer) if source == "folder" else None
+    if source == "folder" and tokenizer is not None:
+        logger.info("tokenizer: exact prefix hashes with %s", options.tokenizer)
+    elif source != "workers":
+        logger.info("tokenizer: none; prompts are hashed as text chunks (approximate prefix index)")
+    router = Router(options, tokenizer)
     return router, create_app(router)

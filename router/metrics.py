@@ -38,3 +38,7 @@ class RouterMetrics:
                                     ["worker"], registry=r)
         self.workers_ready = Gauge("hetero_infer_router_workers_ready", "workers passing their readiness check",
                                    registry=r)
+        self.tokenizer_mode = Gauge("hetero_infer_router_tokenizer_mode",
+                                    "1 for the prompt hashing in use: workers (their tokenizer, exact), folder "
+                                    "(--tokenizer PATH or default, exact), text (prompt-text chunks, approximate)",
+                                    ["mode"], registry=r)

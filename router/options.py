@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from hetero_infer.options import InvalidOption
+from hetero_infer.worker.server import cors
 
 ENV_PREFIX = "HETERO_INFER_ROUTER_"
 
@@ -15,8 +16,10 @@ HELP = {
     "worker": "a worker's base URL, e.g. http://127.0.0.1:3001 (repeatable; the environment variable takes a "
     "comma-separated list)",
     "policy": "prefix (default): the worker holding the longest cached prefix, bounded load; least-load; round-robin",
-    "tokenizer": "tokenizer folder (the workers' model folder) for exact prefix hashes; 'default' for the default "
-    "model's; unset: hash chunks of the prompt text (approximate)",
+    "tokenizer": "where the tokenizer for exact prefix hashes comes from: 'workers' (default: fetched from the first "
+    "ready worker's GET /v1/tokenizer/files in the background; prompt text hashed until then or when workers do not "
+    "serve it), a tokenizer folder (the workers' model folder), 'default' (the default model's), or 'none' (hash "
+    "chunks of the prompt text: approximate)",
     "block_size": "tokens per KV block: the workers' --block-size (default 16)",
     "hold_timeout_s": "seconds a request is held while no worker is ready, then 503 with Retry-After (default 60)",
     "retry_after_s": "Retry-After seconds on that 503 (default 5)",
@@ -32,8 +35,9 @@ HELP = {
     "namespace": "the namespace of --discover-service (default: the pod's own, else 'default')",
     "discover_port": "the EndpointSlice port (name or number) the workers serve on (default: the one named http, "
     "else the first)",
-    "worker_api_key": "the workers' --api-key, sent only on the router's own block-report polls (GET "
-    "/v1/cache/blocks); clients' requests carry their own Authorization header",
+    "worker_api_key": "the workers' --api-key, sent only on the router's own requests (block reports, "
+    "GET /v1/cache/blocks; the tokenizer, GET /v1/tokenizer/files); clients' requests carry their own Authorization header",
+    **cors.HELP,  # answered at the router, the same as the workers' options (worker/server/cors.py)
     "log_level": "debug, info, warning or error (default info)",
 }
 
@@ -44,7 +48,7 @@ class RouterOptions:
     port: int = 3000
     worker: list[str] = field(default_factory=list)
     policy: Literal["prefix", "least-load", "round-robin"] = "prefix"
-    tokenizer: str | None = None
+    tokenizer: str | None = "workers"
     block_size: int = 16
     hold_timeout_s: float = 60.0
     retry_after_s: int = 5
@@ -59,6 +63,10 @@ class RouterOptions:
     namespace: str | None = None
     discover_port: str | None = None
     worker_api_key: str | None = field(default=None, repr=False)  # never printed
+    allowed_origins: list[str] = field(default_factory=list)
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     def __post_init__(self) -> None:
@@ -71,6 +79,10 @@ class RouterOptions:
                 raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: must be > 0")
         if self.load_factor < 1.0:
             raise InvalidOption("load_factor", f"invalid router option load_factor={self.load_factor!r}: must be >= 1")
+        if bad := cors.check_options(self.allowed_origins, self.allowed_methods, self.allowed_headers,
+                                     self.allow_credentials):
+            name, why = bad
+            raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: {why}")
         for url in self.worker:
             if not url.startswith(("http://", "https://")):
                 raise InvalidOption("worker", f"invalid router option worker={url!r}: must be an http(s) URL")

@@ -2,38 +2,10 @@
 
 from __future__ import annotations
 
-import logging
+import json
 from typing import Any
 
 from hetero_infer.router.hashing import block_hashes, text_block_hashes
-
-logger = logging.getLogger("hetero_infer.router")
-
-
-def _resolve_model() -> Any:
-    try:
-        from hetero_infer.worker.runner.loader import resolve_model
-    except ImportError:  # the layout before worker/runner/
-        from hetero_infer.worker.model_loader import resolve_model
-    return resolve_model
-
-
-def load_tokenizer(name: str | None) -> Any:
-    """The workers' tokenizer (hetero_infer.worker.tokenizer.Tokenizer), or None (text fallback) when `name` is
-    unset or cannot be loaded."""
-    if not name:
-        return None
-    try:
-        from hetero_infer.worker.tokenizer import Tokenizer
-
-        if name == "default":
-            from hetero_infer.worker.runner.loader import resolve_model
-
-            name = str(resolve_model(None)[0])
-        return Tokenizer.from_pretrained(name)
-    except Exception as exc:  # any failure leaves the router working, approximately
-        logger.warning("tokenizer %r unavailable (%s): hashing prompt text instead", name, exc)
-        return None
 
 
 def prompt_text(payload: dict[str, Any]) -> str:
@@ -53,8 +25,21 @@ def prompt_text(payload: dict[str, Any]) -> str:
     return prompt if isinstance(prompt, str) else ""
 
 
-def prompt_token_ids(payload: dict[str, Any], tokenizer: Any) -> list[int] | None:
-    """The token ids the workers will see, where the prompt gives them or the tokenizer can make them."""
+def chat_token_ids(body: bytes | str, tokenizer: Any) -> list[int]:
+    """A chat request's prompt tokens as the workers make them: the request parsed by their model of it and
+    rendered by their code (worker/server/tools/prompt.py `chat_template_inputs`: tools, tool calls,
+    add_generation_prompt) with their tokenizer class."""
+    from hetero_infer.worker.server.protocol import ChatCompletionRequest
+    from hetero_infer.worker.server.tools.prompt import chat_template_inputs
+
+    req = ChatCompletionRequest.model_validate_json(body)
+    messages, kwargs = chat_template_inputs(req, getattr(tokenizer.hf, "chat_template", None))
+    return tokenizer.apply_chat_template(messages, **kwargs)
+
+
+def prompt_token_ids(payload: dict[str, Any], tokenizer: Any, body: bytes | str | None = None) -> list[int] | None:
+    """The token ids the workers will see, where the prompt gives them or the tokenizer can make them (`body`:
+    the request's JSON text, `payload` parsed; serialized again when not given)."""
     prompt = payload.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
         prompt = prompt[0]
@@ -63,17 +48,17 @@ def prompt_token_ids(payload: dict[str, Any], tokenizer: Any) -> list[int] | Non
     if tokenizer is None:
         return None
     if "messages" in payload:
-        return tokenizer.apply_chat_template(payload["messages"])
+        return chat_token_ids(json.dumps(payload) if body is None else body, tokenizer)
     text = prompt_text(payload)
     return tokenizer.encode(text) if text else None
 
 
-def request_hashes(payload: dict[str, Any], tokenizer: Any, block_size: int,
-                   chunk_bytes: int) -> tuple[list[int], bool]:
+def request_hashes(payload: dict[str, Any], tokenizer: Any, block_size: int, chunk_bytes: int,
+                   body: bytes | str | None = None) -> tuple[list[int], bool]:
     """Block hashes of the request's prompt, and whether they are token-block hashes (comparable with the
     workers' reports) rather than text chunks; [] for anything unreadable (routed as a cold prefix)."""
     try:
-        ids = prompt_token_ids(payload, tokenizer)
+        ids = prompt_token_ids(payload, tokenizer, body)
     except Exception:  # a malformed request: the worker will answer it with a 400
         ids = None
     if ids is not None:

@@ -27,6 +27,7 @@ from docker_run import (
     wait_for,
     wait_ready,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.manifests import WORKER_UID, Owner, WorkerDefaults, deployment, router_deployment
@@ -99,6 +100,7 @@ def test_router_from_the_operator_image_in_front_of_mock_workers(operator_image:
         assert args[args.index("--policy") + 1] == "prefix"
         name = stack.enter_context(container(operator_image, *args, options=tuple(options), network=net))
         check_router(name, base, urls)
+        check_exact_chat_hashes(name, base, dict(zip(urls, names)))
 
 
 def check_router(name: str, base: str, urls: list[str]) -> None:
@@ -145,4 +147,53 @@ def check_router(name: str, base: str, urls: list[str]) -> None:
              if s.name.endswith("_total") and s.labels["code"] == "200")
     assert ok >= 5, families["hetero_infer_router_responses"].samples
 
+
+
+def worker_get(container_name: str, path: str) -> str:
+    """GET a worker's path from inside its container (only the router's port is published)."""
+    code = (f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{c.WORKER_PORT}{path}', "
+            "timeout=10).read().decode())")
+    return docker("exec", container_name, "python", "-c", code).stdout
+
+
+def worker_hits(container_name: str) -> float:
+    families = {f.name: f for f in text_string_to_metric_families(worker_get(container_name, "/metrics"))}
+    return sum(s.value for s in families["hetero_infer_prefix_cache_hits"].samples if s.name.endswith("_total"))
+
+
+def router_samples(base: str, name: str) -> dict[str, float]:
+    family = metric_families(base).get(name)
+    return {s.labels.get("worker", s.labels.get("mode", "")): s.value
+            for s in (family.samples if family else []) if s.name in (name, name + "_total")}
+
+
+def check_exact_chat_hashes(name: str, base: str, workers: dict[str, str]) -> None:
+    """The router in the operator image (no model, no torch) loads the workers' tokenizer from them (GET
+    /v1/tokenizer/files, the default --tokenizer workers) and hashes chat prompts into the very blocks the
+    workers cache: for every chat request, the tokens it predicted the chosen worker holds are the prefix-cache
+    hits that worker then reports."""
+    wait_for(name, lambda: router_samples(base, "hetero_infer_router_tokenizer_mode").get("workers") == 1, 300,
+             "the router loaded the workers' tokenizer")
+    assert router_samples(base, "hetero_infer_router_tokenizer_mode") == {"workers": 1, "folder": 0, "text": 0}
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+    system = "You are a helpful assistant who answers in one short sentence and never guesses. " * 4
+    total = 0.0
+    for i in range(4):
+        hits = {u: worker_hits(n) for u, n in workers.items()}
+        matched = router_samples(base, "hetero_infer_router_prefix_matched_tokens")
+        client.chat.completions.create(model=MODEL, max_tokens=2, messages=[
+            {"role": "system", "content": system}, {"role": "user", "content": f"Question {i}: name a colour."}])
+
+        def synced() -> bool:
+            index = router_samples(base, "hetero_infer_router_index_blocks")
+            return all(index.get(u) == len(json.loads(worker_get(n, "/v1/cache/blocks"))["added"])
+                       for u, n in workers.items())
+
+        wait_for(name, synced, 60, "the router's index to equal the workers' block reports")
+        after = router_samples(base, "hetero_infer_router_prefix_matched_tokens")
+        for u, n in workers.items():
+            got = worker_hits(n) - hits[u]
+            assert got == after.get(u, 0.0) - matched.get(u, 0.0), (i, u, got, after, matched)
+            total += got
+    assert total >= 3 * 3 * 16, total  # requests 2-4 found the system prompt (4 blocks) where the router sent them
     assert stop(name, timeout=120) == 0

@@ -57,7 +57,7 @@ def test_without_a_tokenizer_text_chunks_are_hashed():
 
 
 def test_with_the_workers_tokenizer_the_hashes_are_of_the_workers_token_ids():
-    from hetero_infer.router.prompt import load_tokenizer
+    from hetero_infer.router.tokenizer_source import load_tokenizer
 
     tok = load_tokenizer("default")
     assert tok is not None

@@ -28,6 +28,7 @@ from hetero_infer.worker.server.timeouts import (
     body_timeout_middleware,
     guard_middleware,
 )
+from hetero_infer.worker.server.tokenizer_files import tokenizer_files
 
 logger = logging.getLogger("hetero_infer.server")
 
@@ -157,5 +158,6 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_get("/v1/cache/blocks", cache_blocks)  # the router's exact prefix index (docs/router.md)
+    app.router.add_get("/v1/tokenizer/files", tokenizer_files)  # the router's tokenizer (docs/router.md)
     add_vllm_routes(app)  # /tokenize, /detokenize, /health, /version
     return app

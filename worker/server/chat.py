@@ -31,9 +31,8 @@ from hetero_infer.worker.server.tools.parsers import (
     ParsedCall,
     ToolParser,
     parser_for_template,
-    template_renders_tools,
 )
-from hetero_infer.worker.server.tools.prompt import template_messages, tool_dicts
+from hetero_infer.worker.server.tools.prompt import chat_template_inputs
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -54,13 +53,8 @@ def chat_template(state: ServerState) -> str | None:
 
 
 async def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> Prompt:
-    """The prompt: tools go to the template when the request may call them (tool_choice other than none)."""
-    tools = req.tools if req.tool_mode != "none" else None
-    renders = template_renders_tools(chat_template(state))
-    messages = template_messages(req.messages, tools, renders)
-    kwargs: dict[str, Any] = {"add_generation_prompt": req.add_generation_prompt}
-    if tools and renders:
-        kwargs["tools"] = tool_dicts(tools)
+    """The prompt: the messages (and tools) rendered with the chat template (`chat_template_inputs`)."""
+    messages, kwargs = chat_template_inputs(req, chat_template(state))
     chars = sum(len(m["content"]) for m in messages) + (len(json.dumps(kwargs["tools"])) if "tools" in kwargs else 0)
     try:
         ids = await off_loop_if(chars > TOKENIZE_INLINE_MAX_CHARS, state.tokenizer.apply_chat_template,

@@ -23,8 +23,29 @@ from hetero_infer.worker.server.errors import APIError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# The options' help, for every server that takes them (the worker's `serve`, the router).
+HELP = {
+    "allowed_origins": "origins allowed to call this server from a browser (repeatable; * for any); CORS is off "
+    "without, and requests with a foreign Origin that change something get 403",
+    "allowed_methods": "methods allowed to those origins (repeatable; default *)",
+    "allowed_headers": "request headers allowed to those origins (repeatable; default *)",
+    "allow_credentials": "let those origins send credentials (cookies, Authorization) (default off)",
+}
 PREFLIGHT_MAX_AGE_S = 600
 EXPOSED_HEADERS = "X-Request-Id, Retry-After"
+
+
+def check_options(origins: list[str], methods: list[str], headers: list[str],
+                  credentials: bool) -> tuple[str, str] | None:
+    """The first invalid option of the four, as (option name, why), or None."""
+    for name, values in (("allowed_origins", origins), ("allowed_methods", methods), ("allowed_headers", headers)):
+        if any(not isinstance(v, str) or not v.strip() for v in values):
+            return name, "must be non-empty strings"
+    if any(o != "*" and "://" not in o for o in origins):
+        return "allowed_origins", "each must be * or an origin such as https://app.example.com"
+    if credentials and "*" in origins:
+        return "allow_credentials", "cannot be combined with allowed_origins *: list the origins"
+    return None
 
 
 @dataclass(frozen=True)

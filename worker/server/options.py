@@ -65,13 +65,11 @@ class ServerOptions:
             bad("port", "must be an integer in [0, 65535] (0 picks a free port)")
         if any(not isinstance(k, str) or not k.strip() for k in self.api_key):
             bad("api_key", "must be non-empty strings")
-        for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
-            if any(not isinstance(v, str) or not v.strip() for v in getattr(self, name)):
-                bad(name, "must be non-empty strings")
-        if any(o != "*" and "://" not in o for o in self.allowed_origins):
-            bad("allowed_origins", "each must be * or an origin such as https://app.example.com")
-        if self.allow_credentials and "*" in self.allowed_origins:
-            bad("allow_credentials", "cannot be combined with allowed_origins *: list the origins")
+        from hetero_infer.worker.server.cors import check_options
+
+        if cors := check_options(self.allowed_origins, self.allowed_methods, self.allowed_headers,
+                                 self.allow_credentials):
+            bad(*cors)
         if self.max_queue_len < 0:
             bad("max_queue_len", "must be >= 0")
         if not self.request_timeout > 0:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hetero_infer.worker.server.protocol import ChatMessage, Tool
+from hetero_infer.worker.server.protocol import ChatCompletionRequest, ChatMessage, Tool
+from hetero_infer.worker.server.tools.parsers import template_renders_tools as renders_tools
 
 TOOLS_PROMPT = (
     "You are an expert in composing functions. You are given a question and a set of possible functions. "
@@ -58,3 +59,16 @@ def template_messages(messages: list[ChatMessage], tools: list[Tool] | None,
         else:
             out.insert(0, {"role": "system", "content": prompt})
     return out
+
+
+def chat_template_inputs(req: ChatCompletionRequest, template: str | None) -> tuple[list[dict[str, Any]],
+                                                                                  dict[str, Any]]:
+    """The messages and keyword arguments a chat request is rendered with (`Tokenizer.apply_chat_template`): tools
+    go to the template when the request may call them (tool_choice other than none). The worker's chat prompt and
+    the router's prefix hashes (router/prompt.py) both come from here, so they are the same tokens."""
+    tools = req.tools if req.tool_mode != "none" else None
+    renders = renders_tools(template)
+    kwargs: dict[str, Any] = {"add_generation_prompt": req.add_generation_prompt}
+    if tools and renders:
+        kwargs["tools"] = tool_dicts(tools)
+    return template_messages(req.messages, tools, renders), kwargs

@@ -1,0 +1,56 @@
+"""A real worker server (mock executor) on its own event loop in a thread, for synchronous tests (hypothesis)
+that talk to it over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.request
+from typing import Any
+
+from aiohttp import web
+
+from hetero_infer.worker.core.engine import LLMEngine
+from hetero_infer.worker.server.app import create_app
+from hetero_infer.worker.server.options import ServerOptions
+from hetero_infer.worker.server.state import ServerState
+
+
+class ThreadedWorker:
+    def __init__(self, engine: LLMEngine, **server_options: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.url, self._runner, self._client = asyncio.run_coroutine_threadsafe(
+            self._start(engine, server_options), self.loop).result(60)
+
+    async def _start(self, engine: LLMEngine, server_options: dict[str, Any]) -> tuple[str, web.AppRunner, Any]:
+        state = ServerState(ServerOptions(access_log=False, **server_options))
+        runner = web.AppRunner(create_app(state))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        client = state.start_engine(engine, max_num_seqs=engine.config.max_num_seqs)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}", runner, client
+
+    def request(self, method: str, path: str, body: Any = None,
+                headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def stop(self) -> None:
+        async def _stop() -> None:
+            self._client.shutdown()
+            await self._runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(_stop(), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
