@@ -155,6 +155,20 @@ def _progressing_with_router(workers: dict[str, Any], router: str | None) -> dic
     return _cond(c.COND_PROGRESSING, "True", "RouterRollingOut", f"router: {router}")
 
 
+def _with_router(spec: InferenceSpec, dep: Mapping[str, Any] | None, ready_c: dict[str, Any],
+                 prog_c: dict[str, Any], degraded: dict[str, Any] | None) -> tuple[dict, dict, dict, dict | None]:
+    """RouterReady, and the workers' Ready, Progressing and Degraded with the router's part added."""
+    router_c = _router_condition(spec, dep)
+    ready_c = _ready_with_router(ready_c, router_c)
+    if dep is None:
+        prog_c = _progressing_with_router(prog_c, "creating the router Deployment")
+    elif (stuck := _rollout_stuck(dep)) is not None:
+        degraded = degraded or _cond(c.COND_DEGRADED, "True", "RouterRolloutStuck", stuck)
+    else:
+        prog_c = _progressing_with_router(prog_c, _rollout(dep, spec.router.replicas))
+    return router_c, ready_c, prog_c, degraded
+
+
 def _scaling_condition(spec: InferenceSpec, hpa: Mapping[str, Any] | None) -> dict[str, Any]:
     """ScalingActive when reconcile owns it (autoscaling off, or mode hpa)."""
     a = spec.autoscaling
@@ -189,22 +203,14 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
     previous = previous or {}
     dep_status = (observed.deployment or {}).get("status") or {}
     ready_c, prog_c, degraded = _deployment_conditions(spec, observed.deployment)
-    conditions = []
+    router_c = None
     if spec.router.enabled:
-        router_c = _router_condition(spec, observed.router)
-        ready_c = _ready_with_router(ready_c, router_c)
-        conditions.append(router_c)
-        if observed.router is None:
-            prog_c = _progressing_with_router(prog_c, "creating the router Deployment")
-        elif (router_stuck := _rollout_stuck(observed.router)) is not None:
-            degraded = degraded or _cond(c.COND_DEGRADED, "True", "RouterRolloutStuck", router_stuck)
-        else:
-            prog_c = _progressing_with_router(prog_c, _rollout(observed.router, spec.router.replicas))
+        router_c, ready_c, prog_c, degraded = _with_router(spec, observed.router, ready_c, prog_c, degraded)
     if observed.problems:
         degraded = _cond(c.COND_DEGRADED, "True", observed.problem_reason, "; ".join(observed.problems))
     if degraded is None:
         degraded = _cond(c.COND_DEGRADED, "False", "AsExpected", "all children match the spec")
-    conditions += [ready_c, prog_c, degraded]
+    conditions = [cond for cond in (router_c, ready_c, prog_c, degraded) if cond is not None]
     if not spec.autoscaling.by_operator:
         conditions.append(_scaling_condition(spec, observed.hpa))
     drop = () if spec.router.enabled else (c.COND_ROUTER_READY,)
