@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from hetero_infer.kernels.cpu import decode_step as cpu_decode_step
 from hetero_infer.kernels.cpu import linear as cpu_linear
 from hetero_infer.kernels.cpu import native as cpu_native
 from hetero_infer.kernels.cpu import threads as cpu_threads
@@ -99,6 +100,12 @@ class TorchExecutor:
         self.num_blocks = config.max_num_blocks or self._default_num_blocks()
         self.kv_cache = self._new_kv_cache(self.num_blocks)
         self.kv_caches = _layer_caches(self.kv_cache)
+        self.cpu_decode: cpu_decode_step.FusedDecodeStack | None = None  # a decode step's layers in one C call
+        if self.device.type == "cpu" and self.cpu_paths:
+            self.cpu_decode = cpu_decode_step.FusedDecodeStack.build(self.model, self.backend, self.kv_caches,
+                                                                     self.dtype)
+            self.cpu_paths["decode_step"] = (f"fused (1-{self.cpu_decode.max_rows} rows)" if self.cpu_decode
+                                             else "per op")
         self.decode_runner: DecodeRunner | None = None
         if self.device.type == "cuda" and isinstance(self.backend, TritonBackend):
             max_batch = min(config.max_num_seqs, config.max_num_batched_tokens)
@@ -181,6 +188,8 @@ class TorchExecutor:
         input_ids, meta, logits_index = self.prepare(sched)
         if self.decode_runner is not None and self.decode_runner.accepts(meta):
             hidden = self.decode_runner.run(input_ids, meta)
+        elif self.cpu_decode is not None and self.cpu_decode.accepts(input_ids.shape[0]):
+            hidden = self.cpu_decode.run(input_ids, meta)
         else:
             hidden = self.model(input_ids, self.backend, meta, self.kv_caches)
         return self.model.compute_logits(hidden[logits_index]).float()

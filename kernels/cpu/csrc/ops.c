@@ -108,20 +108,22 @@ static inline __m512 round_bf16x16(__m512 x) { /* float32 -> nearest bfloat16, k
     return load_bf16x16(tmp);
 }
 
+/* one row's (or a column range's) silu(g) * u, n elements: the body of silu_and_mul_bf16, which the fused
+   decode step (decode_step.c) also runs on column ranges */
+void silu_mul_span_bf16(const uint16_t* g, const uint16_t* u, uint16_t* o, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        store_bf16(o + i, _mm512_mul_ps(round_bf16x16(silu512(load_bf16x16(g + i))), load_bf16x16(u + i)));
+    for (; i < n; i++) {
+        float gv = bf16_to_f32(g[i]);
+        o[i] = f32_to_bf16(rd_bf16(gv / (1.0f + expf(-gv))) * bf16_to_f32(u[i]));
+    }
+}
+
 void silu_and_mul_bf16(const uint16_t* gu, uint16_t* out, int rows, int n) {
     int par = (rows * n / 256) >= 64;
-    PAR_ROWS for (int r = 0; r < rows; r++) {
-        const uint16_t* g = gu + (size_t)r * 2 * n;
-        const uint16_t* u = g + n;
-        uint16_t* o = out + (size_t)r * n;
-        int i = 0;
-        for (; i + 16 <= n; i += 16)
-            store_bf16(o + i, _mm512_mul_ps(round_bf16x16(silu512(load_bf16x16(g + i))), load_bf16x16(u + i)));
-        for (; i < n; i++) {
-            float gv = bf16_to_f32(g[i]);
-            o[i] = f32_to_bf16(rd_bf16(gv / (1.0f + expf(-gv))) * bf16_to_f32(u[i]));
-        }
-    }
+    PAR_ROWS for (int r = 0; r < rows; r++)
+        silu_mul_span_bf16(gu + (size_t)r * 2 * n, gu + (size_t)r * 2 * n + n, out + (size_t)r * n, n);
 }
 #else
 #define DEFINE_SILU(NAME, T, LOAD, STORE, ROUND)                                                        \

@@ -148,10 +148,10 @@ static inline void prefetch_lines(const void* p, size_t bytes) {
    registers while a block's V rows stream by. s: [H][len] scores, o: [H][D] float32 partial outputs. */
 #define DEFINE_AVX512(NAME, T, NC, IS_BF16)                                                            \
 static void NAME(const T* qb, const T* kc, const T* vc, const int32_t* table, int len, T* ob, int H,    \
-                 int KVH, int bs, float scale, float* s, float* o) {                                    \
+                 int KVH, int row_kvh, int bs, float scale, float* s, float* o) {                       \
     enum { D = NC * 16, HT = 16 / NC };                                                                 \
     int g = H / KVH;                                                                                    \
-    size_t row = (size_t)KVH * D, block = (size_t)bs * row;                                             \
+    size_t row = (size_t)row_kvh * D, block = (size_t)bs * row;                                         \
     for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                              \
         int n = len - p0 < bs ? len - p0 : bs;                                                          \
         const T* kb = kc + (size_t)table[blk] * block;                                                  \
@@ -249,38 +249,49 @@ DEFINE_AVX512(item_avx512_bf16_d128, uint16_t, 8, 1)
 
 /* ---------------------------------------------------------------- entry points */
 
-#define DEFINE_ENTRY(NAME, T, GENERIC, FAST64, FAST128)                                                 \
+/* One row's attention over KV heads kh0 .. kh1 - 1 (their g query heads each): q, out [H, D] of the row. The
+   unit of work of paged_decode and of the fused decode step (decode_step.c), which splits one row's heads
+   over its threads. */
+#define DEFINE_HEADS(NAME, T, GENERIC, FAST64, FAST128)                                                 \
+void NAME(const T* qb, const T* kc, const T* vc, const int32_t* table, int len, T* ob, int kh0, int kh1, \
+          int H, int KVH, int D, int bs, float scale) {                                                 \
+    int g = H / KVH, nk = kh1 - kh0;                                                                    \
+    int fast = HAVE_AVX512 && (D == 64 || D == 128) && H <= 1024;                                       \
+    float* s = (float*)malloc(sizeof(float) * ((size_t)H * len + 2 * (size_t)H * D));                  \
+    size_t qo = (size_t)kh0 * g * D, ko = (size_t)kh0 * D;                                              \
+    (void)qo; (void)ko; /* unused without AVX-512 */                                                    \
+    if (fast) {                                                                                         \
+        if (D == 64) FAST64(qb + qo, kc + ko, vc + ko, table, len, ob + qo, nk * g, nk, KVH, bs, scale, s, \
+                            s + (size_t)H * len);                                                       \
+        else FAST128(qb + qo, kc + ko, vc + ko, table, len, ob + qo, nk * g, nk, KVH, bs, scale, s,     \
+                     s + (size_t)H * len);                                                              \
+    } else {                                                                                            \
+        float* qf = s + (size_t)g * len;                                                                \
+        for (int kh = kh0; kh < kh1; kh++)                                                              \
+            GENERIC(qb, kc, vc, table, len, ob, kh, g, KVH, D, bs, scale, s, qf, qf + (size_t)g * D);   \
+    }                                                                                                   \
+    free(s);                                                                                            \
+}
+
+#define DEFINE_ENTRY(NAME, T, HEADS)                                                                    \
 void NAME(const T* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens, T* out,     \
           int B, int H, int KVH, int D, int bs, int max_blocks, float scale) {                          \
-    int g = H / KVH;                                                                                    \
-    int fast = HAVE_AVX512 && (D == 64 || D == 128) && H <= 1024;                                       \
     _Pragma("omp parallel for schedule(dynamic)")                                                       \
-    for (int b = 0; b < B; b++) {                                                                       \
-        int len = lens[b];                                                                              \
-        const int32_t* table = tables + (size_t)b * max_blocks;                                         \
-        const T* qb = q + (size_t)b * H * D;                                                            \
-        T* ob = out + (size_t)b * H * D;                                                                \
-        float* s = (float*)malloc(sizeof(float) * ((size_t)H * len + 2 * (size_t)H * D));               \
-        if (fast) {                                                                                     \
-            if (D == 64) FAST64(qb, kc, vc, table, len, ob, H, KVH, bs, scale, s, s + (size_t)H * len); \
-            else FAST128(qb, kc, vc, table, len, ob, H, KVH, bs, scale, s, s + (size_t)H * len);        \
-        } else {                                                                                        \
-            float* qf = s + (size_t)g * len;                                                            \
-            for (int kh = 0; kh < KVH; kh++)                                                            \
-                GENERIC(qb, kc, vc, table, len, ob, kh, g, KVH, D, bs, scale, s, qf, qf + (size_t)g * D); \
-        }                                                                                               \
-        free(s);                                                                                        \
-    }                                                                                                   \
+    for (int b = 0; b < B; b++)                                                                         \
+        HEADS(q + (size_t)b * H * D, kc, vc, tables + (size_t)b * max_blocks, lens[b], out + (size_t)b * H * D, \
+              0, KVH, H, KVH, D, bs, scale);                                                            \
 }
 
 #if HAVE_AVX512
-DEFINE_ENTRY(paged_decode_f32, float, item_generic_f32, item_avx512_f32_d64, item_avx512_f32_d128)
-DEFINE_ENTRY(paged_decode_bf16, uint16_t, item_generic_bf16, item_avx512_bf16_d64, item_avx512_bf16_d128)
+DEFINE_HEADS(paged_heads_f32, float, item_generic_f32, item_avx512_f32_d64, item_avx512_f32_d128)
+DEFINE_HEADS(paged_heads_bf16, uint16_t, item_generic_bf16, item_avx512_bf16_d64, item_avx512_bf16_d128)
 #else
 #define NONE(...) (void)0
-DEFINE_ENTRY(paged_decode_f32, float, item_generic_f32, NONE, NONE)
-DEFINE_ENTRY(paged_decode_bf16, uint16_t, item_generic_bf16, NONE, NONE)
+DEFINE_HEADS(paged_heads_f32, float, item_generic_f32, NONE, NONE)
+DEFINE_HEADS(paged_heads_bf16, uint16_t, item_generic_bf16, NONE, NONE)
 #endif
+DEFINE_ENTRY(paged_decode_f32, float, paged_heads_f32)
+DEFINE_ENTRY(paged_decode_bf16, uint16_t, paged_heads_bf16)
 
 /* which implementation serves D = 64 / 128 (the Python side reports it) */
 const char* paged_decode_variant(void) {
