@@ -1,24 +1,22 @@
-"""The InferencePool the operator renders (spec.router.inferencePool) against the real upstream CRD.
+"""The InferencePool the operator renders (spec.router.inferencePool) against the `inference.networking.k8s.io/v1`
+API as released in gateway-api-inference-extension v1.0.0 (the first `v1`; endpointPickerRef required) and v1.6.0.
 
-fixtures/ holds the `inferencepools.inference.networking.k8s.io` CRD of kubernetes-sigs/gateway-api-inference-extension
-as released (each file's header names the tag, commit, path and the upstream file's sha256): v1.0.0, the first
-`inference.networking.k8s.io/v1` release (endpointPickerRef required there), and v1.6.0, the newest at the time of
-writing. The pool is validated the way kube-apiserver would (crd_validation.py: structural defaults, the OpenAPI
+The API is our transcription (inference_pool_v1.py: schema and CEL rules; the repository holds no third-party
+files). The pool is validated the way kube-apiserver would (crd_validation.py: structural defaults, the OpenAPI
 schema with unknown fields rejected, the CEL rules), as the operator sends it; and what that server's defaulting
-adds must not read as drift (or every resync would patch the pool).
+adds must not read as drift (or every resync would patch the pool). Controls: pools the API refuses are refused,
+and where the two releases differ each is held to its own rules.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 from crd_validation import defaulted, validate
+from inference_pool_v1 import RELEASES, crd
 
 from hetero_infer.operator import constants as c
 from hetero_infer.operator import kube
@@ -26,38 +24,39 @@ from hetero_infer.operator.diff import differences, strip_none, with_fingerprint
 from hetero_infer.operator.manifests import Owner, children
 from hetero_infer.operator.spec import MAX_NAME_LENGTH, MAX_NAME_LENGTH_WITH_ROUTER, parse_spec
 
-FIXTURES = sorted((Path(__file__).with_name("fixtures")).glob("inferencepools.inference.networking.k8s.io-*.yaml"))
-RELEASES = [p.stem.rsplit("-", 1)[1] for p in FIXTURES]
-
-
-HEADER = re.compile(r"# tag (?P<tag>\S+), commit (?P<commit>[0-9a-f]{40}),\n# path (?P<path>\S+)\n"
-                    r"# sha256 of the upstream file: (?P<sha256>[0-9a-f]{64})\n")
-
-
-def upstream(path: Path) -> tuple[dict[str, str], str]:
-    """(tag, commit, path and sha256 from the header, the upstream file's text as released)."""
-    text = path.read_text()
-    lines = text.splitlines(keepends=True)
-    header = "".join(line for line in lines[:5] if line.startswith("#"))
-    found = HEADER.search(header)
-    assert found is not None, f"{path.name}: no header naming the tag, commit, path and sha256"
-    return found.groupdict(), text[len(header):]
-
 
 @pytest.fixture(scope="module", params=RELEASES)
-def pool_crd(request: pytest.FixtureRequest) -> dict[str, Any]:
-    _, body = upstream(FIXTURES[RELEASES.index(request.param)])
-    return yaml.safe_load(body)
+def release(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
-def test_the_vendored_crds_are_the_released_files_unedited() -> None:
-    assert RELEASES == ["v1.0.0", "v1.6.0"]
-    for path, release in zip(FIXTURES, RELEASES, strict=True):
-        facts, body = upstream(path)
-        assert facts["tag"] == release and len(facts["commit"]) == 40
-        assert facts["path"] == "config/crd/bases/inference.networking.k8s.io_inferencepools.yaml"
-        assert hashlib.sha256(body.encode()).hexdigest() == facts["sha256"]
-        assert f"bundle-version: {release}" in body
+@pytest.fixture(scope="module")
+def pool_crd(release: str) -> dict[str, Any]:
+    return crd(release)
+
+
+def test_both_releases_are_transcribed() -> None:
+    assert RELEASES == ("v1.0.0", "v1.6.0")
+
+
+@pytest.mark.parametrize("version", ["1.30.0", kubernetes_validate.latest_version()])
+def test_the_transcription_is_a_valid_customresourcedefinition(pool_crd: dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(pool_crd, version, strict=True)  # so the validation below runs on a real schema
+
+
+def _untyped(schema: Mapping[str, Any], path: str = "") -> list[str]:
+    """Nodes without a type (a structural schema, which the server requires of a CRD, has none)."""
+    found = [] if "type" in schema else [path or "<root>"]
+    for key, sub in (schema.get("properties") or {}).items():
+        found += _untyped(sub, f"{path}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), Mapping):
+            found += _untyped(schema[key], f"{path}[{key}]")
+    return found
+
+
+def test_the_transcription_is_structural(pool_crd: dict[str, Any]) -> None:
+    assert _untyped(pool_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]) == []
 
 
 def test_the_operator_addresses_the_kind_the_crd_defines(pool_crd: dict[str, Any]) -> None:
@@ -66,11 +65,6 @@ def test_the_operator_addresses_the_kind_the_crd_defines(pool_crd: dict[str, Any
     assert kube.INFERENCE_POOL.api_version == f"{spec['group']}/{version['name']}" and version["served"]
     assert (kube.INFERENCE_POOL.kind, kube.INFERENCE_POOL.plural) == (spec["names"]["kind"], spec["names"]["plural"])
     assert kube.INFERENCE_POOL.namespaced == (spec["scope"] == "Namespaced")
-
-
-@pytest.mark.parametrize("version", ["1.30.0", kubernetes_validate.latest_version()])
-def test_the_vendored_crd_is_a_valid_customresourcedefinition(pool_crd: dict[str, Any], version: str) -> None:
-    kubernetes_validate.validate(pool_crd, version, strict=True)  # so the validation below runs on a real schema
 
 
 POOLS = {
@@ -97,7 +91,7 @@ def test_the_rendered_pool_is_accepted_and_server_defaults_are_not_drift(pool_cr
     pool = rendered(*POOLS[case])
     assert validate(pool_crd, pool) == []
     live = defaulted(pool_crd, pool)  # what the API server stores and the operator reads back
-    assert live != pool  # the defaulting did add something (appProtocol, the picker's group), so this compares
+    assert live != pool  # the defaulting did add something (the picker's group; appProtocol), so this compares
     assert differences(pool, live) == []
 
 
@@ -109,23 +103,69 @@ def test_the_pool_selects_the_worker_pods_on_their_port_and_fails_closed() -> No
                                          "failureMode": "FailClose"}
 
 
-def _with(pool: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    return {**pool, "spec": {**pool["spec"], **spec}}
+Edit = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-BAD = {
-    "a target port twice": lambda p: _with(p, targetPorts=[{"number": 3000}, {"number": 3000}]),
-    "a Service picker without a port": lambda p: _with(p, endpointPickerRef={"name": "epp"}),
-    "an unknown failure mode": lambda p: _with(p, endpointPickerRef={**p["spec"]["endpointPickerRef"],
-                                                                     "failureMode": "FailSoft"}),
-    "the v1alpha2 shape": lambda p: _with(p, targetPortNumber=3000, extensionRef={"name": "epp"}),
-    "a label value that is not one": lambda p: _with(p, selector={"matchLabels": {"app": "-worker-"}}),
-    "a port out of range": lambda p: _with(p, targetPorts=[{"number": 70000}]),
-    "no selector": lambda p: {**p, "spec": {k: v for k, v in p["spec"].items() if k != "selector"}},
+def _with(**spec: Any) -> Edit:
+    return lambda p: {**p, "spec": {**p["spec"], **spec}}
+
+
+def _without(field: str) -> Edit:
+    return lambda p: {**p, "spec": {k: v for k, v in p["spec"].items() if k != field}}
+
+
+def _picker(**ref: Any) -> Edit:
+    return lambda p: {**p, "spec": {**p["spec"], "endpointPickerRef": {**p["spec"]["endpointPickerRef"], **ref}}}
+
+
+def _ports(*numbers: int) -> Edit:
+    return _with(targetPorts=[{"number": n} for n in numbers])
+
+
+BAD: dict[str, tuple[Edit, str]] = {  # edit of the rendered pool -> the field the refusal names
+    "a target port twice": (_ports(3000, 3000), "targetPorts"),
+    "a Service picker without a port": (_with(endpointPickerRef={"name": "epp"}), "endpointPickerRef"),
+    "an unknown failure mode": (_picker(failureMode="FailSoft"), "failureMode"),
+    "the v1alpha2 shape": (_with(targetPortNumber=3000, extensionRef={"name": "epp"}), "targetPortNumber"),
+    "a label value that is not one": (_with(selector={"matchLabels": {"app": "-worker-"}}), "matchLabels"),
+    "a label value too long": (_with(selector={"matchLabels": {"app": "w" * 64}}), "matchLabels"),
+    "a port out of range": (_ports(70000), "targetPorts"),
+    "port zero": (_ports(0), "targetPorts"),
+    "no target port": (_ports(), "targetPorts"),
+    "nine target ports": (_ports(*range(3000, 3009)), "targetPorts"),
+    "a picker port out of range": (_picker(port={"number": 65536}), "endpointPickerRef"),
+    "a picker group that is not a DNS name": (_picker(group="Gateway.Networking"), "group"),
+    "a picker without a name": (_picker(name=""), "name"),
+    "no selector": (_without("selector"), "selector"),
+    "no target ports": (_without("targetPorts"), "targetPorts"),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_the_real_schema_is_enforced(pool_crd: dict[str, Any], case: str) -> None:
+def test_what_the_api_refuses_is_refused(pool_crd: dict[str, Any], case: str) -> None:
     """Controls: the same validation refuses pools the API server would refuse, so an accepted one means something."""
-    assert validate(pool_crd, BAD[case](rendered("smol", {"inferencePool": {"endpointPicker": "epp"}}))) != []
+    edit, field = BAD[case]
+    errors = validate(pool_crd, edit(rendered("smol", {"inferencePool": {"endpointPicker": "epp"}})))
+    assert errors and all(field in e for e in errors), errors
+
+
+BY_RELEASE: dict[str, tuple[Edit, set[str]]] = {  # edit -> the releases that accept it
+    "no endpoint picker": (_without("endpointPickerRef"), {"v1.6.0"}),
+    "eight target ports": (_ports(*range(3000, 3008)), {"v1.6.0"}),
+    "two ports": (_ports(3000, 3001), {"v1.6.0"}),
+    "HTTP/2 without TLS": (_with(appProtocol="kubernetes.io/h2c"), {"v1.6.0"}),
+    "HTTP/1.1 said out loud": (_with(appProtocol="http"), {"v1.6.0"}),
+    "an empty selector": (_with(selector={"matchLabels": {}}), {"v1.0.0"}),
+    "65 labels": (_with(selector={"matchLabels": {f"l{i}": "v" for i in range(65)}}), {"v1.0.0"}),
+    "a picker of another kind without a port": (_with(endpointPickerRef={"group": "example.com", "kind": "Picker",
+                                                                         "name": "epp"}), {"v1.0.0", "v1.6.0"}),
+    "a failing-open picker": (_picker(failureMode="FailOpen"), {"v1.0.0", "v1.6.0"}),
+    "an empty label value": (_with(selector={"matchLabels": {"app": ""}}), {"v1.0.0", "v1.6.0"}),
+}
+
+
+@pytest.mark.parametrize("case", list(BY_RELEASE))
+def test_each_release_holds_to_its_own_rules(pool_crd: dict[str, Any], release: str, case: str) -> None:
+    edit, accepted_by = BY_RELEASE[case]
+    errors = validate(pool_crd, edit(rendered("smol", {"inferencePool": {"endpointPicker": "epp"}})))
+    assert (errors == []) == (release in accepted_by), errors
