@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetero_infer.kernels.cpu import native, select
+from hetero_infer.kernels.cpu import native, select, weight_arena
 from hetero_infer.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -149,10 +149,12 @@ def pack_as(kind: str, weight: torch.Tensor) -> PackedWeight:
     if kind == "onednn":
         return PackedWeight("onednn", torch.ops.mkldnn._reorder_linear_weight(weight, _BATCH_HINT), n, k)
     # gemm_bf16: panels of 64 columns; row kp of a panel holds each column's pair (W[n, 2kp], W[n, 2kp + 1])
-    padded = -(-n // _PANEL) * _PANEL
-    w = torch.zeros(padded, k, dtype=torch.bfloat16)
-    w[:n] = weight
-    data = w.view(padded // _PANEL, _PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    # (on huge pages: weight_arena.py); the columns past n stay zero
+    full = n // _PANEL
+    data = weight_arena.ARENA.zeros((-(-n // _PANEL), k // 2, _PANEL, 2), torch.bfloat16)
+    data[:full] = weight[: full * _PANEL].reshape(full, _PANEL, k // 2, 2).transpose(1, 2)
+    if n > full * _PANEL:
+        data[full, :, : n - full * _PANEL] = weight[full * _PANEL :].reshape(-1, k // 2, 2).transpose(0, 1)
     return PackedWeight("gemm_bf16", data, n, k)
 
 

@@ -2,8 +2,11 @@
  *
  * Why: at decode batch sizes a linear layer streams its whole weight from memory for little compute, and
  * oneDNN's kernel does the two one after the other (measured on the default model: time at M = 32 is
- * about the time at M = 1, which is pure weight streaming, plus the compute time). This kernel prefetches
- * the next weight panel while it computes on the current one, so streaming and compute overlap.
+ * about the time at M = 1, which is pure weight streaming, plus the compute time). Here each thread walks its
+ * panels in memory order and the hardware prefetchers stream them while the micro kernels compute. (Software
+ * prefetches of the next panel, issued while the first rows pass over the current one, measured 3-12% slower
+ * with the weights coming from memory: 1 thread, 1-64 rows, the default model's shapes; docs/benchmarks.md,
+ * "The bfloat16 GEMM, weights from memory".)
  *
  * Layout: W is pre-packed (cpu_linear.pack_bf16) into panels of 16 output columns; within a panel, row kp
  * holds the 16 columns' pairs (W[n][2kp], W[n][2kp + 1]): one 64-byte line, exactly the B operand of one
@@ -79,8 +82,8 @@ static inline void store_tile(const __m512* acc, int mr, int nc, uint16_t* out, 
 }
 
 /* MR rows of x over one panel: out[m][16j + c] = (sum_k x[m][k] w[k][16j + c]) (* scale) + bias. Every
-   kp, `prefetch + kp * row_bytes` (row_bytes of it) is prefetched: the next panel for bfloat16 weights, the
-   integers DEQUANT_PREFETCH ahead for quantized ones. */
+   kp, `prefetch + kp * row_bytes` (row_bytes of it) is prefetched where `prefetch` is set: the integers
+   DEQUANT_PREFETCH ahead for quantized weights (bfloat16 weights pass none, see the top of the file). */
 /* ACC[m][j] += x[m][kp] (a bfloat16 pair, broadcast) . WJ[j] for MR rows and NC vectors of 16 columns: the
    inner step of every micro-kernel */
 #define DOT_ROWS(ACC, MR, NC, X, KH, KP, WJ)                                                              \
@@ -212,17 +215,16 @@ static inline void column_masks(int N, int p, __mmask16* cols) {
 
 /* rows m0 .. m0 + rows - 1 of x over bfloat16 panel p: out[:, p * PANEL ...] */
 static inline void panel_rows(const uint32_t* x32, int m0, int rows, int kh, int p, Panel w, const float* bias,
-                              const float* scale, uint16_t* out, int N, const __mmask16* cols, const char* next) {
+                              const float* scale, uint16_t* out, int N, const __mmask16* cols) {
     const float* b = bias ? bias + (size_t)p * PANEL : 0;
     for (int m = 0; m < rows;) {
         const uint32_t* xm = x32 + (size_t)(m0 + m) * kh;
         uint16_t* om = out + (size_t)(m0 + m) * N + (size_t)p * PANEL;
-        const char* pf = m == 0 ? next : 0; /* the first pass over a panel fetches the next one */
-        int left = rows - m, rb = PANEL * 4;
-        if (left >= 6) { micro_6(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 6; }
-        else if (left >= 4) { micro_4(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 4; }
-        else if (left >= 2) { micro_2(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 2; }
-        else { micro_1(xm, kh, w, b, scale, om, N, cols, pf, rb); m += 1; }
+        int left = rows - m;
+        if (left >= 6) { micro_6(xm, kh, w, b, scale, om, N, cols, 0, 0); m += 6; }
+        else if (left >= 4) { micro_4(xm, kh, w, b, scale, om, N, cols, 0, 0); m += 4; }
+        else if (left >= 2) { micro_2(xm, kh, w, b, scale, om, N, cols, 0, 0); m += 2; }
+        else { micro_1(xm, kh, w, b, scale, om, N, cols, 0, 0); m += 1; }
     }
 }
 
@@ -237,10 +239,9 @@ int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, co
         _Pragma("omp parallel for schedule(static) if (par)")
         for (int p = 0; p < panels; p++) {
             const uint32_t* panel = w32 + (size_t)p * kh * PANEL;
-            const char* next = p + 1 < panels ? (const char*)(panel + (size_t)kh * PANEL) : 0;
             __mmask16 cols[NR];
             column_masks(N, p, cols);
-            panel_rows(x32, m0, rows, kh, p, (Panel){panel, 0, 0, 0}, bias, 0, out, N, cols, next);
+            panel_rows(x32, m0, rows, kh, p, (Panel){panel, 0, 0, 0}, bias, 0, out, N, cols);
         }
     }
     return 0;
@@ -346,7 +347,7 @@ static int gemm_quantized(int bits, const uint16_t* x, int M, int K, const void*
                     fused_rows(bits, x32, m0, rows, kh, p, w, bias, sc, xsum, out, N, cols);
                 } else if (buf) {
                     dequant_panel(bits, w, kh, buf);
-                    panel_rows(x32, m0, rows, kh, p, (Panel){buf, 0, 0, 0}, bias, sc, out, N, cols, 0);
+                    panel_rows(x32, m0, rows, kh, p, (Panel){buf, 0, 0, 0}, bias, sc, out, N, cols);
                 }
             }
         }
