@@ -13,7 +13,8 @@ Which of these serves a layer is measured, not assumed (`select.py`): for each w
 bucket the candidates of its dtype (`CANDIDATES`: the project's GEMM, oneDNN's packed weights, PyTorch's
 default `F.linear`) are timed once on the machine at hand, the fastest kept, and the choice cached on disk.
 The vendor-tuned order above is only the tie-break. HETERO_INFER_CPU_SELECT=0 skips the measurement and
-takes the first candidate that runs here (the order of `CANDIDATES`).
+takes the first candidate that runs here (the order of `CANDIDATES`). HETERO_INFER_CPU_LINEAR=<kinds> limits
+the choice to the kernels named (comma-separated: one name forces it where it runs, for tests and A/B runs).
 """
 
 from __future__ import annotations
@@ -52,6 +53,22 @@ def _gemm_bf16():
     if not native.function("gemm_bf16_available", [], ctypes.c_int)():
         return None
     return native.function("gemm_bf16", [_P, _I, _I, _P, _I, _P, _P], ctypes.c_int)
+
+
+@functools.cache
+def _gemm_f32():
+    """The C float32 GEMM, or None where the library or AVX-512F is missing."""
+    if native.library() is None:
+        return None
+    if not native.function("gemm_f32_available", [], ctypes.c_int)():
+        return None
+    return native.function("gemm_f32", [_P, _I, _I, _P, _I, _P, _P], ctypes.c_int)
+
+
+@functools.cache
+def _f32_panel() -> int:
+    """Output columns per panel of the float32 GEMM's layout (NR * 16 in gemm_f32.c)."""
+    return native.function("gemm_f32_panel", [], ctypes.c_int)()
 
 
 @functools.cache
@@ -116,7 +133,7 @@ def pack_int4(levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g
 # Candidates per activation dtype, in the order that breaks near-ties (the order tuned on the AMD EPYC).
 CANDIDATES: dict[torch.dtype, tuple[str, ...]] = {
     torch.bfloat16: ("gemm_bf16", "onednn", "torch"),
-    torch.float32: ("onednn", "torch"),
+    torch.float32: ("onednn", "gemm_f32", "torch"),
 }
 
 
@@ -134,6 +151,10 @@ def unsupported(kind: str, weight: torch.Tensor) -> str | None:
         if weight.dtype != torch.bfloat16 or weight.shape[1] % 2:
             return "the bfloat16 GEMM takes bfloat16 weights with an even K"
         return None if _gemm_bf16() is not None else "no AVX512_BF16 in this build of the C kernels"
+    if kind == "gemm_f32":
+        if weight.dtype != torch.float32:
+            return "the float32 GEMM takes float32 weights"
+        return None if _gemm_f32() is not None else "no AVX-512F in this build of the C kernels"
     return f"unknown linear kernel {kind!r}"
 
 
@@ -148,6 +169,11 @@ def pack_as(kind: str, weight: torch.Tensor) -> PackedWeight:
         return PackedWeight("torch", weight, n, k)
     if kind == "onednn":
         return PackedWeight("onednn", torch.ops.mkldnn._reorder_linear_weight(weight, _BATCH_HINT), n, k)
+    if kind == "gemm_f32":  # panels of _f32_panel() columns; row k of a panel holds its columns' W[n, k]
+        panel = _f32_panel()
+        padded = weight.new_zeros(-(-n // panel) * panel, k)
+        padded[:n] = weight
+        return PackedWeight("gemm_f32", padded.view(-1, panel, k).transpose(1, 2).contiguous(), n, k)
     # gemm_bf16: panels of 64 columns; row kp of a panel holds each column's pair (W[n, 2kp], W[n, 2kp + 1])
     # (on huge pages: weight_arena.py); the columns past n stay zero
     full = n // _PANEL
@@ -158,9 +184,17 @@ def pack_as(kind: str, weight: torch.Tensor) -> PackedWeight:
     return PackedWeight("gemm_bf16", data, n, k)
 
 
+def allowed(candidates: tuple[str, ...]) -> tuple[str, ...]:
+    """`candidates` restricted to those HETERO_INFER_CPU_LINEAR names (a comma-separated list, e.g. "gemm_f32"
+    to force that kernel, "onednn,torch" to leave it out; for A/B runs and tests); all of them when it is unset
+    or names none of them."""
+    names = os.environ.get("HETERO_INFER_CPU_LINEAR", "").replace(" ", "").split(",")
+    return tuple(c for c in candidates if c in names) or candidates
+
+
 def default_kind(weight: torch.Tensor) -> str:
     """The first candidate of the weight's dtype that runs here (the choice without measuring)."""
-    return next((k for k in CANDIDATES.get(weight.dtype, ()) if unsupported(k, weight) is None), "torch")
+    return next((k for k in allowed(CANDIDATES.get(weight.dtype, ())) if unsupported(k, weight) is None), "torch")
 
 
 def pack_weight(weight: torch.Tensor) -> PackedWeight:
@@ -173,6 +207,8 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.data, bias, "none", [], "")
     if packed.kind == "torch":
         return F.linear(x, packed.data, bias)
+    if packed.kind == "gemm_f32":
+        return _linear_f32(x, packed, bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, packed.in_features).to(torch.bfloat16).contiguous()
     m, k, n = x2.shape[0], packed.in_features, packed.out_features
@@ -190,6 +226,18 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
     if rc != 0:
         raise RuntimeError(f"{packed.kind} failed ({rc})")
     return out.view(*lead, n)
+
+
+def _linear_f32(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    x2 = x.reshape(-1, packed.in_features).to(torch.float32).contiguous()
+    m, n = x2.shape[0], packed.out_features
+    out = torch.empty(m, n, dtype=torch.float32)
+    b = None if bias is None else bias.float().contiguous()
+    rc = _gemm_f32()(x2.data_ptr(), m, packed.in_features, packed.data.data_ptr(), n,
+                     None if b is None else b.data_ptr(), out.data_ptr())
+    if rc != 0:
+        raise RuntimeError(f"gemm_f32 failed ({rc})")
+    return out.view(*x.shape[:-1], n)
 
 
 class PackedLinear(nn.Module):
@@ -249,6 +297,13 @@ class LinearSelector:
         candidates = CANDIDATES.get(weight.dtype, ("onednn", "torch"))
         plan = self.cache.get(entry)
         runnable = [c for c in candidates if unsupported(c, weight) is None]
+        chosen_from = tuple(c for c in allowed(candidates) if c in runnable) or candidates
+        timed = self.cache.timings(entry) or []
+        # a choice made before a candidate existed (or was runnable here) is no choice among it: measure again
+        if not all(set(runnable) <= set(t) for t in timed):
+            plan = None
+        elif plan is not None and chosen_from != candidates:  # restricted: the same timings, fewer choices
+            plan = _plan_or_none(timed, chosen_from)
         if plan is None or len(plan) != len(select.BUCKETS) or not set(plan) <= set(runnable):
             before = torch.get_num_threads()
             torch.set_num_threads(self.threads)
@@ -256,12 +311,19 @@ class LinearSelector:
                 timings = select.measure(_timed_calls(weight, candidates), select.BUCKETS, self.timer)
             finally:
                 torch.set_num_threads(before)
-            plan = select.plan_buckets(timings, candidates)
-            self.cache.put(entry, plan, timings)
+            self.cache.put(entry, select.plan_buckets(timings, candidates), timings)
+            plan = select.plan_buckets(timings, chosen_from)
             self.measured += 1
             log.info("%s: measured %s -> %s", entry, _format_timings(timings, candidates), "/".join(plan))
         self.choices[entry] = plan
         return plan
+
+
+def _plan_or_none(timings: list[dict[str, float | None]], candidates: tuple[str, ...]) -> tuple[str, ...] | None:
+    try:
+        return select.plan_buckets(timings, candidates)
+    except ValueError:  # none of them ran in some bucket
+        return None
 
 
 def _timed_calls(weight: torch.Tensor, candidates: tuple[str, ...]):

@@ -1,7 +1,7 @@
 """The CPU kernels in `kernels/cpu/csrc/`, compiled once with the system C compiler and loaded through ctypes.
 
-One shared library holds them all (paged attention, fused norm/rotary/activation, argmax, the bfloat16
-GEMM). It is built with `-march=native` into the cache folder, keyed by a digest of the sources, flags,
+One shared library holds them all (paged attention, fused norm/rotary/activation, argmax, the bfloat16 and float32
+GEMMs). It is built with `-march=native` into the cache folder, keyed by a digest of the sources, flags,
 compiler and CPU features, so a change to any of them rebuilds it (about two seconds; no torch headers are needed). Its OpenMP
 calls resolve to the libgomp torch has already loaded, so the kernels share torch's thread pool. Without a
 C compiler, or with HETERO_INFER_CPU_KERNEL=0, `library()` is None and the engine keeps its PyTorch paths.

@@ -122,6 +122,11 @@ class ChoiceCache:
         found = self._choices.get(entry)
         return tuple(found["plan"]) if found else None
 
+    def timings(self, entry: str) -> list[dict[str, float | None]] | None:
+        """The timings [bucket][candidate] the cached choice of `entry` was made from (failed candidates None)."""
+        found = self._choices.get(entry)
+        return [dict(t) for t in found.get("timings", [])] if found else None
+
     def put(self, entry: str, plan: Sequence[str], timings: Sequence[Mapping[str, float | None]]) -> None:
         self._choices = {**self._read(), **self._choices,
                          entry: {"plan": list(plan), "timings": [dict(t) for t in timings]}}

@@ -1,0 +1,137 @@
+/* float32 GEMM for linear layers, out[M, N] = x[M, K] @ W[N, K]^T (+ bias), on CPUs with AVX-512F.
+ *
+ * Why: at decode batch sizes (8-64 rows) oneDNN's float32 packed-weight GEMM reached about half of the
+ * machine's matmul rate on the AMD EPYC dev box (it streams the weight, then computes). As in the bfloat16
+ * kernel (gemm.c), each thread prefetches the next weight panel while it computes on the current one, so
+ * streaming and compute overlap.
+ *
+ * Layout: W is pre-packed (cpu_linear.pack_as("gemm_f32")) into panels of PANEL = NR * 16 output columns;
+ * within a panel, row k holds the PANEL columns' W[n][k] (NR 64-byte lines). MR rows of x times one panel keep
+ * MR * NR float32 accumulators in registers; each x element is broadcast (an embedded-broadcast FMA operand)
+ * and feeds NR FMAs. Accumulation is float32 in k order; the bias is added to the finished sum, as PyTorch's
+ * linear adds it to the product.
+ *
+ * Rows are taken a pass at a time (as many as keep x in L2 while every panel runs over them); within a pass,
+ * OpenMP splits the panels (NR = 3: the model's widths 576, 960, 3072, 49152 are whole numbers of 48-column
+ * panels and split evenly over two threads, where 64-column panels left 5 against 4 at N = 576).
+ */
+#include "simd.h"
+
+#if HAVE_AVX512
+#define HAVE_GEMM_F32 1
+
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T1
+#endif
+enum { NR = 3, PANEL = NR * 16, MR = 8 };
+
+/* x rows per pass: x of one pass (rows * K floats) stays within this many bytes of L2 */
+enum { PASS_BYTES = 384 * 1024 };
+
+/* ROWS rows of x over one panel: out[m][c] = sum_k x[m][k] w[k][c] (+ bias[c]). The first row group of a
+   panel prefetches the next panel (`prefetch`, NR lines per k) while it streams this one. */
+#define DEFINE_MICRO_F32(NAME, ROWS)                                                                      \
+static inline void NAME(const float* x, int K, const float* w, const float* bias, float* out, int ldo,     \
+                        const __mmask16* cols, const char* prefetch, size_t pf_step) {                     \
+    __m512 acc[ROWS][NR];                                                                                 \
+    _Pragma("GCC unroll 8")                                                                               \
+    for (int m = 0; m < ROWS; m++) {                                                                      \
+        _Pragma("GCC unroll 4")                                                                           \
+        for (int j = 0; j < NR; j++) acc[m][j] = _mm512_setzero_ps();                                     \
+    }                                                                                                     \
+    for (int k = 0; k < K; k++) {                                                                         \
+        __m512 wj[NR];                                                                                    \
+        _Pragma("GCC unroll 4")                                                                           \
+        for (int j = 0; j < NR; j++) wj[j] = _mm512_loadu_ps(w + (size_t)k * PANEL + 16 * j);            \
+        if (prefetch) { /* the lines from byte (k pf_step) >> 16 up to ((k + 1) pf_step) >> 16 */        \
+            size_t lo = ((size_t)k * pf_step) >> 16 & ~(size_t)63, hi = ((size_t)(k + 1) * pf_step) >> 16;  \
+            for (size_t b = lo; b < hi; b += 64) _mm_prefetch(prefetch + b, PF_HINT);                     \
+        }                                                                                                 \
+        _Pragma("GCC unroll 8")                                                                           \
+        for (int m = 0; m < ROWS; m++) {                                                                  \
+            __m512 a = _mm512_set1_ps(x[(size_t)m * K + k]);                                              \
+            _Pragma("GCC unroll 4")                                                                       \
+            for (int j = 0; j < NR; j++) acc[m][j] = _mm512_fmadd_ps(a, wj[j], acc[m][j]);                \
+        }                                                                                                 \
+    }                                                                                                     \
+    _Pragma("GCC unroll 4")                                                                               \
+    for (int j = 0; j < NR; j++) {                                                                        \
+        if (!cols[j]) continue;                                                                           \
+        __m512 bj = bias ? _mm512_maskz_loadu_ps(cols[j], bias + 16 * j) : _mm512_setzero_ps();           \
+        _Pragma("GCC unroll 8")                                                                           \
+        for (int m = 0; m < ROWS; m++)                                                                    \
+            _mm512_mask_storeu_ps(out + (size_t)m * ldo + 16 * j, cols[j],                                \
+                                  bias ? _mm512_add_ps(acc[m][j], bj) : acc[m][j]);                       \
+    }                                                                                                     \
+}
+
+DEFINE_MICRO_F32(f32_rows8, 8)
+DEFINE_MICRO_F32(f32_rows4, 4)
+DEFINE_MICRO_F32(f32_rows2, 2)
+DEFINE_MICRO_F32(f32_rows1, 1)
+
+static inline void f32_column_masks(int N, int p, __mmask16* cols) {
+    for (int j = 0; j < NR; j++) {
+        int left = N - p * PANEL - 16 * j;
+        cols[j] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+    }
+}
+
+/* rows m0 .. m0 + rows - 1 of x over panel p: out[:, p * PANEL ...] */
+static inline void f32_panel_rows(const float* x, int m0, int rows, int K, const float* w, const float* bias,
+                                  float* out, int N, const __mmask16* cols, const char* next) {
+    /* every row group fetches its share of the next panel: spread over the whole panel's compute, the
+       prefetches ask memory for no more than it can stream beside it */
+    int r = rows % MR, groups = rows / MR + (r >= 4) + (r % 4 >= 2) + (r % 2);
+    size_t share = ((size_t)K * PANEL * sizeof(float) + groups - 1) / groups;
+    size_t pf_step = (share << 16) / (size_t)K + 1;
+    for (int m = 0, g = 0; m < rows; g++) {
+        const float* xm = x + (size_t)(m0 + m) * K;
+        float* om = out + (size_t)(m0 + m) * N;
+        const char* pf = next ? next + g * share : 0;
+        int left = rows - m;
+        if (left >= 8) { f32_rows8(xm, K, w, bias, om, N, cols, pf, pf_step); m += 8; }
+        else if (left >= 4) { f32_rows4(xm, K, w, bias, om, N, cols, pf, pf_step); m += 4; }
+        else if (left >= 2) { f32_rows2(xm, K, w, bias, om, N, cols, pf, pf_step); m += 2; }
+        else { f32_rows1(xm, K, w, bias, om, N, cols, pf, pf_step); m += 1; }
+    }
+}
+
+int gemm_f32(const float* x, int M, int K, const float* packed, int N, const float* bias, float* out) {
+    if (M < 0 || K < 1 || N < 1) return -1;
+    int panels = (N + PANEL - 1) / PANEL;
+    int per_pass = (int)(PASS_BYTES / ((size_t)K * sizeof(float))) / MR * MR;
+    if (per_pass < MR) per_pass = MR;
+    for (int m0 = 0; m0 < M; m0 += per_pass) {
+        int rows = M - m0 < per_pass ? M - m0 : per_pass;
+        int par = (size_t)panels * rows * K >= 32768;
+        _Pragma("omp parallel for schedule(static) if (par)")
+        for (int p = 0; p < panels; p++) {
+            const float* panel = packed + (size_t)p * K * PANEL;
+            const char* next = p + 1 < panels ? (const char*)(panel + (size_t)K * PANEL) : 0;
+            __mmask16 cols[NR];
+            f32_column_masks(N, p, cols);
+            f32_panel_rows(x, m0, rows, K, panel, bias ? bias + (size_t)p * PANEL : 0, out + (size_t)p * PANEL, N,
+                           cols, next);
+        }
+    }
+    return 0;
+}
+#else
+#define HAVE_GEMM_F32 0
+int gemm_f32(const float* x, int M, int K, const float* packed, int N, const float* bias, float* out) {
+    (void)x; (void)M; (void)K; (void)packed; (void)N; (void)bias; (void)out;
+    return -1;
+}
+#endif
+
+int gemm_f32_available(void) { return HAVE_GEMM_F32; }
+
+/* The panel width of the packed layout (columns), for the packing code to match */
+int gemm_f32_panel(void) {
+#if HAVE_GEMM_F32
+    return PANEL;
+#else
+    return 0;
+#endif
+}
