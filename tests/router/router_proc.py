@@ -115,13 +115,19 @@ def start_workers(n: int, *args: str, extra: dict[int, list[str]] | None = None)
 
 
 def start_router(workers: list[Proc], *args: str) -> Proc:
+    """A router in front of `workers`, once it sees them all ready and, unless `--tokenizer none`, has its tokenizer
+    (with the default `--tokenizer workers` it is fetched from them in the background: waiting for it keeps a test
+    from seeing the switch from text to token hashes halfway)."""
     worker_args = [a for w in workers for a in ("--worker", w.url)]
     router = Proc("router", "--port", "0", *worker_args, "--health-interval-s", "0.2", *args)
     router.wait_ready()
-    deadline = time.monotonic() + 60
-    while json.loads(get(router.url + "/readyz")[1])["workers_ready"] < len(workers):
+    tokenizer = args[args.index("--tokenizer") + 1] if "--tokenizer" in args else "workers"
+    deadline = time.monotonic() + 120
+    while (json.loads(get(router.url + "/readyz")[1])["workers_ready"] < len(workers)
+           or (tokenizer != "none" and workers
+               and samples(router.url, "hetero_infer_router_tokenizer_mode").get("text") != 0.0)):
         if time.monotonic() > deadline:
-            raise RuntimeError("router never saw the workers ready:\n" + "".join(router.lines))
+            raise RuntimeError("router never saw the workers ready or loaded no tokenizer:\n" + "".join(router.lines))
         time.sleep(0.1)
     return router
 
