@@ -199,11 +199,11 @@ class OtherServer:
 
 
 @contextlib.asynccontextmanager
-async def real_workers(engines: list[LLMEngine]):
+async def real_workers(engines: list[LLMEngine], **options: Any):
     servers, clients = [], []
     try:
         for engine in engines:
-            state = ServerState(ServerOptions(access_log=False))
+            state = ServerState(ServerOptions(access_log=False, **options))
             server = TestServer(create_app(state))
             await server.start_server()
             servers.append(server)
@@ -290,3 +290,24 @@ def matched(router: Any, url: str) -> float:
     value = router.metrics.registry.get_sample_value("hetero_infer_router_prefix_matched_tokens_total",
                                                      {"worker": url})
     return value or 0.0
+
+
+@pytest.mark.parametrize("key, loads", [("sk-worker", True), (None, False)])
+async def test_workers_with_an_api_key_give_it_for_the_routers_key(key: str | None, loads: bool,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """GET /v1/tokenizer/files is behind the workers' --api-key: the router sends its --worker-api-key; without
+    it the worker answers 401, the router says so once and keeps hashing text."""
+    engine = LLMEngine(EngineConfig(executor="mock", max_model_len=128, max_num_seqs=2))
+    async with real_workers([engine], api_key=["sk-worker"]) as (worker,):
+        router, runner, _ = await start_router(RouterOptions(worker=[worker], health_interval_s=0.02,
+                                                             worker_api_key=key))
+        try:
+            if loads:
+                await wait_for(lambda: router.tokenizer is not None, 120, "the tokenizer with the key")
+                assert mode(router)["workers"] == 1
+            else:
+                await wait_for(lambda: any(r.getMessage().startswith("tokenizer:") and "--worker-api-key" in
+                                           r.getMessage() for r in caplog.records), what="the warning about the key")
+                assert router.tokenizer is None and mode(router)["text"] == 1
+        finally:
+            await runner.cleanup()
