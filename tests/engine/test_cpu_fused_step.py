@@ -47,7 +47,7 @@ def _generate(llm, prompts, max_tokens=6):
     return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
 
 
-# prompts of 1..5 tokens: the first step (prefill rows) fits the fused stack too; 11 sequences: steps of more
+# prompts of 1..5 tokens: a short prompt's prefill rows fit the fused stack too; 11 sequences: steps of more
 # rows than it takes run the per-op path
 PROMPTS = [[100 + 7 * i + j for j in range(1 + i % 5)] for i in range(11)]
 
