@@ -171,9 +171,12 @@ def pack_as(kind: str, weight: torch.Tensor) -> PackedWeight:
         return PackedWeight("onednn", torch.ops.mkldnn._reorder_linear_weight(weight, _BATCH_HINT), n, k)
     if kind == "gemm_f32":  # panels of _f32_panel() columns; row k of a panel holds its columns' W[n, k]
         panel = _f32_panel()
-        padded = weight.new_zeros(-(-n // panel) * panel, k)
-        padded[:n] = weight
-        return PackedWeight("gemm_f32", padded.view(-1, panel, k).transpose(1, 2).contiguous(), n, k)
+        full = n // panel
+        data = weight_arena.ARENA.zeros((-(-n // panel), k, panel), torch.float32)  # the columns past n stay 0
+        data[:full] = weight[: full * panel].reshape(full, panel, k).transpose(1, 2)
+        if n > full * panel:
+            data[full, :, : n - full * panel] = weight[full * panel :].T
+        return PackedWeight("gemm_f32", data, n, k)
     # gemm_bf16: panels of 64 columns; row kp of a panel holds each column's pair (W[n, 2kp], W[n, 2kp + 1])
     # (on huge pages: weight_arena.py); the columns past n stay zero
     full = n // _PANEL

@@ -1,9 +1,10 @@
 /* float32 GEMM for linear layers, out[M, N] = x[M, K] @ W[N, K]^T (+ bias), on CPUs with AVX-512F.
  *
  * Why: at decode batch sizes (8-64 rows) oneDNN's float32 packed-weight GEMM reached about half of the
- * machine's matmul rate on the AMD EPYC dev box (it streams the weight, then computes). As in the bfloat16
- * kernel (gemm.c), each thread prefetches the next weight panel while it computes on the current one, so
- * streaming and compute overlap.
+ * machine's matmul rate on the AMD EPYC dev box with the weights coming from memory. Here each thread streams
+ * its panels front to back (the weights on huge pages: linear.py packs them into kernels/cpu/weight_arena.py),
+ * which the hardware prefetchers follow; software prefetch of the next panel was measured too and was no faster
+ * from 8 rows up and 30-40% slower at one row (docs/benchmarks.md).
  *
  * Layout: W is pre-packed (cpu_linear.pack_as("gemm_f32")) into panels of PANEL = NR * 16 output columns;
  * within a panel, row k holds the PANEL columns' W[n][k] (NR 64-byte lines). MR rows of x times one panel keep
@@ -20,19 +21,15 @@
 #if HAVE_AVX512
 #define HAVE_GEMM_F32 1
 
-#ifndef PF_HINT
-#define PF_HINT _MM_HINT_T1
-#endif
 enum { NR = 3, PANEL = NR * 16, MR = 8 };
 
 /* x rows per pass: x of one pass (rows * K floats) stays within this many bytes of L2 */
 enum { PASS_BYTES = 384 * 1024 };
 
-/* ROWS rows of x over one panel: out[m][c] = sum_k x[m][k] w[k][c] (+ bias[c]). The first row group of a
-   panel prefetches the next panel (`prefetch`, NR lines per k) while it streams this one. */
+/* ROWS rows of x over one panel: out[m][c] = sum_k x[m][k] w[k][c] (+ bias[c]) */
 #define DEFINE_MICRO_F32(NAME, ROWS)                                                                      \
 static inline void NAME(const float* x, int K, const float* w, const float* bias, float* out, int ldo,     \
-                        const __mmask16* cols, const char* prefetch, size_t pf_step) {                     \
+                        const __mmask16* cols) {                                                           \
     __m512 acc[ROWS][NR];                                                                                 \
     _Pragma("GCC unroll 8")                                                                               \
     for (int m = 0; m < ROWS; m++) {                                                                      \
@@ -43,10 +40,6 @@ static inline void NAME(const float* x, int K, const float* w, const float* bias
         __m512 wj[NR];                                                                                    \
         _Pragma("GCC unroll 4")                                                                           \
         for (int j = 0; j < NR; j++) wj[j] = _mm512_loadu_ps(w + (size_t)k * PANEL + 16 * j);            \
-        if (prefetch) { /* the lines from byte (k pf_step) >> 16 up to ((k + 1) pf_step) >> 16 */        \
-            size_t lo = ((size_t)k * pf_step) >> 16 & ~(size_t)63, hi = ((size_t)(k + 1) * pf_step) >> 16;  \
-            for (size_t b = lo; b < hi; b += 64) _mm_prefetch(prefetch + b, PF_HINT);                     \
-        }                                                                                                 \
         _Pragma("GCC unroll 8")                                                                           \
         for (int m = 0; m < ROWS; m++) {                                                                  \
             __m512 a = _mm512_set1_ps(x[(size_t)m * K + k]);                                              \
@@ -79,21 +72,15 @@ static inline void f32_column_masks(int N, int p, __mmask16* cols) {
 
 /* rows m0 .. m0 + rows - 1 of x over panel p: out[:, p * PANEL ...] */
 static inline void f32_panel_rows(const float* x, int m0, int rows, int K, const float* w, const float* bias,
-                                  float* out, int N, const __mmask16* cols, const char* next) {
-    /* every row group fetches its share of the next panel: spread over the whole panel's compute, the
-       prefetches ask memory for no more than it can stream beside it */
-    int r = rows % MR, groups = rows / MR + (r >= 4) + (r % 4 >= 2) + (r % 2);
-    size_t share = ((size_t)K * PANEL * sizeof(float) + groups - 1) / groups;
-    size_t pf_step = (share << 16) / (size_t)K + 1;
-    for (int m = 0, g = 0; m < rows; g++) {
+                                  float* out, int N, const __mmask16* cols) {
+    for (int m = 0; m < rows;) {
         const float* xm = x + (size_t)(m0 + m) * K;
         float* om = out + (size_t)(m0 + m) * N;
-        const char* pf = next ? next + g * share : 0;
         int left = rows - m;
-        if (left >= 8) { f32_rows8(xm, K, w, bias, om, N, cols, pf, pf_step); m += 8; }
-        else if (left >= 4) { f32_rows4(xm, K, w, bias, om, N, cols, pf, pf_step); m += 4; }
-        else if (left >= 2) { f32_rows2(xm, K, w, bias, om, N, cols, pf, pf_step); m += 2; }
-        else { f32_rows1(xm, K, w, bias, om, N, cols, pf, pf_step); m += 1; }
+        if (left >= 8) { f32_rows8(xm, K, w, bias, om, N, cols); m += 8; }
+        else if (left >= 4) { f32_rows4(xm, K, w, bias, om, N, cols); m += 4; }
+        else if (left >= 2) { f32_rows2(xm, K, w, bias, om, N, cols); m += 2; }
+        else { f32_rows1(xm, K, w, bias, om, N, cols); m += 1; }
     }
 }
 
@@ -107,12 +94,10 @@ int gemm_f32(const float* x, int M, int K, const float* packed, int N, const flo
         int par = (size_t)panels * rows * K >= 32768;
         _Pragma("omp parallel for schedule(static) if (par)")
         for (int p = 0; p < panels; p++) {
-            const float* panel = packed + (size_t)p * K * PANEL;
-            const char* next = p + 1 < panels ? (const char*)(panel + (size_t)K * PANEL) : 0;
             __mmask16 cols[NR];
             f32_column_masks(N, p, cols);
-            f32_panel_rows(x, m0, rows, K, panel, bias ? bias + (size_t)p * PANEL : 0, out + (size_t)p * PANEL, N,
-                           cols, next);
+            f32_panel_rows(x, m0, rows, K, packed + (size_t)p * K * PANEL, bias ? bias + (size_t)p * PANEL : 0,
+                           out + (size_t)p * PANEL, N, cols);
         }
     }
     return 0;
