@@ -1,6 +1,6 @@
 """The bfloat16 GEMM (kernels/cpu/csrc/gemm.c) against float64 on odd shapes: every combination of its
-register tiles (6, 4, 2 and 1 rows), the passes of more than 240 rows, column tails of a panel, one and two
-threads, and weights packed side by side in the huge-page arena (kernels/cpu/weight_arena.py)."""
+register tiles (6, 4, 2 and 1 rows), the passes of more than 240 rows, column tails of a panel, one to three
+threads (work split by panels and by blocks of rows), and weights packed side by side in the huge-page arena (kernels/cpu/weight_arena.py)."""
 
 from __future__ import annotations
 
@@ -46,17 +46,21 @@ def test_gemm_bf16_every_tile_against_float64(k, n, threads):
         torch.set_num_threads(before)
 
 
-def test_gemm_bf16_large_enough_to_run_on_two_threads():
-    """A decode-sized call (parallel over panels when two threads are set) against float64."""
-    gen = torch.Generator().manual_seed(1)
-    w = torch.randn(1000, 576, generator=gen).to(torch.bfloat16)
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("n", [1000, 576, 960, 64])  # 16, 9, 15 and 1 panels: split evenly or in row blocks
+def test_gemm_bf16_parallel_calls_against_float64(threads, n):
+    """Decode-sized calls, parallel over (panel, row block) items; 3 threads (oversubscribed here) cut a panel
+    into three blocks."""
+    gen = torch.Generator().manual_seed(n + threads)
+    w = torch.randn(n, 576, generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16)
     packed = cpu_linear.pack_as("gemm_bf16", w)
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     try:
-        for rows in (1, 9, 32, 64):
+        for rows in (1, 9, 12, 13, 16, 19, 32, 33, 64):
             x = torch.randn(rows, 576, generator=gen).to(torch.bfloat16)
-            _check(cpu_linear.packed_linear(x, packed, None), _reference(x, w, None), 576)
+            _check(cpu_linear.packed_linear(x, packed, b), _reference(x, w, b), 576)
     finally:
         torch.set_num_threads(before)
 

@@ -21,6 +21,7 @@
  * ((q - zero) * scale) rounded to bfloat16, the reference's dequantized weight in the activations' dtype.
  */
 #include "simd.h"
+#include <omp.h>
 
 #if HAVE_AVX512 && defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define HAVE_GEMM_BF16 1
@@ -228,6 +229,24 @@ static inline void panel_rows(const uint32_t* x32, int m0, int rows, int kh, int
     }
 }
 
+/* Into how many blocks of rows each panel's work is cut, so that the (panel, block) items split evenly over
+   the threads: with 2 threads, the default model's o and down projections have 9 panels (5 / 4 per thread,
+   one thread idle a ninth of the call); as 18 items they split 9 / 9 (measured 1.09-1.17x at 16-64 rows on
+   the dev box, docs/benchmarks.md). Blocks keep at least 6 rows (one micro tile); a thread's items stay
+   contiguous, so each panel is still streamed by one thread (two at a boundary). */
+static int row_blocks(int rows, int panels, int threads) {
+    int most = rows / 6 > 1 ? rows / 6 : 1, b = 1;
+    while (b < most && (panels * b) % threads && panels * b < 8 * threads) b++;
+    return b;
+}
+
+/* The first row of block i of `blocks`: a multiple of 6 (whole micro tiles) nearest to an even cut */
+static inline int block_start(int rows, int blocks, int i) {
+    if (i >= blocks) return rows;
+    int s = ((int)((long)rows * i / blocks) + 3) / 6 * 6;
+    return s < rows ? s : rows;
+}
+
 int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, const float* bias, uint16_t* out) {
     if (K % 2) return -1;
     int kh = K / 2, panels = (N + PANEL - 1) / PANEL;
@@ -236,12 +255,15 @@ int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, co
     for (int m0 = 0; m0 < M; m0 += ROWS_PER_PASS) {
         int rows = M - m0 < ROWS_PER_PASS ? M - m0 : ROWS_PER_PASS;
         int par = (size_t)panels * rows * K >= 32768;
+        int blocks = par ? row_blocks(rows, panels, omp_get_max_threads()) : 1;
         _Pragma("omp parallel for schedule(static) if (par)")
-        for (int p = 0; p < panels; p++) {
+        for (int it = 0; it < panels * blocks; it++) {
+            int p = it / blocks, r0 = block_start(rows, blocks, it % blocks);
             const uint32_t* panel = w32 + (size_t)p * kh * PANEL;
             __mmask16 cols[NR];
             column_masks(N, p, cols);
-            panel_rows(x32, m0, rows, kh, p, (Panel){panel, 0, 0, 0}, bias, 0, out, N, cols);
+            panel_rows(x32, m0 + r0, block_start(rows, blocks, it % blocks + 1) - r0, kh, p,
+                       (Panel){panel, 0, 0, 0}, bias, 0, out, N, cols);
         }
     }
     return 0;
