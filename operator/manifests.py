@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetero_infer.operator import constants as c
-from hetero_infer.operator.spec import WORKERS_SERVICE_SUFFIX, InferenceSpec
+from hetero_infer.operator.spec import (
+    DEFAULT_CORS_HEADERS,
+    DEFAULT_CORS_METHODS,
+    DEFAULT_ROUTER_TOKENIZER,
+    WORKERS_SERVICE_SUFFIX,
+    InferenceSpec,
+    RouterSpec,
+)
 
 MODEL_MOUNT = "/models"
 CACHE_DIR = "/var/cache/hetero-infer"
@@ -398,6 +405,23 @@ def router_args(owner: Owner, spec: InferenceSpec) -> list[str]:
     ]
     if spec.engine.block_size is not None:
         args += ["--block-size", str(spec.engine.block_size)]
+    return args + router_options_args(r)
+
+
+def router_options_args(r: RouterSpec) -> list[str]:
+    """spec.router.cors and .tokenizer as flags, only where they differ from the router's defaults: a spec
+    without them (or with the defaults written out, as the API server fills them) renders the same
+    Deployment as before they existed, so it does not roll."""
+    cors = r.cors
+    args = [arg for origin in cors.allowed_origins for arg in ("--allowed-origins", origin)]
+    if cors.allowed_methods != DEFAULT_CORS_METHODS:
+        args += [arg for method in cors.allowed_methods for arg in ("--allowed-methods", method)]
+    if cors.allowed_headers != DEFAULT_CORS_HEADERS:
+        args += [arg for header in cors.allowed_headers for arg in ("--allowed-headers", header)]
+    if cors.allow_credentials:
+        args.append("--allow-credentials")
+    if r.tokenizer != DEFAULT_ROUTER_TOKENIZER:
+        args += ["--tokenizer", r.tokenizer]
     return args
 
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetero_infer.worker.server import cors  # torch-free: the router's and workers' CORS rules, not a copy
+
 EXECUTORS = ("torch", "mock")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 QUANTIZATIONS = ("int8", "int4")
@@ -22,6 +24,7 @@ ROLLOUT_STRATEGIES = ("RollingUpdate", "Recreate")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 ROUTER_POLICIES = ("prefix", "least-load", "round-robin")
+ROUTER_TOKENIZERS = ("workers", "none")  # the router's --tokenizer values that need nothing in the router pod
 
 # Defaults; crds/ carries the same values (tests/operator/test_crd_schema.py keeps them in step).
 DEFAULT_EXECUTOR = "torch"
@@ -37,6 +40,11 @@ DEFAULT_INTERVAL_SECONDS = 15
 DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 600
 DEFAULT_ROUTER_REPLICAS = 1
 DEFAULT_ROUTER_POLICY = "prefix"
+DEFAULT_ROUTER_TOKENIZER = "workers"  # the router's own default (router/options.py)
+DEFAULT_CORS_METHODS = ("*",)  # the router's defaults of --allowed-methods and --allowed-headers
+DEFAULT_CORS_HEADERS = ("*",)
+# spec.router.cors bounds (the CRD's maxItems/maxLength): (max items, max characters per item)
+CORS_LIMITS = {"allowedOrigins": (64, 256), "allowedMethods": (16, 32), "allowedHeaders": (64, 256)}
 DEFAULT_HOLD_TIMEOUT_SECONDS = 300  # long enough for a worker to start from zero and load its model
 DEFAULT_SERVICE_TYPE = "ClusterIP"
 DEFAULT_SERVICE_PORT = 80
@@ -150,6 +158,16 @@ class InferencePoolSpec:
 
 
 @dataclass(frozen=True)
+class RouterCorsSpec:
+    """The router's CORS options (worker/server/cors.py, the same as the workers'): off without origins."""
+
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = DEFAULT_CORS_METHODS
+    allowed_headers: tuple[str, ...] = DEFAULT_CORS_HEADERS
+    allow_credentials: bool = False
+
+
+@dataclass(frozen=True)
 class RouterSpec:
     """`hetero-infer router` in front of the workers: the Service users call selects its pods."""
 
@@ -161,6 +179,8 @@ class RouterSpec:
     memory: str | None = None
     hold_timeout_seconds: int = DEFAULT_HOLD_TIMEOUT_SECONDS
     inference_pool: InferencePoolSpec | None = None
+    cors: RouterCorsSpec = field(default_factory=RouterCorsSpec)
+    tokenizer: str = DEFAULT_ROUTER_TOKENIZER
 
 
 @dataclass(frozen=True)
@@ -289,6 +309,28 @@ def _type_name(value: Any) -> str:
         return "null"
     return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
             dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _strings(r: _Reader, data: Mapping, key: str, path: str, default: tuple[str, ...], min_items: int,
+             max_items: int, max_length: int) -> tuple[str, ...]:
+    """An array of strings, bounded like the CRD's (minItems, maxItems, maxLength)."""
+    value = data.get(key, _MISSING)
+    if value is _MISSING or value is None:
+        return default
+    if not isinstance(value, list):
+        r.bad(f"{path}.{key}", f"must be an array of strings, got {_type_name(value)}")
+        return default
+    if not min_items <= len(value) <= max_items:
+        r.bad(f"{path}.{key}", f"must have {min_items} to {max_items} items, got {len(value)}")
+        return default
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            r.bad(f"{path}.{key}[{i}]", f"must be a string, got {_type_name(item)}")
+            return default
+        if len(item) > max_length:
+            r.bad(f"{path}.{key}[{i}]", f"must be at most {max_length} characters, got {len(item)}")
+            return default
+    return tuple(value)
 
 
 def validate_name(name: str) -> list[str]:
@@ -432,7 +474,7 @@ def _parse_autoscaling(r: _Reader, raw: Any) -> AutoscalingSpec:
 def _parse_router(r: _Reader, raw: Any) -> RouterSpec:
     p = "spec.router"
     ro = r.obj(raw, p, ("enabled", "replicas", "policy", "image", "resources", "holdTimeoutSeconds",
-                        "inferencePool"))
+                        "inferencePool", "cors", "tokenizer"))
     res = r.obj(ro.get("resources"), f"{p}.resources", ("cpu", "memory"))
     pool = None
     if ro.get("inferencePool") is not None:
@@ -452,7 +494,28 @@ def _parse_router(r: _Reader, raw: Any) -> RouterSpec:
         hold_timeout_seconds=r.integer(ro, "holdTimeoutSeconds", p, DEFAULT_HOLD_TIMEOUT_SECONDS, minimum=1,
                                        maximum=3600),
         inference_pool=pool,
+        cors=_parse_cors(r, ro.get("cors"), f"{p}.cors"),
+        tokenizer=r.string(ro, "tokenizer", p, DEFAULT_ROUTER_TOKENIZER, enum=ROUTER_TOKENIZERS),
     )
+
+
+def _parse_cors(r: _Reader, raw: Any, p: str) -> RouterCorsSpec:
+    co = r.obj(raw, p, (*CORS_LIMITS, "allowCredentials"))
+    before = len(r.problems)
+    lists = {key: _strings(r, co, key, p, default, 0 if key == "allowedOrigins" else 1, *CORS_LIMITS[key])
+             for key, default in (("allowedOrigins", ()), ("allowedMethods", DEFAULT_CORS_METHODS),
+                                  ("allowedHeaders", DEFAULT_CORS_HEADERS))}
+    out = RouterCorsSpec(lists["allowedOrigins"], lists["allowedMethods"], lists["allowedHeaders"],
+                         r.boolean(co, "allowCredentials", p, False))
+    if len(r.problems) == before and (bad := cors.check_options(
+            list(out.allowed_origins), list(out.allowed_methods), list(out.allowed_headers), out.allow_credentials)):
+        option, why = bad  # the router would refuse to start with these: say so here, with the spec's names
+        r.bad(f"{p}.{_CORS_FIELDS[option]}", f"{why} (the router's --{option.replace('_', '-')})")
+    return out
+
+
+_CORS_FIELDS = {"allowed_origins": "allowedOrigins", "allowed_methods": "allowedMethods",
+                "allowed_headers": "allowedHeaders", "allow_credentials": "allowCredentials"}
 
 
 def _check_scale_to_zero(r: _Reader, a: AutoscalingSpec, router: RouterSpec) -> None:
