@@ -119,6 +119,9 @@ ROUTER_SPECS = {
     "router": {"router": {"enabled": True}},
     "scale-to-zero": {"router": {"enabled": True, "replicas": 3, "resources": {"cpu": "250m"}},
                       "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 3}},
+    "cors-and-tokenizer": {"router": {"enabled": True, "tokenizer": "none",
+                                      "cors": {"allowedOrigins": ["https://app.example.com"],
+                                               "allowedHeaders": ["authorization"], "allowCredentials": True}}},
 }
 
 
