@@ -4,6 +4,8 @@ render (read back by `hetero-infer router`'s own parser), and no change for spec
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +179,12 @@ def test_the_crd_the_chart_installs_takes_the_new_fields(helm_bin: Path, repo_ro
     assert chart_crd == yaml.safe_load((repo_root / "crds" / f"{c.CRD_NAME}.yaml").read_text())
     assert validate(chart_crd, resource(cors=BROWSER_APP, tokenizer="none")) == []
     assert validate(chart_crd, resource(cors={"allowedOrigins": ["*"], "allowCredentials": True}))
+
+
+def test_the_operator_still_imports_without_torch() -> None:
+    """spec.py takes the CORS rules from the worker package: that import must stay torch-free (the operator
+    image has no torch)."""
+    probe = ("import sys; import hetero_infer.operator.cli, hetero_infer.operator.handlers; "
+             "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
