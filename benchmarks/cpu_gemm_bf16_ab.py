@@ -9,9 +9,13 @@ as the engine packs them now).
 
 The workload is `cpu_linear_bench.py`'s: every linear of one decode step of the default model, 121 distinct
 weights (270 MB, eight times the L3 of the dev box), so each call reads its weight from memory as in the
-engine; `--lm-head` times the 49152x576 LM head alone, a 64 MB buffer read before each call.
+engine; `--lm-head` times the 49152x576 LM head alone, a 64 MB buffer read before each call. `--per-shape`
+times each of the five shapes alone, one call per sample, cycling through copies of the weight that add up to
+more than 64 MB (so each call reads its copy from memory): short samples, which a shared machine preempts far
+less often than a whole step of 121 calls (a two-thread parallel region waits for a descheduled thread).
 
     python benchmarks/cpu_gemm_bf16_ab.py --baseline a8198fb~1 [--threads 1 2] [--rows 1 8 32 64 256]
+    python benchmarks/cpu_gemm_bf16_ab.py --baseline a8198fb~1 --per-shape --threads 2 --rows 16 32 64
 """
 
 from __future__ import annotations
@@ -64,7 +68,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 256])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--lm-head", action="store_true", help="the LM head alone, caches flushed before each call")
+    ap.add_argument("--per-shape", action="store_true", help="each shape alone, one call per sample")
     args = ap.parse_args()
+    if args.per_shape:
+        return per_shape(args)
     new_fn = cpu_linear._gemm_bf16()
     assert new_fn is not None, "no AVX512_BF16 in this build: nothing to compare"
     tmp = tempfile.TemporaryDirectory()
@@ -104,6 +111,43 @@ def main() -> None:
             print(f"| {threads} | {m} | {ms['old']:.2f} | {ms['new-4k']:.2f} | {ms['new']:.2f} | "
                   f"{ms['old'] / ms['new']:.2f}x | {nbytes / ms['new'] / 1e6:.1f} | "
                   f"{flops_per_row * m / ms['new'] / 1e6:.0f} |", flush=True)
+
+
+def per_shape(args: argparse.Namespace) -> None:
+    new_fn = cpu_linear._gemm_bf16()
+    assert new_fn is not None, "no AVX512_BF16 in this build: nothing to compare"
+    tmp = tempfile.TemporaryDirectory()
+    old_fn = build_at(args.baseline, Path(tmp.name))
+    gen = torch.Generator().manual_seed(0)
+    samples_per_round = 20
+    print(f"baseline {args.baseline}; each shape alone, weights from memory; median of {args.rounds} interleaved "
+          f"rounds x {samples_per_round} calls")
+    print("| threads | weight (out x in) | rows | old ms | new-4k ms | new ms | old / new | new GFLOP/s |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for k, n in dict.fromkeys(SHAPES):
+        w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+        copies = (64 << 20) // (n * k * 2) + 2
+        four_k = [pack_4k(w) for _ in range(copies)]
+        arena = [cpu_linear.pack_as("gemm_bf16", w).data for _ in range(copies)]
+        variants = {"old": (old_fn, four_k), "new-4k": (new_fn, four_k), "new": (new_fn, arena)}
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            for m in args.rows:
+                x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+                out = torch.empty(m, n, dtype=torch.bfloat16)
+                samples: dict[str, list[float]] = {v: [] for v in variants}
+                for r in range(args.rounds + 1):
+                    order = list(variants.items())
+                    for name, (fn, packs) in order[::-1] if r % 2 else order:
+                        for i in range(samples_per_round):
+                            p = packs[(r * samples_per_round + i) % copies]
+                            t0 = time.perf_counter()
+                            fn(x.data_ptr(), m, k, p.data_ptr(), n, None, out.data_ptr())
+                            if r:
+                                samples[name].append(time.perf_counter() - t0)
+                ms = {v: statistics.median(s) * 1e3 for v, s in samples.items()}
+                print(f"| {threads} | {n}x{k} | {m} | {ms['old']:.3f} | {ms['new-4k']:.3f} | {ms['new']:.3f} | "
+                      f"{ms['old'] / ms['new']:.2f}x | {2 * m * n * k / ms['new'] / 1e6:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
