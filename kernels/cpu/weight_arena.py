@@ -1,8 +1,9 @@
 """Packed weights side by side in memory backed by transparent huge pages.
 
 A decode step streams every weight from memory once. With 4 KiB pages the hardware prefetchers stop at
-every page boundary and each page is another TLB miss; on 2 MiB pages the bfloat16 GEMM read one weight
-from memory 5-20% faster at one row (docs/benchmarks.md, "The bfloat16 GEMM, weights from memory").
+every page boundary and each page is another TLB miss; on 2 MiB pages the bfloat16 GEMM read a weight
+from memory up to twice as fast at one row (the LM head 3.7x; docs/benchmarks.md, "The bfloat16 GEMM, weights
+from memory").
 A huge page per weight would round each up to 2 MiB (the default model's 121 linears: +90 MB), so
 weights share chunks instead, in the order they are packed (a layer's projections next to each other).
 Without transparent huge pages (or with THP off) the chunks are plain memory and nothing else changes.
