@@ -7,7 +7,10 @@ torch.compile's CPU backend applies ("weight prepacking"). In bfloat16, on CPUs 
 AVX512_BF16, the project's own GEMM (kernels/cpu/csrc/gemm.c) replaces oneDNN: it overlaps weight
 streaming with compute, which oneDNN does not at decode batch sizes (one decode step's linears
 of the default model, one thread: 27.5 -> 23.8 ms at 32 rows, 10.8 -> 8.0 ms at one row; equal
-or faster at prefill sizes). HETERO_INFER_ONEDNN=0 keeps plain `F.linear` everywhere.
+or faster at prefill sizes). In float32, on CPUs with AVX-512F, the project's float32 GEMM
+(kernels/cpu/csrc/gemm_f32.c, "gemm_f32") is a candidate beside oneDNN and `F.linear` (one thread, weights
+from memory: 1.2-1.3x oneDNN at 32 rows, 1.5-3x at one row; docs/benchmarks.md). HETERO_INFER_ONEDNN=0 keeps
+plain `F.linear` everywhere.
 
 Which of these serves a layer is measured, not assumed (`select.py`): for each weight shape and row-count
 bucket the candidates of its dtype (`CANDIDATES`: the project's GEMM, oneDNN's packed weights, PyTorch's
