@@ -79,7 +79,7 @@ def per_shape(dtype: torch.dtype, threads: list[int], rows: list[int], repeats: 
                 best = dict.fromkeys(kinds, float("inf"))
                 for _ in range(rounds):
                     for kind in kinds:
-                        ms = median_ms(lambda p=packed[kind]: cpu_linear.packed_linear(x, p, None), reps, flush,
+                        ms = median_ms(lambda p=packed[kind], x=x: cpu_linear.packed_linear(x, p, None), reps, flush,
                                        warmup=1)
                         best[kind] = min(best[kind], ms)
                 ms = [best[kind] for kind in kinds]
