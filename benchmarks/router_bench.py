@@ -81,7 +81,7 @@ async def run_policy(args: argparse.Namespace, url: str, convs: list[list[list[i
         nonlocal out_tokens, errors
         for prompt in turns:
             body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "stream": True,
-                    "ignore_eos": True}
+                    "ignore_eos": True, "stream_options": {"include_usage": True}}
             start = time.perf_counter()
             first = None
             async with session.post(url + "/v1/completions", json=body) as r:
@@ -93,7 +93,8 @@ async def run_policy(args: argparse.Namespace, url: str, convs: list[list[list[i
                     if line.startswith(b"data: {"):
                         if first is None:
                             first = time.perf_counter() - start
-                        out_tokens += 1
+                        if b'"usage":{' in line:  # the last event: tokens, not events (one may carry several)
+                            out_tokens += json.loads(line[len(b"data: "):])["usage"]["completion_tokens"]
             if first is not None:
                 ttfts.append(first)
 
