@@ -1,0 +1,64 @@
+"""Where a CPU decode step's time goes: the default workload's batch (32 requests, prompts 32-256 tokens),
+prefilled, then `--steps` decode steps under cProfile, the functions that took the most time printed.
+
+    python -m benchmarks.cpu_step_profile --dtype bfloat16 [--requests 32] [--steps 40]
+
+The step time printed is measured without the profiler's overhead on the same steps' neighbours (median of
+`--steps` unprofiled steps, then the profiled ones); cProfile adds ~10% to the Python part only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import random
+import statistics
+import time
+
+from hetero_infer.worker.config import EngineConfig
+from hetero_infer.worker.core.engine import LLMEngine
+from hetero_infer.worker.core.sampling_params import SamplingParams
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--top", type=int, default=20)
+    args = ap.parse_args()
+
+    engine = LLMEngine(EngineConfig(dtype=args.dtype))
+    rng = random.Random(0)
+    for i in range(args.requests):
+        prompt = [rng.randrange(100, 40000) for _ in range(rng.randrange(32, 257))]
+        engine.add_request(f"r{i}", None, prompt,
+                           SamplingParams(temperature=0.0, max_tokens=2 * args.steps + 16, ignore_eos=True))
+    while True:  # prefill, then a few decode steps to settle
+        engine.step()
+        sched = engine.last_schedule
+        if sched is not None and all(not s.seq.is_prefill for s in sched.scheduled):
+            break
+    for _ in range(5):
+        engine.step()
+
+    plain = []
+    for _ in range(args.steps):
+        t = time.perf_counter()
+        engine.step()
+        plain.append(time.perf_counter() - t)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(args.steps):
+        engine.step()
+    profile.disable()
+    rows = len(engine.last_schedule.scheduled) if engine.last_schedule else 0
+    print(f"{args.dtype}, {rows} rows a step: median {1000 * statistics.median(plain):.2f} ms, "
+          f"min {1000 * min(plain):.2f} ms over {args.steps} unprofiled steps")
+    print(f"per step below: divide by {args.steps}")
+    pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
