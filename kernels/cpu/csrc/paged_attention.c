@@ -6,7 +6,7 @@
  * Work is split over sequences (rows); the g = H / KVH query heads of a KV head share every K/V row they
  * read. Two implementations:
  *   - AVX-512 (compiled with -march=native on a CPU that has it; D = 64 or 128): blocks are read whole, as
- *     contiguous streams, with the next block prefetched; scores of 16 tokens are summed with one
+ *     contiguous streams, prefetched well ahead (see DEFINE_AVX512); scores of 16 tokens are summed with one
  *     transpose-add tree instead of a horizontal reduction per dot product; bfloat16 dot products use
  *     VDPBF16PS where the CPU has AVX512_BF16 (exact bf16 x bf16 products, float32 sums); the exponential
  *     is a vector polynomial; the output accumulators of up to 16 / (D / 16) heads stay in registers while
@@ -136,6 +136,12 @@ static inline float softmax_row(float* s, int len) {
 static inline void prefetch_lines(const void* p, size_t bytes) {
     for (size_t i = 0; i < bytes; i += 64) _mm_prefetch((const char*)p + i, _MM_HINT_T0);
 }
+static inline void prefetch_lines_l2(const void* p, size_t bytes) {
+    for (size_t i = 0; i < bytes; i += 64) _mm_prefetch((const char*)p + i, _MM_HINT_T1);
+}
+/* How many blocks ahead the K pass prefetches K into L2 (one block, 6-12 KB, is too short a lead to keep
+   enough misses in flight: 1.6x slower; 2-8 measured within noise of each other). */
+#define PA_AHEAD 4
 /* the next block is prefetched in H shares, one per head processed, so the requests spread over the block's
    compute instead of arriving in one burst (bytes per share, whole cache lines) */
 #define PREFETCH_SHARE(tokens_left, H, ELEM)                                                            \
@@ -143,22 +149,33 @@ static inline void prefetch_lines(const void* p, size_t bytes) {
      (64 * (size_t)(H)) * 64)
 
 /* One sequence, all KV heads, block by block: each block's K (then V) rows are read as one contiguous
-   stream while the next block is prefetched (decode attention is bound by memory once the weights of a
-   step have flushed the caches). NC = D / 16 chunks per row; HT = heads whose accumulators stay in
+   stream (decode attention is bound by memory once the weights of a step have flushed the caches). The K
+   pass prefetches K PA_AHEAD blocks ahead and the V block of the same position into L2, so the V pass reads
+   from L2 (with the next block prefetched into L1) and leaves the memory free for ntable's first K blocks:
+   the next row this thread will take (null: none). NC = D / 16 chunks per row; HT = heads whose accumulators stay in
    registers while a block's V rows stream by. s: [H][len] scores, o: [H][D] float32 partial outputs. */
 #define DEFINE_AVX512(NAME, T, NC, IS_BF16)                                                            \
 static void NAME(const T* qb, const T* kc, const T* vc, const int32_t* table, int len, T* ob, int H,    \
-                 int KVH, int row_kvh, int bs, float scale, float* s, float* o) {                       \
+                 int KVH, int row_kvh, int bs, float scale, float* s, float* o, const int32_t* ntable,  \
+                 int nlen) {                                                                            \
     enum { D = NC * 16, HT = 16 / NC };                                                                 \
     int g = H / KVH;                                                                                    \
     size_t row = (size_t)row_kvh * D, block = (size_t)bs * row;                                         \
     for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                              \
         int n = len - p0 < bs ? len - p0 : bs;                                                          \
         const T* kb = kc + (size_t)table[blk] * block;                                                  \
-        const char* next = p0 + bs < len ? (const char*)(kc + (size_t)table[blk + 1] * block) : 0;      \
-        size_t share = next ? PREFETCH_SHARE(len - p0 - bs, H, sizeof(T)) : 0;                                 \
+        int pb = blk + PA_AHEAD, np_ = len - pb * bs;                                                   \
+        const char* kfar = np_ > 0 ? (const char*)(kc + (size_t)table[pb] * block) : 0;                 \
+        size_t kfar_share = kfar ? PREFETCH_SHARE(np_, H, sizeof(T)) : 0;                               \
+        const char* vnow = (const char*)(vc + (size_t)table[blk] * block);                              \
+        size_t vshare = PREFETCH_SHARE(n, H, sizeof(T));                                                \
+        if (blk == 0)                                                                                   \
+            for (int a = 1; a < PA_AHEAD && a * bs < len; a++)                                          \
+                prefetch_lines_l2(kc + (size_t)table[a] * block,                                        \
+                                  sizeof(T) * row * (size_t)(len - a * bs < bs ? len - a * bs : bs));   \
         for (int h = 0; h < H; h++) {                                                                   \
-            if (next) prefetch_lines(next + h * share, share);                                          \
+            if (kfar) prefetch_lines_l2(kfar + h * kfar_share, kfar_share);                             \
+            prefetch_lines_l2(vnow + h * vshare, vshare);                                               \
             const T* kh_base = kb + (size_t)(h / g) * D;                                                \
             QREGS_##IS_BF16(NC)                                                                         \
             for (int t0 = 0; t0 < n; t0 += 16) {                                                        \
@@ -178,6 +195,9 @@ static void NAME(const T* qb, const T* kc, const T* vc, const int32_t* table, in
     for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                              \
         int n = len - p0 < bs ? len - p0 : bs;                                                          \
         const T* vb = vc + (size_t)table[blk] * block;                                                  \
+        if (ntable && blk < PA_AHEAD && blk * bs < nlen)                                                \
+            prefetch_lines_l2(kc + (size_t)ntable[blk] * block,                                         \
+                              sizeof(T) * row * (size_t)(nlen - blk * bs < bs ? nlen - blk * bs : bs)); \
         const char* next = p0 + bs < len ? (const char*)(vc + (size_t)table[blk + 1] * block) : 0;      \
         size_t share = next ? PREFETCH_SHARE(len - p0 - bs, H, sizeof(T)) : 0;                                 \
         for (int h0 = 0, ht; h0 < H; h0 += ht) {                                                        \
@@ -253,33 +273,59 @@ DEFINE_AVX512(item_avx512_bf16_d128, uint16_t, 8, 1)
    unit of work of paged_decode and of the fused decode step (decode_step.c), which splits one row's heads
    over its threads. */
 #define DEFINE_HEADS(NAME, T, GENERIC, FAST64, FAST128)                                                 \
-void NAME(const T* qb, const T* kc, const T* vc, const int32_t* table, int len, T* ob, int kh0, int kh1, \
-          int H, int KVH, int D, int bs, float scale) {                                                 \
+static void NAME##_item(const T* qb, const T* kc, const T* vc, const int32_t* table, int len, T* ob, int kh0, \
+                        int kh1, int H, int KVH, int D, int bs, float scale, const int32_t* ntable, int nlen, \
+                        float* s) {                                                                     \
     int g = H / KVH, nk = kh1 - kh0;                                                                    \
     int fast = HAVE_AVX512 && (D == 64 || D == 128) && H <= 1024;                                       \
-    float* s = (float*)malloc(sizeof(float) * ((size_t)H * len + 2 * (size_t)H * D));                  \
     size_t qo = (size_t)kh0 * g * D, ko = (size_t)kh0 * D;                                              \
-    (void)qo; (void)ko; /* unused without AVX-512 */                                                    \
+    (void)qo; (void)ko; (void)ntable; (void)nlen; /* unused without AVX-512 */                          \
     if (fast) {                                                                                         \
         if (D == 64) FAST64(qb + qo, kc + ko, vc + ko, table, len, ob + qo, nk * g, nk, KVH, bs, scale, s, \
-                            s + (size_t)H * len);                                                       \
+                            s + (size_t)H * len, ntable, nlen);                                         \
         else FAST128(qb + qo, kc + ko, vc + ko, table, len, ob + qo, nk * g, nk, KVH, bs, scale, s,     \
-                     s + (size_t)H * len);                                                              \
+                     s + (size_t)H * len, ntable, nlen);                                                \
     } else {                                                                                            \
         float* qf = s + (size_t)g * len;                                                                \
         for (int kh = kh0; kh < kh1; kh++)                                                              \
             GENERIC(qb, kc, vc, table, len, ob, kh, g, KVH, D, bs, scale, s, qf, qf + (size_t)g * D);   \
     }                                                                                                   \
+}                                                                                                       \
+void NAME(const T* qb, const T* kc, const T* vc, const int32_t* table, int len, T* ob, int kh0, int kh1, \
+          int H, int KVH, int D, int bs, float scale) {                                                 \
+    float* s = (float*)malloc(SCRATCH_BYTES(H, len, D));                                                \
+    NAME##_item(qb, kc, vc, table, len, ob, kh0, kh1, H, KVH, D, bs, scale, 0, 0, s);                  \
     free(s);                                                                                            \
 }
 
-#define DEFINE_ENTRY(NAME, T, HEADS)                                                                    \
+/* scores [H][len] and two [H][D] float32 buffers */
+#define SCRATCH_BYTES(H, len, D) (sizeof(float) * ((size_t)(H) * (len) + 2 * (size_t)(H) * (D)))
+
+/* Rows are handed out one at a time from a shared counter, each thread claiming its next row before it
+   starts the current one: while the current row's V pass runs from the L2 cache (its V blocks were
+   prefetched during its K pass), the first K blocks of the next row are prefetched. One scratch buffer
+   per thread, sized for the longest row. */
+#define DEFINE_ENTRY(NAME, T, ITEM)                                                                     \
 void NAME(const T* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens, T* out,     \
           int B, int H, int KVH, int D, int bs, int max_blocks, float scale) {                          \
-    _Pragma("omp parallel for schedule(dynamic)")                                                       \
-    for (int b = 0; b < B; b++)                                                                         \
-        HEADS(q + (size_t)b * H * D, kc, vc, tables + (size_t)b * max_blocks, lens[b], out + (size_t)b * H * D, \
-              0, KVH, H, KVH, D, bs, scale);                                                            \
+    int maxlen = 0, counter = 0;                                                                        \
+    for (int b = 0; b < B; b++) maxlen = lens[b] > maxlen ? lens[b] : maxlen;                           \
+    _Pragma("omp parallel")                                                                             \
+    {                                                                                                   \
+        float* s = (float*)malloc(SCRATCH_BYTES(H, maxlen, D));                                         \
+        int b, nb;                                                                                      \
+        _Pragma("omp atomic capture")                                                                   \
+        b = counter++;                                                                                  \
+        while (b < B) {                                                                                 \
+            _Pragma("omp atomic capture")                                                               \
+            nb = counter++;                                                                             \
+            ITEM(q + (size_t)b * H * D, kc, vc, tables + (size_t)b * max_blocks, lens[b],               \
+                 out + (size_t)b * H * D, 0, KVH, H, KVH, D, bs, scale,                                 \
+                 nb < B ? tables + (size_t)nb * max_blocks : 0, nb < B ? lens[nb] : 0, s);              \
+            b = nb;                                                                                     \
+        }                                                                                               \
+        free(s);                                                                                        \
+    }                                                                                                   \
 }
 
 #if HAVE_AVX512
@@ -290,8 +336,8 @@ DEFINE_HEADS(paged_heads_bf16, uint16_t, item_generic_bf16, item_avx512_bf16_d64
 DEFINE_HEADS(paged_heads_f32, float, item_generic_f32, NONE, NONE)
 DEFINE_HEADS(paged_heads_bf16, uint16_t, item_generic_bf16, NONE, NONE)
 #endif
-DEFINE_ENTRY(paged_decode_f32, float, paged_heads_f32)
-DEFINE_ENTRY(paged_decode_bf16, uint16_t, paged_heads_bf16)
+DEFINE_ENTRY(paged_decode_f32, float, paged_heads_f32_item)
+DEFINE_ENTRY(paged_decode_bf16, uint16_t, paged_heads_bf16_item)
 
 /* which implementation serves D = 64 / 128 (the Python side reports it) */
 const char* paged_decode_variant(void) {
