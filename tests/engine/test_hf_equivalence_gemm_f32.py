@@ -11,6 +11,8 @@ from test_hf_equivalence import hf_greedy, random_prompts, run_engine
 from hetero_infer.kernels.cpu import linear as cpu_linear
 from hetero_infer.kernels.cpu import select
 
+# Skipped only without AVX-512F: tests/kernels/test_kernel_gemm_f32.py::test_gemm_f32_runs_where_the_build_has_avx512f
+# fails where the CPU has it and the kernel is missing.
 pytestmark = pytest.mark.skipif(cpu_linear._gemm_f32() is None or not cpu_linear.available(),
                                 reason="no AVX-512F build of the C kernels (or CPU packing off)")
 

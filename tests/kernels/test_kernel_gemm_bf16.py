@@ -11,7 +11,8 @@ from hetero_infer.kernels.cpu import linear as cpu_linear
 from hetero_infer.kernels.cpu import weight_arena
 
 pytestmark = pytest.mark.skipif(cpu_linear._gemm_bf16() is None, reason="no AVX512_BF16 in this build of the "
-                                "C kernels (test_kernel_select_candidates checks that it is absent only there)")
+                                "C kernels (tests/engine/test_cpu_linear.py::test_bf16_gemm_against_float64 fails where the CPU has it "
+                                "and the kernel is missing)")
 
 # rows: each tile alone and with every tail (6+1, 6+2, 6+4, 6+4+1, 6+6+2+1), one row past a 240-row pass
 ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 15, 241, 487]

@@ -13,6 +13,8 @@ import torch
 from hetero_infer.kernels.cpu import linear as cpu_linear
 from hetero_infer.kernels.cpu import native, select
 
+# Skipped only without AVX-512F: test_gemm_f32_runs_where_the_build_has_avx512f (not skipped) fails where the CPU
+# has it and the kernel is missing.
 needs_gemm_f32 = pytest.mark.skipif(cpu_linear._gemm_f32() is None, reason="no AVX-512F build of the C kernels")
 
 # (rows, in K, out N): rows across the micro-kernels' 8/4/2/1 groups, N across masked 16-column vectors of a
