@@ -11,17 +11,15 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 from router_fakes import start_router, wait_for
+from worker_thread import real_workers
 
 from hetero_infer.options import InvalidOption
 from hetero_infer.router.cli import resolve_options
 from hetero_infer.router.options import RouterOptions
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.server.app import create_app
 from hetero_infer.worker.server.options import ServerOptions
-from hetero_infer.worker.server.state import ServerState
 
 APP = "https://app.example"
 EVIL = "http://evil.example"
@@ -36,20 +34,14 @@ def engine() -> LLMEngine:
 @contextlib.asynccontextmanager
 async def routed(engine: LLMEngine, **cors: Any):
     """A worker with CORS off (its defaults) behind a router with these CORS options."""
-    state = ServerState(ServerOptions(access_log=False))
-    server = TestServer(create_app(state))
-    await server.start_server()
-    client = state.start_engine(engine, max_num_seqs=2)
-    worker = str(server.make_url("")).rstrip("/")
-    router, runner, url = await start_router(RouterOptions(worker=[worker], health_interval_s=0.02,
-                                                           tokenizer="none", **cors))
-    try:
-        await wait_for(lambda: len(router.pool.ready()) == 1, what="the worker ready")
-        yield url
-    finally:
-        await runner.cleanup()
-        client.shutdown()
-        await server.close()
+    async with real_workers([engine]) as workers:
+        router, runner, url = await start_router(RouterOptions(worker=workers, health_interval_s=0.02,
+                                                               tokenizer="none", **cors))
+        try:
+            await wait_for(lambda: len(router.pool.ready()) == 1, what="the worker ready")
+            yield url
+        finally:
+            await runner.cleanup()
 
 
 def prompts(engine: LLMEngine) -> int:

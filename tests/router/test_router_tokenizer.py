@@ -6,7 +6,6 @@ two real workers behind a router with default options give exact prefix predicti
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from router_fakes import start_router, wait_for
-from worker_thread import ThreadedWorker
+from worker_thread import ThreadedWorker, real_workers
 
 from hetero_infer.router.discovery import Membership
 from hetero_infer.router.options import RouterOptions
@@ -28,9 +27,6 @@ from hetero_infer.router.prompt import prompt_token_ids, request_hashes
 from hetero_infer.router.tokenizer_source import FILES_PATH, fetch_and_load
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.options import ServerOptions
-from hetero_infer.worker.server.state import ServerState
 
 BLOCK = 16
 
@@ -196,24 +192,6 @@ class OtherServer:
     async def chat(self, request: web.Request) -> web.Response:
         self.bodies.append(await request.json())
         return web.json_response({"choices": []})
-
-
-@contextlib.asynccontextmanager
-async def real_workers(engines: list[LLMEngine], **options: Any):
-    servers, clients = [], []
-    try:
-        for engine in engines:
-            state = ServerState(ServerOptions(access_log=False, **options))
-            server = TestServer(create_app(state))
-            await server.start_server()
-            servers.append(server)
-            clients.append(state.start_engine(engine, max_num_seqs=engine.config.max_num_seqs))
-        yield [str(s.make_url("")).rstrip("/") for s in servers]
-    finally:
-        for c in clients:
-            c.shutdown()
-        for s in servers:
-            await s.close()
 
 
 async def test_workers_that_do_not_serve_it_leave_text_hashes_until_one_does() -> None:

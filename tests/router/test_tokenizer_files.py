@@ -9,14 +9,11 @@ import json
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
+from worker_thread import real_workers
 
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.server import tokenizer_files
-from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.options import ServerOptions
-from hetero_infer.worker.server.state import ServerState
 
 KEY = "sk-worker-secret"
 PATH = "/v1/tokenizer/files"
@@ -29,15 +26,8 @@ def engine() -> LLMEngine:
 
 @contextlib.asynccontextmanager
 async def served(engine: LLMEngine, **options):
-    state = ServerState(ServerOptions(access_log=False, **options))
-    server = TestServer(create_app(state))
-    await server.start_server()
-    client = state.start_engine(engine, max_num_seqs=2)
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        client.shutdown()
-        await server.close()
+    async with real_workers([engine], **options) as (url,):
+        yield url
 
 
 async def test_the_files_are_the_loaded_tokenizers(engine: LLMEngine) -> None:

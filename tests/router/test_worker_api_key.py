@@ -6,15 +6,12 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from aiohttp.test_utils import TestServer
 from router_fakes import start_router, wait_for
+from worker_thread import real_workers
 
 from hetero_infer.router.options import RouterOptions
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.options import ServerOptions
-from hetero_infer.worker.server.state import ServerState
 
 KEY = "sk-worker-secret"
 
@@ -22,15 +19,8 @@ KEY = "sk-worker-secret"
 @contextlib.asynccontextmanager
 async def keyed_worker():
     engine = LLMEngine(EngineConfig(executor="mock", max_model_len=128, max_num_blocks=16, max_num_seqs=2))
-    state = ServerState(ServerOptions(access_log=False, api_key=[KEY]))
-    server = TestServer(create_app(state))
-    await server.start_server()
-    client = state.start_engine(engine, max_num_seqs=2)
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        client.shutdown()
-        await server.close()
+    async with real_workers([engine], api_key=[KEY]) as (url,):
+        yield url
 
 
 @pytest.mark.parametrize("key, reports", [(KEY, True), (None, False), ("wrong", False)])

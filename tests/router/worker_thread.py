@@ -1,9 +1,10 @@
-"""A real worker server (mock executor) on its own event loop in a thread, for synchronous tests (hypothesis)
-that talk to it over HTTP."""
+"""Real worker servers for the router's tests: `real_workers` on the test's own event loop (async tests), and
+`ThreadedWorker` on its own loop in a thread, for synchronous tests (hypothesis) that talk to it over HTTP."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import urllib.error
@@ -11,11 +12,31 @@ import urllib.request
 from typing import Any
 
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.server.app import create_app
 from hetero_infer.worker.server.options import ServerOptions
 from hetero_infer.worker.server.state import ServerState
+
+
+@contextlib.asynccontextmanager
+async def real_workers(engines: list[LLMEngine], **options: Any):
+    """One worker server per engine (ServerOptions `options`), on this event loop; yields their base URLs."""
+    servers, clients = [], []
+    try:
+        for engine in engines:
+            state = ServerState(ServerOptions(access_log=False, **options))
+            server = TestServer(create_app(state))
+            await server.start_server()
+            servers.append(server)
+            clients.append(state.start_engine(engine, max_num_seqs=engine.config.max_num_seqs))
+        yield [str(s.make_url("")).rstrip("/") for s in servers]
+    finally:
+        for c in clients:
+            c.shutdown()
+        for s in servers:
+            await s.close()
 
 
 class ThreadedWorker:
