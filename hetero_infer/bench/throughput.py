@@ -7,7 +7,8 @@ continuous batching (`generate_batch`). Also reported: the matmul and memory roo
 our decode steps (measured peaks), the KV-cache slot waste, and the scheduler's CPU time
 per step at 256 running sequences (mock executor). On the CPU, for ours: the kernel each layer
 type got per row bucket (measured at load, kernels/cpu/select.py), the decode steps' weight
-bytes per second against the measured copy bandwidth, and how many intervals the thread
+bytes per second against the copy bandwidth (sampled between our steps during the same run, and measured
+before it), and how many intervals the thread
 governor ran at each thread count. `--contention steady|bursty` runs busy processes beside
 every system's run, the same for all (bench/contention.py).
 """
@@ -79,6 +80,35 @@ def measure_peaks(dtype: torch.dtype, device: torch.device) -> tuple[float, floa
     return 2 * n**3 / mm, 2 * src.numel() / cp
 
 
+class CopyProbe:
+    """The copy bandwidth sampled between our steps (before the first, then at most every `every_s` seconds):
+    the machine's memory speed during the run itself. On the shared dev VM one probe taken before a run moved
+    between 34 and 55 GB/s within minutes, so a ratio against it said more about that minute than about the
+    engine."""
+
+    def __init__(self, device: torch.device, every_s: float = 0.25, nbytes: int = 64 << 20,
+                 clock=time.perf_counter) -> None:
+        self.device, self.every_s, self.clock = device, every_s, clock
+        self.src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+        self.dst = torch.empty_like(self.src)
+        self.samples: list[float] = []  # bytes/s
+        self.spent = 0.0  # seconds spent probing (left out of the run's time)
+        self._last: float | None = None
+
+    def maybe(self) -> None:
+        """Take one sample if `every_s` has passed since the last."""
+        now = self.clock()
+        if self._last is not None and now - self._last < self.every_s:
+            return
+        seconds = _median_time(lambda: self.dst.copy_(self.src), self.device, repeats=1)
+        self.samples.append(2 * self.src.numel() / seconds)
+        self._last = self.clock()
+        self.spent += self._last - now
+
+    def median(self) -> float | None:
+        return sorted(self.samples)[len(self.samples) // 2] if self.samples else None
+
+
 def _median_time(fn, device, repeats: int = 7) -> float:
     fn()
     times = []
@@ -113,8 +143,10 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
     decode_steps = 0
     waste_samples: list[float] = []
     steps = 0
+    probe = CopyProbe(device)
     start = time.perf_counter()
     while engine.has_unfinished_requests():
+        probe.maybe()
         t = time.perf_counter()
         outs = engine.step()
         sync()
@@ -130,7 +162,7 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
             waste_samples.append(engine.kv_waste())
         if any(o.error for o in outs):
             raise RuntimeError(f"benchmark request failed: {next(o.error for o in outs if o.error)}")
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - start - probe.spent
     total = sum(outputs)
     extra = {"steps": steps}
     if decode_time and decode_floor:
@@ -139,8 +171,14 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
         extra["kv_waste"] = sum(waste_samples) / len(waste_samples)
     weights = getattr(engine.executor, "weight_bytes", None)
     if decode_time and weights:  # every decode step reads every weight once
-        extra["decode_weight_gbs"] = weights * decode_steps / decode_time / 1e9
-        extra["weight_gbs_vs_copy"] = weights * decode_steps / decode_time / peaks[1]
+        rate = weights * decode_steps / decode_time
+        during = probe.median()
+        extra["decode_weight_gbs"] = rate / 1e9
+        if during:
+            extra["copy_gbs_during"] = during / 1e9
+            extra["copy_samples"] = len(probe.samples)
+        extra["weight_gbs_vs_copy"] = rate / (during or peaks[1])  # against the copy speed of the same minutes
+        extra["weight_gbs_vs_copy_before"] = rate / peaks[1]
     governor = getattr(engine.executor, "thread_governor", None)
     if governor is not None:
         extra["thread_intervals"] = " ".join(f"{t}:{n}" for t, n in sorted(governor.seen.items()))

@@ -35,6 +35,9 @@ def test_bench_runs_small_workload_beside_transformers(tiny_model, tmp_path):
     report = json.loads(out.read_text())
     systems = {r["system"]: r for r in report["results"]}
     assert systems["hetero-infer"]["output_tokens"] == 15
+    extra = systems["hetero-infer"]["extra"]  # copy speed sampled during our run, weights read against it
+    assert extra["copy_samples"] >= 1 and extra["copy_gbs_during"] > 0
+    assert extra["weight_gbs_vs_copy"] == extra["decode_weight_gbs"] / extra["copy_gbs_during"]
     assert systems["transformers generate (padded batch)"]["output_tokens"] == 15
     assert "| hetero-infer | float32 | 15 |" in proc.stdout
 
