@@ -211,11 +211,12 @@ class ThreadGovernor:
     """Keeps torch's (and the C kernels') thread count at what the CPUs can give this process, measured every
     `interval_s` of engine steps. HETERO_INFER_CPU_ADAPT=0 turns it off."""
 
-    def __init__(self, most: int, interval_s: float = 0.25, read=sample, apply=None) -> None:
+    def __init__(self, most: int, interval_s: float = 0.25, read=sample, apply=None, clock=time.monotonic) -> None:
         self.most = most
         self.current = most
         self.interval_s = interval_s
         self._read = read
+        self._clock = clock  # the clock of `read`'s wall: checked first, so most ticks read nothing
         self._apply = apply or _set_threads
         self._last = read()
         self._calm = 0
@@ -223,7 +224,10 @@ class ThreadGovernor:
         self.seen: dict[int, int] = {most: 0}  # thread count -> intervals run with it
 
     def tick(self) -> int | None:
-        """Call before a step: a new thread count when it changed, else None."""
+        """Call before a step: a new thread count when it changed, else None. Reads /proc/stat only once the
+        interval has passed (the read costs ~0.2 ms, a few percent of a one-row decode step)."""
+        if self._clock() - self._last.wall < self.interval_s:
+            return None
         now = self._read()
         if now.wall - self._last.wall < self.interval_s:
             return None

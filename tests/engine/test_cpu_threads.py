@@ -137,6 +137,28 @@ def test_governor_follows_a_busy_neighbour_that_comes_and_goes():
     assert applied == [1, 2] and gov.current == 2 and gov.changes == 2
 
 
+def test_governor_reads_the_counters_only_after_its_interval_and_still_reacts_at_it():
+    """A tick under the interval reads no /proc/stat (a clock check only); the first tick past it reads and
+    acts: a neighbour that takes a core from t=0.5 s is answered at the tick of t=0.75 s."""
+    now = [0.0]
+    reads: list[float] = []
+
+    def read() -> cpu_threads.CpuSample:
+        t = now[0]
+        reads.append(t)
+        own = 2 * t if t <= 0.5 else 1.0 + (t - 0.5)  # two CPUs, then one
+        return cpu_threads.CpuSample(t, own, 0.0)
+
+    applied: list[int] = []
+    gov = cpu_threads.ThreadGovernor(2, interval_s=0.25, read=read, apply=applied.append, clock=lambda: now[0])
+    results = []
+    for i in range(1, 7):  # ticks every 0.125 s
+        now[0] = i * 0.125
+        results.append(gov.tick())
+    assert reads == [0.0, 0.25, 0.5, 0.75]
+    assert results == [None, None, None, None, None, 1] and applied == [1]
+
+
 def test_sample_reads_this_machine():
     before = cpu_threads.sample()
     sum(i * i for i in range(300_000))
