@@ -1,14 +1,17 @@
-"""The decoder stack of a decode step in one C call (kernels/cpu/csrc/decode_step.c): bfloat16, a few rows.
+"""The decoder stack of a decode step in one C call (kernels/cpu/csrc/decode_step.c): bfloat16, any row count
+up to the largest row bucket that the project's GEMM serves.
 
-The per-op CPU path spends about as long in Python/ctypes dispatch and OpenMP fork/joins (some 270 calls and
-200 parallel regions a step) as in streaming the weights at one row. This runs all layers in one parallel
-region, with the same kernels' numerics (bit for bit the per-op path's hidden states).
+The per-op CPU path spends ~270 Python/ctypes dispatches and ~200 OpenMP fork/joins a step (about 8 ms of a
+37 ms 32-row bfloat16 step; as long as the weight stream at one row). This runs all layers in one parallel
+region, with the per-op path's own kernels (bit for bit its hidden states).
 
-It engages only where its preconditions hold (`FusedDecodeStack.build` says why not otherwise): the C library
+It engages only where its preconditions hold (`FusedDecodeStack.build` logs why not otherwise): the C library
 with AVX512_BF16, a bfloat16 model on the C attention backend, every projection served by the project's
-bfloat16 GEMM (`gemm_bf16`) in the row buckets up to `max_rows()`, no per-head q/k norms (Qwen3). Per step it
-takes steps of at most `max_rows()` rows; anything else runs the per-op path. HETERO_INFER_CPU_FUSED=0 turns
-it off.
+bfloat16 GEMM (`gemm_bf16`, one packed weight) in the row buckets it covers, no per-head q/k norms (Qwen3). It
+covers the buckets of `select.BUCKETS` from the first up to the last in which every projection is on that
+GEMM (`rows_limit`; None: every bucket, any row count). Per step it takes decode steps (one new token a row)
+of at most that many rows; prefill and mixed steps, and larger ones, run the per-op path.
+HETERO_INFER_CPU_FUSED=0 turns it off.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ from hetero_infer.kernels.cpu import native, select
 
 log = logging.getLogger(__name__)
 
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+_P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
+
+# per model dtype: the C step's name suffix and the GEMM every projection must be packed for
+_KERNELS: dict[torch.dtype, tuple[str, str]] = {torch.bfloat16: ("bf16", "gemm_bf16")}
 
 
 class _Layer(ctypes.Structure):
@@ -43,35 +49,50 @@ def enabled() -> bool:
     return os.environ.get("HETERO_INFER_CPU_FUSED", "1") != "0"
 
 
-def available() -> bool:
-    """The C library is built with the fused step's instructions (AVX512_BF16)."""
-    if native.library() is None:
+def available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """The C library is built with the fused step of `dtype` (bfloat16: AVX512_BF16)."""
+    if dtype not in _KERNELS or native.library() is None:
         return False
-    return bool(native.function("decode_step_available", [], _I)())
+    return bool(native.function("decode_step_available", [_I], _I)(int(dtype == torch.bfloat16)))
 
 
-def max_rows() -> int:
-    return int(native.function("decode_step_max_rows", [], _I)())
+def _step_fn(dtype: torch.dtype):
+    return native.function(f"decode_step_{_KERNELS[dtype][0]}", [_P] * 10 + [_P, _L], _L)
 
 
-def _step_fn():
-    return native.function("decode_step_bf16", [_P] * 10, _I)
+def rows_limit(plans: list[tuple[str, ...]], kind: str) -> tuple[int, int | None] | None:
+    """How many of `select.BUCKETS`, from the first, every projection serves with `kind` alone (`plans`: each
+    projection's packed kinds by bucket, the same weight where the kind repeats), and the row limit they give
+    (None: the last bucket, any row count). None where even the first bucket is not `kind` everywhere."""
+    covered = 0
+    while covered < len(select.BUCKETS) and all(plan[covered] == kind for plan in plans):
+        covered += 1
+    if covered == 0:
+        return None
+    return covered, (None if covered == len(select.BUCKETS) else select.BUCKETS[covered - 1])
 
 
 class FusedDecodeStack:
     """A model's decoder layers with their packed weights and KV caches, as the C step takes them."""
 
-    def __init__(self, model: nn.Module, backend, kv_caches, keep: list[torch.Tensor], layers: ctypes.Array,
-                 shape: _Shape) -> None:
+    def __init__(self, model: nn.Module, backend, kv_caches, dtype: torch.dtype, keep: list[torch.Tensor],
+                 layers: ctypes.Array, shape: _Shape, max_rows: int | None) -> None:
         self.model, self.backend, self.rope, self.kv_caches = model, backend, backend.rope, kv_caches
         self._keep = keep  # float32 biases: the C step holds their pointers
         self._layers, self._shape = layers, shape
-        self.max_rows = max_rows()
+        self._step = _step_fn(dtype)
+        self._scratch = torch.empty(0, dtype=torch.uint8)  # the C step's buffers, kept from step to step
+        self.max_rows = max_rows  # None: any row count
+
+    @property
+    def label(self) -> str:
+        """Which steps it takes, as `hetero-infer bench` prints it."""
+        return "fused (decode steps of any row count)" if self.max_rows is None else f"fused (1-{self.max_rows} rows)"
 
     @classmethod
     def build(cls, model: nn.Module, backend, kv_caches, dtype: torch.dtype) -> FusedDecodeStack | None:
         """The fused stack of `model` (a LlamaForCausalLM packed for the CPU), or None with the reason logged."""
-        reason = _unsupported(model, backend, dtype)
+        reason, max_rows = _unsupported(model, backend, dtype)
         if reason:
             log.info("fused CPU decode step off: %s", reason)
             return None
@@ -101,10 +122,14 @@ class FusedDecodeStack:
         shape = _Shape(layers=len(model.layers), rows=0, hidden=cfg.hidden_size, heads=a0.num_heads,
                        kv_heads=a0.num_kv_heads, head_dim=a0.head_dim, intermediate=cfg.intermediate_size,
                        block_size=k0.shape[1], max_blocks=0, eps=cfg.rms_norm_eps, scale=a0.scale)
-        return cls(model, backend, kv_caches, keep, layers, shape)
+        log.info("fused CPU decode step on: decode steps of %s rows",
+                 "any number of" if max_rows is None else f"1-{max_rows}")
+        return cls(model, backend, kv_caches, dtype, keep, layers, shape, max_rows)
 
-    def accepts(self, rows: int) -> bool:
-        return 1 <= rows <= self.max_rows
+    def accepts(self, rows: int, sampled: int) -> bool:
+        """A step of `rows` rows of which `sampled` produce logits: a decode step (every row a sequence's one new
+        token, so every row samples) of at most `max_rows` rows."""
+        return 1 <= rows == sampled and (self.max_rows is None or rows <= self.max_rows)
 
     def run(self, input_ids: torch.Tensor, meta) -> torch.Tensor:
         """Hidden states [T, hidden] of the step's rows (the final norm applied), as the model's forward."""
@@ -117,37 +142,46 @@ class FusedDecodeStack:
         assert tables.is_contiguous() and lens.is_contiguous() and positions.is_contiguous() and slots.is_contiguous()
         shape = self._shape
         shape.rows, shape.max_blocks = h.shape[0], tables.shape[1]
-        rc = _step_fn()(ctypes.addressof(self._layers), ctypes.addressof(shape), h.data_ptr(), residual.data_ptr(),
-                        positions.data_ptr(), slots.data_ptr(), self.rope.cos.data_ptr(), self.rope.sin.data_ptr(),
-                        tables.data_ptr(), lens.data_ptr())
+        args = (ctypes.addressof(self._layers), ctypes.addressof(shape), h.data_ptr(), residual.data_ptr(),
+                positions.data_ptr(), slots.data_ptr(), self.rope.cos.data_ptr(), self.rope.sin.data_ptr(),
+                tables.data_ptr(), lens.data_ptr())
+        rc = self._step(*args, self._scratch.data_ptr(), self._scratch.numel())
+        if rc > 0:  # the scratch buffer is too small for this step: grown (with room), then the step runs
+            self._scratch = torch.empty(rc + rc // 4, dtype=torch.uint8)
+            rc = self._step(*args, self._scratch.data_ptr(), self._scratch.numel())
         if rc != 0:
-            raise RuntimeError(f"decode_step_bf16 failed ({rc})")
+            raise RuntimeError(f"the fused decode step failed ({rc})")
         return model.norm(h, self.backend, residual)[0]
 
 
-def _unsupported(model: nn.Module, backend, dtype: torch.dtype) -> str | None:
-    """Why the fused step cannot run `model` here, or None where it can."""
+def _unsupported(model: nn.Module, backend, dtype: torch.dtype) -> tuple[str | None, int | None]:
+    """(why the fused step cannot run `model` here, or None where it can; the most rows it takes, None: any)"""
     from hetero_infer.kernels.cpu.linear import PackedLinear
 
     if not enabled():
-        return "HETERO_INFER_CPU_FUSED=0"
-    if dtype != torch.bfloat16:
-        return f"dtype {dtype} (bfloat16 only)"
+        return "HETERO_INFER_CPU_FUSED=0", None
+    if dtype not in _KERNELS:
+        return f"dtype {dtype} (not {', '.join(str(d) for d in _KERNELS)})", None
     if getattr(backend, "name", None) != "cpu":
-        return f"attention backend {getattr(backend, 'name', backend)!r} (the C backend only)"
-    if not available():
-        return "no AVX512_BF16 in this build of the C kernels"
-    rows_buckets = select.bucket_index(max_rows()) + 1
+        return f"attention backend {getattr(backend, 'name', backend)!r} (the C backend only)", None
+    if not available(dtype):
+        return f"no fused {dtype} step in this build of the C kernels", None
+    kind = _KERNELS[dtype][1]
+    plans: list[tuple[str, ...]] = []
     for i, layer in enumerate(model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         if attn.qk_norm:
-            return "per-head q/k norms (Qwen3)"
+            return "per-head q/k norms (Qwen3)", None
         for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
             if not isinstance(linear, PackedLinear):
-                return f"layer {i}: {type(linear).__name__} is not a packed linear"
-            kinds = {p.kind for p in linear.by_bucket[:rows_buckets]}
-            if kinds != {"gemm_bf16"} or len({id(p) for p in linear.by_bucket[:rows_buckets]}) != 1:
-                return f"layer {i}: kernels {sorted(kinds)} up to {max_rows()} rows (gemm_bf16 only)"
-    if backend.rope.cos.dtype != torch.bfloat16 or not backend.rope.cos.is_contiguous():
-        return "rotary tables not bfloat16"
-    return None
+                return f"layer {i}: {type(linear).__name__} is not a packed linear", None
+            first = linear.by_bucket[0]  # the weight the C step reads: any bucket on another weight ends its rows
+            plans.append(tuple(p.kind if p is first else "another weight" for p in linear.by_bucket))
+    limit = rows_limit(plans, kind)
+    if limit is None:
+        kinds = sorted({plan[0] for plan in plans})
+        return f"one-row kernels {kinds} ({kind} only)", None
+    _, max_rows = limit
+    if backend.rope.cos.dtype != dtype or not backend.rope.cos.is_contiguous():
+        return f"rotary tables not {dtype}", None
+    return None, max_rows

@@ -104,8 +104,7 @@ class TorchExecutor:
         if self.device.type == "cpu" and self.cpu_paths:
             self.cpu_decode = cpu_decode_step.FusedDecodeStack.build(self.model, self.backend, self.kv_caches,
                                                                      self.dtype)
-            self.cpu_paths["decode_step"] = (f"fused (1-{self.cpu_decode.max_rows} rows)" if self.cpu_decode
-                                             else "per op")
+            self.cpu_paths["decode_step"] = self.cpu_decode.label if self.cpu_decode else "per op"
         self.decode_runner: DecodeRunner | None = None
         if self.device.type == "cuda" and isinstance(self.backend, TritonBackend):
             max_batch = min(config.max_num_seqs, config.max_num_batched_tokens)
@@ -188,7 +187,7 @@ class TorchExecutor:
         input_ids, meta, logits_index = self.prepare(sched)
         if self.decode_runner is not None and self.decode_runner.accepts(meta):
             hidden = self.decode_runner.run(input_ids, meta)
-        elif self.cpu_decode is not None and self.cpu_decode.accepts(input_ids.shape[0]):
+        elif self.cpu_decode is not None and self.cpu_decode.accepts(input_ids.shape[0], logits_index.shape[0]):
             hidden = self.cpu_decode.run(input_ids, meta)
         else:
             hidden = self.model(input_ids, self.backend, meta, self.kv_caches)

@@ -1,41 +1,43 @@
-/* The decoder stack of a Llama-family model for a few rows (decode), bfloat16, in one C call and one OpenMP
- * parallel region.
+/* The decoder stack of a Llama-family model for the rows of a decode step, bfloat16 or float32, in one C call
+ * and one OpenMP parallel region.
  *
- * Why: one decode row of the default model streams ~210 MB of weights (~5 ms at this machine's copy
- * bandwidth), while the per-op path spends about as long again in ~270 Python/ctypes dispatches and ~200
- * OpenMP fork/joins a step. Here the threads are forked once per step and meet at barriers between the phases
- * of each layer:
+ * Why: the per-op path spends ~8 ms of a 32-row bfloat16 step (37 ms) and about as long as the weight stream at
+ * one row in ~270 Python/ctypes dispatches and ~200 OpenMP fork/joins. Here the threads are forked once per
+ * step and meet at barriers between the phases of each layer:
  *
- *   add + RMSNorm -> qkv GEMV -> rotary + KV write -> paged attention -> o GEMV -> add + RMSNorm -> gate_up
- *   GEMV -> silu * up -> down GEMV
+ *   add + RMSNorm -> qkv linear -> rotary + KV write -> paged attention -> o linear -> add + RMSNorm ->
+ *   gate_up linear -> silu * up -> down linear
  *
- * Numerics are those of the per-op path, bit for bit: the norms, rotary and activation are the same C
- * functions (ops.c; called on one row at a time, their `omp parallel for if (...)` runs inline), the attention
- * is paged_attention.c's unit of work, and the GEMV below does per output element exactly what gemm.c's micro
- * kernels do (float32 bias first, then VDPBF16PS over the pairs in order, round to nearest even), on gemm.c's
- * packed layout: panels of 64 output columns, pair row kp of a panel holding each column's
- * (W[n][2kp], W[n][2kp + 1]).
+ * Numerics are those of the per-op path, bit for bit, because every phase is the per-op path's own code: the
+ * linears are each GEMM's per-thread share (gemm_bf16_share in gemm.c, gemm_f32_share in gemm_f32.c: the
+ * same items, micro kernels and packed weights the per-op call runs); the norms, rotary and activation are
+ * ops.c's functions on one row (their `omp parallel for if (...)` runs inline); the attention is
+ * paged_attention.c's per-thread row loop or per-head unit.
  *
- * Work split: GEMVs by panels, attention by (row, KV head), the elementwise phases by rows (or, for silu * up,
- * by 16-column chunks).
+ * Work split: the linears as their GEMMs split them (panels, cut into row blocks where the panel count does
+ * not divide evenly over the threads); attention by rows handed out from a counter with the next row's
+ * blocks prefetched (paged_decode's loop) when there are at least two rows per thread, else by (row, KV
+ * head); the norms and rotary by rows; silu * up by 16-column chunks.
+ *
+ * The layer loop is written once (DEFINE_STEP) over the element type: S names the type's kernels (bf16, f32).
  */
 #include "simd.h"
 
 #include <omp.h>
 
 typedef struct {
-    const uint16_t* input_norm; /* [hidden] */
-    const uint16_t* post_norm;
-    const uint16_t* qkv; /* packed; biases float32 [N] or NULL */
+    const void* input_norm; /* [hidden] */
+    const void* post_norm;
+    const void* qkv; /* packed for the dtype's GEMM; biases float32 [N] or NULL */
     const float* qkv_bias;
-    const uint16_t* o;
+    const void* o;
     const float* o_bias;
-    const uint16_t* gate_up;
+    const void* gate_up;
     const float* gate_up_bias;
-    const uint16_t* down;
+    const void* down;
     const float* down_bias;
-    uint16_t* k_cache; /* [num_blocks, block_size, KVH, D] */
-    uint16_t* v_cache;
+    void* k_cache; /* [num_blocks, block_size, KVH, D] */
+    void* v_cache;
 } StepLayer;
 
 typedef struct {
@@ -43,82 +45,8 @@ typedef struct {
     float eps, scale;
 } StepShape;
 
-/* from ops.c and paged_attention.c */
-void add_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const uint16_t* w, uint16_t* out, int rows, int n,
-                       float eps);
-void rope_and_cache_bf16(uint16_t* q, long q_stride, uint16_t* k, long k_stride, const uint16_t* v, long v_stride,
-                         const int64_t* positions, const uint16_t* cos_t, const uint16_t* sin_t, uint16_t* k_cache,
-                         uint16_t* v_cache, const int64_t* slots, int tokens, int H, int KVH, int D);
-void paged_heads_bf16(const uint16_t* qb, const uint16_t* kc, const uint16_t* vc, const int32_t* table, int len,
-                      uint16_t* ob, int kh0, int kh1, int H, int KVH, int D, int bs, float scale);
-
-/* Up to 4 rows the GEMV below beat the per-op path (gemm.c) on one thread, by 22% of the step at 4 rows; at 8
-   it was 12% slower (no next-panel prefetch: compute no longer hides the streaming), and 15% at 32. */
-enum { MAX_ROWS = 4 };
-
-#if HAVE_AVX512 && defined(__AVX512BF16__) && defined(__AVX512BW__)
-#define HAVE_DECODE_STEP 1
-enum { NR = 4, PANEL = NR * 16 };
-
-void silu_mul_span_bf16(const uint16_t* g, const uint16_t* u, uint16_t* o, int n);
-
-/* MR rows of x over one panel, as gemm.c's micro kernels compute them */
-#define DEFINE_TILE(NAME, MR)                                                                            \
-static inline void NAME(const uint32_t* x, int kh, const uint32_t* w, const float* bias, uint16_t* out,  \
-                        int ldo, const __mmask16* cols) {                                                \
-    __m512 acc[MR][NR];                                                                                  \
-    _Pragma("GCC unroll 4")                                                                              \
-    for (int j = 0; j < NR; j++) {                                                                       \
-        __m512 b0 = bias ? _mm512_maskz_loadu_ps(cols[j], bias + 16 * j) : _mm512_setzero_ps();          \
-        _Pragma("GCC unroll 4")                                                                          \
-        for (int m = 0; m < MR; m++) acc[m][j] = b0;                                                     \
-    }                                                                                                    \
-    for (int kp = 0; kp < kh; kp++) {                                                                    \
-        __m512bh wj[NR];                                                                                 \
-        _Pragma("GCC unroll 4")                                                                          \
-        for (int j = 0; j < NR; j++) wj[j] = (__m512bh)_mm512_loadu_si512(w + (size_t)kp * PANEL + 16 * j); \
-        _Pragma("GCC unroll 4")                                                                          \
-        for (int m = 0; m < MR; m++) {                                                                   \
-            __m512bh a = (__m512bh)_mm512_set1_epi32((int)x[(size_t)m * kh + kp]);                       \
-            _Pragma("GCC unroll 4")                                                                      \
-            for (int j = 0; j < NR; j++) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, wj[j]);              \
-        }                                                                                                \
-    }                                                                                                    \
-    _Pragma("GCC unroll 4")                                                                              \
-    for (int m = 0; m < MR; m++)                                                                         \
-        _Pragma("GCC unroll 4")                                                                          \
-        for (int j = 0; j < NR; j++)                                                                     \
-            if (cols[j])                                                                                 \
-                _mm256_mask_storeu_epi16(out + (size_t)m * ldo + 16 * j, cols[j],                        \
-                                         (__m256i)_mm512_cvtneps_pbh(acc[m][j]));                        \
-}
-DEFINE_TILE(tile_4, 4)
-DEFINE_TILE(tile_2, 2)
-DEFINE_TILE(tile_1, 1)
-
-/* out[R, N] = x[R, K] @ W^T (+ bias) over this thread's share of the panels */
-static void gemv_share(const uint16_t* x, int R, int K, const uint16_t* packed, const float* bias, int N,
-                       uint16_t* out, int tid, int nt) {
-    int kh = K / 2, panels = (N + PANEL - 1) / PANEL;
-    int p0 = (int)((long)panels * tid / nt), p1 = (int)((long)panels * (tid + 1) / nt);
-    const uint32_t* x32 = (const uint32_t*)x;
-    for (int p = p0; p < p1; p++) {
-        const uint32_t* w = (const uint32_t*)packed + (size_t)p * kh * PANEL;
-        const float* b = bias ? bias + (size_t)p * PANEL : 0;
-        __mmask16 cols[NR];
-        for (int j = 0; j < NR; j++) {
-            int left = N - p * PANEL - 16 * j;
-            cols[j] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-        }
-        for (int m = 0; m < R;) {
-            const uint32_t* xm = x32 + (size_t)m * kh;
-            uint16_t* om = out + (size_t)m * N + (size_t)p * PANEL;
-            if (R - m >= 4) { tile_4(xm, kh, w, b, om, N, cols); m += 4; }
-            else if (R - m >= 2) { tile_2(xm, kh, w, b, om, N, cols); m += 2; }
-            else { tile_1(xm, kh, w, b, om, N, cols); m += 1; }
-        }
-    }
-}
+/* from paged_attention.c */
+size_t paged_scratch_bytes(int H, int len, int D);
 
 /* this thread's share [*lo, *hi) of `total` items */
 static inline void share(int total, int tid, int nt, int* lo, int* hi) {
@@ -126,84 +54,126 @@ static inline void share(int total, int tid, int nt, int* lo, int* hi) {
     *hi = (int)((long)total * (tid + 1) / nt);
 }
 
+static inline size_t align64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+
 /* h [rows, hidden]: in, the embeddings; out, the last layer's MLP output. residual [rows, hidden]: out, the
    residual stream (the caller applies the final norm to h + residual). positions, slots: int64 [rows];
    tables [rows, max_blocks], lens [rows] (each row's causal context, itself included): the attention's.
-   Returns 0, or -1 for shapes it does not take (the caller runs the per-op path). */
-int decode_step_bf16(const StepLayer* layers, const StepShape* sh, uint16_t* h, uint16_t* residual,
-                     const int64_t* positions, const int64_t* slots, const uint16_t* cos_t, const uint16_t* sin_t,
-                     const int32_t* tables, const int32_t* lens) {
-    const int R = sh->rows, n = sh->hidden, H = sh->heads, KVH = sh->kv_heads, D = sh->head_dim;
-    const int inter = sh->intermediate, hq = H * D, hk = KVH * D, nqkv = hq + 2 * hk;
-    if (R < 1 || R > MAX_ROWS || n % 2 || hq % 2 || inter % 2 || D % 2 || D > 512 || H % KVH) return -1;
-    size_t elems = (size_t)R * (n + nqkv + hq + 3 * (size_t)inter);
-    uint16_t* scratch = (uint16_t*)malloc(sizeof(uint16_t) * elems);
-    if (!scratch) return -1;
-    uint16_t *normed = scratch, *qkv = normed + (size_t)R * n, *attn = qkv + (size_t)R * nqkv;
-    uint16_t *gu = attn + (size_t)R * hq, *act = gu + (size_t)R * 2 * inter;
-    const int chunks = (inter + 15) / 16;
-#pragma omp parallel
-    {
-        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-        int lo, hi;
-        for (int l = 0; l < sh->layers; l++) {
-            const StepLayer* L = layers + l;
-            for (int r = tid; r < R; r += nt) {
-                size_t at = (size_t)r * n;
-                if (l == 0) memcpy(residual + at, h + at, sizeof(uint16_t) * n);
-                add_rms_norm_bf16(l == 0 ? 0 : h + at, residual + at, L->input_norm, normed + at, 1, n, sh->eps);
-            }
-#pragma omp barrier
-            gemv_share(normed, R, n, L->qkv, L->qkv_bias, nqkv, qkv, tid, nt);
-#pragma omp barrier
-            for (int r = tid; r < R; r += nt) {
-                uint16_t* row = qkv + (size_t)r * nqkv;
-                rope_and_cache_bf16(row, nqkv, row + hq, nqkv, row + hq + hk, nqkv, positions + r, cos_t, sin_t,
-                                    L->k_cache, L->v_cache, slots + r, 1, H, KVH, D);
-            }
-#pragma omp barrier
-            share(R * KVH, tid, nt, &lo, &hi);
-            for (int i = lo; i < hi;) { /* consecutive KV heads of one row in one call */
-                int r = i / KVH, kh0 = i % KVH, kh1 = kh0 + (hi - i);
-                if (kh1 > KVH) kh1 = KVH;
-                paged_heads_bf16(qkv + (size_t)r * nqkv, L->k_cache, L->v_cache, tables + (size_t)r * sh->max_blocks,
-                                 lens[r], attn + (size_t)r * hq, kh0, kh1, H, KVH, D, sh->block_size, sh->scale);
-                i += kh1 - kh0;
-            }
-#pragma omp barrier
-            gemv_share(attn, R, hq, L->o, L->o_bias, n, h, tid, nt);
-#pragma omp barrier
-            for (int r = tid; r < R; r += nt) {
-                size_t at = (size_t)r * n;
-                add_rms_norm_bf16(h + at, residual + at, L->post_norm, normed + at, 1, n, sh->eps);
-            }
-#pragma omp barrier
-            gemv_share(normed, R, n, L->gate_up, L->gate_up_bias, 2 * inter, gu, tid, nt);
-#pragma omp barrier
-            share(R * chunks, tid, nt, &lo, &hi);
-            for (int i = lo; i < hi; i++) {
-                int r = i / chunks, c0 = 16 * (i % chunks), c1 = c0 + 16 < inter ? c0 + 16 : inter;
-                const uint16_t* g = gu + (size_t)r * 2 * inter;
-                silu_mul_span_bf16(g + c0, g + inter + c0, act + (size_t)r * inter + c0, c1 - c0);
-            }
-#pragma omp barrier
-            gemv_share(act, R, inter, L->down, L->down_bias, n, h, tid, nt);
-#pragma omp barrier
-        }
-    }
-    free(scratch);
-    return 0;
+   scratch: the caller's buffer of scratch_bytes, kept from step to step (a fresh allocation of this size is
+   an mmap and page faults every step). Returns 0; the bytes of scratch needed when scratch_bytes is fewer
+   (nothing computed: call again with a larger buffer); -1 for shapes it does not take. */
+#define DEFINE_STEP(S, T)                                                                                       \
+long decode_step_##S(const StepLayer* layers, const StepShape* sh, T* h, T* residual, const int64_t* positions,  \
+                     const int64_t* slots, const T* cos_t, const T* sin_t, const int32_t* tables,               \
+                     const int32_t* lens, void* scratch, long scratch_bytes) {                                  \
+    const int R = sh->rows, n = sh->hidden, H = sh->heads, KVH = sh->kv_heads, D = sh->head_dim;                \
+    const int inter = sh->intermediate, hq = H * D, hk = KVH * D, nqkv = hq + 2 * hk;                           \
+    if (R < 1 || n % 2 || hq % 2 || inter % 2 || D % 2 || D > 512 || H % KVH) return -1;                        \
+    int maxlen = 1;                                                                                             \
+    for (int r = 0; r < R; r++) maxlen = lens[r] > maxlen ? lens[r] : maxlen;                                   \
+    const int most = omp_get_max_threads();                                                                     \
+    const size_t acts = align64(sizeof(T) * (size_t)R * (n + nqkv + hq + 3 * (size_t)inter));                   \
+    const size_t per_thread = align64(paged_scratch_bytes(H, maxlen, D));                                       \
+    const size_t need = acts + most * per_thread + sizeof(int) * (size_t)sh->layers;                            \
+    if ((size_t)scratch_bytes < need) return (long)need;                                                        \
+    T *normed = (T*)scratch, *qkv = normed + (size_t)R * n, *attn = qkv + (size_t)R * nqkv;                     \
+    T *gu = attn + (size_t)R * hq, *act = gu + (size_t)R * 2 * inter;                                           \
+    int* counters = (int*)((char*)scratch + acts + most * per_thread); /* attention rows handed out, a layer */  \
+    memset(counters, 0, sizeof(int) * (size_t)sh->layers);                                                      \
+    const int chunks = (inter + 15) / 16;                                                                       \
+    _Pragma("omp parallel")                                                                                     \
+    {                                                                                                           \
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();                                       \
+        float* s = (float*)((char*)scratch + acts + tid * per_thread);                                          \
+        int lo, hi;                                                                                             \
+        for (int l = 0; l < sh->layers; l++) {                                                                  \
+            const StepLayer* L = layers + l;                                                                    \
+            T *kc = (T*)L->k_cache, *vc = (T*)L->v_cache;                                                       \
+            for (int r = tid; r < R; r += nt) {                                                                 \
+                size_t at = (size_t)r * n;                                                                      \
+                if (l == 0) memcpy(residual + at, h + at, sizeof(T) * n);                                       \
+                add_rms_norm_##S(l == 0 ? 0 : h + at, residual + at, (const T*)L->input_norm, normed + at, 1, n, \
+                                 sh->eps);                                                                      \
+            }                                                                                                   \
+            _Pragma("omp barrier")                                                                              \
+            gemm_##S##_share(normed, R, n, (const T*)L->qkv, nqkv, L->qkv_bias, qkv, tid, nt);                  \
+            _Pragma("omp barrier")                                                                              \
+            for (int r = tid; r < R; r += nt) {                                                                 \
+                T* row = qkv + (size_t)r * nqkv;                                                                \
+                rope_and_cache_##S(row, nqkv, row + hq, nqkv, row + hq + hk, nqkv, positions + r, cos_t, sin_t, \
+                                   kc, vc, slots + r, 1, H, KVH, D);                                            \
+            }                                                                                                   \
+            _Pragma("omp barrier")                                                                              \
+            if (R >= 2 * nt) {                                                                                  \
+                paged_decode_##S##_rows(qkv, nqkv, kc, vc, tables, lens, attn, hq, R, H, KVH, D, sh->block_size, \
+                                        sh->max_blocks, sh->scale, counters + l, s);                            \
+            } else {                                                                                            \
+                share(R * KVH, tid, nt, &lo, &hi);                                                              \
+                for (int i = lo; i < hi;) { /* consecutive KV heads of one row in one call */                   \
+                    int r = i / KVH, kh0 = i % KVH, kh1 = kh0 + (hi - i);                                       \
+                    if (kh1 > KVH) kh1 = KVH;                                                                   \
+                    paged_heads_##S(qkv + (size_t)r * nqkv, kc, vc, tables + (size_t)r * sh->max_blocks, lens[r], \
+                                    attn + (size_t)r * hq, kh0, kh1, H, KVH, D, sh->block_size, sh->scale, s);  \
+                    i += kh1 - kh0;                                                                             \
+                }                                                                                               \
+            }                                                                                                   \
+            _Pragma("omp barrier")                                                                              \
+            gemm_##S##_share(attn, R, hq, (const T*)L->o, n, L->o_bias, h, tid, nt);                            \
+            _Pragma("omp barrier")                                                                              \
+            for (int r = tid; r < R; r += nt) {                                                                 \
+                size_t at = (size_t)r * n;                                                                      \
+                add_rms_norm_##S(h + at, residual + at, (const T*)L->post_norm, normed + at, 1, n, sh->eps);    \
+            }                                                                                                   \
+            _Pragma("omp barrier")                                                                              \
+            gemm_##S##_share(normed, R, n, (const T*)L->gate_up, 2 * inter, L->gate_up_bias, gu, tid, nt);      \
+            _Pragma("omp barrier")                                                                              \
+            share(R * chunks, tid, nt, &lo, &hi);                                                               \
+            for (int i = lo; i < hi; i++) {                                                                     \
+                int r = i / chunks, c0 = 16 * (i % chunks), c1 = c0 + 16 < inter ? c0 + 16 : inter;             \
+                const T* g = gu + (size_t)r * 2 * inter;                                                        \
+                silu_mul_span_##S(g + c0, g + inter + c0, act + (size_t)r * inter + c0, c1 - c0);               \
+            }                                                                                                   \
+            _Pragma("omp barrier")                                                                              \
+            gemm_##S##_share(act, R, inter, (const T*)L->down, n, L->down_bias, h, tid, nt);                    \
+            _Pragma("omp barrier")                                                                              \
+        }                                                                                                       \
+    }                                                                                                           \
+    return 0;                                                                                                   \
 }
+
+/* the step's kernels, from ops.c, paged_attention.c, gemm.c and gemm_f32.c */
+#define DECLARE_KERNELS(S, T)                                                                                   \
+void add_rms_norm_##S(const T* x, T* residual, const T* w, T* out, int rows, int n, float eps);                 \
+void rope_and_cache_##S(T* q, long q_stride, T* k, long k_stride, const T* v, long v_stride,                    \
+                        const int64_t* positions, const T* cos_t, const T* sin_t, T* k_cache, T* v_cache,       \
+                        const int64_t* slots, int tokens, int H, int KVH, int D);                               \
+void paged_heads_##S(const T* qb, const T* kc, const T* vc, const int32_t* table, int len, T* ob, int kh0,      \
+                     int kh1, int H, int KVH, int D, int bs, float scale, float* s);                            \
+void paged_decode_##S##_rows(const T* q, long q_stride, const T* kc, const T* vc, const int32_t* tables,        \
+                             const int32_t* lens, T* out, long out_stride, int B, int H, int KVH, int D, int bs, \
+                             int max_blocks, float scale, int* counter, float* s);                              \
+void silu_mul_span_##S(const T* g, const T* u, T* o, int n);                                                    \
+void gemm_##S##_share(const T* x, int M, int K, const T* packed, int N, const float* bias, T* out, int tid,      \
+                      int nt);
+
+/* where the dtype's GEMM is built (gemm.c, gemm_f32.c guard theirs alike) */
+#if HAVE_AVX512 && defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define HAVE_STEP_BF16 1
+DECLARE_KERNELS(bf16, uint16_t)
+DEFINE_STEP(bf16, uint16_t)
 #else
-#define HAVE_DECODE_STEP 0
-int decode_step_bf16(const StepLayer* layers, const StepShape* sh, uint16_t* h, uint16_t* residual,
-                     const int64_t* positions, const int64_t* slots, const uint16_t* cos_t, const uint16_t* sin_t,
-                     const int32_t* tables, const int32_t* lens) {
-    (void)layers; (void)sh; (void)h; (void)residual; (void)positions; (void)slots; (void)cos_t; (void)sin_t;
-    (void)tables; (void)lens;
-    return -1;
-}
+#define HAVE_STEP_BF16 0
+long decode_step_bf16(void) { return -1; }
 #endif
 
-int decode_step_available(void) { return HAVE_DECODE_STEP; }
-int decode_step_max_rows(void) { return MAX_ROWS; }
+#if HAVE_AVX512
+#define HAVE_STEP_F32 1
+DECLARE_KERNELS(f32, float)
+DEFINE_STEP(f32, float)
+#else
+#define HAVE_STEP_F32 0
+long decode_step_f32(void) { return -1; }
+#endif
+
+/* 1 where decode_step_<dtype> is built: bf16 = 1 for bfloat16, 0 for float32 */
+int decode_step_available(int bf16) { return bf16 ? HAVE_STEP_BF16 : HAVE_STEP_F32; }

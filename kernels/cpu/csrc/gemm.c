@@ -247,17 +247,20 @@ static inline int block_start(int rows, int blocks, int i) {
     return s < rows ? s : rows;
 }
 
-int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, const float* bias, uint16_t* out) {
-    if (K % 2) return -1;
+/* Thread tid's share (of nt) of out[M, N] = x @ W^T (+ bias), called by every thread of a parallel region:
+   per pass of rows, the (panel, row block) items [lo, hi) of an even cut. gemm_bf16 runs it in a region of its
+   own; the fused decode step (decode_step.c) inside the region of its whole step. No barrier at the end: the
+   caller's. K even. */
+void gemm_bf16_share(const uint16_t* x, int M, int K, const uint16_t* packed, int N, const float* bias,
+                     uint16_t* out, int tid, int nt) {
     int kh = K / 2, panels = (N + PANEL - 1) / PANEL;
     const uint32_t* x32 = (const uint32_t*)x;
     const uint32_t* w32 = (const uint32_t*)packed;
     for (int m0 = 0; m0 < M; m0 += ROWS_PER_PASS) {
         int rows = M - m0 < ROWS_PER_PASS ? M - m0 : ROWS_PER_PASS;
-        int par = (size_t)panels * rows * K >= 32768;
-        int blocks = par ? row_blocks(rows, panels, omp_get_max_threads()) : 1;
-        _Pragma("omp parallel for schedule(static) if (par)")
-        for (int it = 0; it < panels * blocks; it++) {
+        int blocks = row_blocks(rows, panels, nt), items = panels * blocks;
+        int lo = (int)((long)items * tid / nt), hi = (int)((long)items * (tid + 1) / nt);
+        for (int it = lo; it < hi; it++) {
             int p = it / blocks, r0 = block_start(rows, blocks, it % blocks);
             const uint32_t* panel = w32 + (size_t)p * kh * PANEL;
             __mmask16 cols[NR];
@@ -266,6 +269,14 @@ int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, co
                        (Panel){panel, 0, 0, 0}, bias, 0, out, N, cols);
         }
     }
+}
+
+int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, const float* bias, uint16_t* out) {
+    if (K % 2) return -1;
+    int panels = (N + PANEL - 1) / PANEL, first = M < ROWS_PER_PASS ? M : ROWS_PER_PASS;
+    int par = (size_t)panels * first * K >= 32768;
+    _Pragma("omp parallel if (par)")
+    gemm_bf16_share(x, M, K, packed, N, bias, out, omp_get_thread_num(), omp_get_num_threads());
     return 0;
 }
 

@@ -18,6 +18,8 @@
  */
 #include "simd.h"
 
+#include <omp.h>
+
 #if HAVE_AVX512
 #define HAVE_GEMM_F32 1
 
@@ -84,22 +86,36 @@ static inline void f32_panel_rows(const float* x, int m0, int rows, int K, const
     }
 }
 
-int gemm_f32(const float* x, int M, int K, const float* packed, int N, const float* bias, float* out) {
-    if (M < 0 || K < 1 || N < 1) return -1;
-    int panels = (N + PANEL - 1) / PANEL;
+static inline int rows_per_pass(int K) {
     int per_pass = (int)(PASS_BYTES / ((size_t)K * sizeof(float))) / MR * MR;
-    if (per_pass < MR) per_pass = MR;
+    return per_pass < MR ? MR : per_pass;
+}
+
+/* Thread tid's share (of nt) of out[M, N] = x @ W^T (+ bias), called by every thread of a parallel region:
+   per pass of rows, panels [lo, hi) of an even cut (what `omp for schedule(static)` gave gemm_f32). gemm_f32
+   runs it in a region of its own; the fused decode step (decode_step.c) inside the region of its whole step.
+   No barrier at the end: the caller's. */
+void gemm_f32_share(const float* x, int M, int K, const float* packed, int N, const float* bias, float* out,
+                    int tid, int nt) {
+    int panels = (N + PANEL - 1) / PANEL, per_pass = rows_per_pass(K);
+    int lo = (int)((long)panels * tid / nt), hi = (int)((long)panels * (tid + 1) / nt);
     for (int m0 = 0; m0 < M; m0 += per_pass) {
         int rows = M - m0 < per_pass ? M - m0 : per_pass;
-        int par = (size_t)panels * rows * K >= 32768;
-        _Pragma("omp parallel for schedule(static) if (par)")
-        for (int p = 0; p < panels; p++) {
+        for (int p = lo; p < hi; p++) {
             __mmask16 cols[NR];
             f32_column_masks(N, p, cols);
             f32_panel_rows(x, m0, rows, K, packed + (size_t)p * K * PANEL, bias ? bias + (size_t)p * PANEL : 0,
                            out + (size_t)p * PANEL, N, cols);
         }
     }
+}
+
+int gemm_f32(const float* x, int M, int K, const float* packed, int N, const float* bias, float* out) {
+    if (M < 0 || K < 1 || N < 1) return -1;
+    int panels = (N + PANEL - 1) / PANEL, per_pass = rows_per_pass(K);
+    int par = (size_t)panels * (M < per_pass ? M : per_pass) * K >= 32768;
+    _Pragma("omp parallel if (par)")
+    gemm_f32_share(x, M, K, packed, N, bias, out, omp_get_thread_num(), omp_get_num_threads());
     return 0;
 }
 #else

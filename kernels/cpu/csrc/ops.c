@@ -85,21 +85,23 @@ static inline __m512 silu512(__m512 g) {
     return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
+/* one row's (or a column range's) silu(g) * u, n elements: the body of silu_and_mul_f32, which the fused
+   decode step (decode_step.c) also runs on column ranges */
+void silu_mul_span_f32(const float* g, const float* u, float* o, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(silu512(_mm512_loadu_ps(g + i)), _mm512_loadu_ps(u + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(silu512(_mm512_maskz_loadu_ps(m, g + i)),
+                                                      _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
 void silu_and_mul_f32(const float* gu, float* out, int rows, int n) {
     int par = (rows * n / 256) >= 64;
-    PAR_ROWS for (int r = 0; r < rows; r++) {
-        const float* g = gu + (size_t)r * 2 * n;
-        const float* u = g + n;
-        float* o = out + (size_t)r * n;
-        int i = 0;
-        for (; i + 16 <= n; i += 16)
-            _mm512_storeu_ps(o + i, _mm512_mul_ps(silu512(_mm512_loadu_ps(g + i)), _mm512_loadu_ps(u + i)));
-        if (i < n) {
-            __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-            _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(silu512(_mm512_maskz_loadu_ps(m, g + i)),
-                                                          _mm512_maskz_loadu_ps(m, u + i)));
-        }
-    }
+    PAR_ROWS for (int r = 0; r < rows; r++)
+        silu_mul_span_f32(gu + (size_t)r * 2 * n, gu + (size_t)r * 2 * n + n, out + (size_t)r * n, n);
 }
 
 static inline __m512 round_bf16x16(__m512 x) { /* float32 -> nearest bfloat16, kept as float32 */

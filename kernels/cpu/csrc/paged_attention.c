@@ -292,10 +292,8 @@ static void NAME##_item(const T* qb, const T* kc, const T* vc, const int32_t* ta
     }                                                                                                   \
 }                                                                                                       \
 void NAME(const T* qb, const T* kc, const T* vc, const int32_t* table, int len, T* ob, int kh0, int kh1, \
-          int H, int KVH, int D, int bs, float scale) {                                                 \
-    float* s = (float*)malloc(SCRATCH_BYTES(H, len, D));                                                \
+          int H, int KVH, int D, int bs, float scale, float* s) {                                       \
     NAME##_item(qb, kc, vc, table, len, ob, kh0, kh1, H, KVH, D, bs, scale, 0, 0, s);                  \
-    free(s);                                                                                            \
 }
 
 /* scores [H][len] and two [H][D] float32 buffers */
@@ -303,9 +301,26 @@ void NAME(const T* qb, const T* kc, const T* vc, const int32_t* table, int len, 
 
 /* Rows are handed out one at a time from a shared counter, each thread claiming its next row before it
    starts the current one: while the current row's V pass runs from the L2 cache (its V blocks were
-   prefetched during its K pass), the first K blocks of the next row are prefetched. One scratch buffer
-   per thread, sized for the longest row. */
+   prefetched during its K pass), the first K blocks of the next row are prefetched. NAME##_rows is one
+   thread's part, run by every thread of a parallel region with the shared *counter at 0 and a scratch buffer
+   of SCRATCH_BYTES(H, longest len, D) each: paged_decode's region, and the fused decode step's (decode_step.c),
+   whose q and out rows lie inside wider rows (q_stride, out_stride elements apart). */
 #define DEFINE_ENTRY(NAME, T, ITEM)                                                                     \
+void NAME##_rows(const T* q, long q_stride, const T* kc, const T* vc, const int32_t* tables,            \
+                 const int32_t* lens, T* out, long out_stride, int B, int H, int KVH, int D, int bs,    \
+                 int max_blocks, float scale, int* counter, float* s) {                                 \
+    int b, nb;                                                                                          \
+    _Pragma("omp atomic capture")                                                                       \
+    b = (*counter)++;                                                                                   \
+    while (b < B) {                                                                                     \
+        _Pragma("omp atomic capture")                                                                   \
+        nb = (*counter)++;                                                                              \
+        ITEM(q + (size_t)b * q_stride, kc, vc, tables + (size_t)b * max_blocks, lens[b],                \
+             out + (size_t)b * out_stride, 0, KVH, H, KVH, D, bs, scale,                                \
+             nb < B ? tables + (size_t)nb * max_blocks : 0, nb < B ? lens[nb] : 0, s);                  \
+        b = nb;                                                                                         \
+    }                                                                                                   \
+}                                                                                                       \
 void NAME(const T* q, const T* kc, const T* vc, const int32_t* tables, const int32_t* lens, T* out,     \
           int B, int H, int KVH, int D, int bs, int max_blocks, float scale) {                          \
     int maxlen = 0, counter = 0;                                                                        \
@@ -313,20 +328,14 @@ void NAME(const T* q, const T* kc, const T* vc, const int32_t* tables, const int
     _Pragma("omp parallel")                                                                             \
     {                                                                                                   \
         float* s = (float*)malloc(SCRATCH_BYTES(H, maxlen, D));                                         \
-        int b, nb;                                                                                      \
-        _Pragma("omp atomic capture")                                                                   \
-        b = counter++;                                                                                  \
-        while (b < B) {                                                                                 \
-            _Pragma("omp atomic capture")                                                               \
-            nb = counter++;                                                                             \
-            ITEM(q + (size_t)b * H * D, kc, vc, tables + (size_t)b * max_blocks, lens[b],               \
-                 out + (size_t)b * H * D, 0, KVH, H, KVH, D, bs, scale,                                 \
-                 nb < B ? tables + (size_t)nb * max_blocks : 0, nb < B ? lens[nb] : 0, s);              \
-            b = nb;                                                                                     \
-        }                                                                                               \
+        NAME##_rows(q, (long)H * D, kc, vc, tables, lens, out, (long)H * D, B, H, KVH, D, bs, max_blocks, \
+                    scale, &counter, s);                                                                \
         free(s);                                                                                        \
     }                                                                                                   \
 }
+
+/* bytes of scratch one thread of paged_decode_*_rows or paged_heads_* needs for rows of up to `len` tokens */
+size_t paged_scratch_bytes(int H, int len, int D) { return SCRATCH_BYTES(H, len, D); }
 
 #if HAVE_AVX512
 DEFINE_HEADS(paged_heads_f32, float, item_generic_f32, item_avx512_f32_d64, item_avx512_f32_d128)
