@@ -87,7 +87,7 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty(x.shape[0], dtype=torch.int64)
     fn(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
-    bad = out < 0
-    if bad.any():
+    if x.shape[0] and out.numpy().min() < 0:  # numpy: two torch ops cost ~0.07 ms a step where caches are cold
+        bad = out < 0
         out[bad] = x[bad].max(dim=-1).indices
     return out

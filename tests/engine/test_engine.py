@@ -133,6 +133,25 @@ def test_logits_processors_steer_only_their_own_request(llm):
     assert outs[1].outputs[0].token_ids == alone != schedule
 
 
+def test_all_greedy_steps_take_the_argmax_others_the_full_sampler(llm, monkeypatch):
+    """A step whose rows are all plain greedy skips the sampler's processing (`Sampler.argmax`); one row that
+    needs more (logprobs here) sends the whole step through `Sampler.__call__`, with the same greedy tokens."""
+    from hetero_infer.worker.runner.sampler import Sampler
+
+    calls: list[str] = []
+    argmax, full = Sampler.argmax, Sampler.__call__
+    monkeypatch.setattr(Sampler, "argmax", lambda self, *a: calls.append("argmax") or argmax(self, *a))
+    monkeypatch.setattr(Sampler, "__call__", lambda self, *a: calls.append("full") or full(self, *a))
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    plain = llm.generate(prompt_token_ids=[prompt(7, 10), prompt(5, 11)], sampling_params=greedy)
+    assert calls == ["argmax"] * 4
+    calls.clear()
+    with_logprobs = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=1)
+    mixed = llm.generate(prompt_token_ids=[prompt(7, 10), prompt(5, 11)], sampling_params=[greedy, with_logprobs])
+    assert calls == ["full"] * 4
+    assert [o.outputs[0].token_ids for o in mixed] == [o.outputs[0].token_ids for o in plain]
+
+
 def test_admission_stops_above_memory_threshold(tiny_model):
     folder, _ = tiny_model("llama")
     engine = LLMEngine(EngineConfig(model=str(folder), device="cpu", dtype="float32", block_size=4,

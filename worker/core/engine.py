@@ -21,7 +21,7 @@ from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
 from hetero_infer.worker.runner.loader import load_hf_config, resolve_model
-from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, make_generator
+from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, make_generator, takes_argmax
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
 from hetero_infer.worker.tokenizer import Tokenizer
 
@@ -211,6 +211,9 @@ class LLMEngine:
 
         if self.executor.samples_itself:
             tokens = [(self.executor.next_token(s.token_ids, s.sample_index), None) for s in rows]
+        elif all(takes_argmax(s.sampler_params, s.num_output_tokens, s.grammar) and not s.params.logits_processors
+                 for s in rows):  # all greedy, nothing to process (the usual step): no SamplingRows either
+            tokens = [(t, None) for t in self.sampler.argmax(result)]
         else:
             logits = result
             if any(s.params.logits_processors for s in rows):

@@ -191,7 +191,9 @@ class TorchExecutor:
             hidden = self.cpu_decode.run(input_ids, meta)
         else:
             hidden = self.model(input_ids, self.backend, meta, self.kv_caches)
-        return self.model.compute_logits(hidden[logits_index]).float()
+        if logits_index.shape[0] != hidden.shape[0]:  # else every row samples (a decode step): no gather
+            hidden = hidden[logits_index]
+        return self.model.compute_logits(hidden).float()
 
     def prepare(self, sched: SchedulerOutput):
         """(input ids, the backend's metadata, rows whose logits are sampled) of the step."""
