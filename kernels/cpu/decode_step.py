@@ -1,17 +1,18 @@
-"""The decoder stack of a decode step in one C call (kernels/cpu/csrc/decode_step.c): bfloat16, any row count
-up to the largest row bucket that the project's GEMM serves.
+"""The decoder stack of a decode step in one C call (kernels/cpu/csrc/decode_step.c), bfloat16 or float32, for
+the row counts whose linears the project's GEMM of that dtype serves.
 
 The per-op CPU path spends ~270 Python/ctypes dispatches and ~200 OpenMP fork/joins a step (about 8 ms of a
 37 ms 32-row bfloat16 step; as long as the weight stream at one row). This runs all layers in one parallel
 region, with the per-op path's own kernels (bit for bit its hidden states).
 
 It engages only where its preconditions hold (`FusedDecodeStack.build` logs why not otherwise): the C library
-with AVX512_BF16, a bfloat16 model on the C attention backend, every projection served by the project's
-bfloat16 GEMM (`gemm_bf16`, one packed weight) in the row buckets it covers, no per-head q/k norms (Qwen3). It
-covers the buckets of `select.BUCKETS` from the first up to the last in which every projection is on that
-GEMM (`rows_limit`; None: every bucket, any row count). Per step it takes decode steps (one new token a row)
-of at most that many rows; prefill and mixed steps, and larger ones, run the per-op path.
-HETERO_INFER_CPU_FUSED=0 turns it off.
+with the dtype's fused step (bfloat16: AVX512_BF16; float32: AVX-512F), a bfloat16 or float32 model on the C
+attention backend, no per-head q/k norms (Qwen3), and at least one row bucket of `select.BUCKETS` in which
+every projection is served by the dtype's GEMM (`gemm_bf16`, `gemm_f32`) on the one packed weight the C step
+reads. It takes the decode steps (one new token a row) whose row count falls in such a bucket (`covered`):
+where the measurement chose another kernel for some projection in a bucket (oneDNN on an AMX CPU, say), that
+bucket's steps run the per-op path, so the logits stay the per-op path's. Prefill and mixed steps always run
+per op. HETERO_INFER_CPU_FUSED=0 turns it off.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ log = logging.getLogger(__name__)
 _P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
 
 # per model dtype: the C step's name suffix and the GEMM every projection must be packed for
-_KERNELS: dict[torch.dtype, tuple[str, str]] = {torch.bfloat16: ("bf16", "gemm_bf16")}
+_KERNELS: dict[torch.dtype, tuple[str, str]] = {torch.bfloat16: ("bf16", "gemm_bf16"),
+                                                 torch.float32: ("f32", "gemm_f32")}
 
 
 class _Layer(ctypes.Structure):
@@ -60,43 +62,56 @@ def _step_fn(dtype: torch.dtype):
     return native.function(f"decode_step_{_KERNELS[dtype][0]}", [_P] * 10 + [_P, _L], _L)
 
 
-def rows_limit(plans: list[tuple[str, ...]], kind: str) -> tuple[int, int | None] | None:
-    """How many of `select.BUCKETS`, from the first, every projection serves with `kind` alone (`plans`: each
-    projection's packed kinds by bucket, the same weight where the kind repeats), and the row limit they give
-    (None: the last bucket, any row count). None where even the first bucket is not `kind` everywhere."""
-    covered = 0
-    while covered < len(select.BUCKETS) and all(plan[covered] == kind for plan in plans):
-        covered += 1
-    if covered == 0:
-        return None
-    return covered, (None if covered == len(select.BUCKETS) else select.BUCKETS[covered - 1])
+def covered_buckets(plans: list[tuple[str, ...]], kind: str) -> tuple[bool, ...]:
+    """Per bucket of `select.BUCKETS`: whether every projection serves it with `kind` on the weight the C step
+    reads (`plans`: each projection's kinds by bucket, "another weight" where a bucket has another copy)."""
+    return tuple(all(plan[i] == kind for plan in plans) for i in range(len(select.BUCKETS)))
+
+
+def rows_label(covered: tuple[bool, ...]) -> str:
+    """The row counts of the covered buckets, e.g. "1 row", "1-32 rows", "9 rows and more", "any row count"."""
+    if all(covered):
+        return "any row count"
+    parts, i = [], 0
+    while i < len(covered):
+        if not covered[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(covered) and covered[j + 1]:
+            j += 1
+        lo = 1 if i == 0 else select.BUCKETS[i - 1] + 1
+        hi = select.BUCKETS[j]
+        parts.append(f"{lo} rows and more" if j == len(covered) - 1 else f"{lo}-{hi} rows" if hi > lo else f"{lo} row")
+        i = j + 1
+    return ", ".join(parts)
 
 
 class FusedDecodeStack:
     """A model's decoder layers with their packed weights and KV caches, as the C step takes them."""
 
     def __init__(self, model: nn.Module, backend, kv_caches, dtype: torch.dtype, keep: list[torch.Tensor],
-                 layers: ctypes.Array, shape: _Shape, max_rows: int | None) -> None:
+                 layers: ctypes.Array, shape: _Shape, covered: tuple[bool, ...]) -> None:
         self.model, self.backend, self.rope, self.kv_caches = model, backend, backend.rope, kv_caches
         self._keep = keep  # float32 biases: the C step holds their pointers
         self._layers, self._shape = layers, shape
         self._step = _step_fn(dtype)
         self._scratch = torch.empty(0, dtype=torch.uint8)  # the C step's buffers, kept from step to step
-        self.max_rows = max_rows  # None: any row count
+        self.covered = covered  # per row bucket of select.BUCKETS: whether it takes that bucket's decode steps
 
     @property
     def label(self) -> str:
         """Which steps it takes, as `hetero-infer bench` prints it."""
-        return "fused (decode steps of any row count)" if self.max_rows is None else f"fused (1-{self.max_rows} rows)"
+        return f"fused (decode steps of {rows_label(self.covered)})"
 
     @classmethod
     def build(cls, model: nn.Module, backend, kv_caches, dtype: torch.dtype) -> FusedDecodeStack | None:
         """The fused stack of `model` (a LlamaForCausalLM packed for the CPU), or None with the reason logged."""
-        reason, max_rows = _unsupported(model, backend, dtype)
+        reason, covered = _unsupported(model, backend, dtype)
         if reason:
             log.info("fused CPU decode step off: %s", reason)
             return None
-        cfg = model.config
+        cfg, kind = model.config, _KERNELS[dtype][1]
         keep: list[torch.Tensor] = []
 
         def ptr(t: torch.Tensor | None) -> int | None:
@@ -114,7 +129,7 @@ class FusedDecodeStack:
             entry.input_norm, entry.post_norm = ptr(layer.input_layernorm.weight), ptr(layer.post_attention_layernorm.weight)
             for name, linear in (("qkv", attn.qkv_proj), ("o", attn.o_proj), ("gate_up", mlp.gate_up_proj),
                                  ("down", mlp.down_proj)):
-                setattr(entry, name, ptr(linear.by_bucket[0].data))
+                setattr(entry, name, ptr(_first(linear.by_bucket, kind).data))
                 setattr(entry, name + "_bias", bias(linear))
             entry.k_cache, entry.v_cache = ptr(k_cache), ptr(v_cache)
         a0 = model.layers[0].self_attn
@@ -122,14 +137,13 @@ class FusedDecodeStack:
         shape = _Shape(layers=len(model.layers), rows=0, hidden=cfg.hidden_size, heads=a0.num_heads,
                        kv_heads=a0.num_kv_heads, head_dim=a0.head_dim, intermediate=cfg.intermediate_size,
                        block_size=k0.shape[1], max_blocks=0, eps=cfg.rms_norm_eps, scale=a0.scale)
-        log.info("fused CPU decode step on: decode steps of %s rows",
-                 "any number of" if max_rows is None else f"1-{max_rows}")
-        return cls(model, backend, kv_caches, dtype, keep, layers, shape, max_rows)
+        log.info("fused CPU decode step on: decode steps of %s", rows_label(covered))
+        return cls(model, backend, kv_caches, dtype, keep, layers, shape, covered)
 
     def accepts(self, rows: int, sampled: int) -> bool:
         """A step of `rows` rows of which `sampled` produce logits: a decode step (every row a sequence's one new
-        token, so every row samples) of at most `max_rows` rows."""
-        return 1 <= rows == sampled and (self.max_rows is None or rows <= self.max_rows)
+        token, so every row samples) in a covered row bucket."""
+        return 1 <= rows == sampled and self.covered[select.bucket_index(rows)]
 
     def run(self, input_ids: torch.Tensor, meta) -> torch.Tensor:
         """Hidden states [T, hidden] of the step's rows (the final norm applied), as the model's forward."""
@@ -154,34 +168,37 @@ class FusedDecodeStack:
         return model.norm(h, self.backend, residual)[0]
 
 
-def _unsupported(model: nn.Module, backend, dtype: torch.dtype) -> tuple[str | None, int | None]:
-    """(why the fused step cannot run `model` here, or None where it can; the most rows it takes, None: any)"""
+def _unsupported(model: nn.Module, backend, dtype: torch.dtype) -> tuple[str | None, tuple[bool, ...]]:
+    """(why the fused step cannot run `model` here, or None where it can; the row buckets it covers)"""
     from hetero_infer.kernels.cpu.linear import PackedLinear
 
     if not enabled():
-        return "HETERO_INFER_CPU_FUSED=0", None
+        return "HETERO_INFER_CPU_FUSED=0", ()
     if dtype not in _KERNELS:
-        return f"dtype {dtype} (not {', '.join(str(d) for d in _KERNELS)})", None
+        return f"dtype {dtype} (not {', '.join(str(d) for d in _KERNELS)})", ()
     if getattr(backend, "name", None) != "cpu":
-        return f"attention backend {getattr(backend, 'name', backend)!r} (the C backend only)", None
+        return f"attention backend {getattr(backend, 'name', backend)!r} (the C backend only)", ()
     if not available(dtype):
-        return f"no fused {dtype} step in this build of the C kernels", None
+        return f"no fused {dtype} step in this build of the C kernels", ()
     kind = _KERNELS[dtype][1]
     plans: list[tuple[str, ...]] = []
     for i, layer in enumerate(model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         if attn.qk_norm:
-            return "per-head q/k norms (Qwen3)", None
+            return "per-head q/k norms (Qwen3)", ()
         for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
             if not isinstance(linear, PackedLinear):
-                return f"layer {i}: {type(linear).__name__} is not a packed linear", None
-            first = linear.by_bucket[0]  # the weight the C step reads: any bucket on another weight ends its rows
-            plans.append(tuple(p.kind if p is first else "another weight" for p in linear.by_bucket))
-    limit = rows_limit(plans, kind)
-    if limit is None:
-        kinds = sorted({plan[0] for plan in plans})
-        return f"one-row kernels {kinds} ({kind} only)", None
-    _, max_rows = limit
+                return f"layer {i}: {type(linear).__name__} is not a packed linear", ()
+            weight = _first(linear.by_bucket, kind)
+            plans.append(tuple(p.kind if p is weight else "another weight" for p in linear.by_bucket))
+    covered = covered_buckets(plans, kind)
+    if not any(covered):
+        return f"no row bucket has every projection on {kind}", ()
     if backend.rope.cos.dtype != dtype or not backend.rope.cos.is_contiguous():
-        return f"rotary tables not {dtype}", None
-    return None, max_rows
+        return f"rotary tables not {dtype}", ()
+    return None, covered
+
+
+def _first(by_bucket, kind: str):
+    """The first packed weight of `kind` among a linear's buckets (the one the C step reads), or None."""
+    return next((p for p in by_bucket if p.kind == kind), None)

@@ -15,6 +15,9 @@ from hetero_infer.kernels.cpu import decode_step, native
 # Skipped only where the CPU lacks the instructions: test_fused_step_is_built_wherever_the_cpu_has_avx512_bf16
 # fails instead when a CPU that has them gets no fused step (a broken build must not read as a skip).
 needs_fused = pytest.mark.skipif(not decode_step.available(), reason="no AVX512_BF16 in this CPU's kernel build")
+# float32: test_fused_f32_step_is_built_wherever_the_cpu_has_avx512f fails instead where it is missing
+needs_fused_f32 = pytest.mark.skipif(not decode_step.available(torch.float32),
+                                     reason="no AVX-512F in this CPU's kernel build")
 
 
 def test_fused_step_is_built_wherever_the_cpu_has_avx512_bf16():
@@ -24,8 +27,19 @@ def test_fused_step_is_built_wherever_the_cpu_has_avx512_bf16():
     assert decode_step.available() == ("avx512_bf16" in native.cpu_flags())
 
 
+def test_fused_f32_step_is_built_wherever_the_cpu_has_avx512f():
+    if os.environ.get("HETERO_INFER_CPU_MARCH", "native") != "native":
+        pytest.skip("a cross-target build (HETERO_INFER_CPU_MARCH) may leave out what this CPU has")
+    assert native.library() is not None, "the C kernels did not build"
+    assert decode_step.available(torch.float32) == ("avx512f" in native.cpu_flags())
+
+
 def _engine(folder, monkeypatch, fused: bool, dtype: str = "bfloat16", **kwargs):
     monkeypatch.setenv("HETERO_INFER_CPU_SELECT", "0")  # the default kernels: gemm_bf16 for every bfloat16 linear
+    if dtype == "float32":  # onednn by default: gemm_f32 forced for every float32 linear
+        monkeypatch.setenv("HETERO_INFER_CPU_LINEAR", "gemm_f32")
+    else:
+        monkeypatch.delenv("HETERO_INFER_CPU_LINEAR", raising=False)
     monkeypatch.setenv("HETERO_INFER_CPU_FUSED", "1" if fused else "0")
     kwargs.setdefault("max_num_blocks", 64)
     return LLM(str(folder), device="cpu", dtype=dtype, **kwargs)
@@ -118,20 +132,34 @@ def test_fused_step_logits_equal_per_op_path(tiny_model, monkeypatch, tmp_path, 
     assert 1 in fused_rows and 3 in fused_rows  # one- and three-row steps ran fused
 
 
-@needs_fused
-@pytest.mark.parametrize("arch,threads", [("llama-hd64", 2), ("llama", 2), ("qwen2", 2), ("llama-hd64", 1),
-                                          ("llama-hd64", 3)])  # 3: a thread count that splits no panel count
-def test_fused_step_logits_equal_per_op_path_at_every_row_count(tiny_model, monkeypatch, tmp_path, arch, threads):
+def _every_row_count(tiny_model, monkeypatch, tmp_path, arch, threads, dtype):
     folder = _with_random_biases(tiny_model, tmp_path, arch) if arch == "qwen2" else tiny_model(arch)[0]
     runs = [_prompts(rows, longest=40) for rows in ROW_COUNTS]  # contexts of up to 3 blocks of 16
     monkeypatch.setenv("HETERO_INFER_CPU_ADAPT", "0")  # the thread count stays as set
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        fused_rows = _same_steps(folder, monkeypatch, runs, max_num_seqs=40, max_num_blocks=160)
+        fused_rows = _same_steps(folder, monkeypatch, runs, dtype=dtype, max_num_seqs=40, max_num_blocks=160)
     finally:
         torch.set_num_threads(before)
     assert set(fused_rows) == set(ROW_COUNTS)
+
+
+# llama-hd64: AVX-512 attention; llama: the portable attention; qwen2: biases; 3 threads split no panel count
+ARCH_THREADS = [("llama-hd64", 2), ("llama", 2), ("qwen2", 2), ("llama-hd64", 1), ("llama-hd64", 3)]
+
+
+@needs_fused
+@pytest.mark.parametrize("arch,threads", ARCH_THREADS)
+def test_fused_step_logits_equal_per_op_path_at_every_row_count(tiny_model, monkeypatch, tmp_path, arch, threads):
+    _every_row_count(tiny_model, monkeypatch, tmp_path, arch, threads, "bfloat16")
+
+
+@needs_fused_f32
+@pytest.mark.parametrize("arch,threads", ARCH_THREADS)
+def test_fused_f32_step_logits_equal_per_op_path_at_every_row_count(tiny_model, monkeypatch, tmp_path, arch,
+                                                                    threads):
+    _every_row_count(tiny_model, monkeypatch, tmp_path, arch, threads, "float32")
 
 
 @needs_fused
@@ -145,47 +173,54 @@ def test_only_decode_steps_run_fused(tiny_model, monkeypatch):
     assert fused_rows == [1, 1, 1]  # the 5-token prefill ran per op, each decode step fused
 
 
-def _plan_rows(kinds_by_bucket: list[str]) -> list[tuple[str, ...]]:
-    return [tuple(kinds_by_bucket)] * 4
+def test_covered_buckets_are_those_with_every_projection_on_the_gemm():
+    on, off = ("gemm_bf16",) * 4, ("gemm_bf16", "gemm_bf16", "onednn", "another weight")
+    assert decode_step.covered_buckets([on, on], "gemm_bf16") == (True, True, True, True)
+    assert decode_step.covered_buckets([on, off], "gemm_bf16") == (True, True, False, False)
+    assert decode_step.covered_buckets([("torch",) + on[1:], on], "gemm_bf16") == (False, True, True, True)
+    assert decode_step.covered_buckets([on, off], "gemm_f32") == (False, False, False, False)
 
 
-def test_rows_limit_stops_below_the_first_bucket_off_the_gemm():
-    assert decode_step.rows_limit(_plan_rows(["gemm_bf16"] * 4), "gemm_bf16") == (4, None)
-    assert decode_step.rows_limit(_plan_rows(["gemm_bf16"] * 3 + ["onednn"]), "gemm_bf16") == (3, 32)
-    assert decode_step.rows_limit(_plan_rows(["gemm_bf16", "gemm_bf16", "onednn", "gemm_bf16"]),
-                                  "gemm_bf16") == (2, 8)
-    one_off = [("gemm_bf16",) * 4] * 3 + [("gemm_bf16", "torch", "gemm_bf16", "gemm_bf16")]
-    assert decode_step.rows_limit(one_off, "gemm_bf16") == (1, 1)
-    assert decode_step.rows_limit(_plan_rows(["onednn"] + ["gemm_bf16"] * 3), "gemm_bf16") is None
+def test_rows_label_names_the_covered_row_counts():
+    assert decode_step.rows_label((True, True, True, True)) == "any row count"
+    assert decode_step.rows_label((True, True, True, False)) == "1-32 rows"
+    assert decode_step.rows_label((True, False, False, False)) == "1 row"
+    assert decode_step.rows_label((False, True, True, True)) == "2 rows and more"
+    assert decode_step.rows_label((True, True, False, True)) == "1-8 rows, 33 rows and more"
+
+
+# a projection's buckets moved to another kernel (as where oneDNN with AMX wins them) -> the decode row counts
+# (of 1, 8, 9, 33) that still run fused, and the label
+OFF_BUCKETS = [((3,), [1, 8, 9], "1-32 rows"), ((2,), [1, 8, 33], "1-8 rows, 33 rows and more"),
+               ((0,), [8, 9, 33], "2 rows and more"), ((1, 2, 3), [1], "1 row")]
 
 
 @needs_fused
-@pytest.mark.parametrize("bucket,max_rows", [(3, 32), (2, 8), (1, 1)])
-def test_a_bucket_on_another_kernel_ends_the_fused_rows_below_it(tiny_model, monkeypatch, bucket, max_rows):
-    """As where oneDNN (AMX) wins a bucket: the fused step takes only the row counts below that bucket, and the
-    steps beyond it run per op."""
+@pytest.mark.parametrize("off,fused,label", OFF_BUCKETS)
+def test_a_bucket_on_another_kernel_runs_its_steps_per_op(tiny_model, monkeypatch, off, fused, label):
+    """The fused step takes only the decode steps of the buckets where every projection is on gemm_bf16; the
+    rest run per op (their logits then come from the other kernel, as the plan says)."""
     from hetero_infer.kernels.cpu.linear import pack_as
 
     folder, _ = tiny_model("llama-hd64")
     llm = _engine(folder, monkeypatch, True, max_num_seqs=40, max_num_blocks=160)
     ex = llm.engine.executor
-    assert ex.cpu_decode.max_rows is None  # every bucket on gemm_bf16
+    assert ex.cpu_decode.covered == (True, True, True, True)
+    assert ex.cpu_paths["decode_step"] == "fused (decode steps of any row count)"
     down = ex.model.layers[1].mlp.down_proj
-    weight = torch.empty(down.out_features, down.in_features, dtype=torch.bfloat16)
-    other = pack_as("torch", weight)
-    down.by_bucket = down.by_bucket[:bucket] + (other,) * (4 - bucket)
+    other = pack_as("torch", torch.empty(down.out_features, down.in_features, dtype=torch.bfloat16))
+    down.by_bucket = tuple(other if i in off else p for i, p in enumerate(down.by_bucket))
     ex.cpu_decode = decode_step.FusedDecodeStack.build(ex.model, ex.backend, ex.kv_caches, ex.dtype)
-    assert ex.cpu_decode.max_rows == max_rows
-    assert ex.cpu_decode.label == f"fused (1-{max_rows} rows)"
+    assert ex.cpu_decode.label == f"fused (decode steps of {label})"
     _, fused_rows = _record(llm)
     for rows in (1, 8, 9, 33):
         _generate(llm, _prompts(rows), max_tokens=3)
-    assert sorted(set(fused_rows)) == [r for r in (1, 8, 9, 33) if r <= max_rows]
+    assert sorted(set(fused_rows)) == fused
 
 
 @needs_fused
 def test_the_same_weight_on_another_layout_ends_the_fused_rows(tiny_model, monkeypatch):
-    """A bucket whose gemm_bf16 weight is another copy than the one the C step reads (by_bucket[0])."""
+    """A bucket whose gemm_bf16 weight is another copy than the one the C step reads."""
     from hetero_infer.kernels.cpu.linear import pack_as
 
     folder, _ = tiny_model("llama-hd64")
@@ -193,21 +228,33 @@ def test_the_same_weight_on_another_layout_ends_the_fused_rows(tiny_model, monke
     qkv = ex.model.layers[0].self_attn.qkv_proj
     copy = pack_as("gemm_bf16", torch.zeros(qkv.out_features, qkv.in_features, dtype=torch.bfloat16))
     qkv.by_bucket = qkv.by_bucket[:2] + (copy, copy)
-    assert decode_step.FusedDecodeStack.build(ex.model, ex.backend, ex.kv_caches, ex.dtype).max_rows == 8
+    built = decode_step.FusedDecodeStack.build(ex.model, ex.backend, ex.kv_caches, ex.dtype)
+    assert built.covered == (True, True, False, False)
 
 
 def test_fused_stack_stays_off_where_its_preconditions_fail(tiny_model, monkeypatch):
     folder, _ = tiny_model("llama-hd64")
-    assert _engine(folder, monkeypatch, True, dtype="float32").engine.executor.cpu_decode is None
     assert _engine(folder, monkeypatch, False).engine.executor.cpu_decode is None
+    assert _engine(folder, monkeypatch, False, dtype="float32").engine.executor.cpu_decode is None
     qwen3, _ = tiny_model("qwen3")
     assert _engine(qwen3, monkeypatch, True).engine.executor.cpu_decode is None
+    assert _engine(qwen3, monkeypatch, True, dtype="float32").engine.executor.cpu_decode is None
     monkeypatch.setenv("HETERO_INFER_ONEDNN", "0")  # plain nn.Linear layers: nothing packed for gemm_bf16
     assert _engine(folder, monkeypatch, True).engine.executor.cpu_decode is None
 
 
+@needs_fused_f32
+def test_float32_linears_on_onednn_keep_the_per_op_path(tiny_model, monkeypatch):
+    folder, _ = tiny_model("llama-hd64")
+    assert _engine(folder, monkeypatch, True, dtype="float32").engine.executor.cpu_decode is not None
+    monkeypatch.setenv("HETERO_INFER_CPU_LINEAR", "onednn")
+    llm = LLM(str(folder), device="cpu", dtype="float32", max_num_blocks=64)
+    assert llm.engine.executor.cpu_decode is None
+    assert llm.engine.executor.cpu_paths["decode_step"] == "per op"
+
+
 @needs_fused
-def test_a_layer_on_another_kernel_keeps_the_per_op_path(tiny_model, monkeypatch):
+def test_a_layer_on_another_kernel_everywhere_keeps_the_per_op_path(tiny_model, monkeypatch):
     from hetero_infer.kernels.cpu.linear import pack_as
 
     folder, _ = tiny_model("llama-hd64")
@@ -215,5 +262,5 @@ def test_a_layer_on_another_kernel_keeps_the_per_op_path(tiny_model, monkeypatch
     ex = llm.engine.executor
     down = ex.model.layers[1].mlp.down_proj
     weight = torch.empty(down.out_features, down.in_features, dtype=torch.bfloat16)
-    down.by_bucket = (pack_as("torch", weight),) + down.by_bucket[1:]
+    down.by_bucket = (pack_as("torch", weight),) * 4
     assert decode_step.FusedDecodeStack.build(ex.model, ex.backend, ex.kv_caches, ex.dtype) is None
