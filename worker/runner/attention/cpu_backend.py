@@ -39,13 +39,15 @@ class CpuBackend:
         self.rope = rope
 
     def prepare(self, batch: StepBatch) -> CpuAttentionMetadata:
-        tables = pad_tables([s.block_table for s in batch.spans])
-        seq_of_row = np.repeat(np.arange(len(batch.spans)), [s.num_tokens for s in batch.spans])
+        spans = batch.spans
+        tables = pad_tables([s.block_table for s in spans])
+        if len(spans) != len(batch.positions):  # prefill chunks: their sequence's table on each of their rows
+            tables = np.repeat(tables, [s.num_tokens for s in spans], axis=0)
         return CpuAttentionMetadata(
             slot_mapping=torch.from_numpy(batch.slot_mapping),
             positions=torch.from_numpy(batch.positions),
-            block_tables=torch.from_numpy(np.ascontiguousarray(tables[seq_of_row])),
-            context_lens=torch.from_numpy((batch.positions + 1).astype(np.int32)),
+            block_tables=torch.from_numpy(tables),
+            context_lens=torch.from_numpy(np.add(batch.positions, 1, dtype=np.int32)),
         )
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
