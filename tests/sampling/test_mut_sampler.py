@@ -225,12 +225,16 @@ def test_temperature_only_rows_race_over_the_whole_vocab(min_p: float) -> None:
     assert (beyond_first_pass > 0) if min_p == 0.0 else (filtered_out > 0)
 
 
-def test_greedy_without_the_c_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A machine where the vectorized argmax kernel is not built falls back to torch: still each row's argmax.
-    monkeypatch.setattr(sampler_module.cpu_ops, "available", lambda dtype: False)
+def test_greedy_argmax_off_the_numpy_path() -> None:
+    # Tensors numpy does not take as float32 on the CPU (another dtype here; a GPU's logits) go to torch's max:
+    # still each row's first maximum.
     logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(6))
-    rows = [SamplingRow(SamplingParams(temperature=0.0), [], [], None, []) for _ in range(5)]
-    assert [t.token_id for t in Sampler()(logits, rows)] == [int(torch.argmax(r)) for r in logits.double()]
+    logits[2, [7, 200]] = 9.0
+    expected = [int(torch.argmax(r)) for r in logits.double()]
+    assert expected[2] == 7
+    assert sampler_module._argmax(logits.double()).tolist() == expected
+    assert sampler_module._argmax(logits.to(torch.bfloat16)).tolist() == [
+        int(torch.argmax(r)) for r in logits.to(torch.bfloat16).double()]
 
 
 @pytest.mark.parametrize("penalty", [dict(frequency_penalty=1.0), dict(presence_penalty=-1.0),
