@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from hetero_infer.kernels.cpu import decode_step as cpu_decode_step
@@ -171,7 +172,7 @@ class TorchExecutor:
         kv = self._new_kv_cache(batch.num_blocks)
         return self.model(input_ids, self.backend, self.backend.prepare(batch), _layer_caches(kv))
 
-    def _h2d(self, t: torch.Tensor) -> torch.Tensor:
+    def _h2d(self, t: np.ndarray | torch.Tensor) -> torch.Tensor:
         return to_device(t, self.device)
 
     # -- one step -----------------------------------------------------------------------
@@ -198,9 +199,7 @@ class TorchExecutor:
     def prepare(self, sched: SchedulerOutput):
         """(input ids, the backend's metadata, rows whose logits are sampled) of the step."""
         step = step_inputs(sched, self.block_size)
-        input_ids = self._h2d(torch.tensor(step.token_ids, dtype=torch.long))
-        logits_index = self._h2d(torch.tensor(step.logits_index, dtype=torch.long))
-        return input_ids, self.backend.prepare(step.batch), logits_index
+        return self._h2d(step.token_ids), self.backend.prepare(step.batch), self._h2d(step.logits_index)
 
 
 def _cpu_attention_path(backend) -> str:

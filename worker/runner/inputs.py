@@ -13,14 +13,15 @@ from hetero_infer.worker.runner.attention import SeqSpan, StepBatch
 
 @dataclass
 class StepInputs:
-    token_ids: list[int]
+    token_ids: np.ndarray  # [T] int64
     batch: StepBatch  # positions, slots and per-sequence spans, for the attention backend's metadata
-    logits_index: list[int]  # rows of the flattened step whose logits are sampled (each sequence's last token)
+    logits_index: np.ndarray  # [S] int64: rows of the flattened step whose logits are sampled (each sequence's last)
 
 
 def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
     """Plain Python lists, one numpy array each at the end: after a decode step's weights have streamed through
-    the caches every distinct numpy call runs cold (~10-30 us), and a decode step has one row a sequence."""
+    the caches every distinct numpy or torch call runs cold (~10-100 us), and a decode step has one row a
+    sequence."""
     bs = block_size
     tokens: list[int] = []
     pos: list[int] = []
@@ -41,4 +42,4 @@ def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
         if item.samples:
             logits_index.append(row - 1)
     batch = StepBatch(spans, np.array(pos, dtype=np.int64), np.array(slots, dtype=np.int64), bs)
-    return StepInputs(tokens, batch, logits_index)
+    return StepInputs(np.array(tokens, dtype=np.int64), batch, np.array(logits_index, dtype=np.int64))
