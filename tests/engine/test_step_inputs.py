@@ -1,0 +1,52 @@
+"""A scheduled step's model inputs (`step_inputs`) and the CPU backend's metadata from them, on a step with two
+decodes and two prefill chunks (one after a cached prefix), against values worked out by hand."""
+
+from __future__ import annotations
+
+from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.worker.core.scheduler import ScheduledSeq, SchedulerOutput
+from hetero_infer.worker.core.sequence import Sequence
+from hetero_infer.worker.runner.attention.cpu_backend import CpuBackend
+from hetero_infer.worker.runner.inputs import step_inputs
+
+BS = 4
+
+
+def _seq(tokens: list[int], computed: int, table: list[int]) -> Sequence:
+    seq = Sequence("r", tokens, len(tokens), SamplingParams(), 16)
+    seq.num_computed_tokens, seq.block_table = computed, table
+    return seq
+
+
+def _step() -> SchedulerOutput:
+    a = _seq([10, 11, 12, 13, 14, 15], 5, [7, 2])  # decode of position 5: block 2, offset 1
+    b = _seq([20, 21, 22, 23], 3, [9])  # decode of position 3: block 9, offset 3
+    c = _seq([30, 31, 32, 33, 34, 35, 36], 4, [5, 1])  # a chunk after a cached block: positions 4-6
+    d = _seq([40, 41, 42, 43, 44], 0, [3, 6])  # the first 3 of 5 prompt tokens: no logits
+    return SchedulerOutput([ScheduledSeq(a, 1), ScheduledSeq(b, 1), ScheduledSeq(c, 3), ScheduledSeq(d, 3)])
+
+
+def test_tokens_positions_slots_and_sampled_rows() -> None:
+    step = step_inputs(_step(), BS)
+    assert step.token_ids.tolist() == [15, 23, 34, 35, 36, 40, 41, 42]
+    assert step.batch.positions.tolist() == [5, 3, 4, 5, 6, 0, 1, 2]
+    assert step.batch.slot_mapping.tolist() == [2 * 4 + 1, 9 * 4 + 3, 1 * 4 + 0, 1 * 4 + 1, 1 * 4 + 2, 12, 13, 14]
+    assert step.logits_index.tolist() == [0, 1, 4]  # d's chunk ends before its prompt does
+    assert [(s.start, s.num_tokens, s.is_prefill) for s in step.batch.spans] == [
+        (5, 1, False), (3, 1, False), (4, 3, True), (0, 3, True)]
+    assert step.token_ids.dtype == step.batch.positions.dtype == step.logits_index.dtype == "int64"
+
+
+def test_cpu_metadata_gives_every_row_its_sequences_table() -> None:
+    meta = CpuBackend(rope=None).prepare(step_inputs(_step(), BS).batch)
+    assert meta.block_tables.tolist() == [[7, 2], [9, 0], [5, 1], [5, 1], [5, 1], [3, 6], [3, 6], [3, 6]]
+    assert meta.context_lens.tolist() == [6, 4, 5, 6, 7, 1, 2, 3]
+    assert meta.positions.tolist() == [5, 3, 4, 5, 6, 0, 1, 2]
+    assert meta.slot_mapping.tolist() == [9, 39, 4, 5, 6, 12, 13, 14]
+
+
+def test_decode_step_tables_one_row_a_sequence() -> None:
+    step = SchedulerOutput(_step().scheduled[:2])
+    meta = CpuBackend(rope=None).prepare(step_inputs(step, BS).batch)
+    assert meta.block_tables.tolist() == [[7, 2], [9, 0]] and meta.block_tables.is_contiguous()
+    assert str(meta.block_tables.dtype) == str(meta.context_lens.dtype) == "torch.int32"
