@@ -11,8 +11,12 @@ attention backend, no per-head q/k norms (Qwen3), and at least one row bucket of
 every projection is served by the dtype's GEMM (`gemm_bf16`, `gemm_f32`) on the one packed weight the C step
 reads. It takes the decode steps (one new token a row) whose row count falls in such a bucket (`covered`):
 where the measurement chose another kernel for some projection in a bucket (oneDNN on an AMX CPU, say), that
-bucket's steps run the per-op path, so the logits stay the per-op path's. Prefill and mixed steps always run
-per op. HETERO_INFER_CPU_FUSED=0 turns it off.
+bucket's steps run the per-op path, so the logits stay the per-op path's. Where such a bucket's projections all
+have the GEMM's weight anyway (packed for their other buckets) and the kernel choice is measured, the fused step
+is timed against the per-op step on a probe decode step (`measure_uncovered`): the plan timed each linear alone,
+with its weight in cache, and cannot see the glue the fused step removes. Where the fused step wins, that
+bucket's projections move onto the GEMM (per op too) and the bucket is covered. Prefill and mixed steps always
+run per op. HETERO_INFER_CPU_FUSED=0 turns it off.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import ctypes
 import logging
 import os
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -101,7 +106,7 @@ class FusedDecodeStack:
         self.model, self.backend, self.rope, self.kv_caches = model, backend, backend.rope, kv_caches
         self._keep = keep  # float32 biases: the C step holds their pointers
         self._layers, self._shape = layers, shape
-        self._step = _step_fn(dtype)
+        self._step, self._dtype = _step_fn(dtype), dtype
         self._scratch = torch.empty(0, dtype=torch.uint8)  # the C step's buffers, kept from step to step
         self.covered = covered  # per row bucket of select.BUCKETS: whether it takes that bucket's decode steps
 
@@ -143,8 +148,55 @@ class FusedDecodeStack:
         shape = _Shape(layers=len(model.layers), rows=0, hidden=cfg.hidden_size, heads=a0.num_heads,
                        kv_heads=a0.num_kv_heads, head_dim=a0.head_dim, intermediate=cfg.intermediate_size,
                        block_size=k0.shape[1], max_blocks=0, eps=cfg.rms_norm_eps, scale=a0.scale)
-        log.info("fused CPU decode step on: decode steps of %s", rows_label(covered))
-        return cls(model, backend, kv_caches, dtype, keep, layers, shape, covered)
+        stack = cls(model, backend, kv_caches, dtype, keep, layers, shape, covered)
+        from hetero_infer.kernels.cpu import linear as cpu_linear
+
+        if cpu_linear.enabled():  # the kernel choice is measured: so is the fused step against the plan
+            stack.measure_uncovered()
+        log.info("fused CPU decode step on: decode steps of %s", rows_label(stack.covered))
+        return stack
+
+    def measure_uncovered(self, timer=select.clock, rounds: select.Rounds = select.Rounds(budget_s=0.5)) -> None:
+        """Decide by measurement the buckets left out only because the plan put some projection on another kernel
+        while the projection also has the GEMM's weight (packed for another bucket). The plan timed each linear
+        alone, with its weight in cache; the fused step also removes the glue between them. So the fused step
+        (with that weight) is timed against the per-op step (with the plan's kernels) on a probe decode step of
+        the bucket's rows; where it is faster (or within select.TIE), those projections take the GEMM in that
+        bucket, for the per-op path too (its logits stay the fused step's), and the bucket is covered."""
+        kind = _KERNELS[self._dtype][1]
+        linears = _projections(self.model)
+        covered = list(self.covered)
+        for b, on in enumerate(covered):
+            if on or any(_first(linear.by_bucket, kind) is None for linear in linears):
+                continue
+            timings = self._time_probe(min(select.BUCKETS[b], 64, self.kv_caches[0][0].shape[0]), timer, rounds)
+            choice = select.choose(timings, ("fused", "per op"))
+            log.info("row bucket %d: fused step %s, per-op step %s: %s", select.BUCKETS[b],
+                     _ms(timings["fused"]), _ms(timings["per op"]), choice)
+            if choice != "fused":
+                continue
+            for linear in linears:
+                weight = _first(linear.by_bucket, kind)
+                linear.by_bucket = tuple(weight if i == b else p for i, p in enumerate(linear.by_bucket))
+                linear.plan = tuple(kind if i == b else k for i, k in enumerate(linear.plan))
+            covered[b] = True
+        self.covered = tuple(covered)
+
+    def _time_probe(self, rows: int, timer, rounds: select.Rounds) -> dict[str, float | None]:
+        """The fused and the per-op step timed on a decode step of `rows` fake sequences (one KV block each, a
+        full block of context) over the engine's cache, whose blocks hold nothing yet that a sequence reads before
+        writing it."""
+        from hetero_infer.worker.runner.attention.base import SeqSpan, StepBatch
+
+        bs = self._shape.block_size
+        batch = StepBatch([SeqSpan([r], bs - 1, 1, False) for r in range(rows)],
+                          np.full(rows, bs - 1, dtype=np.int64), np.arange(rows, dtype=np.int64) * bs + bs - 1, bs)
+        input_ids = torch.randint(100, 1000, (rows,), generator=torch.Generator().manual_seed(0))
+        meta = self.backend.prepare(batch)
+        with torch.inference_mode():
+            return select.measure({"fused": lambda _: lambda: self.run(input_ids, meta),
+                                   "per op": lambda _: lambda: self.model(input_ids, self.backend, meta, self.kv_caches)},
+                                  buckets=[rows], timer=timer, rounds=rounds)[0]
 
     def accepts(self, rows: int, sampled: int) -> bool:
         """A step of `rows` rows of which `sampled` produce logits: a decode step (every row a sequence's one new
@@ -203,6 +255,15 @@ def _unsupported(model: nn.Module, backend, dtype: torch.dtype) -> tuple[str | N
     if backend.rope.cos.dtype != dtype or not backend.rope.cos.is_contiguous():
         return f"rotary tables not {dtype}", ()
     return None, covered
+
+
+def _projections(model: nn.Module) -> list:
+    return [m for layer in model.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                  layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+
+
+def _ms(t: float | None) -> str:
+    return "failed" if t is None else f"{1e3 * t:.2f} ms"
 
 
 def _first(by_bucket, kind: str):

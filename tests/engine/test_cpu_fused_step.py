@@ -218,6 +218,50 @@ def test_a_bucket_on_another_kernel_runs_its_steps_per_op(tiny_model, monkeypatc
     assert sorted(set(fused_rows)) == fused
 
 
+def _fake_timer(stack, fused_s: float, per_op_s: float):
+    """A clock for select.measure that tells the fused step's calls (through `stack.run`) from the per-op ones."""
+    ran: list[int] = []
+    run = stack.run
+
+    def recording_run(input_ids, meta):
+        ran.append(input_ids.shape[0])
+        return run(input_ids, meta)
+
+    stack.run = recording_run
+
+    def timer(call):
+        before = len(ran)
+        call()
+        return fused_s if len(ran) > before else per_op_s
+
+    return timer, ran
+
+
+@needs_fused
+@pytest.mark.parametrize("fused_faster", [True, False])
+def test_a_bucket_off_the_gemm_is_taken_where_the_fused_step_measures_faster(tiny_model, monkeypatch, fused_faster):
+    """The plan put one projection's one-row bucket on F.linear (timed alone, in cache); the fused step is timed
+    against the per-op step on a probe: faster, it takes the bucket and the projection moves onto gemm_bf16
+    there (the per-op path too); slower, nothing changes."""
+    from hetero_infer.kernels.cpu.linear import pack_as
+
+    folder, _ = tiny_model("llama-hd64")
+    llm = _engine(folder, monkeypatch, True)  # HETERO_INFER_CPU_SELECT=0: build measures nothing
+    ex = llm.engine.executor
+    o = ex.model.layers[1].self_attn.o_proj
+    gemm_weight = o.by_bucket[1]
+    o.by_bucket = (pack_as("torch", torch.empty(o.out_features, o.in_features, dtype=torch.bfloat16)),) + o.by_bucket[1:]
+    o.plan = ("torch",) + o.plan[1:]
+    stack = decode_step.FusedDecodeStack.build(ex.model, ex.backend, ex.kv_caches, ex.dtype)
+    assert stack.covered == (False, True, True, True)
+    timer, probe_rows = _fake_timer(stack, 0.001, 0.002) if fused_faster else _fake_timer(stack, 0.002, 0.001)
+    stack.measure_uncovered(timer=timer)
+    assert probe_rows and set(probe_rows) == {1}  # the one-row bucket was probed with one row
+    assert stack.covered == ((True,) if fused_faster else (False,)) + (True, True, True)
+    assert (o.by_bucket[0] is gemm_weight) == fused_faster
+    assert o.plan[0] == ("gemm_bf16" if fused_faster else "torch")
+
+
 @needs_fused
 def test_the_same_weight_on_another_layout_ends_the_fused_rows(tiny_model, monkeypatch):
     """A bucket whose gemm_bf16 weight is another copy than the one the C step reads."""

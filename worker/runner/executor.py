@@ -105,6 +105,8 @@ class TorchExecutor:
         if self.device.type == "cpu" and self.cpu_paths:
             self.cpu_decode = cpu_decode_step.FusedDecodeStack.build(self.model, self.backend, self.kv_caches,
                                                                      self.dtype)
+            if self.cpu_decode:  # its measurement may have moved a bucket's linears onto the fused step's GEMM
+                self.cpu_paths.update(cpu_linear.paths_by_layer(self.model))
             self.cpu_paths["decode_step"] = self.cpu_decode.label if self.cpu_decode else "per op"
         self.decode_runner: DecodeRunner | None = None
         if self.device.type == "cuda" and isinstance(self.backend, TritonBackend):
