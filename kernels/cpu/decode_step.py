@@ -63,12 +63,6 @@ def available(dtype: torch.dtype = torch.bfloat16) -> bool:
     return bool(native.function("decode_step_available", [_I], _I)(int(dtype == torch.bfloat16)))
 
 
-def gemm_kind(dtype: torch.dtype) -> str | None:
-    """The linear kernel the fused step of `dtype` runs, where that step is built and enabled here; else None
-    (the kernel choice favours it in decode buckets: `select.favor`)."""
-    return _KERNELS[dtype][1] if enabled() and available(dtype) else None
-
-
 def _step_fn(dtype: torch.dtype):
     return native.function(f"decode_step_{_KERNELS[dtype][0]}", [_P] * 10 + [_P, _L], _L)
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetero_infer.kernels.cpu import decode_step, native, select, weight_arena
+from hetero_infer.kernels.cpu import native, select, weight_arena
 from hetero_infer.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -319,12 +319,8 @@ class LinearSelector:
                 torch.set_num_threads(before)
             self.cache.put(entry, select.plan_buckets(timings, candidates), timings)
             plan = select.plan_buckets(timings, chosen_from)
-            timed = timings
             self.measured += 1
             log.info("%s: measured %s -> %s", entry, _format_timings(timings, candidates), "/".join(plan))
-        fused = decode_step.gemm_kind(weight.dtype)
-        if fused in chosen_from and fused in runnable and len(timed) == len(plan):
-            plan = select.favor(plan, timed, fused)
         self.choices[entry] = plan
         return plan
 

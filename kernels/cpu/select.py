@@ -68,29 +68,6 @@ def plan_buckets(per_bucket: Sequence[Mapping[str, float | None]], preference: S
     return tuple(plan)
 
 
-# A bucket of up to FUSED_ROWS rows takes the fused decode step's GEMM where it ran within FUSED_TIE of the
-# bucket's fastest kernel: that bucket's decode steps then run in one C call (kernels/cpu/decode_step.py), which
-# saves more than such a per-call difference costs. Measured on the AMD EPYC dev box: the o projection in
-# float32 timed 31 us on F.linear against 35 us on gemm_f32 at one row (so one-row steps ran per op), while the
-# one-request float32 run with gemm_f32 everywhere, fused, gave 22.6 / 21.3 tok/s against 15.4 / 18.0 per op
-# (alternating runs, load 1.7-3.6); the fused step removed ~8 ms of a 36.8 ms 32-row bfloat16 step. Beyond
-# FUSED_TIE (oneDNN with AMX tiles at 32 rows, say) the measured kernel keeps the bucket and its steps run per op.
-FUSED_TIE = 0.15
-FUSED_ROWS = 32
-
-
-def favor(plan: Sequence[str], per_bucket: Sequence[Mapping[str, float | None]], kind: str | None,
-          tie: float = FUSED_TIE, buckets: Sequence[int] = BUCKETS, rows: int = FUSED_ROWS) -> tuple[str, ...]:
-    """`plan` with `kind` in every bucket of at most `rows` rows where `kind` ran within `tie` of the bucket's
-    chosen kernel (a bucket whose timings lack `kind`, or whose kernel was restricted away, keeps its choice)."""
-    out = list(plan)
-    for i, (limit, timings) in enumerate(zip(buckets, per_bucket)):
-        own = timings.get(out[i])
-        if kind and limit <= rows and _valid(timings.get(kind)) and _valid(own) and timings[kind] <= own * (1 + tie):
-            out[i] = kind
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class MachineKey:
     """Everything a measured choice depends on: a change to any of it is another machine."""

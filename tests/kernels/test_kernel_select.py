@@ -173,33 +173,3 @@ def test_selector_remeasures_a_cached_kernel_that_does_not_run_here(tmp_path, mo
     assert selector.measured == 1 and "gemm_bf16" not in plan
     with pytest.raises(cpu_linear.Unsupported):
         cpu_linear.pack_as("gemm_bf16", weight)
-
-
-def test_favor_takes_the_fused_kernel_in_decode_buckets_within_the_tie():
-    per_bucket = [{"own": 1.10, "onednn": 1.0}, {"own": 1.2, "onednn": 1.0}, {"own": 1.0, "onednn": 1.14},
-                  {"own": 1.05, "onednn": 1.0}]
-    plan = ("onednn", "onednn", "own", "onednn")
-    # 1 row: 10% slower -> favoured; 8 rows: 20% slower -> kept; 256 rows: beyond the decode buckets -> kept
-    assert select.favor(plan, per_bucket, "own", tie=0.15) == ("own", "onednn", "own", "onednn")
-    assert select.favor(plan, per_bucket, "own", tie=0.25) == ("own", "own", "own", "onednn")
-    assert select.favor(plan, per_bucket, None) == plan  # no fused step here
-    # a failed or missing timing never wins
-    assert select.favor(plan, [{"own": None, "onednn": 1.0}, {"onednn": 1.0}, {"own": math.nan, "onednn": 1.0},
-                               {"own": 1.0, "onednn": 1.0}], "own") == plan
-
-
-def test_selector_favours_the_fused_steps_gemm_only_where_that_step_runs(tmp_path, monkeypatch):
-    from hetero_infer.kernels.cpu import decode_step
-
-    weight = torch.randn(40, 24)
-    timings = [{"onednn": 1.0e-3, "gemm_f32": 1.1e-3, "torch": 2e-3}] * len(select.BUCKETS)
-    select.ChoiceCache(tmp_path, KEY).put("linear:float32:40x24", ("onednn",) * len(select.BUCKETS), timings)
-    monkeypatch.setattr(cpu_linear, "unsupported", lambda kind, w: None)  # every candidate runs, whatever the build
-    monkeypatch.setattr(decode_step, "available", lambda dtype=torch.bfloat16: True)
-    favoured = cpu_linear.LinearSelector(select.ChoiceCache(tmp_path, KEY)).plan(weight)
-    assert favoured == ("gemm_f32", "gemm_f32", "gemm_f32", "onednn")
-    monkeypatch.setenv("HETERO_INFER_CPU_FUSED", "0")  # the fused step off: the measured kernel everywhere
-    assert cpu_linear.LinearSelector(select.ChoiceCache(tmp_path, KEY)).plan(weight) == ("onednn",) * 4
-    monkeypatch.delenv("HETERO_INFER_CPU_FUSED")
-    monkeypatch.setattr(decode_step, "available", lambda dtype=torch.bfloat16: False)  # not built here
-    assert cpu_linear.LinearSelector(select.ChoiceCache(tmp_path, KEY)).plan(weight) == ("onednn",) * 4
