@@ -156,14 +156,15 @@ class FusedDecodeStack:
         alone, with its weight in cache; the fused step also removes the glue between them. So the fused step
         (with that weight) is timed against the per-op step (with the plan's kernels) on a probe decode step of
         the bucket's rows; where it is faster (or within select.TIE), those projections take the GEMM in that
-        bucket, for the per-op path too (its logits stay the fused step's), and the bucket is covered."""
+        bucket, for the per-op path too (its logits stay the fused step's), and the bucket is covered. The last
+        bucket (more than 32 rows) is left as the plan has it: it serves prefill-sized calls too."""
         kind = _KERNELS[self._dtype][1]
         linears = _projections(self.model)
         covered = list(self.covered)
-        for b, on in enumerate(covered):
+        for b, on in enumerate(covered[:-1]):  # not the last: it also serves prefill, which the probe does not time
             if on or any(_first(linear.by_bucket, kind) is None for linear in linears):
                 continue
-            timings = self._time_probe(min(select.BUCKETS[b], 64, self.kv_caches[0][0].shape[0]), timer, rounds)
+            timings = self._time_probe(min(select.BUCKETS[b], self.kv_caches[0][0].shape[0]), timer, rounds)
             choice = select.choose(timings, ("fused", "per op"))
             log.info("row bucket %d: fused step %s, per-op step %s: %s", select.BUCKETS[b],
                      _ms(timings["fused"]), _ms(timings["per op"]), choice)

@@ -263,6 +263,22 @@ def test_a_bucket_off_the_gemm_is_taken_where_the_fused_step_measures_faster(tin
 
 
 @needs_fused
+def test_the_last_bucket_is_never_moved_by_the_probe(tiny_model, monkeypatch):
+    """More than 32 rows also means prefill-sized calls, which a decode probe does not time."""
+    from hetero_infer.kernels.cpu.linear import pack_as
+
+    folder, _ = tiny_model("llama-hd64")
+    ex = _engine(folder, monkeypatch, True).engine.executor
+    o = ex.model.layers[0].self_attn.o_proj
+    o.by_bucket = o.by_bucket[:3] + (pack_as("torch", torch.empty(o.out_features, o.in_features,
+                                                                    dtype=torch.bfloat16)),)
+    stack = decode_step.FusedDecodeStack.build(ex.model, ex.backend, ex.kv_caches, ex.dtype)
+    stack.measure_uncovered(timer=_fake_timer(stack, 0.001, 0.002)[0])
+    assert stack.covered == (True, True, True, False)
+    assert o.by_bucket[3].kind == "torch"
+
+
+@needs_fused
 def test_the_same_weight_on_another_layout_ends_the_fused_rows(tiny_model, monkeypatch):
     """A bucket whose gemm_bf16 weight is another copy than the one the C step reads."""
     from hetero_infer.kernels.cpu.linear import pack_as
