@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from hetero_infer.kernels.cpu import native, select
+from hetero_infer.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -146,28 +147,47 @@ class FusedDecodeStack:
         from hetero_infer.kernels.cpu import linear as cpu_linear
 
         if cpu_linear.enabled():  # the kernel choice is measured: so is the fused step against the plan
-            stack.measure_uncovered()
+            threads = cpu_linear.MEASURE_THREADS
+            stack.measure_uncovered(threads=threads, cache=select.ChoiceCache(cache_dir() / "cpu_choices",
+                                                                              select.MachineKey.here(threads)))
         log.info("fused CPU decode step on: decode steps of %s", rows_label(stack.covered))
         return stack
 
-    def measure_uncovered(self, timer=select.clock, rounds: select.Rounds = select.Rounds(budget_s=0.5)) -> None:
+    def measure_uncovered(self, timer=select.clock, rounds: select.Rounds = select.Rounds(budget_s=0.5),
+                          cache: select.ChoiceCache | None = None, threads: int | None = None) -> None:
         """Decide by measurement the buckets left out only because the plan put some projection on another kernel
         while the projection also has the GEMM's weight (packed for another bucket). The plan timed each linear
         alone, with its weight in cache; the fused step also removes the glue between them. So the fused step
         (with that weight) is timed against the per-op step (with the plan's kernels) on a probe decode step of
         the bucket's rows; where it is faster (or within select.TIE), those projections take the GEMM in that
         bucket, for the per-op path too (its logits stay the fused step's), and the bucket is covered. The last
-        bucket (more than 32 rows) is left as the plan has it: it serves prefill-sized calls too."""
+        bucket (more than 32 rows) is left as the plan has it: it serves prefill-sized calls too. With a `cache`,
+        each outcome is kept on disk (per model shape, bucket and the per-op kernels it was timed against), so a
+        second start on the same machine times nothing. `threads`: how many the probe runs on (the kernel
+        choice's one thread: with two on a shared CPU every barrier of the fused step waits for a descheduled
+        thread; at load 2-4 here a one-row float32 probe took 1096 ms fused against 488 ms per op, about 20
+        ms each when quiet, and the outcome would be cached)."""
         kind = _KERNELS[self._dtype][1]
         linears = _projections(self.model)
         covered = list(self.covered)
         for b, on in enumerate(covered[:-1]):  # not the last: it also serves prefill, which the probe does not time
             if on or any(_first(linear.by_bucket, kind) is None for linear in linears):
                 continue
-            timings = self._time_probe(min(select.BUCKETS[b], self.kv_caches[0][0].shape[0]), timer, rounds)
-            choice = select.choose(timings, ("fused", "per op"))
+            entry = self._probe_entry(b, linears)
+            if cache is not None and cache.get(entry):
+                choice, timings = cache.get(entry)[0], (cache.timings(entry) or [{}])[0]
+            else:
+                before = torch.get_num_threads()
+                torch.set_num_threads(threads or before)
+                try:
+                    timings = self._time_probe(min(select.BUCKETS[b], self.kv_caches[0][0].shape[0]), timer, rounds)
+                finally:
+                    torch.set_num_threads(before)
+                choice = select.choose(timings, ("fused", "per op"))
+                if cache is not None and choice:
+                    cache.put(entry, (choice,), [timings])
             log.info("row bucket %d: fused step %s, per-op step %s: %s", select.BUCKETS[b],
-                     _ms(timings["fused"]), _ms(timings["per op"]), choice)
+                     _ms(timings.get("fused")), _ms(timings.get("per op")), choice)
             if choice != "fused":
                 continue
             for linear in linears:
@@ -176,6 +196,13 @@ class FusedDecodeStack:
                 linear.plan = tuple(kind if i == b else k for i, k in enumerate(linear.plan))
             covered[b] = True
         self.covered = tuple(covered)
+
+    def _probe_entry(self, bucket: int, linears: list) -> str:
+        """The disk cache's name of a probe: the dtype, the model's shape, the bucket and the per-op kernels."""
+        sh = self._shape
+        shape = f"{sh.layers}x{sh.hidden}x{sh.intermediate}x{sh.heads}/{sh.kv_heads}x{sh.head_dim}"
+        per_op = "+".join(sorted({linear.plan[bucket] for linear in linears}))
+        return f"fused_step:{str(self._dtype).removeprefix('torch.')}:{shape}:{select.BUCKETS[bucket]}:{per_op}"
 
     def _time_probe(self, rows: int, timer, rounds: select.Rounds) -> dict[str, float | None]:
         """The fused and the per-op step timed on a decode step of `rows` fake sequences (one KV block each, a

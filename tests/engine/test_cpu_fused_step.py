@@ -263,6 +263,50 @@ def test_a_bucket_off_the_gemm_is_taken_where_the_fused_step_measures_faster(tin
 
 
 @needs_fused
+def test_the_probes_outcome_is_cached_so_a_second_start_times_nothing(tiny_model, monkeypatch, tmp_path):
+    from hetero_infer.kernels.cpu import select
+    from hetero_infer.kernels.cpu.linear import pack_as
+
+    folder, _ = tiny_model("llama-hd64")
+    cache_key = select.MachineKey("AMD EPYC", "abc", 2, "2.13.0+cpu", "0.1.0", "deadbeef")
+
+    def start(fused_s: float, per_op_s: float):
+        ex = _engine(folder, monkeypatch, True).engine.executor
+        o = ex.model.layers[1].self_attn.o_proj
+        o.by_bucket = (pack_as("torch", torch.empty(o.out_features, o.in_features, dtype=torch.bfloat16)),) + o.by_bucket[1:]
+        o.plan = ("torch",) + o.plan[1:]
+        stack = decode_step.FusedDecodeStack.build(ex.model, ex.backend, ex.kv_caches, ex.dtype)
+        timer, probe_rows = _fake_timer(stack, fused_s, per_op_s)
+
+        def one_thread_timer(call):
+            seen_threads.add(torch.get_num_threads())
+            return timer(call)
+
+        stack.measure_uncovered(timer=one_thread_timer, cache=select.ChoiceCache(tmp_path, cache_key), threads=1)
+        return stack, probe_rows
+
+    seen_threads: set[int] = set()
+    torch.set_num_threads(2)
+    threads_before = torch.get_num_threads()
+
+    first, probed = start(0.001, 0.002)
+    assert probed and first.covered[0]
+    assert torch.get_num_threads() == threads_before  # the probe's one thread was given back
+    assert seen_threads == {1}  # timed on one thread, as the kernel choice is
+    again, probed = start(0.002, 0.001)  # the clock would now say per op: the cached outcome stands, untimed
+    assert probed == [] and again.covered[0]
+    other = select.MachineKey("AMD EPYC", "abc", 1, "2.13.0+cpu", "0.1.0", "deadbeef")  # another thread count
+    ex = _engine(folder, monkeypatch, True).engine.executor
+    o = ex.model.layers[1].self_attn.o_proj
+    o.by_bucket = (pack_as("torch", torch.empty(o.out_features, o.in_features, dtype=torch.bfloat16)),) + o.by_bucket[1:]
+    o.plan = ("torch",) + o.plan[1:]
+    stack = decode_step.FusedDecodeStack.build(ex.model, ex.backend, ex.kv_caches, ex.dtype)
+    timer, probed = _fake_timer(stack, 0.002, 0.001)
+    stack.measure_uncovered(timer=timer, cache=select.ChoiceCache(tmp_path, other))
+    assert probed and not stack.covered[0]
+
+
+@needs_fused
 def test_the_last_bucket_is_never_moved_by_the_probe(tiny_model, monkeypatch):
     """More than 32 rows also means prefill-sized calls, which a decode probe does not time."""
     from hetero_infer.kernels.cpu.linear import pack_as
