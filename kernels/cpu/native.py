@@ -1,6 +1,6 @@
 """The CPU kernels in `kernels/cpu/csrc/`, compiled once with the system C compiler and loaded through ctypes.
 
-One shared library holds them all (paged attention, fused norm/rotary/activation, argmax, the bfloat16 and float32
+One shared library holds them all (paged attention, fused norm/rotary/activation, the bfloat16 and float32
 GEMMs). It is built with `-march=native` into the cache folder, keyed by a digest of the sources, flags,
 compiler and CPU features, so a change to any of them rebuilds it (about two seconds; no torch headers are needed). Its OpenMP
 calls resolve to the libgomp torch has already loaded, so the kernels share torch's thread pool. Without a

@@ -78,16 +78,3 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, n, dtype=gate_up.dtype)
     _fn("silu_and_mul", gate_up.dtype)(gate_up.data_ptr(), out.data_ptr(), rows, n)
     return out
-
-
-def argmax(x: torch.Tensor) -> torch.Tensor:
-    """`x.argmax(-1)` for float32 [rows, n] (first index of the maximum); rows holding a NaN go to PyTorch."""
-    fn = native.function("argmax_rows", [_P, _I, _I, _P])
-    assert fn is not None and x.dtype == torch.float32 and x.dim() == 2
-    x = x.contiguous()
-    out = torch.empty(x.shape[0], dtype=torch.int64)
-    fn(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
-    if x.shape[0] and out.numpy().min() < 0:  # numpy: two torch ops cost ~0.07 ms a step where caches are cold
-        bad = out < 0
-        out[bad] = x[bad].max(dim=-1).indices
-    return out

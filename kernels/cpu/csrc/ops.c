@@ -5,7 +5,6 @@
  *   add_rms_norm:  residual += x (optional); out = w * (residual * rsqrt(mean(residual^2) + eps))
  *   rope_and_cache: neox rotary embedding of q and k in place, then k and v written to their cache slots
  *   silu_and_mul:  out = silu(gate) * up over [gate | up] rows
- *   argmax_rows:   first index of each row's maximum (float32)
  */
 #include "simd.h"
 
@@ -145,41 +144,3 @@ DEFINE_SILU(silu_and_mul_f32, float, ID, ID, rd_f32)
 DEFINE_SILU(silu_and_mul_bf16, uint16_t, bf16_to_f32, f32_to_bf16, rd_bf16)
 #endif
 
-/* ------------------------------------------------------------------ argmax */
-
-/* out[r] = first index of the maximum of row r; -1 if the row holds a NaN (the caller decides then) */
-void argmax_rows(const float* x, int rows, int n, int64_t* out) {
-    int par = (rows * n / 4096) >= 64;
-    PAR_ROWS for (int r = 0; r < rows; r++) {
-        const float* row = x + (size_t)r * n;
-        float best = -INFINITY;
-        int nan = 0;
-#if HAVE_AVX512
-        __m512 m = _mm512_set1_ps(-INFINITY);
-        __mmask16 bad = 0;
-        int i = 0;
-        for (; i + 16 <= n; i += 16) {
-            __m512 v = _mm512_loadu_ps(row + i);
-            bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-            m = _mm512_max_ps(m, v);
-        }
-        best = _mm512_reduce_max_ps(m);
-        for (; i < n; i++) {
-            if (row[i] != row[i]) bad = 1;
-            if (row[i] > best) best = row[i];
-        }
-        nan = bad != 0;
-#else
-        for (int i = 0; i < n; i++) {
-            if (row[i] != row[i]) nan = 1;
-            if (row[i] > best) best = row[i];
-        }
-#endif
-        int64_t at = 0;
-        if (nan) at = -1;
-        else
-            for (int i = 0; i < n; i++)
-                if (row[i] == best) { at = i; break; }
-        out[r] = at;
-    }
-}
