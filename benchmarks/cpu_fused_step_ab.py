@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import time
 
@@ -35,10 +34,10 @@ def main() -> None:
         os.environ["HETERO_INFER_CPU_ADAPT"] = "0"
         torch.set_num_threads(args.threads)
 
+    from benchmarks.decode_batch import fill_decode_batch
     from hetero_infer.kernels.cpu import decode_step
     from hetero_infer.worker.config import EngineConfig
     from hetero_infer.worker.core.engine import LLMEngine
-    from hetero_infer.worker.core.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(dtype=args.dtype))
     ex = engine.executor
@@ -56,18 +55,7 @@ def main() -> None:
     assert fused is not None, "the fused step is off here (see the log)"
     print(f"fused: {fused.label}; per op: the measured plan ({ex.cpu_paths.get('o_proj')} for o_proj)")
 
-    rng = random.Random(0)
-    for i in range(args.requests):
-        prompt = [rng.randrange(100, 40000) for _ in range(rng.randrange(32, 257))]
-        engine.add_request(f"r{i}", None, prompt, SamplingParams(
-            temperature=0.0, max_tokens=2 * args.rounds * args.block + 40, ignore_eos=True))
-    while True:  # prefill, then a few decode steps to settle
-        engine.step()
-        sched = engine.last_schedule
-        if sched is not None and all(not s.seq.is_prefill for s in sched.scheduled):
-            break
-    for _ in range(4):
-        engine.step()
+    fill_decode_batch(engine, args.requests, 2 * args.rounds * args.block + 40, settle=4)
 
     times: dict[str, list[float]] = {"fused": [], "per op": []}
     for r in range(args.rounds):

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import time
 
+from benchmarks.decode_batch import fill_decode_batch
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.core.sampling_params import SamplingParams
 
 
 class _Clock:
@@ -55,18 +54,7 @@ def main() -> None:
     forward = clock.wrap(type(model).__call__)
     model.__class__ = type(type(model).__name__, (type(model),), {"__call__": forward})
 
-    rng = random.Random(0)
-    for i in range(args.requests):
-        prompt = [rng.randrange(100, 40000) for _ in range(rng.randrange(32, 257))]
-        engine.add_request(f"r{i}", None, prompt,
-                           SamplingParams(temperature=0.0, max_tokens=args.steps + 40, ignore_eos=True))
-    while True:  # prefill, then a few decode steps to settle
-        engine.step()
-        sched = engine.last_schedule
-        if sched is not None and all(not s.seq.is_prefill for s in sched.scheduled):
-            break
-    for _ in range(5):
-        engine.step()
+    fill_decode_batch(engine, args.requests, args.steps + 40)
 
     steps, outside, outside_cpu = [], [], []
     for _ in range(args.steps):

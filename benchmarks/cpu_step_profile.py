@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import random
 import statistics
 import time
 
+from benchmarks.decode_batch import fill_decode_batch
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.core.sampling_params import SamplingParams
 
 
 def main() -> None:
@@ -30,18 +29,7 @@ def main() -> None:
     args = ap.parse_args()
 
     engine = LLMEngine(EngineConfig(dtype=args.dtype))
-    rng = random.Random(0)
-    for i in range(args.requests):
-        prompt = [rng.randrange(100, 40000) for _ in range(rng.randrange(32, 257))]
-        engine.add_request(f"r{i}", None, prompt,
-                           SamplingParams(temperature=0.0, max_tokens=2 * args.steps + 16, ignore_eos=True))
-    while True:  # prefill, then a few decode steps to settle
-        engine.step()
-        sched = engine.last_schedule
-        if sched is not None and all(not s.seq.is_prefill for s in sched.scheduled):
-            break
-    for _ in range(5):
-        engine.step()
+    fill_decode_batch(engine, args.requests, 2 * args.steps + 16)
 
     plain = []
     for _ in range(args.steps):
