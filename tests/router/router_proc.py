@@ -4,19 +4,13 @@
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
+from cli_process import CliProcess
 from prometheus_client.parser import text_string_to_metric_families
-
-_LISTENING = re.compile(r"listening on http://([^:\s]+):(\d+)")
 
 
 def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -38,52 +32,7 @@ def samples(url: str, name: str) -> dict[str, float]:
     return out
 
 
-class Proc:
-    def __init__(self, *args: str, start_timeout: float = 180.0) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "hetero_infer.cli", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.lines: list[str] = []
-        self.url = ""
-        self._port = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-        if not self._port.wait(start_timeout):
-            self.stop()
-            raise RuntimeError("did not start listening:\n" + "".join(self.lines))
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            m = _LISTENING.search(line)
-            if m and not self._port.is_set():
-                self.url = f"http://{m.group(1)}:{m.group(2)}"
-                self._port.set()
-
-    def wait_ready(self, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("exited:\n" + "".join(self.lines))
-            try:
-                if get(self.url + "/readyz", 2)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("not ready:\n" + "".join(self.lines))
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+Proc = CliProcess  # the router's and its mock workers' processes
 
 
 def start_workers(n: int, *args: str, extra: dict[int, list[str]] | None = None) -> list[Proc]:
