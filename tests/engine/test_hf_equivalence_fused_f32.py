@@ -10,8 +10,8 @@ from test_hf_equivalence import hf_greedy, random_prompts, run_engine
 
 from hetero_infer.kernels.cpu import decode_step
 
-# Skipped only without AVX-512F: tests/engine/test_cpu_fused_step.py::test_fused_f32_step_is_built_wherever_the_cpu_has_avx512f
-# fails where the CPU has it and the fused step is missing.
+# Skipped only without AVX-512F: tests/engine/test_cpu_fused_step.py::test_fused_f32_step_is_built_wherever_the_build_target_has_avx512f
+# fails where the build target has it and the fused step is missing.
 pytestmark = pytest.mark.skipif(not decode_step.available(torch.float32),
                                 reason="no AVX-512F build of the C kernels")
 
