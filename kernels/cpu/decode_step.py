@@ -30,7 +30,6 @@ import torch
 from torch import nn
 
 from hetero_infer.kernels.cpu import native, select
-from hetero_infer.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +147,7 @@ class FusedDecodeStack:
 
         if cpu_linear.enabled():  # the kernel choice is measured: so is the fused step against the plan
             threads = cpu_linear.MEASURE_THREADS
-            stack.measure_uncovered(threads=threads, cache=select.ChoiceCache(cache_dir() / "cpu_choices",
-                                                                              select.MachineKey.here(threads)))
+            stack.measure_uncovered(threads=threads, cache=select.machine_cache(threads))
         log.info("fused CPU decode step on: decode steps of %s", rows_label(stack.covered))
         return stack
 

@@ -33,7 +33,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetero_infer.kernels.cpu import native, select, weight_arena
-from hetero_infer.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -288,8 +287,7 @@ class LinearSelector:
 
     def __init__(self, cache: select.ChoiceCache | None = None, timer=select.clock,
                  threads: int = MEASURE_THREADS) -> None:
-        self.cache = cache if cache is not None else select.ChoiceCache(cache_dir() / "cpu_choices",
-                                                                       select.MachineKey.here(threads))
+        self.cache = cache if cache is not None else select.machine_cache(threads)
         self.timer = timer
         self.threads = threads
         self.choices: dict[str, tuple[str, ...]] = {}

@@ -139,6 +139,13 @@ class ChoiceCache:
             log.warning("kernel choices not saved (%s): they will be measured again at the next start", exc)
 
 
+def machine_cache(threads: int) -> ChoiceCache:
+    """The choices measured on `threads` thread(s) of this machine, in `<cache>/cpu_choices`."""
+    from hetero_infer.paths import cache_dir
+
+    return ChoiceCache(cache_dir() / "cpu_choices", MachineKey.here(threads))
+
+
 def clock(fn: Callable[[], object]) -> float:
     """Seconds one call of `fn` took."""
     t = time.perf_counter()
