@@ -21,7 +21,6 @@ pytestmark = pytest.mark.gpu
 
 ARCHS = ["llama", "qwen2"]
 MAX_NEW = 16
-BF16_MIN_AGREEMENT = 0.9  # greedy tokens matched before the first mismatch, over all prompts
 
 
 def prompts(lengths, seed=0):
@@ -53,17 +52,56 @@ def test_float32_is_token_identical_to_hf(tiny_model, arch):
     assert engine_greedy(llm, batch) == [hf_greedy(reference, p, MAX_NEW) for p in batch]
 
 
+def float64_logits(hf, seqs):
+    """The float64 reference: transformers' model in float64 on the CPU, logits of every position."""
+    model = copy.deepcopy(hf).to("cpu", torch.float64)
+    with torch.inference_mode():
+        return [model(torch.tensor([s])).logits[0] for s in seqs]
+
+
+def relative_rms(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    diff = sum(float(((g.double().cpu() - w) ** 2).sum()) for g, w in zip(got, want, strict=True))
+    return (diff / sum(float((w**2).sum()) for w in want)) ** 0.5
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-def test_bfloat16_agrees_with_hf(tiny_model, arch):
+def test_bfloat16_is_as_close_to_float64_as_transformers(tiny_model, arch):
+    """bfloat16 against a float64 reference, beside transformers' own bfloat16 on the same GPU.
+
+    Comparing our bf16 greedy tokens with transformers' bf16 tokens compares two roundings of a chaotic
+    random model: on the tiny llama, transformers' bf16 agrees with its own float32 on only ~0.7 of the
+    free-running tokens (measured on CPU and GPU; docs/kernels.md). What bf16 must not do is lose more
+    accuracy than transformers' bf16 does: the logits' relative RMS error against float64, and the
+    teacher-forced greedy tokens against float64's, over the same prompts and continuations."""
     folder, hf = tiny_model(arch)
     batch = prompts([3, 17, 40, 1, 29, 64, 100, 7], seed=2)
-    ours = engine_greedy(cuda_llm(folder, dtype="bfloat16"), batch)
-    reference = hf_on_cuda(hf, torch.bfloat16)
-    theirs = [hf_greedy(reference, p, MAX_NEW) for p in batch]
-    agreement = prefix_agreement(theirs, ours)
-    print(f"\n{arch} bf16: greedy agreement with HF {agreement:.3f} (until the first mismatch), "
-          f"{position_agreement(theirs, ours):.3f} position-wise")
-    assert agreement >= BF16_MIN_AGREEMENT
+    hf32 = hf_on_cuda(hf, torch.float32)
+    continuations = [hf_greedy(hf32, p, MAX_NEW) for p in batch]
+    seqs = [p + c[:-1] for p, c in zip(batch, continuations, strict=True)]
+    want = float64_logits(hf, seqs)
+    llm = cuda_llm(folder, dtype="bfloat16")
+    ex = llm.engine.executor
+    with torch.inference_mode():
+        hidden = ex.forward_prompts(seqs)
+        ours, row = [], 0
+        for s in seqs:
+            ours.append(ex.model.compute_logits(hidden[row : row + len(s)]).float())
+            row += len(s)
+        hf16 = hf_on_cuda(hf, torch.bfloat16)
+        theirs = [hf16(torch.tensor([s], device="cuda")).logits[0].float() for s in seqs]
+    err_ours, err_theirs = relative_rms(ours, want), relative_rms(theirs, want)
+    top = [w.argmax(-1).tolist() for w in want]
+    agree_ours = position_agreement(top, [o.argmax(-1).tolist() for o in ours])
+    agree_theirs = position_agreement(top, [t.argmax(-1).tolist() for t in theirs])
+    free_ours = engine_greedy(llm, batch)
+    free_theirs = [hf_greedy(hf16, p, MAX_NEW) for p in batch]
+    print(f"\n{arch} bf16 vs float64: logits relative RMS error ours {err_ours:.4f}, transformers {err_theirs:.4f}; "
+          f"greedy tokens equal to float64's (teacher-forced) ours {agree_ours:.3f}, transformers {agree_theirs:.3f}; "
+          f"free-running agreement with float32: ours {prefix_agreement(continuations, free_ours):.3f}, "
+          f"transformers {prefix_agreement(continuations, free_theirs):.3f}")
+    assert err_ours <= 1.25 * err_theirs
+    assert agree_ours >= agree_theirs - 0.03
+    assert agree_ours >= 0.9
 
 
 @pytest.mark.parametrize("quantization", [None, "int8", "int4"])

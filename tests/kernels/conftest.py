@@ -44,7 +44,7 @@ def _here(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A gpu-marked case (a large shape) on the default device would run a second time under -m gpu:
     # it runs on `cuda` only.
-    twice = [item for item in items if _here(item) and "gpu" in item.keywords
+    twice = [item for item in items if _here(item) and item.get_closest_marker("gpu")
              and getattr(item, "callspec", None) is not None and item.callspec.params.get("device") is DEFAULT_DEVICE]
     if twice:
         config.hook.pytest_deselected(items=twice)
@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (gpu-marked; deselected by default)")
     for item in items:
-        if "gpu" in item.keywords and _here(item):
+        if item.get_closest_marker("gpu") and _here(item):
             item.add_marker(skip)
 
 

@@ -109,37 +109,42 @@ def make_paged_kv(
 
 
 def dense_kv(batch: PagedBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequence b's keys/values as float64 [ctx, KVH, D]: token j read from block
+    """Sequence b's keys/values as float64 [ctx, KVH, D] on the cache's device: token j read from block
     ``table[j // block_size]`` at offset ``j % block_size``."""
     n = int(batch.context_lens[b])
     j = torch.arange(n)
     blocks = batch.block_tables[b].cpu().long()[j // batch.block_size].to(batch.k_cache.device)
     offsets = (j % batch.block_size).to(batch.k_cache.device)
-    k = batch.k_cache[blocks, offsets].cpu().double()
-    v = batch.v_cache[blocks, offsets].cpu().double()
-    return k, v
+    return batch.k_cache[blocks, offsets].double(), batch.v_cache[blocks, offsets].double()
 
 
 def naive_attention_rows(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: list[int], scale: float, window: int | None = None
 ) -> torch.Tensor:
-    """q [R, H, D] at the given positions over dense k/v [L, KVH, D], in float64: per head,
-    the full score matrix, masked (causal, optional window), softmax, weighted sum."""
+    """q [R, H, D] at the given positions over dense k/v [L, KVH, D], in float64 on k's device (a GPU's
+    float64 units where the kernel ran on one): the full score matrix of every head at once, masked
+    (causal, optional window), softmax, weighted sum. Returns [R, H, D] float64 on the CPU."""
     r_count, h, d = q.shape
     out = torch.zeros(r_count, h, d, dtype=torch.float64)
-    if r_count == 0 or k.shape[0] == 0:
+    length, kvh = k.shape[0], k.shape[1]
+    if r_count == 0 or length == 0:
         return out
-    g = h // k.shape[1]
-    qd = q.cpu().double()
-    pos = torch.tensor(positions, dtype=torch.long)[:, None]
-    j = torch.arange(k.shape[0])[None, :]
+    g = h // kvh
+    dev = k.device
+    k, v = k.double(), v.double().to(dev)
+    qd = q.to(dev, torch.float64).reshape(r_count, kvh, g, d)
+    pos = torch.tensor(positions, dtype=torch.long, device=dev)[:, None]
+    j = torch.arange(length, device=dev)[None, :]
     allowed = j <= pos
     if window:
         allowed &= j > pos - window
-    for head in range(h):
-        s = (qd[:, head] @ k[:, head // g].T) * scale
-        s = s.masked_fill(~allowed, float("-inf"))
-        out[:, head] = torch.softmax(s, dim=-1) @ v[:, head // g]
+    rows = max(1, (1 << 25) // (h * length))  # bounds the [H, rows, L] score block to 256 MiB
+    for r0 in range(0, r_count, rows):
+        r1 = min(r_count, r0 + rows)
+        s = torch.einsum("rkgd,lkd->kgrl", qd[r0:r1], k) * scale
+        s = s.masked_fill(~allowed[r0:r1], float("-inf"))
+        o = torch.einsum("kgrl,lkd->rkgd", torch.softmax(s, dim=-1), v)
+        out[r0:r1] = o.reshape(r1 - r0, h, d).cpu()
     return out
 
 

@@ -179,7 +179,7 @@ def test_rope_scaling_errors():
 def _rope_oracle(positions, x, cache):
     rot = cache.shape[1]
     half = rot // 2
-    cs = cache.double()[positions.long().cpu()]
+    cs = cache.cpu().double()[positions.long().cpu()]
     cos, sin = cs[:, None, :half], cs[:, None, half:]
     xd = x.cpu().double()
     out = xd.clone()
