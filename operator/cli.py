@@ -19,7 +19,7 @@ from hetero_infer.operator import kube
 from hetero_infer.operator.handlers import OperatorOptions, build_registry, make_settings
 from hetero_infer.operator.manifests import WorkerDefaults
 from hetero_infer.operator.peering import Peering
-from hetero_infer.options import InvalidOption, add_config_flag, add_flag, add_flags, load_options, options_of
+from hetero_infer.contracts.options import InvalidOption, add_config_flag, add_flag, add_flags, load_options, options_of
 
 ENV_PREFIX = "HETERO_INFER_OPERATOR_"
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero_infer.worker.server import cors  # torch-free: the router's and workers' CORS rules, not a copy
+from hetero_infer.contracts import cors  # torch-free: the router's and workers' CORS rules, not a copy
 
 EXECUTORS = ("torch", "mock")
 DTYPES = ("auto", "float32", "float16", "bfloat16")

@@ -1,4 +1,4 @@
-"""Block hashes of a prompt: the token-block chain the workers report (`hetero_infer.block_hashes`, shared with
+"""Block hashes of a prompt: the token-block chain the workers report (`hetero_infer.contracts.block_hashes`, shared with
 the worker), plus the router's own text-chunk fallback and rendezvous ranks.
 
 Without a tokenizer the router falls back to chunks of the prompt's UTF-8 text (`text_block_hashes`): equal text
@@ -7,7 +7,7 @@ prefixes still give equal hashes, but they never match a worker's token-block re
 
 from __future__ import annotations
 
-from hetero_infer.block_hashes import HASH_NAME, ROOT, blake2b64, block_hashes, chain_hash
+from hetero_infer.contracts.block_hashes import HASH_NAME, ROOT, blake2b64, block_hashes, chain_hash
 
 __all__ = ["HASH_NAME", "block_hashes", "chain_hash", "rendezvous", "text_block_hashes"]
 

@@ -3,7 +3,7 @@ default model (`default`), or nowhere (`none`: hashes of prompt-text chunks, app
 
 With `workers`, the router asks the first ready worker for its tokenizer's files (`GET /v1/tokenizer/files`,
 worker/server/tokenizer_files.py) in the background, writes them to a temporary folder and loads them with the
-workers' own class (hetero_infer.worker.tokenizer.Tokenizer), so its token ids and chat templates are the
+workers' own class (hetero_infer.contracts.tokenizer.Tokenizer), so its token ids and chat templates are the
 workers' by construction. Until then, and while no worker serves the files (another OpenAI-compatible server
 answers 404), prompts are hashed as text. transformers is imported only when a tokenizer is loaded: the router
 starts without it.
@@ -50,7 +50,7 @@ def load_tokenizer(name: str | None) -> Any:
     if not name:
         return None
     try:
-        from hetero_infer.worker.tokenizer import Tokenizer
+        from hetero_infer.contracts.tokenizer import Tokenizer
 
         if name == "default":
             from hetero_infer.worker.runner.loader import resolve_model
@@ -83,7 +83,7 @@ def parse_files(body: bytes) -> TokenizerFiles:
 
 def load_files(files: dict[str, str]) -> Any:
     """The workers' Tokenizer class over these files (written to a temporary folder, removed once loaded)."""
-    from hetero_infer.worker.tokenizer import Tokenizer
+    from hetero_infer.contracts.tokenizer import Tokenizer
 
     with tempfile.TemporaryDirectory(prefix="hetero-infer-router-tokenizer-") as tmp:
         for name, text in files.items():

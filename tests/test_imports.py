@@ -214,3 +214,106 @@ def test_the_server_and_the_operator_never_import_the_benchmarks() -> None:
                              [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
                     offenders += [f"{f.relative_to(ROOT)}: {n}" for n in names if n.startswith("hetero_infer.bench")]
     assert offenders == []
+
+
+# -- the seams: the router and the operator share contracts, never the worker's code ---------------------
+# What neither may load: the engine (worker/, kernels/) and its heavy dependencies. The operator image has none
+# of them, and the router runs from that image.
+FORBIDDEN = ("hetero_infer.worker", "hetero_infer.kernels", "torch", "transformers", "triton")
+
+_SEAM_CHECK = """
+import importlib, json, sys, traceback
+FORBIDDEN = tuple(sys.argv[1].split(","))
+seen = {}
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith(FORBIDDEN) and name not in seen:
+            ours = [f"{fr.filename.rsplit('/', 2)[-2]}/{fr.filename.rsplit('/', 1)[-1]}:{fr.lineno}"
+                    for fr in traceback.extract_stack()[:-1] if "hetero_infer" in fr.filename
+                    or "/router/" in fr.filename or "/operator/" in fr.filename or "/contracts/" in fr.filename]
+            seen[name] = " <- ".join(reversed(ours[-4:]))
+        return None
+
+sys.meta_path.insert(0, Watch())
+for name in sys.argv[2:]:
+    importlib.import_module(name)
+exec(sys.stdin.read())  # what runs lazily: a chat prompt hashed by the router, an object rendered by the operator
+print(json.dumps(seen))
+"""
+
+_ROUTER_AT_WORK = """
+from hetero_infer.router.prompt import request_hashes
+
+class Tok:  # the router's tokenizer as the router uses it (contracts/tokenizer.py loads the real one)
+    hf = type("HF", (), {"chat_template": "{{ tools }}"})()
+    def apply_chat_template(self, messages, **kwargs):
+        return list(range(40))
+    def encode(self, text):
+        return list(range(40))
+
+hashes, exact = request_hashes({"messages": [{"role": "user", "content": "hi"}], "tools": [
+    {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, Tok(), 16, 64)
+assert exact and len(hashes) == 2, (hashes, exact)
+"""
+
+_OPERATOR_AT_WORK = """
+from hetero_infer.operator.manifests import Owner, children
+from hetero_infer.operator.spec import parse_spec
+
+spec = parse_spec({"model": {"name": "m"}, "engine": {"blockSize": 32, "memoryThreshold": 0.85},
+                   "autoscaling": {"enabled": True, "mode": "hpa", "minReplicas": 1, "maxReplicas": 3},
+                   "router": {"enabled": True, "cors": {"allowedOrigins": ["https://a.example"]},
+                              "inferencePool": {"endpointPicker": "epp"}}}, "m")
+assert len(children(Owner("m", "ns", "uid"), spec).all()) == 10
+"""
+
+
+def _modules_under(folder: str) -> list[str]:
+    return [m for m in package_modules() if m == folder or m.startswith(folder + ".")]
+
+
+def seam_violations(modules: list[str], at_work: str = "") -> dict[str, str]:
+    """The forbidden modules that importing `modules` (then running `at_work`) loads, each with the chain of this
+    project's frames that imported it."""
+    proc = subprocess.run([sys.executable, "-c", _SEAM_CHECK, ",".join(FORBIDDEN), *modules], input=at_work,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("program, at_work", [("hetero_infer.router", _ROUTER_AT_WORK),
+                                              ("hetero_infer.operator", _OPERATOR_AT_WORK)], ids=["router", "operator"])
+def test_the_router_and_the_operator_import_neither_the_worker_nor_torch(program: str, at_work: str) -> None:
+    """Every module of the program, imported in a fresh interpreter, and its lazy paths run: what it shares with
+    the worker comes from hetero_infer.contracts."""
+    modules = _modules_under(program)
+    assert len(modules) > 8
+    violations = seam_violations(modules, at_work)
+    assert violations == {}, "\n".join(f"{k}: imported at {v}" for k, v in violations.items())
+
+
+def test_the_contracts_import_neither_the_worker_nor_torch() -> None:
+    """All but the tokenizer wrapper, whose transformers imports torch wherever torch is installed (not in the
+    operator image); it still imports nothing of the worker."""
+    modules = _modules_under("hetero_infer.contracts")
+    assert "hetero_infer.contracts.protocol" in modules and "hetero_infer.contracts.tokenizer" in modules
+    assert seam_violations([m for m in modules if m != "hetero_infer.contracts.tokenizer"]) == {}
+    engine = {k: v for k, v in seam_violations(["hetero_infer.contracts.tokenizer"]).items()
+              if k.startswith(("hetero_infer.worker", "hetero_infer.kernels"))}
+    assert engine == {}
+
+
+def test_the_seam_check_finds_an_import_of_the_worker() -> None:
+    violations = seam_violations(["hetero_infer.contracts.options"], "import hetero_infer.worker.server.errors\n")
+    assert "hetero_infer.worker.core" in violations and "hetero_infer.worker.server.errors" in violations
+
+
+def test_old_import_names_of_the_contracts_are_the_moved_modules() -> None:
+    """hetero_infer._moved answers the names the contracts had inside the worker with the modules themselves."""
+    import importlib
+
+    from hetero_infer import _moved
+
+    for old, new in _moved.MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old

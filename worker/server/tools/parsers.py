@@ -148,6 +148,3 @@ def parser_for_template(template: str | None) -> ToolParser:
         return PARSERS["llama3_json"]
     return PARSERS["hermes"]
 
-
-def template_renders_tools(template: str | None) -> bool:
-    return bool(template) and "tools" in template  # type: ignore[operator]

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from hetero_infer.kernels.cpu.threads import usable_cpus
-from hetero_infer.options import InvalidOption
+from hetero_infer.contracts.options import InvalidOption
 
 LOG_FORMATS = ("json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -65,7 +64,7 @@ class ServerOptions:
             bad("port", "must be an integer in [0, 65535] (0 picks a free port)")
         if any(not isinstance(k, str) or not k.strip() for k in self.api_key):
             bad("api_key", "must be non-empty strings")
-        from hetero_infer.worker.server.cors import check_options
+        from hetero_infer.contracts.cors import check_options
 
         if cors := check_options(self.allowed_origins, self.allowed_methods, self.allowed_headers,
                                  self.allow_credentials):
@@ -93,6 +92,8 @@ class ServerOptions:
     def use_engine_process(self) -> bool:
         if self.engine_process is not None:
             return self.engine_process
+        from hetero_infer.kernels.cpu.threads import usable_cpus  # the worker's question: no kernels at import
+
         return usable_cpus() >= ENGINE_PROCESS_MIN_CPUS
 
     def api_keys(self) -> list[str]:

@@ -1,12 +1,12 @@
 """Engine configuration: one dataclass shared by `LLM(...)`, the CLI flags, `--config FILE` and the environment
-(read by hetero_infer.options)."""
+(read by hetero_infer.contracts.options)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, get_args
 
-from hetero_infer.options import InvalidOption
+from hetero_infer.contracts.options import InvalidOption
 
 EXECUTORS = ("torch", "mock")
 DTYPES = ("auto", "float32", "float16", "bfloat16")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from aiohttp import hdrs, web
 
-from hetero_infer.worker.server.errors import APIError
+from hetero_infer.contracts.errors import APIError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

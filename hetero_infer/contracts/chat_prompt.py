@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hetero_infer.worker.server.protocol import ChatCompletionRequest, ChatMessage, Tool
-from hetero_infer.worker.server.tools.parsers import template_renders_tools as renders_tools
+from hetero_infer.contracts.protocol import ChatCompletionRequest, ChatMessage, Tool
 
 TOOLS_PROMPT = (
     "You are an expert in composing functions. You are given a question and a set of possible functions. "
@@ -19,6 +18,11 @@ TOOLS_PROMPT = (
     "To call tools, answer with only this, where the arguments follow each function's parameters schema:\n"
     '<tool_call>[{{"name": "func_name1", "arguments": {{"argument1": "value1"}}}}]</tool_call>'
 )
+
+
+def template_renders_tools(template: str | None) -> bool:
+    """Whether a chat template renders the `tools` it is given itself (else they go in a system message)."""
+    return bool(template) and "tools" in template  # type: ignore[operator]
 
 
 def tool_dicts(tools: list[Tool]) -> list[dict[str, Any]]:
@@ -67,7 +71,7 @@ def chat_template_inputs(req: ChatCompletionRequest, template: str | None) -> tu
     go to the template when the request may call them (tool_choice other than none). The worker's chat prompt and
     the router's prefix hashes (router/prompt.py) both come from here, so they are the same tokens."""
     tools = req.tools if req.tool_mode != "none" else None
-    renders = renders_tools(template)
+    renders = template_renders_tools(template)
     kwargs: dict[str, Any] = {"add_generation_prompt": req.add_generation_prompt}
     if tools and renders:
         kwargs["tools"] = tool_dicts(tools)

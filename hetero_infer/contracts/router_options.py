@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hetero_infer.options import InvalidOption
-from hetero_infer.worker.server import cors
+from hetero_infer.contracts import cors
+from hetero_infer.contracts.options import InvalidOption
 
 ENV_PREFIX = "HETERO_INFER_ROUTER_"
 
