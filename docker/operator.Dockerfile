@@ -37,7 +37,7 @@ COPY router ./router
 RUN pip install --no-deps . \
  && rm -rf /src \
  && cd / && hetero-infer operator --help > /dev/null && hetero-infer router --help > /dev/null \
- && python -c "import hetero_infer.router.app, hetero_infer.router.prompt, hetero_infer.worker.server.tools.prompt, hetero_infer.worker.tokenizer"
+ && python -c "import hetero_infer.router.app, hetero_infer.router.prompt, hetero_infer.contracts.chat_prompt, hetero_infer.contracts.tokenizer"
 
 WORKDIR /
 ENV HOME=/tmp

@@ -14,12 +14,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hetero_infer.contracts.options import (
+    InvalidOption,
+    add_config_flag,
+    add_flag,
+    add_flags,
+    load_options,
+    options_of,
+)
 from hetero_infer.operator import constants as c
 from hetero_infer.operator import kube
 from hetero_infer.operator.handlers import OperatorOptions, build_registry, make_settings
 from hetero_infer.operator.manifests import WorkerDefaults
 from hetero_infer.operator.peering import Peering
-from hetero_infer.contracts.options import InvalidOption, add_config_flag, add_flag, add_flags, load_options, options_of
 
 ENV_PREFIX = "HETERO_INFER_OPERATOR_"
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]

@@ -34,12 +34,12 @@ OPTIONAL_INFERENCE_POOL = "inference-pool"
 # Annotation prefix for kopf's own bookkeeping (progress, last handled spec).
 KOPF_ANNOTATION_PREFIX = f"operator.{GROUP}"
 
-# The worker's HTTP port inside the pod (ARCHITECTURE.md: worker HTTP contract).
+# The worker's HTTP port inside the pod (docs/contracts.md: worker HTTP contract).
 WORKER_PORT = 3000
 WORKER_PORT_NAME = "http"
 GPU_RESOURCE = "nvidia.com/gpu"
 
-# Worker metric names the HPA scales on (ARCHITECTURE.md: metrics are a contract).
+# Worker metric names the HPA scales on (docs/contracts.md: the worker's metrics are a contract).
 METRIC_KV_CACHE_USAGE = "hetero_infer_kv_cache_usage_ratio"
 METRIC_REQUESTS_WAITING = "hetero_infer_num_requests_waiting"
 METRIC_REQUESTS_RUNNING = "hetero_infer_num_requests_running"

@@ -9,21 +9,22 @@ operator can put the message into a Degraded condition instead of failing.
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero_infer.contracts import cors  # torch-free: the router's and workers' CORS rules, not a copy
+from hetero_infer.contracts import cors  # the router's and workers' CORS rules, not a copy
+from hetero_infer.contracts.engine_options import DTYPES, EXECUTORS, Quantization
+from hetero_infer.contracts.router_options import RouterOptions
 
-EXECUTORS = ("torch", "mock")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
-QUANTIZATIONS = ("int8", "int4")
+QUANTIZATIONS = typing.get_args(Quantization)
 AUTOSCALING_MODES = ("operator", "hpa")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 ROLLOUT_STRATEGIES = ("RollingUpdate", "Recreate")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-ROUTER_POLICIES = ("prefix", "least-load", "round-robin")
+ROUTER_POLICIES = typing.get_args(typing.get_type_hints(RouterOptions)["policy"])
 ROUTER_TOKENIZERS = ("workers", "none")  # the router's --tokenizer values that need nothing in the router pod
 
 # Defaults; crds/ carries the same values (tests/operator/test_crd_schema.py keeps them in step).
@@ -39,10 +40,11 @@ DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS = 300
 DEFAULT_INTERVAL_SECONDS = 15
 DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 600
 DEFAULT_ROUTER_REPLICAS = 1
-DEFAULT_ROUTER_POLICY = "prefix"
-DEFAULT_ROUTER_TOKENIZER = "workers"  # the router's own default (router/options.py)
-DEFAULT_CORS_METHODS = ("*",)  # the router's defaults of --allowed-methods and --allowed-headers
-DEFAULT_CORS_HEADERS = ("*",)
+_ROUTER_DEFAULTS = RouterOptions()  # the router's own defaults, which a spec without the field keeps
+DEFAULT_ROUTER_POLICY = _ROUTER_DEFAULTS.policy
+DEFAULT_ROUTER_TOKENIZER = _ROUTER_DEFAULTS.tokenizer
+DEFAULT_CORS_METHODS = tuple(_ROUTER_DEFAULTS.allowed_methods)
+DEFAULT_CORS_HEADERS = tuple(_ROUTER_DEFAULTS.allowed_headers)
 # spec.router.cors bounds (the CRD's maxItems/maxLength): (max items, max characters per item)
 CORS_LIMITS = {"allowedOrigins": (64, 256), "allowedMethods": (16, 32), "allowedHeaders": (64, 256)}
 DEFAULT_HOLD_TIMEOUT_SECONDS = 300  # long enough for a worker to start from zero and load its model
@@ -52,7 +54,7 @@ DEFAULT_ROLLOUT_STRATEGY = "RollingUpdate"
 # Rolling updates by pool: a GPU pool is usually full, so a surge pod would wait for a GPU that only the
 # old pod frees (the rollout stalls); replace one pod at a time instead. CPU pods can surge.
 DEFAULT_ROLLOUT = {True: (0, 1), False: (1, 0)}  # has a GPU -> (maxSurge, maxUnavailable)
-MAX_GPUS = 1  # one worker process uses one GPU (ARCHITECTURE.md)
+MAX_GPUS = 1  # one worker process uses one GPU (docs/contracts.md)
 MAX_NAME_LENGTH = 63  # the name is also the Service's name: a DNS-1035 label
 WORKERS_SERVICE_SUFFIX = "-workers"  # with the router, the worker Service is <name>-workers
 MAX_NAME_LENGTH_WITH_ROUTER = MAX_NAME_LENGTH - len(WORKERS_SERVICE_SUFFIX)
@@ -101,12 +103,15 @@ class ResourcesSpec:
 
 @dataclass(frozen=True)
 class EngineSpec:
+    """Engine options, named as EngineConfig's (hetero_infer.contracts.engine_options); None: the worker's default.
+    In the order the worker's flags are rendered (manifests/worker.py): reordering them rolls every worker."""
+
+    dtype: str | None = None
+    quantization: str | None = None
     block_size: int | None = None
     max_num_seqs: int | None = None
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
-    dtype: str | None = None
-    quantization: str | None = None
     memory_threshold: float | None = None
     gpu_memory_utilization: float | None = None
 
@@ -159,7 +164,7 @@ class InferencePoolSpec:
 
 @dataclass(frozen=True)
 class RouterCorsSpec:
-    """The router's CORS options (worker/server/cors.py, the same as the workers'): off without origins."""
+    """The router's CORS options (hetero_infer/contracts/cors.py, the same as the workers'): off without origins."""
 
     allowed_origins: tuple[str, ...] = ()
     allowed_methods: tuple[str, ...] = DEFAULT_CORS_METHODS

@@ -21,15 +21,15 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from hetero_infer.contracts import cors
+from hetero_infer.contracts.errors import APIError
+from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.router import policies
 from hetero_infer.router.index import PrefixIndex
 from hetero_infer.router.metrics import RouterMetrics
-from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.router.pool import Worker, WorkerPool
 from hetero_infer.router.prompt import request_hashes
 from hetero_infer.router.tokenizer_source import MODES, WorkersTokenizer, load_tokenizer, source_of
-from hetero_infer.contracts import cors
-from hetero_infer.contracts.errors import APIError
 
 logger = logging.getLogger("hetero_infer.router")
 

@@ -14,9 +14,9 @@ import sys
 from aiohttp import web
 
 from hetero_infer.contracts.options import add_config_flag, add_flags, load_options
+from hetero_infer.contracts.router_options import ENV_PREFIX, HELP, RouterOptions
 from hetero_infer.router.app import build, make_runner
 from hetero_infer.router.discovery import Discovery
-from hetero_infer.contracts.router_options import ENV_PREFIX, HELP, RouterOptions
 from hetero_infer.router.pool import WorkerPool
 
 logger = logging.getLogger("hetero_infer.router")

@@ -27,10 +27,10 @@ def prompt_text(payload: dict[str, Any]) -> str:
 
 def chat_token_ids(body: bytes | str, tokenizer: Any) -> list[int]:
     """A chat request's prompt tokens as the workers make them: the request parsed by their model of it and
-    rendered by their code (worker/server/tools/prompt.py `chat_template_inputs`: tools, tool calls,
+    rendered by their code (hetero_infer/contracts/chat_prompt.py `chat_template_inputs`: tools, tool calls,
     add_generation_prompt) with their tokenizer class."""
-    from hetero_infer.contracts.protocol import ChatCompletionRequest
     from hetero_infer.contracts.chat_prompt import chat_template_inputs
+    from hetero_infer.contracts.protocol import ChatCompletionRequest
 
     req = ChatCompletionRequest.model_validate_json(body)
     messages, kwargs = chat_template_inputs(req, getattr(tokenizer.hf, "chat_template", None))

@@ -12,7 +12,8 @@ never appears in an error.
     add_flags(parser, EngineConfig, help={...})
     (engine,) = load_options((EngineConfig,), parser.parse_args(argv), "HETERO_INFER_")
 
-A bad value raises ValueError naming the option, the value and where it came from.
+`to_flags` goes the other way: option values -> the flags that give them (the operator renders the workers' and
+routers' command lines with it, from these same dataclasses). A bad value raises ValueError naming the option, the value and where it came from.
 """
 
 from __future__ import annotations
@@ -206,6 +207,45 @@ def add_config_flag(container: Any, env_prefix: str = "HETERO_INFER_") -> None:
     container.add_argument("--config", metavar="FILE", default=None,
                            help=f"JSON or YAML file of options in snake_case (or ${env_prefix}CONFIG); "
                                 "flags win over the environment, which wins over the file")
+
+
+def flag_text(value: Any) -> str:
+    """A value as flag text that reads back as the same value: floats as short as that allows (45.0 is "45")."""
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    return str(value)
+
+
+def to_flags(classes: type | Sequence[type], values: Mapping[str, Any]) -> list[str]:
+    """The flags that give a command parsing `classes`' options these `values` (option name -> value), in the
+    order given; None is left out (the command's own layers and default then hold). `load_options` reads them
+    back as the same values. KeyError names an option none of the classes has, ValueError a value of the wrong
+    type or a secret, which must travel in the environment (from a Secret), never on a command line."""
+    everything: dict[str, Option] = {}
+    for cls in (classes,) if isinstance(classes, type) else classes:
+        everything.update(options_of(cls))
+    args: list[str] = []
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name not in everything:
+            raise KeyError(f"no option {name!r} in {', '.join(sorted(everything))}")
+        option = everything[name]
+        if option.secret:
+            raise ValueError(f"option {name} is a secret: pass it in the environment, not as a flag")
+        value = _coerce_from(option, list(value) if isinstance(value, tuple) else value, "to_flags", text=False)
+        if isinstance(value, bool):
+            args.append(option.flag if value else "--no-" + option.flag[2:])
+        else:
+            args += [arg for v in (value if isinstance(value, list) else [value]) for arg in _flag_value(option, v)]
+    return args
+
+
+def _flag_value(option: Option, value: Any) -> list[str]:
+    text = flag_text(value)
+    # argparse reads a separate "-1e-05" as a flag of its own; joined with "=" it is the value
+    return [f"{option.flag}={text}"] if text.startswith("-") else [option.flag, text]
 
 
 # -- layers --------------------------------------------------------------------------------------

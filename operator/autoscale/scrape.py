@@ -6,7 +6,7 @@
   timeout; a pod that does not answer is a `PodSample` without values and an error, never an
   exception.
 
-The metric names are the worker's contract (ARCHITECTURE.md); the vLLM-compatible names are read
+The metric names are the worker's contract (docs/contracts.md); the vLLM-compatible names are read
 when the hetero_infer_* ones are absent, so a vLLM worker can be scaled the same way.
 """
 

@@ -1,0 +1,136 @@
+"""Spec -> child manifests (pure), one module per child: the worker Deployment and its PodDisruptionBudget
+(`worker`), the Services (`service`), the HPA (`hpa`); with spec.router the router's Deployment (`router`), its
+ServiceAccount, Role and RoleBinding (`rbac`) and the worker Service it discovers workers through (the Service
+users call then selects the router); with spec.router.inferencePool an InferencePool (`pool`). What they share
+(owner, names, labels, defaults): `common`. This module puts them together (`children`).
+
+Every function takes typed input and returns plain dicts ready for the API server. Optional fields that the
+operator manages but the spec leaves unset are emitted as ``None``: a JSON merge patch then removes them from a
+live object, and `children.apply` strips them on create.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hetero_infer.operator import constants as c
+from hetero_infer.operator.manifests.common import (
+    WORKER_UID,
+    Owner,
+    WorkerDefaults,
+    common_labels,
+    endpoint,
+    owner_reference,
+    router_name,
+    selector_labels,
+    selector_string,
+    workers_service_name,
+)
+from hetero_infer.operator.manifests.hpa import horizontal_pod_autoscaler, quantity
+from hetero_infer.operator.manifests.pool import INFERENCE_POOL_API_VERSION, inference_pool
+from hetero_infer.operator.manifests.rbac import (
+    DISCOVERY_RULES,
+    router_role,
+    router_role_binding,
+    router_service_account,
+)
+from hetero_infer.operator.manifests.router import ROUTER_CPU, ROUTER_MEMORY, router_args, router_deployment
+from hetero_infer.operator.manifests.service import service, workers_service
+from hetero_infer.operator.manifests.worker import (
+    CACHE_DIR,
+    MODEL_MOUNT,
+    PRESTOP_SLEEP_SECONDS,
+    SHUTDOWN_GRACE_SECONDS,
+    TERMINATION_GRACE_SECONDS,
+    command_line,
+    deployment,
+    model_path,
+    pod_disruption_budget,
+    rollout_strategy,
+    worker_args,
+)
+from hetero_infer.operator.spec import InferenceSpec
+
+__all__ = [
+    "CACHE_DIR", "DISCOVERY_RULES", "INFERENCE_POOL_API_VERSION", "MODEL_MOUNT", "PRESTOP_SLEEP_SECONDS",
+    "ROUTER_CPU", "ROUTER_MEMORY", "SHUTDOWN_GRACE_SECONDS", "TERMINATION_GRACE_SECONDS", "WORKER_UID", "Children",
+    "Owner", "RouterChildren", "WorkerDefaults", "children", "command_line", "common_labels", "deployment",
+    "endpoint", "horizontal_pod_autoscaler", "inference_pool", "model_path", "owner_reference",
+    "pod_disruption_budget", "quantity", "rollout_strategy", "router_args", "router_child_names",
+    "router_deployment", "router_name", "selector_labels", "selector_string", "service",
+    "stale_optional_children", "worker_args", "workers_service", "workers_service_name",
+]
+
+
+@dataclass(frozen=True)
+class RouterChildren:
+    """What spec.router adds: the router pods, their discovery RBAC and the worker Service they watch."""
+
+    deployment: dict[str, Any]
+    workers_service: dict[str, Any]
+    service_account: dict[str, Any]
+    role: dict[str, Any]
+    role_binding: dict[str, Any]
+
+    def all(self) -> list[dict[str, Any]]:
+        # RBAC before the pods that use it.
+        return [self.service_account, self.role, self.role_binding, self.workers_service, self.deployment]
+
+
+@dataclass(frozen=True)
+class Children:
+    deployment: dict[str, Any]
+    service: dict[str, Any]  # the Service users call: the router's with spec.router, else the workers'
+    pdb: dict[str, Any]
+    hpa: dict[str, Any] | None  # None: there must be no HPA (autoscaling off or not in hpa mode)
+    router: RouterChildren | None = None  # None: there must be no router children
+    inference_pool: dict[str, Any] | None = None
+
+    def all(self) -> list[dict[str, Any]]:
+        router = self.router.all() if self.router is not None else []
+        return [m for m in (*router, self.deployment, self.service, self.pdb, self.hpa, self.inference_pool)
+                if m is not None]
+
+
+def router_child_names(name: str) -> list[tuple[str, str]]:
+    """(kind, name) of every child spec.router adds, for deleting them when the router is turned off."""
+    r = router_name(name)
+    return [("Deployment", r), ("Service", workers_service_name(name)), ("RoleBinding", r), ("Role", r),
+            ("ServiceAccount", r)]
+
+
+def stale_optional_children(live_service: dict[str, Any] | None, wanted: Children) -> list[tuple[str, str]]:
+    """(kind, name) of the optional children the live Service says were rendered and the spec no longer wants."""
+    if live_service is None:
+        return []
+    meta = live_service.get("metadata") or {}
+    had = set(((meta.get("annotations") or {}).get(c.OPTIONAL_CHILDREN_ANNOTATION) or "").split(","))
+    name = meta.get("name") or ""
+    stale = router_child_names(name) if c.OPTIONAL_ROUTER in had and wanted.router is None else []
+    if c.OPTIONAL_INFERENCE_POOL in had and wanted.inference_pool is None:
+        stale.append(("InferencePool", name))
+    return stale
+
+
+def router_children(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> RouterChildren:
+    return RouterChildren(
+        deployment=router_deployment(owner, spec, defaults),
+        workers_service=workers_service(owner),
+        service_account=router_service_account(owner),
+        role=router_role(owner),
+        role_binding=router_role_binding(owner),
+    )
+
+
+def children(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults | None = None) -> Children:
+    """Everything one InferenceDeployment owns, as the operator wants it to be."""
+    defaults = defaults or WorkerDefaults()
+    return Children(
+        deployment=deployment(owner, spec, defaults),
+        service=service(owner, spec),
+        pdb=pod_disruption_budget(owner),
+        hpa=horizontal_pod_autoscaler(owner, spec) if spec.autoscaling.hpa else None,
+        router=router_children(owner, spec, defaults) if spec.router.enabled else None,
+        inference_pool=inference_pool(owner, spec),
+    )

@@ -1,0 +1,100 @@
+"""What every child shares: its owner, names, labels and metadata, the operator-wide defaults, the probes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hetero_infer.operator import constants as c
+from hetero_infer.operator.spec import WORKERS_SERVICE_SUFFIX, InferenceSpec
+
+WORKER_UID = 10001
+
+
+@dataclass(frozen=True)
+class WorkerDefaults:
+    """Operator-wide settings that are not part of a spec (set by the operator's flags)."""
+
+    image: str = c.DEFAULT_WORKER_IMAGE
+    gpu_image: str = c.DEFAULT_WORKER_GPU_IMAGE
+    image_pull_policy: str | None = None  # None: Kubernetes' default for the tag
+    router_image: str = c.DEFAULT_ROUTER_IMAGE
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The InferenceDeployment the children belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+def selector_labels(name: str, component: str = c.COMPONENT_WORKER) -> dict[str, str]:
+    return {c.LABEL_OWNER: name, c.LABEL_COMPONENT: component}
+
+
+def common_labels(name: str, component: str = c.COMPONENT_WORKER) -> dict[str, str]:
+    return {
+        c.LABEL_NAME: c.APP_NAME,
+        c.LABEL_INSTANCE: name,
+        c.LABEL_MANAGED_BY: c.MANAGED_BY,
+        **selector_labels(name, component),
+    }
+
+
+def selector_string(name: str) -> str:
+    """`.status.selector` for the scale subresource (what an HPA counts pods with)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def scrape_annotations() -> dict[str, str]:
+    """Prometheus' pod annotations: workers and routers both serve /metrics on the same port."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(c.WORKER_PORT), "prometheus.io/path": "/metrics"}
+
+
+def metadata(owner: Owner, name: str | None = None, component: str = c.COMPONENT_WORKER) -> dict[str, Any]:
+    return {
+        "name": name or owner.name,
+        "namespace": owner.namespace,
+        "labels": common_labels(owner.name, component),
+        "ownerReferences": [owner_reference(owner)],
+    }
+
+
+def probe(path: str, period: int, failures: int, timeout: int = 3) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": c.WORKER_PORT_NAME},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+ROUTER_SUFFIX = "-router"
+
+
+def router_name(name: str) -> str:
+    """The router's Deployment, ServiceAccount, Role and RoleBinding."""
+    return name + ROUTER_SUFFIX
+
+
+def workers_service_name(name: str) -> str:
+    """With the router: the Service over the worker pods, whose EndpointSlices the router watches."""
+    return name + WORKERS_SERVICE_SUFFIX
+
+
+def endpoint(owner: Owner, spec: InferenceSpec) -> str:
+    """The in-cluster base URL of the OpenAI-compatible API behind the Service."""
+    port = "" if spec.service.port == 80 else f":{spec.service.port}"
+    return f"http://{owner.name}.{owner.namespace}.svc{port}/v1"

@@ -1,0 +1,112 @@
+"""The router's Deployment (spec.router): `hetero-infer router` over the workers it discovers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetero_infer.contracts.options import to_flags
+from hetero_infer.contracts.router_options import RouterOptions
+from hetero_infer.operator import constants as c
+from hetero_infer.operator.manifests.common import (
+    WORKER_UID,
+    Owner,
+    WorkerDefaults,
+    common_labels,
+    metadata,
+    probe,
+    router_name,
+    scrape_annotations,
+    selector_labels,
+    workers_service_name,
+)
+from hetero_infer.operator.spec import InferenceSpec
+
+ROUTER_CPU = "500m"
+ROUTER_MEMORY = "512Mi"
+
+
+def router_args(owner: Owner, spec: InferenceSpec) -> list[str]:
+    """The `hetero-infer router ...` command line, rendered from the RouterOptions it parses: workers discovered
+    from the worker Service's EndpointSlices. spec.router.cors and .tokenizer only where they differ from the
+    router's defaults: a spec without them (or with the defaults written out, as the API server fills them)
+    renders the same Deployment as before they existed, so it does not roll."""
+    r, cors = spec.router, spec.router.cors
+    return ["router", *to_flags(RouterOptions, {
+        "host": "0.0.0.0",
+        "port": c.WORKER_PORT,
+        "policy": r.policy,
+        "discover_service": workers_service_name(owner.name),
+        "namespace": owner.namespace,
+        "hold_timeout_s": r.hold_timeout_seconds,
+        "block_size": spec.engine.block_size,
+        "allowed_origins": cors.allowed_origins,
+        "allowed_methods": _unless_default("allowed_methods", list(cors.allowed_methods)),
+        "allowed_headers": _unless_default("allowed_headers", list(cors.allowed_headers)),
+        "allow_credentials": cors.allow_credentials or None,
+        "tokenizer": _unless_default("tokenizer", r.tokenizer),
+    })]
+
+
+_ROUTER_DEFAULTS = RouterOptions()
+
+
+def _unless_default(option: str, value: Any) -> Any:
+    return None if value == getattr(_ROUTER_DEFAULTS, option) else value
+
+
+def router_deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> dict[str, Any]:
+    r = spec.router
+    name = router_name(owner.name)
+    cpu, memory = r.cpu or ROUTER_CPU, r.memory or ROUTER_MEMORY
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": r.image or defaults.router_image,
+        "imagePullPolicy": defaults.image_pull_policy,
+        "command": ["hetero-infer"],
+        "args": router_args(owner, spec),
+        "ports": [{"name": c.WORKER_PORT_NAME, "containerPort": c.WORKER_PORT, "protocol": "TCP"}],
+        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "livenessProbe": probe("/healthz", period=10, failures=3),
+        # Ready whenever it runs, with or without a ready worker: requests are held, not refused.
+        "readinessProbe": probe("/readyz", period=5, failures=2),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    labels = common_labels(owner.name, c.COMPONENT_ROUTER)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(owner, name, c.COMPONENT_ROUTER),
+        "spec": {
+            "replicas": r.replicas,
+            "selector": {"matchLabels": selector_labels(owner.name, c.COMPONENT_ROUTER)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": scrape_annotations(),
+                },
+                "spec": {
+                    "serviceAccountName": name,
+                    "automountServiceAccountToken": True,  # it watches EndpointSlices
+                    "enableServiceLinks": False,
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    "terminationGracePeriodSeconds": 30,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": WORKER_UID,
+                        "runAsGroup": WORKER_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                },
+            },
+        },
+    }

@@ -1,0 +1,209 @@
+"""The worker Deployment (`hetero-infer serve` over the model) and its PodDisruptionBudget.
+
+Optional fields that the operator manages but the spec leaves unset are emitted as ``None``: a JSON merge
+patch then removes them from a live object, and `children.apply` strips them on create.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict
+from typing import Any
+
+from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.options import to_flags
+from hetero_infer.contracts.server_options import ServerOptions
+from hetero_infer.operator import constants as c
+from hetero_infer.operator.manifests.common import (
+    WORKER_UID,
+    Owner,
+    WorkerDefaults,
+    common_labels,
+    metadata,
+    probe,
+    scrape_annotations,
+    selector_labels,
+)
+from hetero_infer.operator.spec import InferenceSpec
+
+MODEL_MOUNT = "/models"
+CACHE_DIR = "/var/cache/hetero-infer"
+TERMINATION_GRACE_SECONDS = 60  # the worker drains in-flight requests on SIGTERM within this
+PRESTOP_SLEEP_SECONDS = 10  # lets endpoints drop the pod before SIGTERM arrives
+SHUTDOWN_GRACE_SECONDS = TERMINATION_GRACE_SECONDS - PRESTOP_SLEEP_SECONDS - 5  # worker's drain, within the pod's
+SHM_SIZE = "1Gi"
+DEFAULT_CPU = {False: "1", True: "4"}  # by "has a GPU"
+DEFAULT_MEMORY = {False: "4Gi", True: "24Gi"}
+
+
+def model_path(spec: InferenceSpec) -> str | None:
+    """`--model` for the worker; None lets the image's default model serve."""
+    m = spec.model
+    source = m.pvc or m.host_path
+    if source is not None:
+        return f"{MODEL_MOUNT}/{source.sub_path}" if source.sub_path else MODEL_MOUNT
+    return m.path
+
+
+def worker_args(spec: InferenceSpec) -> list[str]:
+    """The `hetero-infer serve ...` command line (docs/contracts.md: command line), rendered from the option
+    dataclasses `serve` parses (a spec field that names no option fails here, not in the pod)."""
+    gpu = spec.resources.gpus > 0
+    return ["serve", *to_flags((ServerOptions, EngineConfig), {
+        "host": "0.0.0.0",
+        "port": c.WORKER_PORT,
+        "served_model_name": spec.model.name,
+        "executor": spec.executor,
+        "device": "cuda" if gpu else "cpu",
+        "shutdown_grace": SHUTDOWN_GRACE_SECONDS,
+        "model": model_path(spec),
+        **asdict(spec.engine),  # spec.engine's fields are EngineConfig's, unset ones None
+    })]
+
+
+def command_line(spec: InferenceSpec) -> str:
+    """The worker's command line as one shell-quoted string (for events and docs)."""
+    return shlex.join(["hetero-infer", *worker_args(spec)])
+
+
+def _volumes(spec: InferenceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "cache", "mountPath": CACHE_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    m = spec.model
+    if m.pvc is not None:
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": m.pvc.claim_name,
+                                                                   "readOnly": m.pvc.read_only}})
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": m.pvc.read_only})
+    elif m.host_path is not None:
+        volumes.append({"name": "model", "hostPath": {"path": m.host_path.path, "type": "Directory"}})
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    return volumes, mounts
+
+
+def _resources(spec: InferenceSpec) -> dict[str, Any]:
+    gpu = spec.resources.gpus > 0
+    cpu = spec.resources.cpu or DEFAULT_CPU[gpu]
+    memory = spec.resources.memory or DEFAULT_MEMORY[gpu]
+    requests: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    limits: dict[str, Any] = {"memory": memory}  # no CPU limit: throttling hurts latency more than it saves
+    if gpu:
+        requests[c.GPU_RESOURCE] = str(spec.resources.gpus)
+        limits[c.GPU_RESOURCE] = str(spec.resources.gpus)
+    return {"requests": requests, "limits": limits}
+
+
+def _env(spec: InferenceSpec) -> list[dict[str, Any]]:
+    ours = [
+        {"name": "HOME", "value": "/tmp"},
+        # Model conversions (e.g. a .gguf from a volume) and library caches go to a writable emptyDir.
+        {"name": "HETERO_INFER_CACHE", "value": CACHE_DIR},
+        {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
+        {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_DIR}/triton"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    user = {e["name"] for e in spec.env}
+    return [e for e in ours if e["name"] not in user] + [dict(e) for e in spec.env]
+
+
+def _tolerations(spec: InferenceSpec) -> list[dict[str, Any]] | None:
+    tolerations = [dict(t) for t in spec.tolerations]
+    if spec.resources.gpus > 0 and not any(t.get("key") == c.GPU_RESOURCE for t in tolerations):
+        tolerations.append({"key": c.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    return tolerations or None
+
+
+def rollout_strategy(spec: InferenceSpec) -> dict[str, Any]:
+    """The Deployment strategy (spec.rollout, defaults by pool in spec.py); rollingUpdate None with Recreate
+    so that a merge patch removes it (the API server rejects it beside Recreate)."""
+    r = spec.rollout
+    if r.strategy == "Recreate":
+        return {"type": "Recreate", "rollingUpdate": None}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": r.max_surge, "maxUnavailable": r.max_unavailable}}
+
+
+def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> dict[str, Any]:
+    gpu = spec.resources.gpus > 0
+    image = spec.image or (defaults.gpu_image if gpu else defaults.image)
+    volumes, mounts = _volumes(spec)
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": image,
+        "imagePullPolicy": defaults.image_pull_policy,
+        "command": ["hetero-infer"],
+        "args": worker_args(spec),
+        "ports": [{"name": c.WORKER_PORT_NAME, "containerPort": c.WORKER_PORT, "protocol": "TCP"}],
+        "env": _env(spec),
+        "resources": _resources(spec),
+        "volumeMounts": mounts,
+        # Model loading can take minutes: the startup probe holds liveness off until the process serves.
+        "startupProbe": probe("/healthz", period=10, failures=90),
+        "livenessProbe": probe("/healthz", period=10, failures=3),
+        "readinessProbe": probe("/readyz", period=5, failures=2),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    labels = common_labels(owner.name)
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": WORKER_UID,
+            "runAsGroup": WORKER_UID,
+            "fsGroup": WORKER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "nodeSelector": dict(spec.node_selector) or None,
+        "tolerations": _tolerations(spec),
+        "affinity": spec.affinity,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(owner),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "strategy": rollout_strategy(spec),
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": 1200,
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {**scrape_annotations(), "kubectl.kubernetes.io/default-container": "worker"},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def pod_disruption_budget(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(owner),
+        "spec": {
+            # One pod at a time: voluntary disruptions (drains, upgrades) never take all replicas at once.
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
