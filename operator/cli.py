@@ -45,6 +45,7 @@ class OperatorCommandOptions:
     worker_gpu_image: str = c.DEFAULT_WORKER_GPU_IMAGE
     router_image: str = c.DEFAULT_ROUTER_IMAGE
     image_pull_policy: ImagePullPolicy | None = None
+    image_pull_secrets: list[str] = field(default_factory=list)
     resync_seconds: float = 60.0
     metrics_port: int | None = None
     scrape_timeout: float = 2.0
@@ -74,6 +75,8 @@ _HELP = {
     "router_image": "image of the router pods (spec.router) when a spec gives none; it needs no torch: the operator "
                     "image serves (env HETERO_INFER_OPERATOR_ROUTER_IMAGE)",
     "image_pull_policy": "imagePullPolicy of worker containers (default: Kubernetes' default for the tag)",
+    "image_pull_secrets": "a Secret for pulling the worker and router images, in the InferenceDeployment's namespace "
+                          "(repeatable), for specs without spec.imagePullSecrets",
     "resync_seconds": "how often every InferenceDeployment is reconciled even without changes (default 60)",
     "metrics_port": "serve the operator's Prometheus metrics (autoscaling decisions, scrape errors, desired "
                     "replicas) on this port at /metrics (default: off)",
@@ -119,7 +122,8 @@ def operator_kwargs(args: argparse.Namespace | OperatorCommandOptions, identity:
     identity = identity or f"{socket.gethostname()}@{os.getpid()}/{secrets.token_hex(4)}"
     options = OperatorOptions(
         defaults=WorkerDefaults(image=args.worker_image, gpu_image=args.worker_gpu_image,
-                                image_pull_policy=args.image_pull_policy, router_image=args.router_image),
+                                image_pull_policy=args.image_pull_policy, router_image=args.router_image,
+                                image_pull_secrets=tuple(args.image_pull_secrets)),
         resync_seconds=args.resync_seconds,
         scrape_timeout=args.scrape_timeout,
         peering=None if not args.peering else Peering(args.peering, identity, priority or 0, tuple(namespaces)),

@@ -17,6 +17,16 @@ from typing import Any
 from hetero_infer.contracts import cors  # the router's and workers' CORS rules, not a copy
 from hetero_infer.contracts.engine_options import DTYPES, EXECUTORS, Quantization
 from hetero_infer.contracts.router_options import RouterOptions
+from hetero_infer.operator.spec_pod import POD_FIELDS, PodSpec, SecretKeyRef, parse_pod, parse_secret_key_ref
+from hetero_infer.operator.spec_reader import (
+    DNS1035,
+    ENV_NAME,
+    INT_OR_PERCENT,
+    Reader,
+    string_map,
+    strings,
+    type_name,
+)
 
 QUANTIZATIONS = typing.get_args(Quantization)
 AUTOSCALING_MODES = ("operator", "hpa")
@@ -39,7 +49,7 @@ DEFAULT_SCALE_UP_STABILIZATION_SECONDS = 0
 DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS = 300
 DEFAULT_INTERVAL_SECONDS = 15
 DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 600
-DEFAULT_ROUTER_REPLICAS = 1
+DEFAULT_ROUTER_REPLICAS = 2  # a node drain or a rollout never takes the endpoint offline (with its PDB)
 _ROUTER_DEFAULTS = RouterOptions()  # the router's own defaults, which a spec without the field keeps
 DEFAULT_ROUTER_POLICY = _ROUTER_DEFAULTS.policy
 DEFAULT_ROUTER_TOKENIZER = _ROUTER_DEFAULTS.tokenizer
@@ -58,11 +68,6 @@ MAX_GPUS = 1  # one worker process uses one GPU (docs/contracts.md)
 MAX_NAME_LENGTH = 63  # the name is also the Service's name: a DNS-1035 label
 WORKERS_SERVICE_SUFFIX = "-workers"  # with the router, the worker Service is <name>-workers
 MAX_NAME_LENGTH_WITH_ROUTER = MAX_NAME_LENGTH - len(WORKERS_SERVICE_SUFFIX)
-
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_INT_OR_PERCENT = re.compile(r"^\d+%$")
-_QUANTITY = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$")
 
 
 class SpecError(ValueError):
@@ -186,6 +191,7 @@ class RouterSpec:
     inference_pool: InferencePoolSpec | None = None
     cors: RouterCorsSpec = field(default_factory=RouterCorsSpec)
     tokenizer: str = DEFAULT_ROUTER_TOKENIZER
+    api_key: SecretKeyRef | None = None  # the key the router's own clients must present
 
 
 @dataclass(frozen=True)
@@ -204,143 +210,13 @@ class InferenceSpec:
     affinity: dict[str, Any] | None = None
     env: list[dict[str, Any]] = field(default_factory=list)
     router: RouterSpec = field(default_factory=RouterSpec)
-
-
-_MISSING = object()
-
-
-class _Reader:
-    """Reads typed values out of nested mappings, collecting problems instead of raising."""
-
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-
-    def bad(self, path: str, message: str) -> None:
-        self.problems.append(f"{path}: {message}")
-
-    def obj(self, data: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> Mapping:
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            self.bad(path, f"must be an object, got {_type_name(data)}")
-            return {}
-        for key in sorted(set(data) - set(allowed)):
-            self.bad(f"{path}.{key}", "unknown field")
-        for key in required:
-            if data.get(key) is None:
-                self.bad(f"{path}.{key}", "required field is missing")
-        return data
-
-    def integer(self, data: Mapping, key: str, path: str, default: Any = None,
-                minimum: int | None = None, maximum: int | None = None) -> Any:
-        value = data.get(key, _MISSING)
-        if value is _MISSING or value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            else:
-                self.bad(f"{path}.{key}", f"must be an integer, got {_type_name(value)}")
-                return default
-        if minimum is not None and value < minimum:
-            self.bad(f"{path}.{key}", f"must be >= {minimum}, got {value}")
-            return default
-        if maximum is not None and value > maximum:
-            self.bad(f"{path}.{key}", f"must be <= {maximum}, got {value}")
-            return default
-        return value
-
-    def number(self, data: Mapping, key: str, path: str, default: Any = None,
-               exclusive_minimum: float | None = None, maximum: float | None = None) -> Any:
-        value = data.get(key, _MISSING)
-        if value is _MISSING or value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.bad(f"{path}.{key}", f"must be a number, got {_type_name(value)}")
-            return default
-        if exclusive_minimum is not None and value <= exclusive_minimum:
-            self.bad(f"{path}.{key}", f"must be > {exclusive_minimum}, got {value}")
-            return default
-        if maximum is not None and value > maximum:
-            self.bad(f"{path}.{key}", f"must be <= {maximum}, got {value}")
-            return default
-        return float(value)
-
-    def string(self, data: Mapping, key: str, path: str, default: Any = None,
-               enum: tuple[str, ...] | None = None, pattern: re.Pattern[str] | None = None,
-               what: str = "") -> Any:
-        value = data.get(key, _MISSING)
-        if value is _MISSING or value is None:
-            return default
-        if not isinstance(value, str):
-            self.bad(f"{path}.{key}", f"must be a string, got {_type_name(value)}")
-            return default
-        if enum is not None and value not in enum:
-            self.bad(f"{path}.{key}", f"must be one of {', '.join(enum)}, got {value!r}")
-            return default
-        if pattern is not None and not pattern.match(value):
-            self.bad(f"{path}.{key}", f"must be {what or 'of the form ' + pattern.pattern}, got {value!r}")
-            return default
-        if not value:
-            self.bad(f"{path}.{key}", "must not be empty")
-            return default
-        return value
-
-    def boolean(self, data: Mapping, key: str, path: str, default: bool) -> bool:
-        value = data.get(key, _MISSING)
-        if value is _MISSING or value is None:
-            return default
-        if not isinstance(value, bool):
-            self.bad(f"{path}.{key}", f"must be a boolean, got {_type_name(value)}")
-            return default
-        return value
-
-    def quantity(self, data: Mapping, key: str, path: str) -> str | None:
-        value = data.get(key, _MISSING)
-        if value is _MISSING or value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            self.bad(f"{path}.{key}", f"must be a quantity such as 2, 500m or 4Gi, got {_type_name(value)}")
-            return None
-        text = str(value)
-        if not _QUANTITY.match(text):
-            self.bad(f"{path}.{key}", f"must be a quantity such as 2, 500m or 4Gi, got {text!r}")
-            return None
-        return text
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "object"}.get(type(value), type(value).__name__)
-
-
-def _strings(r: _Reader, data: Mapping, key: str, path: str, default: tuple[str, ...], min_items: int,
-             max_items: int, max_length: int) -> tuple[str, ...]:
-    """An array of strings, bounded like the CRD's (minItems, maxItems, maxLength)."""
-    value = data.get(key, _MISSING)
-    if value is _MISSING or value is None:
-        return default
-    if not isinstance(value, list):
-        r.bad(f"{path}.{key}", f"must be an array of strings, got {_type_name(value)}")
-        return default
-    if not min_items <= len(value) <= max_items:
-        r.bad(f"{path}.{key}", f"must have {min_items} to {max_items} items, got {len(value)}")
-        return default
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            r.bad(f"{path}.{key}[{i}]", f"must be a string, got {_type_name(item)}")
-            return default
-        if len(item) > max_length:
-            r.bad(f"{path}.{key}[{i}]", f"must be at most {max_length} characters, got {len(item)}")
-            return default
-    return tuple(value)
+    pod: PodSpec = field(default_factory=PodSpec)
+    api_key: SecretKeyRef | None = None  # the workers require it; the router sends it on its own requests
 
 
 def validate_name(name: str) -> list[str]:
     """The InferenceDeployment's name also names the Service, so it must be a DNS-1035 label."""
-    if len(name) > MAX_NAME_LENGTH or not _DNS1035.match(name):
+    if len(name) > MAX_NAME_LENGTH or not DNS1035.match(name):
         return [f"metadata.name: {name!r} must be a DNS-1035 label (lower-case letters, digits and '-', "
                 f"starting with a letter, at most {MAX_NAME_LENGTH} characters) because it names the Service"]
     return []
@@ -348,12 +224,12 @@ def validate_name(name: str) -> list[str]:
 
 def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
     """Validate a raw `.spec` mapping, apply defaults and return it typed; SpecError lists every problem."""
-    r = _Reader()
+    r = Reader()
     if name is not None:
         r.problems.extend(validate_name(name))
     spec = r.obj(raw, "spec", (
         "model", "image", "executor", "replicas", "resources", "engine", "autoscaling", "service",
-        "rollout", "nodeSelector", "tolerations", "affinity", "env", "router",
+        "rollout", "nodeSelector", "tolerations", "affinity", "env", "router", "apiKey", *POD_FIELDS,
     ), required=("model",))
 
     model = _parse_model(r, spec.get("model"))
@@ -393,14 +269,16 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
     )
 
     rollout = _parse_rollout(r, spec.get("rollout"), gpu=resources.gpus > 0)
-    node_selector = _parse_string_map(r, spec.get("nodeSelector"), "spec.nodeSelector")
+    node_selector = string_map(r, spec.get("nodeSelector"), "spec.nodeSelector")
     tolerations = _parse_tolerations(r, spec.get("tolerations"))
     affinity = spec.get("affinity")
     if affinity is not None and not isinstance(affinity, Mapping):
-        r.bad("spec.affinity", f"must be an object, got {_type_name(affinity)}")
+        r.bad("spec.affinity", f"must be an object, got {type_name(affinity)}")
         affinity = None
     env = _parse_env(r, spec.get("env"))
     router = _parse_router(r, spec.get("router"))
+    pod = parse_pod(r, spec)
+    api_key = parse_secret_key_ref(r, spec.get("apiKey"), "spec.apiKey")
     _check_scale_to_zero(r, autoscaling, router)
     if router.enabled and name is not None and len(name) > MAX_NAME_LENGTH_WITH_ROUTER:
         r.bad("metadata.name", f"must be at most {MAX_NAME_LENGTH_WITH_ROUTER} characters with the router enabled "
@@ -411,11 +289,12 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
     return InferenceSpec(
         model=model, image=image, executor=executor, replicas=replicas, resources=resources,
         engine=engine, autoscaling=autoscaling, service=service, rollout=rollout, node_selector=node_selector,
-        tolerations=tolerations, affinity=dict(affinity) if affinity else None, env=env, router=router,
+        tolerations=tolerations, affinity=dict(affinity) if affinity else None, env=env, router=router, pod=pod,
+        api_key=api_key,
     )
 
 
-def _parse_model(r: _Reader, raw: Any) -> ModelSpec:
+def _parse_model(r: Reader, raw: Any) -> ModelSpec:
     p = "spec.model"
     m = r.obj(raw, p, ("name", "path", "pvc", "hostPath"), required=("name",) if raw is not None else ())
     name = r.string(m, "name", p) or ""
@@ -437,7 +316,7 @@ def _parse_model(r: _Reader, raw: Any) -> ModelSpec:
     return ModelSpec(name=name, path=path, pvc=pvc, host_path=host_path)
 
 
-def _sub_path(r: _Reader, data: Mapping, path: str) -> str | None:
+def _sub_path(r: Reader, data: Mapping, path: str) -> str | None:
     sub = r.string(data, "subPath", path)
     if sub is not None and (sub.startswith("/") or ".." in sub.split("/")):
         r.bad(f"{path}.subPath", f"must be a relative path without '..', got {sub!r}")
@@ -445,7 +324,7 @@ def _sub_path(r: _Reader, data: Mapping, path: str) -> str | None:
     return sub
 
 
-def _parse_autoscaling(r: _Reader, raw: Any) -> AutoscalingSpec:
+def _parse_autoscaling(r: Reader, raw: Any) -> AutoscalingSpec:
     p = "spec.autoscaling"
     a = r.obj(raw, p, (
         "enabled", "mode", "minReplicas", "maxReplicas", "targetKVCacheUsage", "targetQueueDepth",
@@ -476,16 +355,16 @@ def _parse_autoscaling(r: _Reader, raw: Any) -> AutoscalingSpec:
     return out
 
 
-def _parse_router(r: _Reader, raw: Any) -> RouterSpec:
+def _parse_router(r: Reader, raw: Any) -> RouterSpec:
     p = "spec.router"
     ro = r.obj(raw, p, ("enabled", "replicas", "policy", "image", "resources", "holdTimeoutSeconds",
-                        "inferencePool", "cors", "tokenizer"))
+                        "inferencePool", "cors", "tokenizer", "apiKey"))
     res = r.obj(ro.get("resources"), f"{p}.resources", ("cpu", "memory"))
     pool = None
     if ro.get("inferencePool") is not None:
         ip = r.obj(ro["inferencePool"], f"{p}.inferencePool", ("endpointPicker", "endpointPickerPort"),
                    required=("endpointPicker",))
-        picker = r.string(ip, "endpointPicker", f"{p}.inferencePool", pattern=_DNS1035, what="a Service name")
+        picker = r.string(ip, "endpointPicker", f"{p}.inferencePool", pattern=DNS1035, what="a Service name")
         port = r.integer(ip, "endpointPickerPort", f"{p}.inferencePool", 9002, minimum=1, maximum=65535)
         if picker:
             pool = InferencePoolSpec(picker, port)
@@ -501,13 +380,14 @@ def _parse_router(r: _Reader, raw: Any) -> RouterSpec:
         inference_pool=pool,
         cors=_parse_cors(r, ro.get("cors"), f"{p}.cors"),
         tokenizer=r.string(ro, "tokenizer", p, DEFAULT_ROUTER_TOKENIZER, enum=ROUTER_TOKENIZERS),
+        api_key=parse_secret_key_ref(r, ro.get("apiKey"), f"{p}.apiKey"),
     )
 
 
-def _parse_cors(r: _Reader, raw: Any, p: str) -> RouterCorsSpec:
+def _parse_cors(r: Reader, raw: Any, p: str) -> RouterCorsSpec:
     co = r.obj(raw, p, (*CORS_LIMITS, "allowCredentials"))
     before = len(r.problems)
-    lists = {key: _strings(r, co, key, p, default, 0 if key == "allowedOrigins" else 1, *CORS_LIMITS[key])
+    lists = {key: strings(r, co, key, p, default, 0 if key == "allowedOrigins" else 1, *CORS_LIMITS[key])
              for key, default in (("allowedOrigins", ()), ("allowedMethods", DEFAULT_CORS_METHODS),
                                   ("allowedHeaders", DEFAULT_CORS_HEADERS))}
     out = RouterCorsSpec(lists["allowedOrigins"], lists["allowedMethods"], lists["allowedHeaders"],
@@ -518,12 +398,11 @@ def _parse_cors(r: _Reader, raw: Any, p: str) -> RouterCorsSpec:
         r.bad(f"{p}.{_CORS_FIELDS[option]}", f"{why} (the router's --{option.replace('_', '-')})")
     return out
 
-
 _CORS_FIELDS = {"allowed_origins": "allowedOrigins", "allowed_methods": "allowedMethods",
                 "allowed_headers": "allowedHeaders", "allow_credentials": "allowCredentials"}
 
 
-def _check_scale_to_zero(r: _Reader, a: AutoscalingSpec, router: RouterSpec) -> None:
+def _check_scale_to_zero(r: Reader, a: AutoscalingSpec, router: RouterSpec) -> None:
     """minReplicas 0 needs something that holds requests while the first worker starts: the router, whose
     held-requests gauge the operator's autoscaler reads (an HPA cannot scale from zero on worker metrics)."""
     if a.min_replicas != 0:
@@ -536,13 +415,13 @@ def _check_scale_to_zero(r: _Reader, a: AutoscalingSpec, router: RouterSpec) -> 
                                               "from zero on the workers' metrics)")
 
 
-def _int_or_percent(r: _Reader, data: Mapping, key: str, path: str) -> int | str | None:
+def _int_or_percent(r: Reader, data: Mapping, key: str, path: str) -> int | str | None:
     value = data.get(key)
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    if isinstance(value, str) and _INT_OR_PERCENT.match(value):
+    if isinstance(value, str) and INT_OR_PERCENT.match(value):
         return value
     r.bad(f"{path}.{key}", f"must be a non-negative integer or a percentage such as 25%, got {value!r}")
     return None
@@ -552,7 +431,7 @@ def _is_zero(value: int | str | None) -> bool:
     return value in (0, "0%")
 
 
-def _parse_rollout(r: _Reader, raw: Any, gpu: bool) -> RolloutSpec:
+def _parse_rollout(r: Reader, raw: Any, gpu: bool) -> RolloutSpec:
     p = "spec.rollout"
     ro = r.obj(raw, p, ("strategy", "maxSurge", "maxUnavailable"))
     strategy = r.string(ro, "strategy", p, DEFAULT_ROLLOUT_STRATEGY, enum=ROLLOUT_STRATEGIES)
@@ -574,26 +453,11 @@ def _parse_rollout(r: _Reader, raw: Any, gpu: bool) -> RolloutSpec:
     return RolloutSpec(strategy, surge, unavailable)
 
 
-def _parse_string_map(r: _Reader, raw: Any, path: str) -> dict[str, str]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        r.bad(path, f"must be an object, got {_type_name(raw)}")
-        return {}
-    out = {}
-    for k, v in raw.items():
-        if not isinstance(v, str):
-            r.bad(f"{path}.{k}", f"must be a string, got {_type_name(v)}")
-        else:
-            out[str(k)] = v
-    return out
-
-
-def _parse_tolerations(r: _Reader, raw: Any) -> list[dict[str, Any]]:
+def _parse_tolerations(r: Reader, raw: Any) -> list[dict[str, Any]]:
     if raw is None:
         return []
     if not isinstance(raw, list):
-        r.bad("spec.tolerations", f"must be an array, got {_type_name(raw)}")
+        r.bad("spec.tolerations", f"must be an array, got {type_name(raw)}")
         return []
     out = []
     for i, item in enumerate(raw):
@@ -602,28 +466,28 @@ def _parse_tolerations(r: _Reader, raw: Any) -> list[dict[str, Any]]:
         r.string(t, "key", p)
         r.string(t, "operator", p, enum=TOLERATION_OPERATORS)
         if t.get("value") is not None and not isinstance(t.get("value"), str):
-            r.bad(f"{p}.value", f"must be a string, got {_type_name(t.get('value'))}")
+            r.bad(f"{p}.value", f"must be a string, got {type_name(t.get('value'))}")
         r.string(t, "effect", p, enum=TOLERATION_EFFECTS)
         r.integer(t, "tolerationSeconds", p)
         out.append(dict(t))
     return out
 
 
-def _parse_env(r: _Reader, raw: Any) -> list[dict[str, Any]]:
+def _parse_env(r: Reader, raw: Any) -> list[dict[str, Any]]:
     if raw is None:
         return []
     if not isinstance(raw, list):
-        r.bad("spec.env", f"must be an array, got {_type_name(raw)}")
+        r.bad("spec.env", f"must be an array, got {type_name(raw)}")
         return []
     out = []
     for i, item in enumerate(raw):
         p = f"spec.env[{i}]"
         e = r.obj(item, p, ("name", "value", "valueFrom"), required=("name",))
-        r.string(e, "name", p, pattern=_ENV_NAME, what="a valid environment variable name")
+        r.string(e, "name", p, pattern=ENV_NAME, what="a valid environment variable name")
         if e.get("value") is not None and not isinstance(e.get("value"), str):
-            r.bad(f"{p}.value", f"must be a string, got {_type_name(e.get('value'))}")
+            r.bad(f"{p}.value", f"must be a string, got {type_name(e.get('value'))}")
         if e.get("valueFrom") is not None and not isinstance(e.get("valueFrom"), Mapping):
-            r.bad(f"{p}.valueFrom", f"must be an object, got {_type_name(e.get('valueFrom'))}")
+            r.bad(f"{p}.valueFrom", f"must be an object, got {type_name(e.get('valueFrom'))}")
         if e.get("value") is not None and e.get("valueFrom") is not None:
             r.bad(p, "give value or valueFrom, not both")
         out.append(dict(e))

@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from hetero_infer.contracts import cors
+from hetero_infer.contracts.auth import api_key_middleware
 from hetero_infer.contracts.errors import APIError
 from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.router import policies
@@ -120,6 +121,10 @@ class Router:
         elif policy == "prefix":
             policy = "least-load"
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
+        if self.options.api_key:  # the client showed the router's key: the workers get theirs, never that one
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+            if self.options.worker_api_key:
+                headers["Authorization"] = f"Bearer {self.options.worker_api_key}"
         response = await self._route(request, body, headers, hashes, policy, exact)
         self.metrics.responses.labels(str(response.status)).inc()
         return response
@@ -277,7 +282,8 @@ def create_app(router: Router) -> web.Application:
     policy = cors.CorsPolicy.from_options(opts.allowed_origins, opts.allowed_methods, opts.allowed_headers,
                                           opts.allow_credentials)
     app = web.Application(client_max_size=64 * 1024 * 1024,
-                          middlewares=[api_error_middleware, cors.cors_middleware(policy)])
+                          middlewares=[api_error_middleware, cors.cors_middleware(policy),
+                                       api_key_middleware(opts.api_key, ("/v1/",))])
     cors.install(app, policy)
     app.router.add_get("/healthz", router.healthz)
     app.router.add_get("/readyz", router.readyz)
@@ -288,9 +294,10 @@ def create_app(router: Router) -> web.Application:
     return app
 
 
-def make_runner(app: web.Application) -> web.AppRunner:
+def make_runner(app: web.Application, shutdown_grace_s: float = 60.0) -> web.AppRunner:
     # handler_cancellation: a client that disconnects cancels its handler, which closes the upstream request.
-    return web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # shutdown_timeout: on cleanup (SIGTERM) requests in flight and held still get this long to finish.
+    return web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_grace_s)
 
 
 def build(options: RouterOptions) -> tuple[Router, web.Application]:

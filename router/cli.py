@@ -56,7 +56,7 @@ def add_discovery(app: web.Application, pool: WorkerPool, options: RouterOptions
 async def serve(options: RouterOptions) -> None:
     router, app = build(options)
     add_discovery(app, router.pool, options)
-    runner = make_runner(app)
+    runner = make_runner(app, options.shutdown_grace_s)
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port)
     await site.start()

@@ -265,7 +265,7 @@ spec = parse_spec({"model": {"name": "m"}, "engine": {"blockSize": 32, "memoryTh
                    "autoscaling": {"enabled": True, "mode": "hpa", "minReplicas": 1, "maxReplicas": 3},
                    "router": {"enabled": True, "cors": {"allowedOrigins": ["https://a.example"]},
                               "inferencePool": {"endpointPicker": "epp"}}}, "m")
-assert len(children(Owner("m", "ns", "uid"), spec).all()) == 10
+assert len(children(Owner("m", "ns", "uid"), spec).all()) == 11
 """
 
 

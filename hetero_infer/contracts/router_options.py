@@ -35,6 +35,10 @@ HELP = {
     "namespace": "the namespace of --discover-service (default: the pod's own, else 'default')",
     "discover_port": "the EndpointSlice port (name or number) the workers serve on (default: the one named http, "
     "else the first)",
+    "api_key": "a key the router's clients must present (`Authorization: Bearer <key>`) on /v1/* (repeatable; "
+    "the environment variable takes one); their requests then go to the workers with --worker-api-key instead. "
+    "Without it the router checks nothing and passes each client's Authorization header to the workers",
+    "shutdown_grace_s": "on SIGTERM: seconds the router still finishes what it holds and streams (default 60)",
     "worker_api_key": "the workers' --api-key, sent only on the router's own requests (block reports, "
     "GET /v1/cache/blocks; the tokenizer, GET /v1/tokenizer/files); clients' requests carry their own Authorization header",
     **cors.HELP,  # answered at the router, the same as the workers' options (worker/server/cors.py)
@@ -63,6 +67,8 @@ class RouterOptions:
     namespace: str | None = None
     discover_port: str | None = None
     worker_api_key: str | None = field(default=None, repr=False)  # never printed
+    api_key: list[str] = field(default_factory=list, repr=False)  # never printed
+    shutdown_grace_s: float = 60.0
     allowed_origins: list[str] = field(default_factory=list)
     allowed_methods: list[str] = field(default_factory=lambda: ["*"])
     allowed_headers: list[str] = field(default_factory=lambda: ["*"])
@@ -74,6 +80,13 @@ class RouterOptions:
         for name in ("block_size", "max_attempts", "approx_capacity_blocks", "text_chunk_bytes"):
             if getattr(self, name) < 1:
                 raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: must be >= 1")
+        if isinstance(self.api_key, str):
+            self.api_key = [self.api_key]
+        if any(not isinstance(k, str) or not k.strip() for k in self.api_key):
+            raise InvalidOption("api_key", "invalid router option api_key=***: must be non-empty strings")
+        if self.shutdown_grace_s < 0:
+            raise InvalidOption("shutdown_grace_s", f"invalid router option shutdown_grace_s={self.shutdown_grace_s!r}: "
+                                "must be >= 0")
         for name in ("hold_timeout_s", "connect_timeout_s", "first_byte_timeout_s", "health_interval_s"):
             if not getattr(self, name) > 0:
                 raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: must be > 0")

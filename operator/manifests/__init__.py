@@ -36,6 +36,7 @@ from hetero_infer.operator.manifests.rbac import (
     router_service_account,
 )
 from hetero_infer.operator.manifests.router import ROUTER_CPU, ROUTER_MEMORY, router_args, router_deployment
+from hetero_infer.operator.manifests.router import pod_disruption_budget as router_pdb
 from hetero_infer.operator.manifests.service import service, workers_service
 from hetero_infer.operator.manifests.worker import (
     CACHE_DIR,
@@ -72,10 +73,11 @@ class RouterChildren:
     service_account: dict[str, Any]
     role: dict[str, Any]
     role_binding: dict[str, Any]
+    pdb: dict[str, Any]
 
     def all(self) -> list[dict[str, Any]]:
         # RBAC before the pods that use it.
-        return [self.service_account, self.role, self.role_binding, self.workers_service, self.deployment]
+        return [self.service_account, self.role, self.role_binding, self.workers_service, self.deployment, self.pdb]
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,8 @@ class Children:
 def router_child_names(name: str) -> list[tuple[str, str]]:
     """(kind, name) of every child spec.router adds, for deleting them when the router is turned off."""
     r = router_name(name)
-    return [("Deployment", r), ("Service", workers_service_name(name)), ("RoleBinding", r), ("Role", r),
-            ("ServiceAccount", r)]
+    return [("Deployment", r), ("PodDisruptionBudget", r), ("Service", workers_service_name(name)),
+            ("RoleBinding", r), ("Role", r), ("ServiceAccount", r)]
 
 
 def stale_optional_children(live_service: dict[str, Any] | None, wanted: Children) -> list[tuple[str, str]]:
@@ -120,6 +122,7 @@ def router_children(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults)
         service_account=router_service_account(owner),
         role=router_role(owner),
         role_binding=router_role_binding(owner),
+        pdb=router_pdb(owner),
     )
 
 

@@ -19,6 +19,7 @@ class WorkerDefaults:
     gpu_image: str = c.DEFAULT_WORKER_GPU_IMAGE
     image_pull_policy: str | None = None  # None: Kubernetes' default for the tag
     router_image: str = c.DEFAULT_ROUTER_IMAGE
+    image_pull_secrets: tuple[str, ...] = ()  # for specs without spec.imagePullSecrets
 
 
 @dataclass(frozen=True)
@@ -98,3 +99,8 @@ def endpoint(owner: Owner, spec: InferenceSpec) -> str:
     """The in-cluster base URL of the OpenAI-compatible API behind the Service."""
     port = "" if spec.service.port == 80 else f":{spec.service.port}"
     return f"http://{owner.name}.{owner.namespace}.svc{port}/v1"
+
+
+def image_pull_secrets(spec: InferenceSpec, defaults: WorkerDefaults) -> list[dict[str, str]] | None:
+    """spec.imagePullSecrets, else the operator's (--image-pull-secrets), for the worker and the router pods."""
+    return [{"name": n} for n in spec.pod.image_pull_secrets or defaults.image_pull_secrets] or None

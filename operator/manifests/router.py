@@ -12,6 +12,7 @@ from hetero_infer.operator.manifests.common import (
     Owner,
     WorkerDefaults,
     common_labels,
+    image_pull_secrets,
     metadata,
     probe,
     router_name,
@@ -23,6 +24,12 @@ from hetero_infer.operator.spec import InferenceSpec
 
 ROUTER_CPU = "500m"
 ROUTER_MEMORY = "512Mi"
+# Stopping: the preStop keeps the router serving while endpoints drop it; then SIGTERM, and it finishes what it
+# holds and streams (--shutdown-grace-s, as long as a request may be held) before the kubelet's SIGKILL.
+ROUTER_PRESTOP_SECONDS = 5
+ROUTER_GRACE_MARGIN_SECONDS = 10
+API_KEY_ENV = "HETERO_INFER_ROUTER_API_KEY"  # RouterOptions.api_key: what the router's clients must present
+WORKER_API_KEY_ENV = "HETERO_INFER_ROUTER_WORKER_API_KEY"  # RouterOptions.worker_api_key (spec.apiKey)
 
 
 def router_args(owner: Owner, spec: InferenceSpec) -> list[str]:
@@ -38,6 +45,7 @@ def router_args(owner: Owner, spec: InferenceSpec) -> list[str]:
         "discover_service": workers_service_name(owner.name),
         "namespace": owner.namespace,
         "hold_timeout_s": r.hold_timeout_seconds,
+        "shutdown_grace_s": r.hold_timeout_seconds,
         "block_size": spec.engine.block_size,
         "allowed_origins": cors.allowed_origins,
         "allowed_methods": _unless_default("allowed_methods", list(cors.allowed_methods)),
@@ -54,6 +62,35 @@ def _unless_default(option: str, value: Any) -> Any:
     return None if value == getattr(_ROUTER_DEFAULTS, option) else value
 
 
+def router_env(spec: InferenceSpec) -> list[dict[str, Any]]:
+    """The keys come from Secrets (spec.apiKey, spec.router.apiKey), never on the command line."""
+    env = [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if spec.api_key is not None:
+        env.append(spec.api_key.env(WORKER_API_KEY_ENV))
+    if spec.router.api_key is not None:
+        env.append(spec.router.api_key.env(API_KEY_ENV))
+    return env
+
+
+def grace_period(spec: InferenceSpec) -> int:
+    """Covers the preStop and a request held for the whole hold time-out after SIGTERM."""
+    return ROUTER_PRESTOP_SECONDS + spec.router.hold_timeout_seconds + ROUTER_GRACE_MARGIN_SECONDS
+
+
+def pod_disruption_budget(owner: Owner) -> dict[str, Any]:
+    """One router pod at a time: with the default two replicas a node drain never takes the endpoint offline."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(owner, router_name(owner.name), c.COMPONENT_ROUTER),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(owner.name, c.COMPONENT_ROUTER)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def router_deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> dict[str, Any]:
     r = spec.router
     name = router_name(owner.name)
@@ -65,12 +102,13 @@ def router_deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefault
         "command": ["hetero-infer"],
         "args": router_args(owner, spec),
         "ports": [{"name": c.WORKER_PORT_NAME, "containerPort": c.WORKER_PORT, "protocol": "TCP"}],
-        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "env": router_env(spec),
         "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "livenessProbe": probe("/healthz", period=10, failures=3),
         # Ready whenever it runs, with or without a ready worker: requests are held, not refused.
         "readinessProbe": probe("/readyz", period=5, failures=2),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ROUTER_PRESTOP_SECONDS)]}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -99,7 +137,8 @@ def router_deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefault
                     "enableServiceLinks": False,
                     "containers": [container],
                     "volumes": [{"name": "tmp", "emptyDir": {}}],
-                    "terminationGracePeriodSeconds": 30,
+                    "terminationGracePeriodSeconds": grace_period(spec),
+                    "imagePullSecrets": image_pull_secrets(spec, defaults),
                     "securityContext": {
                         "runAsNonRoot": True,
                         "runAsUser": WORKER_UID,

@@ -19,18 +19,22 @@ from hetero_infer.operator.manifests.common import (
     Owner,
     WorkerDefaults,
     common_labels,
+    image_pull_secrets,
     metadata,
     probe,
     scrape_annotations,
     selector_labels,
 )
 from hetero_infer.operator.spec import InferenceSpec
+from hetero_infer.operator.spec_pod import PRESTOP_SLEEP_SECONDS, PodSpec
 
 MODEL_MOUNT = "/models"
 CACHE_DIR = "/var/cache/hetero-infer"
-TERMINATION_GRACE_SECONDS = 60  # the worker drains in-flight requests on SIGTERM within this
-PRESTOP_SLEEP_SECONDS = 10  # lets endpoints drop the pod before SIGTERM arrives
-SHUTDOWN_GRACE_SECONDS = TERMINATION_GRACE_SECONDS - PRESTOP_SLEEP_SECONDS - 5  # worker's drain, within the pod's
+# Without spec.drainSeconds / terminationGracePeriodSeconds (operator/spec_pod.py): the worker drains running
+# requests for 45 s after the preStop's 10 s, within a 60 s grace period.
+SHUTDOWN_GRACE_SECONDS = PodSpec().drain_seconds
+TERMINATION_GRACE_SECONDS = PodSpec().termination_grace_period_seconds
+API_KEY_ENV = "HETERO_INFER_API_KEY"  # ServerOptions.api_key from the environment (spec.apiKey's Secret)
 SHM_SIZE = "1Gi"
 DEFAULT_CPU = {False: "1", True: "4"}  # by "has a GPU"
 DEFAULT_MEMORY = {False: "4Gi", True: "24Gi"}
@@ -55,7 +59,7 @@ def worker_args(spec: InferenceSpec) -> list[str]:
         "served_model_name": spec.model.name,
         "executor": spec.executor,
         "device": "cuda" if gpu else "cpu",
-        "shutdown_grace": SHUTDOWN_GRACE_SECONDS,
+        "shutdown_grace": spec.pod.drain_seconds,
         "model": model_path(spec),
         **asdict(spec.engine),  # spec.engine's fields are EngineConfig's, unset ones None
     })]
@@ -85,6 +89,8 @@ def _volumes(spec: InferenceSpec) -> tuple[list[dict[str, Any]], list[dict[str, 
     elif m.host_path is not None:
         volumes.append({"name": "model", "hostPath": {"path": m.host_path.path, "type": "Directory"}})
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    volumes += [dict(v) for v in spec.pod.volumes]
+    mounts += [dict(m) for m in spec.pod.volume_mounts]
     return volumes, mounts
 
 
@@ -110,6 +116,8 @@ def _env(spec: InferenceSpec) -> list[dict[str, Any]]:
         {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_DIR}/triton"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
+    if spec.api_key is not None:
+        ours.append(spec.api_key.env(API_KEY_ENV))
     user = {e["name"] for e in spec.env}
     return [e for e in ours if e["name"] not in user] + [dict(e) for e in spec.env]
 
@@ -145,7 +153,7 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
         "resources": _resources(spec),
         "volumeMounts": mounts,
         # Model loading can take minutes: the startup probe holds liveness off until the process serves.
-        "startupProbe": probe("/healthz", period=10, failures=90),
+        "startupProbe": probe("/healthz", period=10, failures=spec.pod.startup_failure_threshold),
         "livenessProbe": probe("/healthz", period=10, failures=3),
         "readinessProbe": probe("/readyz", period=5, failures=2),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
@@ -156,11 +164,11 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
             "capabilities": {"drop": ["ALL"]},
         },
     }
-    labels = common_labels(owner.name)
+    pod = spec.pod
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": {
@@ -173,6 +181,12 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
         "nodeSelector": dict(spec.node_selector) or None,
         "tolerations": _tolerations(spec),
         "affinity": spec.affinity,
+        # spec's pod-level fields, each only when given (a spec without them renders the pods as before)
+        "imagePullSecrets": image_pull_secrets(spec, defaults),
+        "serviceAccountName": pod.service_account_name,
+        "priorityClassName": pod.priority_class_name,
+        "runtimeClassName": pod.runtime_class_name,
+        "topologySpreadConstraints": [dict(t) for t in pod.topology_spread_constraints] or None,
     }
     return {
         "apiVersion": "apps/v1",
@@ -186,8 +200,9 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
             "progressDeadlineSeconds": 1200,
             "template": {
                 "metadata": {
-                    "labels": labels,
-                    "annotations": {**scrape_annotations(), "kubectl.kubernetes.io/default-container": "worker"},
+                    "labels": {**pod.labels, **common_labels(owner.name)},
+                    "annotations": {**scrape_annotations(), "kubectl.kubernetes.io/default-container": "worker",
+                                    **pod.annotations},
                 },
                 "spec": pod_spec,
             },

@@ -190,13 +190,23 @@ def test_rbac_is_least_privilege_and_sufficient(helm_bin: Path) -> None:
     assert not {v for _, g, r, v in granted if r == "endpointslices"} - {"get", "list", "watch"}
 
 
-def test_router_image_defaults_to_the_operator_image(helm_bin: Path) -> None:
+def test_the_router_image_is_pinned_apart_from_the_operators(helm_bin: Path) -> None:
+    """Upgrading the operator (image.tag) must not change the routers' image: that would restart every router."""
     def router_image(*sets: str) -> str:
         env = operator_container(render(helm_bin, *sets))["env"]
         return next(e["value"] for e in env if e["name"] == "HETERO_INFER_OPERATOR_ROUTER_IMAGE")
 
-    assert router_image("--set", "image.tag=9.9") == "ghcr.io/hetero-infer/operator:9.9"
+    pinned = router_image()
+    assert router_image("--set", "image.tag=9.9") == pinned
     assert router_image("--set", "routerImage=registry.local/router:1") == "registry.local/router:1"
+    assert router_image("--set", "routerImage=", "--set", "image.tag=9.9") == "ghcr.io/hetero-infer/operator:9.9"
+
+
+def test_worker_pull_secrets_reach_the_operator(helm_bin: Path) -> None:
+    args = operator_container(render(helm_bin, "--set", "workerImage.pullSecrets={registry,mirror}"))["args"]
+    assert [a for a in args if a.startswith("--image-pull-secrets")] == [
+        "--image-pull-secrets=registry", "--image-pull-secrets=mirror"]
+    assert not [a for a in operator_container(render(helm_bin))["args"] if a.startswith("--image-pull-secrets")]
 
 
 def test_namespaced_install_uses_roles_and_namespaced_peering(helm_bin: Path) -> None:
@@ -214,6 +224,7 @@ def test_namespaced_install_uses_roles_and_namespaced_peering(helm_bin: Path) ->
 
 
 @pytest.mark.parametrize("bad", ["replicaCount=-1", "image.pullPolicy=Sometimes", "unknownKey=1",
+                                 "workerImage.pullSecrets={Not_A_Name}",
                                  "watchNamespaces[0]=Not_A_Namespace"])
 def test_values_schema_rejects_bad_values(helm_bin: Path, bad: str) -> None:
     proc = subprocess.run([str(helm_bin), "lint", "--strict", str(CHART), "--set", bad], capture_output=True,

@@ -128,7 +128,7 @@ def test_schema_and_operator_refuse_exactly_what_the_router_refuses(crd: dict[st
 
 def test_rendered_flags() -> None:
     args = router_args(OWNER, spec(cors=BROWSER_APP, tokenizer="none"))
-    assert args[args.index("--hold-timeout-s") + 2:] == [
+    assert args[args.index("--shutdown-grace-s") + 2:] == [
         "--allowed-origins", "https://app.example.com", "--allowed-origins", "http://localhost:5173",
         "--allowed-methods", "GET", "--allowed-methods", "POST",
         "--allowed-headers", "Authorization", "--allowed-headers", "Content-Type",
@@ -151,9 +151,11 @@ def test_the_router_cli_reads_the_rendered_flags_as_the_spec(router: dict[str, A
     assert options.tokenizer == r.tokenizer
 
 
-# `hetero-infer router ...` for spec.router {enabled: true}, as rendered before cors and tokenizer existed.
+# `hetero-infer router ...` for spec.router {enabled: true}: as rendered before cors and tokenizer existed, plus
+# the drain bound (--shutdown-grace-s) that came with the router's preStop and grace period (issue 27).
 ARGS_BEFORE = ["router", "--host", "0.0.0.0", "--port", str(c.WORKER_PORT), "--policy", "prefix",
-               "--discover-service", "smol-workers", "--namespace", "models", "--hold-timeout-s", "300"]
+               "--discover-service", "smol-workers", "--namespace", "models", "--hold-timeout-s", "300",
+               "--shutdown-grace-s", "300"]
 
 
 def test_specs_without_the_new_fields_render_the_router_as_before(crd: dict[str, Any]) -> None:

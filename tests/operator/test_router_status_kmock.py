@@ -40,7 +40,7 @@ def gets_of(kmock: Any, path: str) -> int:
 async def test_ready_follows_the_router_deployment_and_resyncs_write_nothing(
         kmock: Any, operator: Any, kubeconfig: Path, kubectl_bin: Path, tmp_path: Path, crd: dict[str, Any]) -> None:
     await operator("--resync-seconds", "0.2")
-    await create(kmock, infd(replicas=1, router={"enabled": True, "policy": "round-robin"}))
+    await create(kmock, infd(replicas=1, router={"enabled": True, "policy": "round-robin", "replicas": 1}))
     await wait_for(lambda: live(kmock, DEPLOYMENTS) and live(kmock, DEPLOYMENTS, "smol-router"),
                    what="worker and router Deployments")
 

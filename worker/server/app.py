@@ -4,7 +4,6 @@ endpoints (/healthz, /readyz, /metrics, /openapi.json, /v1/models). Generation l
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import re
@@ -12,6 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from hetero_infer.contracts.auth import check_api_key
 from hetero_infer.worker.server import cors
 from hetero_infer.worker.server.cache_blocks import cache_blocks
 from hetero_infer.worker.server.chat import create_chat_completion
@@ -82,17 +82,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """With API keys configured, /v1/*, /tokenize and /detokenize need `Authorization: Bearer <key>`
     (constant-time comparison)."""
-    keys = get_state(request).api_keys
-    if keys and request.path.startswith(_PROTECTED):
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        given = token.strip().encode() if scheme.lower() == "bearer" else b""
-        ok = False
-        for key in keys:  # compare against every key, whatever matches first
-            ok |= hmac.compare_digest(given, key)
-        if not ok:
-            raise APIError(401, "Incorrect or missing API key. Send it as `Authorization: Bearer <key>`.",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    if request.path.startswith(_PROTECTED):
+        check_api_key(request, get_state(request).api_keys)
     return await handler(request)
 
 
