@@ -29,6 +29,7 @@ _HELP = {
     "quantization": "weight-only quantization: int8 or int4",
     "seed": "seed for requests that give none",
     "enforce_eager": "disable CUDA graphs",
+    "async_scheduling": "schedule and prepare the next step while the device runs the current one (CUDA, mock)",
     "mock_step_latency_s": "mock executor: seconds per step",
     "mock_token_latency_s": "mock executor: seconds more per token a step computes (prefill or decode; prefix-cache "
     "hits are not computed)",

@@ -113,7 +113,7 @@ async def run_async_engine(engine: Any, prompts: list[list[int]], output_len: in
     if core is not None:
         from hetero_infer.worker.frontend.process import ProcessEngineClient
 
-        ae: EngineClient = ProcessEngineClient(core, stream_interval=stream_interval)
+        ae: EngineClient = ProcessEngineClient(core, stream_interval=stream_interval, tokenizer=engine.tokenizer)
     else:
         ae = InprocEngineClient(engine, stream_interval=stream_interval)
     ae.start()

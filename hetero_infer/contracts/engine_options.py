@@ -33,6 +33,9 @@ class EngineConfig:
     quantization: Quantization | None = None
     seed: int = 0
     enforce_eager: bool = False
+    # the overlap: schedule and prepare step N+1 while the device runs step N (executors that run asynchronously:
+    # CUDA, the mock)
+    async_scheduling: bool = True
     # mock executor
     mock_step_latency_s: float = 0.0
     # mock cost model: a step also takes these per token whose K/V it computes (prefill chunks and decodes; a

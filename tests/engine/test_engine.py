@@ -134,13 +134,13 @@ def test_logits_processors_steer_only_their_own_request(llm):
 
 
 def test_all_greedy_steps_take_the_argmax_others_the_full_sampler(llm, monkeypatch):
-    """A step whose rows are all plain greedy skips the sampler's processing (`Sampler.argmax`); one row that
-    needs more (logprobs here) sends the whole step through `Sampler.__call__`, with the same greedy tokens."""
+    """A step whose rows are all plain greedy skips the sampler's processing (`Sampler.argmax_tokens`); one row
+    that needs more (logprobs here) sends the whole step through `Sampler.__call__`, with the same greedy tokens."""
     from hetero_infer.worker.runner.sampler import Sampler
 
     calls: list[str] = []
-    argmax, full = Sampler.argmax, Sampler.__call__
-    monkeypatch.setattr(Sampler, "argmax", lambda self, *a: calls.append("argmax") or argmax(self, *a))
+    argmax, full = Sampler.argmax_tokens, Sampler.__call__
+    monkeypatch.setattr(Sampler, "argmax_tokens", lambda self, *a: calls.append("argmax") or argmax(self, *a))
     monkeypatch.setattr(Sampler, "__call__", lambda self, *a: calls.append("full") or full(self, *a))
     greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     plain = llm.generate(prompt_token_ids=[prompt(7, 10), prompt(5, 11)], sampling_params=greedy)

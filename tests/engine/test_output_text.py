@@ -18,7 +18,7 @@ import torch
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from hetero_infer.worker.config import EngineConfig
-from hetero_infer.worker.core.detokenizer import IncrementalDetokenizer
+from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.sampling_params import SamplingParams
 
@@ -52,10 +52,13 @@ def generate(engine: LLMEngine, tokens: list[int], **kw) -> tuple:
     params = SamplingParams(temperature=0.0, logits_processors=[scripted(tokens)], **kw)
     request_id = f"r{id(params)}"
     engine.add_request(request_id, None, PROMPT, params)
+    text = DeltaDetokenizer(engine.tokenizer)  # the frontend's: the engine's deltas carry token ids only
+    text.add(request_id, PROMPT, params)
     streamed = []
     final = None
     while engine.has_unfinished_requests():
         for delta in engine.step_deltas():
+            text.fill(delta)
             streamed.append(delta.samples[0].text)
             if delta.finished:
                 final = delta.samples[0]

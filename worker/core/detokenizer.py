@@ -1,4 +1,5 @@
-"""Incremental detokenization with stop strings, for one output sequence.
+"""Incremental detokenization with stop strings, for one output sequence (`IncrementalDetokenizer`), and the
+output text of a frontend's requests, filled into the engine's token-only deltas (`DeltaDetokenizer`).
 
 Uses vLLM's prefix/read offsets: each new token is decoded together with the few tokens
 before it (so merges, leading spaces and multi-byte characters come out right) and only
@@ -7,6 +8,9 @@ the text past the previous window is appended, which is O(1) amortized per token
 
 from __future__ import annotations
 
+from typing import Any
+
+from hetero_infer.worker.core.outputs import RequestDelta, SampleDelta
 from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.tokenizer import Tokenizer
 
@@ -116,3 +120,56 @@ class IncrementalDetokenizer:
         self._text = self._text[: pos + len(stop) if self._include_stop else pos]
         self._stop = stop
         return stop
+
+
+class DeltaDetokenizer:
+    """The text of requests whose deltas carry token ids only (the engine no longer detokenizes): the frontend
+    registers each request (`add`) and passes every delta through `fill`, in order, which sets each sample's
+    new text exactly as the engine used to (emittable text only; a stop string cuts it; the stop token's text
+    only with include_stop_str_in_output). Without a tokenizer (token ids only) it leaves the text empty."""
+
+    def __init__(self, tokenizer: Tokenizer | None) -> None:
+        self.tokenizer = tokenizer
+        self._eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset()
+        # request id -> (prompt token ids, params, per sample [detokenizer, characters already sent])
+        self._requests: dict[str, tuple[list[int], SamplingParams, list[list[Any]]]] = {}
+
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if self.tokenizer is not None:
+            self._requests[request_id] = (prompt_token_ids, params, [])
+
+    def drop(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def fill(self, delta: RequestDelta) -> None:
+        state = self._requests.get(delta.request_id)
+        if state is None:
+            return
+        prompt, params, samples = state
+        for i, d in enumerate(delta.samples):
+            if i == len(samples):
+                samples.append([IncrementalDetokenizer(self.tokenizer, prompt, params), 0])
+            detok, sent = samples[i]
+            ids = d.token_ids
+            finished = d.finish_reason is not None
+            if finished and ids and self._hides_last_token(d, ids[-1], params):
+                ids = ids[:-1]
+            for token_id in ids:
+                detok.add_token(token_id)
+            text = detok.emittable_text(finished)
+            d.text = text[sent:]
+            samples[i][1] = len(text)
+        if delta.finished or delta.error is not None:
+            del self._requests[delta.request_id]
+
+    def _hides_last_token(self, d: SampleDelta, token_id: int, params: SamplingParams) -> bool:
+        """Whether a finished sample's last token has no text: a stop token (EOS, stop_token_ids) unless
+        include_stop_str_in_output, or the token its grammar refused (finish_reason "abort"), as the engine
+        decides them (LLMEngine._accept)."""
+        if d.finish_reason == "abort":
+            return True
+        if d.finish_reason != "stop" or params.include_stop_str_in_output:
+            return False
+        if isinstance(d.stop_reason, int):
+            return True
+        return d.stop_reason is None and not params.ignore_eos and token_id in self._eos

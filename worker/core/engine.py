@@ -11,17 +11,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.block_manager import BlockManager
-from hetero_infer.worker.core.detokenizer import IncrementalDetokenizer
+from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
 from hetero_infer.worker.core.outputs import OutputAccumulator, RequestDelta, RequestOutput, SampleDelta
 from hetero_infer.worker.core.request_check import EngineLimits, check_request
 from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
-from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
+from hetero_infer.worker.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
 from hetero_infer.worker.runner.loader import load_hf_config, resolve_model
-from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, make_generator, takes_argmax
+from hetero_infer.worker.runner.sampler import SamplingRow, _has_penalties, make_generator, takes_argmax
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
 from hetero_infer.worker.tokenizer import Tokenizer
 
@@ -41,6 +42,18 @@ class EngineStats:
     generation_tokens_total: int
 
 
+@dataclass(slots=True)
+class _Inflight:
+    """A launched step: the sequences it samples (in the order of its rows), where each one's PLACEHOLDER sits
+    in its token_ids, the executor's handle, and whether the next step must wait for its tokens on the host."""
+
+    sched: SchedulerOutput
+    rows: list[Sequence]
+    positions: list[int]
+    handle: Any
+    needs_host_tokens: bool
+
+
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -52,7 +65,7 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     error: str | None = None
-    # Per sample, what earlier deltas already carried: [tokens, characters of text, logprobs entries].
+    # Per sample, what earlier deltas already carried: [end of its tokens in token_ids, logprobs entries].
     sent: list[list[int]] = field(default_factory=list)
 
     @property
@@ -82,8 +95,13 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.memory_threshold
         )
-        self.sampler = Sampler(all_logprobs=False)  # logprobs only for requests that ask
         self.eos_token_ids = sorted(self.tokenizer.eos_token_ids)
+        self._eos = frozenset(self.eos_token_ids)
+        # the overlap: step N+1 is launched before step N's tokens reach the host (`_step`)
+        self._overlap = config.async_scheduling and self.executor.overlaps
+        self._inflight: _Inflight | None = None
+        self._launch_error = ""
+        self._text = DeltaDetokenizer(self.tokenizer)  # `step()`'s output text
         # structured outputs: built on the first constrained request (EOS only where the grammar is complete)
         self.grammars = GrammarCache(
             lambda: tokenizer_info_from_hf(self.tokenizer.hf, int(self.vocab_size), self.eos_token_ids))
@@ -133,14 +151,16 @@ class LLMEngine:
         seq.sampler_params = params
         if num_samples(params) > params.n and params.logprobs is None:
             seq.sampler_params = replace(params, logprobs=0)
-        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params)
+        if params.stop_strings:  # the only detokenizing the engine does: stop strings end sequences exactly
+            seq.stop_checker = IncrementalDetokenizer(self.tokenizer, token_ids, params)
         if params.structured_outputs is not None:
             seq.grammar = self.grammars.new_state(params.structured_outputs)
         return seq
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
-        self._accumulators.pop(request_id, None)
+        if self._accumulators.pop(request_id, None) is not None:
+            self._text.drop(request_id)
         if request is None:
             return
         for seq in request.seqs:
@@ -148,12 +168,10 @@ class LLMEngine:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
 
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
-
     # -- the step -----------------------------------------------------------------------
     def step_deltas(self) -> list[RequestDelta]:
-        """One scheduler step; a delta for every request that got new tokens (or failed) in it."""
+        """One scheduler step; a delta (token ids, no text: the frontend detokenizes) for every request that got
+        new tokens (or failed). With the overlap, the tokens are those of the step before: see `_step`."""
         touched = self._step()
         if not touched:
             return []
@@ -161,7 +179,8 @@ class LLMEngine:
         return [self._delta(r, step_end) for r in touched]
 
     def step(self) -> list[RequestOutput]:
-        """One scheduler step; the cumulative output of every request that got new tokens (or failed) in it."""
+        """One scheduler step; the cumulative output of every request that got new tokens (or failed) in it, its
+        text detokenized here (the in-process frontend of direct callers such as `LLM`)."""
         touched = self._step()
         if not touched:
             return []
@@ -169,78 +188,140 @@ class LLMEngine:
         outputs = []
         accumulators = self._accumulators
         for request in touched:
-            acc = accumulators.get(request.request_id)
+            rid = request.request_id
+            acc = accumulators.get(rid)
             if acc is None:
-                acc = accumulators[request.request_id] = OutputAccumulator(
-                    request.request_id, request.prompt, request.prompt_token_ids, request.arrival_time)
-            acc.add(self._delta(request, step_end))
+                acc = accumulators[rid] = OutputAccumulator(rid, request.prompt, request.prompt_token_ids,
+                                                            request.arrival_time)
+                self._text.add(rid, request.prompt_token_ids, request.params)
+            delta = self._delta(request, step_end)
+            self._text.fill(delta)
+            acc.add(delta)
             if acc.finished:
-                del accumulators[request.request_id]
+                del accumulators[rid]
             outputs.append(acc.output())
         return outputs
 
+    def has_unfinished_requests(self) -> bool:
+        # a step still in flight when the last request ends has only finished sequences: nothing to wait for
+        return bool(self.requests)
+
     def _step(self) -> list[Request]:
-        """Schedule and run one step; the requests that got new tokens (or failed) in it."""
+        """Schedule and launch step N+1, then finish step N: while the device runs N+1, the host takes N's tokens
+        (N+1 got them on the device: the scheduler counted a PLACEHOLDER for each). The requests that got new
+        tokens (or failed). A step whose sequences need their tokens on the host before the next can be built
+        (grammars, penalties, logits processors) is finished first; so is every step of an executor that does
+        not overlap (or with async_scheduling off), in the call that launched it."""
+        touched: list[Request] = []
+        prev, self._inflight = self._inflight, None
+        if prev is not None and prev.needs_host_tokens:
+            touched += self._finish(prev)
+            prev = None
         t = time.perf_counter()
         sched = self.scheduler.schedule()
         self.last_schedule_seconds = time.perf_counter() - t
         self.last_schedule = sched
-        if not sched.scheduled:
-            return []
-        now = time.monotonic()
-        for item in sched.scheduled:
-            request = self.requests[item.seq.request_id]
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
-        try:
-            result = self.executor.execute(sched)
-            return self._update(sched, result)
-        except Exception as exc:  # one bad step fails only its own requests
-            log.exception("engine step failed; failing the %d requests in it", len(sched.scheduled))
-            return self._fail_step(sched, f"{type(exc).__name__}: {exc}")
+        step = None
+        if sched.scheduled:
+            step = self._launch(sched)
+            if step is None:
+                touched += self._fail_step(sched.scheduled, "launch")
+        if prev is not None:
+            touched += self._finish(prev)
+        if step is not None:
+            if self._overlap:
+                self._inflight = step
+            else:
+                touched += self._finish(step)
+        if len(touched) > 1:
+            touched = list(dict.fromkeys(touched))
+        return touched
 
-    def _update(self, sched: SchedulerOutput, result) -> list[Request]:
+    def _launch(self, sched: SchedulerOutput) -> _Inflight | None:
+        """Hand the step to the executor, then count its work as done (computed tokens, a PLACEHOLDER per
+        sampled token) so that the next step can be scheduled before this one ends. None if it failed."""
+        now = time.monotonic()
+        requests = self.requests
         rows: list[Sequence] = []  # the sequences that get a token, in the order of the logits rows
         for item in sched.scheduled:
             seq = item.seq
-            samples = item.samples
-            seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.register_computed_blocks(seq)
-            if samples:
+            request = requests[seq.request_id]
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+            if item.samples:
                 rows.append(seq)
+        sampling = None
+        needs_host_tokens = False
+        if not self.executor.samples_itself:
+            sampling, needs_host_tokens = self._sampling_rows(rows)
+        try:
+            handle = self.executor.execute_async(sched, sampling)
+        except Exception as exc:  # one bad step fails only its own requests
+            log.exception("engine step failed; failing the %d requests in it", len(sched.scheduled))
+            self._launch_error = f"{type(exc).__name__}: {exc}"
+            return None
+        for item in sched.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+        positions = []
+        for seq in rows:
+            positions.append(len(seq.token_ids))
+            seq.token_ids.append(PLACEHOLDER)
+            seq.num_pending += 1
+        return _Inflight(sched, rows, positions, handle, needs_host_tokens)
 
-        if self.executor.samples_itself:
-            tokens = [(self.executor.next_token(s.token_ids, s.sample_index), None) for s in rows]
-        elif all(takes_argmax(s.sampler_params, s.num_output_tokens, s.grammar) and not s.params.logits_processors
-                 for s in rows):  # all greedy, nothing to process (the usual step): no SamplingRows either
-            tokens = [(t, None) for t in self.sampler.argmax(result)]
-        else:
-            logits = result
-            if any(s.params.logits_processors for s in rows):
-                logits = _process_logits(logits, rows)
-            sampling_rows = [
-                SamplingRow(s.sampler_params, s.token_ids[: s.num_prompt_tokens], s.output_token_ids, s.generator,
-                            self.eos_token_ids, s.grammar)
-                for s in rows
-            ]
-            tokens = [(t.token_id, t) for t in self.sampler(logits, sampling_rows)]
+    def _sampling_rows(self, rows: list[Sequence]) -> tuple[list[SamplingRow] | None, bool]:
+        """What the executor's sampler needs for `rows` (None: every row takes its argmax), and whether the host
+        must have these rows' tokens before the next step is built (the next step's grammar masks, penalties or
+        logits processors read them)."""
+        if all(takes_argmax(s.sampler_params, s.num_output_tokens, s.grammar) and not s.params.logits_processors
+               for s in rows):  # all greedy, nothing to process (the usual step): no SamplingRows either
+            return None, False
+        eos = self.eos_token_ids
+        sampling = [SamplingRow(s.sampler_params, s.token_ids[: s.num_prompt_tokens], s.output_token_ids,
+                                s.generator, eos, s.grammar) for s in rows]
+        feedback = any(s.grammar is not None or s.params.logits_processors or _has_penalties(s.params)
+                       for s in rows)
+        return sampling, feedback
 
+    def _finish(self, step: _Inflight) -> list[Request]:
+        """Wait for a launched step's tokens and apply them: the requests that got new tokens (or failed)."""
+        try:
+            token_ids, sampled = step.handle.result()
+        except Exception as exc:
+            log.exception("engine step failed; failing the %d requests in it", len(step.sched.scheduled))
+            return self._fail_step(step.sched.scheduled, f"{type(exc).__name__}: {exc}")
         now = time.monotonic()
+        requests = self.requests
         touched: dict[str, Request] = {}
-        for seq, (token_id, sampled) in zip(rows, tokens):
-            request = self.requests[seq.request_id]
+        for i, (seq, index) in enumerate(zip(step.rows, step.positions)):
+            if seq.is_finished:  # stopped or aborted while this step ran: its token is dropped
+                continue
+            request = requests[seq.request_id]
             touched[request.request_id] = request
             if request.first_token_time is None:
                 request.first_token_time = now
-            self._append_token(seq, token_id, sampled)
-            if seq.grammar is not None and seq.is_finished:
-                seq.grammar = None  # the matcher ends with its sequence (last_schedule still holds the sequence)
+            seq.token_ids[index] = token_ids[i]
+            seq.num_pending -= 1
+            self._accept(seq, index, token_ids[i], None if sampled is None else sampled[i])
+            if seq.is_finished:
+                del seq.token_ids[index + 1:]  # the placeholder of a step in flight, if any
+                seq.num_pending = 0
+                if seq.grammar is not None:
+                    seq.grammar = None  # the matcher ends with its sequence (last_schedule still holds it)
+        # Offer the completed blocks to the prefix cache now that their tokens are known (the step in flight may
+        # have computed some too: the device runs it before any step that could take them from the cache).
+        register = self.block_manager.register_computed_blocks
+        for item in step.sched.scheduled:
+            if not item.seq.is_finished:
+                register(item.seq)
         return list(touched.values())
 
-    def _append_token(self, seq: Sequence, token_id: int, sampled) -> None:
-        seq.token_ids.append(token_id)
+    def _accept(self, seq: Sequence, index: int, token_id: int, sampled) -> None:
+        """Apply the token at `index` of `seq`: logprobs, grammar, and the stop rules (EOS, stop tokens, stop
+        strings, max_tokens, the context length)."""
         self.generation_tokens_total += 1
-        if seq.num_output_tokens == 1:
+        num_output = index + 1 - seq.num_prompt_tokens
+        if num_output == 1:
             self.prompt_tokens_total += seq.num_prompt_tokens if seq.sample_index == 0 else 0
         if sampled is not None and sampled.logprob is not None:
             seq.cumulative_logprob += sampled.logprob
@@ -252,24 +333,26 @@ class LLMEngine:
         if seq.grammar is not None and not seq.grammar.accept(token_id):
             log.warning("request %s: token %d is outside its grammar; finishing it", seq.request_id, token_id)
             return self.scheduler.finish(seq, "abort")
-        if seq.num_output_tokens >= params.min_tokens:
-            eos = not params.ignore_eos and token_id in self.tokenizer.eos_token_ids
+        if num_output >= params.min_tokens:
+            eos = not params.ignore_eos and token_id in self._eos
             if eos or token_id in params.stop_token_ids:
                 # as vLLM: the stop token stays in token_ids, its text only with include_stop_str_in_output
-                if params.include_stop_str_in_output:
-                    seq.detokenizer.add_token(token_id)
                 return self.scheduler.finish(seq, "stop", None if eos else token_id)
-        stop_str = seq.detokenizer.add_token(token_id)
-        if stop_str is not None and seq.num_output_tokens >= params.min_tokens:
-            return self.scheduler.finish(seq, "stop", stop_str)
+        checker = seq.stop_checker
+        if checker is not None:
+            stop_str = checker.add_token(token_id)
+            if stop_str is not None and num_output >= params.min_tokens:
+                return self.scheduler.finish(seq, "stop", stop_str)
         if seq.grammar is not None and seq.grammar.is_terminated:
             return self.scheduler.finish(seq, "stop")  # the grammar's EOS under ignore_eos: nothing may follow
-        if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+        if num_output >= seq.max_tokens or index + 1 >= self.max_model_len:
             self.scheduler.finish(seq, "length")
 
-    def _fail_step(self, sched: SchedulerOutput, message: str) -> list[Request]:
+    def _fail_step(self, scheduled: list, message: str) -> list[Request]:
+        if message == "launch":
+            message = self._launch_error
         failed: dict[str, Request] = {}
-        for item in sched.scheduled:
+        for item in scheduled:
             request = self.requests.get(item.seq.request_id)
             if request is not None:
                 failed[request.request_id] = request
@@ -282,10 +365,11 @@ class LLMEngine:
         return list(failed.values())
 
     def _delta(self, request: Request, step_end: float) -> RequestDelta:
-        """What `request` gained since its previous delta (the only place deltas are cut)."""
+        """What `request` gained since its previous delta (the only place deltas are cut): token ids, logprobs,
+        finish and stop reasons; the text is left to the frontend (`DeltaDetokenizer`)."""
         params = request.params
-        finished = request.finished or request.error is not None
         seqs = request.seqs
+        finished = request.error is not None or all(s.status is _FINISHED for s in seqs)
         if len(seqs) > params.n:  # best_of: nothing until the end, then the n best as samples 0..n-1
             seqs = _best(seqs, params.n) if finished else []
         sent = request.sent
@@ -293,21 +377,17 @@ class LLMEngine:
         samples = []
         for i, seq in enumerate(seqs):
             if i == len(sent):
-                sent.append([0, 0, 0])
+                sent.append([seq.num_prompt_tokens, 0])
             s = sent[i]
-            token_ids = seq.token_ids[seq.num_prompt_tokens + s[0]:]
-            s[0] += len(token_ids)
-            # The emittable text only ever grows (each is a prefix of every later one).
-            text = seq.detokenizer.emittable_text(seq.status is _FINISHED)
-            n_chars = len(text)
-            text = text[s[1]:]
-            s[1] = n_chars
+            known = len(seq.token_ids) - seq.num_pending
+            token_ids = seq.token_ids[s[0]:known]
+            s[0] = known
             logprobs = seq.logprobs
             if logprobs is not None:
                 n_lp = len(logprobs)
-                logprobs = logprobs[s[2]:]
-                s[2] = n_lp
-            samples.append(SampleDelta(token_ids, text, logprobs, seq.cumulative_logprob if with_logprobs else None,
+                logprobs = logprobs[s[1]:]
+                s[1] = n_lp
+            samples.append(SampleDelta(token_ids, "", logprobs, seq.cumulative_logprob if with_logprobs else None,
                                        seq.finish_reason, seq.stop_reason))
         if finished:
             self.requests.pop(request.request_id, None)
@@ -342,16 +422,6 @@ def num_samples(params: SamplingParams) -> int:
 def _best(seqs: list[Sequence], n: int) -> list[Sequence]:
     """vLLM's best_of rule: the n samples with the highest cumulative logprob, best first (ties: lower index)."""
     return sorted(seqs, key=lambda s: -s.cumulative_logprob)[:n]
-
-
-def _process_logits(logits, seqs: list[Sequence]):
-    """Each sequence's logits row through its request's logits processors, on a copy (the executor's output
-    stays as it was)."""
-    logits = logits.clone()
-    for i, seq in enumerate(seqs):
-        for process in seq.params.logits_processors or ():
-            logits[i] = process(seq.output_token_ids, logits[i])
-    return logits
 
 
 def _max_model_len(config: EngineConfig, hf_config) -> int:

@@ -95,6 +95,8 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            if seq.num_output_tokens >= seq.max_tokens:
+                continue  # its newest token, still on the device (a PLACEHOLDER), is its last
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             allocated = bm.allocate_slots(seq, num_new)
             while not allocated:
@@ -138,14 +140,14 @@ class Scheduler:
 
     def _waits_for_prompt_leader(self, seq: Sequence) -> bool:
         """Whether `seq`, a later sample of an n > 1 request, should wait for its first sample, which runs and
-        has not computed the prompt's shareable full blocks yet (registering blocks only once their K/V are
-        computed, the prefix cache cannot offer them in the step that computes them)."""
+        has not registered the prompt's shareable full blocks in the prefix cache yet (the engine registers blocks
+        once the step that computes their K/V has ended on the host's side, so not in the step that computes them)."""
         leader = seq.prompt_leader
         bm = self.block_manager
         if leader is None or not bm.enable_prefix_caching or leader.status is not SequenceStatus.RUNNING:
             return False
         shareable = (seq.num_prompt_tokens - 1) // bm.block_size * bm.block_size  # as lookup_prefix finds them
-        return leader.num_computed_tokens < shareable
+        return leader.num_registered_blocks * bm.block_size < shareable
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
         """Finish a sequence and free its blocks at once (running or waiting)."""

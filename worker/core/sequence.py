@@ -11,6 +11,10 @@ from hetero_infer.worker.core.sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
 
+# A token sampled by a step still running on the device: the step that computes its K/V takes the real token
+# from the device's output (the executor patches it in); the engine writes it here when the step's result comes.
+PLACEHOLDER = -1
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -43,7 +47,8 @@ class Sequence:
     logprobs: list[dict[int, float]] | None = None
     generator: Any = None  # torch.Generator for seeded requests
     sampler_params: Any = None  # what the sampler gets: `params`, or a copy that asks for logprobs (best_of)
-    detokenizer: Any = None
+    stop_checker: Any = None  # an IncrementalDetokenizer where the request has stop strings (else None)
+    num_pending: int = 0  # PLACEHOLDER tokens at the end of token_ids (steps in flight that sample this sequence)
     grammar: Any = None  # structured outputs: the sequence's GrammarState (worker/structured)
 
     @property
@@ -53,6 +58,11 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids the host has: `num_tokens` less the placeholders of steps in flight."""
+        return len(self.token_ids) - self.num_pending
 
     @property
     def num_output_tokens(self) -> int:

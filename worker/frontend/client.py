@@ -20,6 +20,7 @@ from typing import Any
 
 from hetero_infer.block_hashes import BlockLog
 from hetero_infer.worker.core.busy_loop import ABORT, ADD, Command, EngineOutputs, EngineRequest
+from hetero_infer.worker.core.detokenizer import DeltaDetokenizer
 from hetero_infer.worker.frontend.stream import OutputStream
 from hetero_infer.worker.frontend.timing import RequestTiming, TimingSink, record_delta, record_steps
 
@@ -40,8 +41,12 @@ class EngineClient(ABC):
     `stream_interval` (seconds) bounds how often the busy loop hands outputs over for running requests: the
     deltas of the steps in between are merged per request. Requests that end are handed over at once."""
 
-    def __init__(self, *, timing_sink: TimingSink | None = None, stream_interval: float = 0.0) -> None:
+    def __init__(self, *, timing_sink: TimingSink | None = None, stream_interval: float = 0.0,
+                 tokenizer: Any = None) -> None:
         self.timing_sink = timing_sink
+        # the engine hands out token ids; their text is made here, on the event loop (in process mode: the API
+        # process), while the engine runs its next steps. None: token ids only.
+        self.detokenizer = DeltaDetokenizer(tokenizer)
         self.stream_interval = stream_interval
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timings: dict[str, RequestTiming] = {}
@@ -94,12 +99,15 @@ class EngineClient(ABC):
         for r in requests:
             self._streams[r.request_id] = stream
             self._timings[r.request_id] = RequestTiming(arrival, len(r.prompt_token_ids))
+            self.detokenizer.add(r.request_id, r.prompt_token_ids, r.params)
         self._send([(ADD, r) for r in requests])
         return stream
 
     def abort(self, stream: OutputStream) -> None:
         """Abort every unfinished request of a stream; the engine frees their KV blocks at its next turn."""
         rids = [rid for rid in stream.request_ids if self._streams.pop(rid, None) is not None]
+        for rid in rids:
+            self.detokenizer.drop(rid)
         if rids:
             self._send([(ABORT, rids)])
 
@@ -121,10 +129,12 @@ class EngineClient(ABC):
             self._on_rejected(outputs.rejected)
         streams = self._streams
         timings = self._timings
+        fill_text = self.detokenizer.fill
         for delta in outputs.deltas:
             rid = delta.request_id
             stream = streams.get(rid)
             if stream is not None:  # else aborted meanwhile
+                fill_text(delta)
                 if delta.finished:
                     del streams[rid]
                 if delta.error:
@@ -153,6 +163,7 @@ class EngineClient(ABC):
     def _on_rejected(self, rejected: list[tuple[str, Exception]]) -> None:
         for rid, exc in rejected:
             self._timings.pop(rid, None)
+            self.detokenizer.drop(rid)
             stream = self._streams.pop(rid, None)
             if stream is not None:
                 self.abort(stream)  # its sibling requests (multi-prompt) are no longer wanted either
@@ -160,6 +171,7 @@ class EngineClient(ABC):
 
     def _on_dead(self, error: BaseException) -> None:
         self._dead = error
+        self.detokenizer = DeltaDetokenizer(self.detokenizer.tokenizer)
         for stream in list(self._streams.values()):
             stream._fail(error)
         self._streams.clear()

@@ -68,8 +68,11 @@ class _ThreadLink:
 class InprocEngineClient(EngineClient):
     """Runs an `LLMEngine` on its own thread and exposes it to asyncio code."""
 
-    def __init__(self, engine: Any, *, timing_sink: TimingSink | None = None, stream_interval: float = 0.0) -> None:
-        super().__init__(timing_sink=timing_sink, stream_interval=stream_interval)
+    def __init__(self, engine: Any, *, timing_sink: TimingSink | None = None, stream_interval: float = 0.0,
+                 tokenizer: Any = None) -> None:
+        """tokenizer: what the event loop detokenizes with (default: the engine's)."""
+        super().__init__(timing_sink=timing_sink, stream_interval=stream_interval,
+                         tokenizer=tokenizer if tokenizer is not None else engine.tokenizer)
         self.engine = engine
         self._thread: threading.Thread | None = None
         self._link: _ThreadLink | None = None

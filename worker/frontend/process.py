@@ -212,8 +212,9 @@ class ProcessEngineClient(EngineClient):
     itself when its pipe is readable (`add_reader`); commands go to the child as they come (`_send`)."""
 
     def __init__(self, core: EngineProcess, *, timing_sink: TimingSink | None = None,
-                 stream_interval: float = 0.0) -> None:
-        super().__init__(timing_sink=timing_sink, stream_interval=stream_interval)
+                 stream_interval: float = 0.0, tokenizer: Any = None) -> None:
+        """tokenizer: what this (the API) process detokenizes the engine's token ids with (None: no text)."""
+        super().__init__(timing_sink=timing_sink, stream_interval=stream_interval, tokenizer=tokenizer)
         self.core = core
         self._started = False
         self._stop = False

@@ -22,6 +22,8 @@ from hetero_infer.worker.runner.inputs import step_inputs
 from hetero_infer.worker.runner.loader import iter_safetensors
 from hetero_infer.worker.runner.models.llama import LlamaForCausalLM
 from hetero_infer.worker.runner.models.rotary import head_dim_of
+from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, sample_logits
+from hetero_infer.worker.runner.step_handle import DeviceStep, DoneStep
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,11 @@ def resolve_dtype(dtype: str, hf_config, device: torch.device, quantization: str
 
 
 class TorchExecutor:
+    """`execute_async` runs a step and samples it. On CUDA it only launches the work: the sampled tokens stay on
+    the device, where the next step reads its PLACEHOLDER inputs from them, and are copied behind the step into
+    a pinned host buffer that `result()` reads after the step's event; on the CPU it runs to the end (the
+    overlap has nothing to hide there: the host is the device)."""
+
     samples_itself = False
 
     def __init__(self, config: EngineConfig, hf_config, folder, max_model_len: int) -> None:
@@ -64,6 +71,14 @@ class TorchExecutor:
         self.dtype = resolve_dtype(config.dtype, hf_config, self.device, config.quantization)
         self.block_size = config.block_size
         self.vocab_size = hf_config.vocab_size
+        self.overlaps = self.device.type == "cuda"
+        self.sampler = Sampler(all_logprobs=False)  # logprobs only for requests that ask
+        # the previous step's sampled tokens on the device and each sequence's row in them (PLACEHOLDER inputs)
+        self._prev_tokens: torch.Tensor | None = None
+        self._prev_rows: dict[int, int] = {}
+        if self.overlaps:  # two, alternating: step N+1's copy may land before the host has read step N's
+            self._host_tokens = [torch.empty(config.max_num_seqs, dtype=torch.long, pin_memory=True) for _ in range(2)]
+            self._flip = 0
         torch.manual_seed(config.seed)
         with torch.device(self.device):
             model = LlamaForCausalLM(hf_config, max_positions=max_model_len)
@@ -201,7 +216,32 @@ class TorchExecutor:
     def prepare(self, sched: SchedulerOutput):
         """(input ids, the backend's metadata, rows whose logits are sampled) of the step."""
         step = step_inputs(sched, self.block_size)
-        return self._h2d(step.token_ids), self.backend.prepare(step.batch), self._h2d(step.logits_index)
+        input_ids = self._h2d(step.token_ids)
+        if step.placeholders:  # tokens the previous step sampled: taken from its output, on the device
+            if self._prev_tokens is None:
+                raise RuntimeError("a step reads tokens of a previous step that this executor did not run")
+            rows, prev = zip(*[(r, self._prev_rows[seq_id]) for r, seq_id in step.placeholders])
+            input_ids[self._h2d(torch.tensor(rows))] = self._prev_tokens[self._h2d(torch.tensor(prev))]
+        return input_ids, self.backend.prepare(step.batch), self._h2d(step.logits_index)
+
+    @torch.inference_mode()
+    def execute_async(self, sched: SchedulerOutput, sampling: list[SamplingRow] | None) -> DoneStep | DeviceStep:
+        """Run (CUDA: launch) the step and sample its rows (`sampling`: see `sample_logits`)."""
+        logits = self.execute(sched)
+        tokens, sampled = sample_logits(self.sampler, logits, sampling)
+        if self.overlaps:
+            tokens = tokens.to(self.device, non_blocking=True)  # the host sampler's (a no-op for argmax's)
+            self._prev_tokens = tokens
+            self._prev_rows = {s.seq.seq_id: i for i, s in enumerate(r for r in sched.scheduled if r.samples)}
+            if sampled is not None:
+                return DoneStep([t.token_id for t in sampled], sampled)
+            host = self._host_tokens[self._flip][: tokens.shape[0]]
+            self._flip ^= 1
+            host.copy_(tokens, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            return DeviceStep(event, host)
+        return DoneStep(tokens.tolist(), sampled)
 
 
 def _cpu_attention_path(backend) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetero_infer.worker.core.scheduler import SchedulerOutput
+from hetero_infer.worker.core.sequence import PLACEHOLDER
 from hetero_infer.worker.runner.attention import SeqSpan, StepBatch
 
 
@@ -16,6 +17,8 @@ class StepInputs:
     token_ids: np.ndarray  # [T] int64
     batch: StepBatch  # positions, slots and per-sequence spans, for the attention backend's metadata
     logits_index: np.ndarray  # [S] int64: rows of the flattened step whose logits are sampled (each sequence's last)
+    # (row, seq_id) of every PLACEHOLDER in token_ids: a token the previous step sampled, still on the device
+    placeholders: list[tuple[int, int]]
 
 
 def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
@@ -28,6 +31,7 @@ def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
     slots: list[int] = []
     spans: list[SeqSpan] = []
     logits_index: list[int] = []
+    placeholders: list[tuple[int, int]] = []
     row = 0
     for item in sched.scheduled:
         seq = item.seq
@@ -39,7 +43,9 @@ def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
         slots.extend([table[p // bs] * bs + p % bs for p in positions])
         spans.append(SeqSpan(table, start, n, seq.is_prefill))
         row += n
+        if tokens[-1] == PLACEHOLDER:  # only ever a sequence's newest token
+            placeholders.append((row - 1, seq.seq_id))
         if item.samples:
             logits_index.append(row - 1)
     batch = StepBatch(spans, np.array(pos, dtype=np.int64), np.array(slots, dtype=np.int64), bs)
-    return StepInputs(np.array(tokens, dtype=np.int64), batch, np.array(logits_index, dtype=np.int64))
+    return StepInputs(np.array(tokens, dtype=np.int64), batch, np.array(logits_index, dtype=np.int64), placeholders)

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.scheduler import SchedulerOutput
+from hetero_infer.worker.core.sequence import PLACEHOLDER
+from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, sample_logits
 
 MOCK_DEFAULT_NUM_BLOCKS = 4096
 _FIRST_ORDINARY_TOKEN = 100  # keep clear of special tokens at the start of the vocabulary
@@ -52,6 +55,13 @@ def mock_logits(prompt_token_ids: Sequence[int], token_ids: Sequence[int], vocab
 
 
 class MockExecutor:
+    """The device is modelled as asynchronous: `execute_async` returns at once and the step's modelled latency
+    runs on the device's own timeline (one step after the other), so the host prepares the next step while it
+    elapses; `result()` waits for the step's end. Like a GPU, it keeps the previous step's sampled tokens:
+    a PLACEHOLDER input (a token the host does not have yet) is read from them."""
+
+    overlaps = True
+
     def __init__(self, config: EngineConfig, vocab_size: int) -> None:
         self.step_latency_s = config.mock_step_latency_s
         self.token_latency_s = config.mock_token_latency_s
@@ -60,11 +70,21 @@ class MockExecutor:
         self.num_blocks = config.max_num_blocks or MOCK_DEFAULT_NUM_BLOCKS
         self.device = "cpu"
         self.samples_itself = not config.mock_logits
+        self.sampler = Sampler(all_logprobs=False)
+        self._device_free_at = 0.0  # when the device finishes the steps handed to it so far
+        self._last_tokens: dict[int, int] = {}  # seq_id -> the token the previous step sampled for it
 
     def next_token(self, token_ids: list[int], sample_index: int) -> int:
+        return self._next_token(token_ids[-1], len(token_ids), sample_index)
+
+    def _next_token(self, last: int, length: int, sample_index: int) -> int:
         span = max(self.vocab_size - _FIRST_ORDINARY_TOKEN, 1)
-        h = (token_ids[-1] * 1103515245 + len(token_ids) * 12345 + sample_index * 2654435761) % span
+        h = (last * 1103515245 + length * 12345 + sample_index * 2654435761) % span
         return _FIRST_ORDINARY_TOKEN + h
+
+    def _last_token(self, seq) -> int:
+        token = seq.token_ids[-1]
+        return self._last_tokens[seq.seq_id] if token == PLACEHOLDER else token
 
     def step_seconds(self, sched: SchedulerOutput) -> float:
         """The cost model: a fixed step time, plus time per token computed and per sequence run."""
@@ -73,12 +93,40 @@ class MockExecutor:
 
     def execute(self, sched: SchedulerOutput) -> torch.Tensor | None:
         """Stand in for the forward pass: with `mock_logits`, a logits row per sequence that samples in this
-        step; otherwise nothing (the engine then asks `next_token` for each sampled row)."""
-        seconds = self.step_seconds(sched)
-        if seconds:
-            time.sleep(seconds)
+        step; otherwise nothing (`execute_async` then picks each sampled row's token with `next_token`)."""
         if self.samples_itself:
             return None
-        rows = [mock_logits(s.seq.token_ids[: s.seq.num_prompt_tokens], s.seq.token_ids, self.vocab_size)
-                for s in sched.scheduled if s.samples]
+        rows = [mock_logits(s.seq.token_ids[: s.seq.num_prompt_tokens], (self._last_token(s.seq),),
+                            self.vocab_size) for s in sched.scheduled if s.samples]
         return torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
+
+    def execute_async(self, sched: SchedulerOutput, sampling: list[SamplingRow] | None) -> _MockStep:
+        """Launch a step on the modelled device: its tokens are decided now (the device's work), its latency
+        starts when the device is free."""
+        logits = self.execute(sched)
+        seqs = [s.seq for s in sched.scheduled if s.samples]
+        sampled = None
+        if logits is None:
+            next_token, last_token = self._next_token, self._last_token
+            tokens = [next_token(last_token(seq), len(seq.token_ids), seq.sample_index) for seq in seqs]
+        else:
+            token_tensor, sampled = sample_logits(self.sampler, logits, sampling)
+            tokens = token_tensor.tolist()
+        self._last_tokens = {seq.seq_id: t for seq, t in zip(seqs, tokens)}
+        seconds = self.step_seconds(sched)
+        start = max(time.monotonic(), self._device_free_at) if seconds else 0.0
+        self._device_free_at = start + seconds
+        return _MockStep(self._device_free_at, tokens, sampled)
+
+
+@dataclass(slots=True)
+class _MockStep:
+    done_at: float  # time.monotonic() at which the modelled device finishes the step
+    token_ids: list[int]
+    sampled: list | None
+
+    def result(self) -> tuple[list[int], list | None]:
+        wait = self.done_at - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        return self.token_ids, self.sampled

@@ -106,8 +106,12 @@ class Sampler:
         """Each row's token where every row `takes_argmax` (and the sampler fills no logprobs unless asked):
         what `__call__` returns for such rows, in a handful of ops instead of a few dozen (each runs cache-cold
         after a step's weights streamed through the caches)."""
+        return self.argmax_tokens(logits).tolist()
+
+    def argmax_tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        """`argmax` as a tensor where the logits are (no host round trip on a GPU)."""
         assert not self.all_logprobs, "argmax() leaves out the logprobs a Sampler(all_logprobs=True) fills"
-        return _argmax(logits.float()).tolist()
+        return _argmax(logits.float())
 
 
 def takes_argmax(params: SamplingParams, num_output_tokens: int, grammar: GrammarState | None) -> bool:
@@ -380,3 +384,20 @@ def _collect(
             top[token_list[i]] = chosen[j]
         result[i] = SampledToken(token_list[i], chosen[j], top)
     return result
+
+
+def sample_logits(sampler: Sampler, logits: torch.Tensor,
+                  rows: list[SamplingRow] | None) -> tuple[torch.Tensor, list[SampledToken] | None]:
+    """A step's tokens from its logits, one row per sequence that samples. `rows` None: every row takes the
+    first maximum of its logits (`takes_argmax`, the usual all-greedy step): the tokens stay a tensor where the
+    logits are, with no host round trip. Else each row's logits processors (on a copy), then the sampler
+    (which reads its results on the host): the tokens as a tensor there and every row's `SampledToken`."""
+    if rows is None:
+        return sampler.argmax_tokens(logits), None
+    if any(r.params.logits_processors for r in rows):
+        logits = logits.clone()
+        for i, r in enumerate(rows):
+            for process in r.params.logits_processors or ():
+                logits[i] = process(r.output_token_ids, logits[i])
+    sampled = sampler(logits, rows)
+    return torch.tensor([t.token_id for t in sampled], dtype=torch.long), sampled

@@ -51,14 +51,16 @@ class ServerState:
         if core is not None:
             from hetero_infer.worker.frontend.process import ProcessEngineClient
 
-            client = ProcessEngineClient(core, timing_sink=self.metrics, stream_interval=self.options.stream_interval)
+            client = ProcessEngineClient(core, timing_sink=self.metrics, stream_interval=self.options.stream_interval,
+                                         tokenizer=tokenizer)
             limits = core.limits
         else:
             from hetero_infer.worker.frontend.inproc import InprocEngineClient
 
-            client = InprocEngineClient(engine, timing_sink=self.metrics, stream_interval=self.options.stream_interval)
-            limits = engine.limits
             tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
+            client = InprocEngineClient(engine, timing_sink=self.metrics, stream_interval=self.options.stream_interval,
+                                        tokenizer=tokenizer)
+            limits = engine.limits
         client.start()
         self._engine = client
         self.tokenizer = tokenizer

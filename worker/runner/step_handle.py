@@ -1,0 +1,40 @@
+"""What `execute_async` returns: a handle on a step the device may still be running. `result()` waits for it
+(the one place the host synchronises with the device) and returns the sampled token ids, one per sequence that
+samples in the step, with each one's `SampledToken` where the host sampler ran (logprobs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hetero_infer.worker.runner.sampler import SampledToken
+
+StepResult = tuple[list[int], "list[SampledToken] | None"]
+
+
+class StepHandle(Protocol):
+    def result(self) -> StepResult: ...
+
+
+@dataclass(slots=True)
+class DoneStep:
+    """A step whose tokens the host has already (a synchronous executor, or the host sampler)."""
+
+    token_ids: list[int]
+    sampled: list[SampledToken] | None = None
+
+    def result(self) -> StepResult:
+        return self.token_ids, self.sampled
+
+
+@dataclass(slots=True)
+class DeviceStep:
+    """A CUDA step: its tokens are copied into a pinned host buffer behind the step's kernels; `event` marks the
+    copy's end on the stream."""
+
+    event: Any  # torch.cuda.Event
+    host_tokens: Any  # pinned torch.Tensor [rows]
+
+    def result(self) -> StepResult:
+        self.event.synchronize()
+        return self.host_tokens.tolist(), None
