@@ -1,6 +1,7 @@
 """The engine's typed delta outputs (`LLMEngine.step_deltas`: one `RequestDelta` per request per step, what the
-busy loop hands the frontends): added up, after every step, they are exactly the state of the request's
-sequences (tokens, emittable text, logprobs, finish and stop reasons), with n > 1, stop strings and logprobs;
+busy loop hands the frontends, whose `DeltaDetokenizer` adds the text): added up, after every step, they are
+exactly the state of the request's sequences (tokens, the emittable text of those tokens decoded in one go,
+logprobs, finish and stop reasons), with n > 1, stop strings and logprobs;
 merged over several steps (`RequestDelta.merge`, what the busy loop and the output streams do) they add up to
 the same; `step()`'s cumulative outputs and the engine client's stream (`OutputStream.next`) give it too."""
 
@@ -14,6 +15,7 @@ import pytest
 
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.busy_loop import EngineRequest
+from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.outputs import RequestDelta
 from hetero_infer.worker.core.sampling_params import SamplingParams
@@ -33,12 +35,28 @@ TORCH_PARAMS = [
 ]
 
 
-def _truth(request: Any) -> list[tuple]:
+def _text(engine: LLMEngine, request: Any, seq: Any, ids: list[int]) -> str:
+    """The emittable text of a sequence's known output tokens, decoded in one go (the frontend makes it token by
+    token, delta by delta): a stop token's text is left out unless include_stop_str_in_output."""
+    params = request.params
+    if ids and seq.finish_reason == "stop" and not params.include_stop_str_in_output and (
+            isinstance(seq.stop_reason, int) or seq.stop_reason is None and ids[-1] in engine.eos_token_ids):
+        ids = ids[:-1]
+    detok = IncrementalDetokenizer(engine.tokenizer, request.prompt_token_ids, params)
+    for t in ids:
+        detok.add_token(t)
+    return detok.emittable_text(seq.is_finished)
+
+
+def _truth(engine: LLMEngine, request: Any) -> list[tuple]:
     """What the request's sequences hold now, read from the engine's own state (not from any output)."""
     with_lp = request.params.logprobs is not None
-    return [(seq.token_ids[seq.num_prompt_tokens:], seq.detokenizer.emittable_text(seq.is_finished),
-             None if seq.logprobs is None else list(seq.logprobs), seq.cumulative_logprob if with_lp else None,
-             seq.finish_reason, seq.stop_reason) for seq in request.seqs]
+    out = []
+    for seq in request.seqs:
+        ids = seq.token_ids[seq.num_prompt_tokens:seq.num_known_tokens]
+        out.append((ids, _text(engine, request, seq, ids), None if seq.logprobs is None else list(seq.logprobs),
+                    seq.cumulative_logprob if with_lp else None, seq.finish_reason, seq.stop_reason))
+    return out
 
 
 def _add_up(total: list[list], delta: RequestDelta) -> None:
@@ -65,6 +83,9 @@ def _check_deltas(engine: LLMEngine, prompts: list[list[int]], params: list[Samp
     """Step to the end; every `merge_every` steps, the merged deltas of those steps, added up, must be the
     requests' state. Returns the final totals."""
     requests = _add_requests(engine, prompts, params, f"m{merge_every}-")
+    text = DeltaDetokenizer(engine.tokenizer)  # the frontend's: the engine's deltas carry token ids only
+    for rid, request in requests.items():
+        text.add(rid, request.prompt_token_ids, request.params)
     totals: dict[str, list[list]] = {rid: [] for rid in requests}
     pending: dict[str, RequestDelta] = {}
     steps = 0
@@ -78,8 +99,9 @@ def _check_deltas(engine: LLMEngine, prompts: list[list[int]], params: list[Samp
         steps += 1
         if steps % merge_every == 0 or not engine.has_unfinished_requests():
             for rid, delta in pending.items():
+                text.fill(delta)
                 _add_up(totals[rid], delta)
-                assert [tuple(t) for t in totals[rid]] == _truth(requests[rid])
+                assert [tuple(t) for t in totals[rid]] == _truth(engine, requests[rid])
                 assert delta.finished == (rid not in engine.requests)
             pending = {}
     return {rid: [tuple(t) for t in total] for rid, total in totals.items()}
@@ -116,7 +138,7 @@ def test_step_gives_the_cumulative_outputs(mock_engine: LLMEngine) -> None:
         for out in mock_engine.step():
             got = [(c.token_ids, c.text, c.logprobs, c.cumulative_logprob, c.finish_reason, c.stop_reason)
                    for c in out.outputs]
-            assert got == _truth(requests[out.request_id])
+            assert got == _truth(mock_engine, requests[out.request_id])
             assert [c.index for c in out.outputs] == list(range(len(out.outputs)))
             assert out.finished == (out.request_id not in mock_engine.requests)
 

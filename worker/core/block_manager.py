@@ -152,6 +152,12 @@ class BlockManager:
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make room for the next `num_new_tokens` tokens of `seq`; False (and no change) if the pool is short."""
+        computed = seq.num_computed_tokens
+        if num_new_tokens == 1 and computed % self.block_size:  # the usual decode: its slot is in its last block
+            table = seq.block_table
+            index = computed // self.block_size
+            if index == len(table) - 1 and self.blocks[table[index]].ref_count == 1:
+                return True
         if self.num_blocks_needed(seq, num_new_tokens) > len(self.free_blocks):
             return False
         if self._needs_cow(seq):

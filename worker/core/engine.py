@@ -245,10 +245,11 @@ class LLMEngine:
         rows: list[Sequence] = []  # the sequences that get a token, in the order of the logits rows
         for item in sched.scheduled:
             seq = item.seq
-            request = requests[seq.request_id]
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
-            if item.samples:
+            if seq.num_computed_tokens == seq.num_cached_tokens:  # its first step since admission
+                request = requests[seq.request_id]
+                if request.first_scheduled_time is None:
+                    request.first_scheduled_time = now
+            if seq.num_computed_tokens + item.num_new_tokens == len(seq.token_ids):  # item.samples
                 rows.append(seq)
         sampling = None
         needs_host_tokens = False
@@ -263,9 +264,11 @@ class LLMEngine:
         for item in sched.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
         positions = []
+        add_position = positions.append
         for seq in rows:
-            positions.append(len(seq.token_ids))
-            seq.token_ids.append(PLACEHOLDER)
+            tokens = seq.token_ids
+            add_position(len(tokens))
+            tokens.append(PLACEHOLDER)
             seq.num_pending += 1
         return _Inflight(sched, rows, positions, handle, needs_host_tokens)
 
@@ -293,16 +296,18 @@ class LLMEngine:
         now = time.monotonic()
         requests = self.requests
         touched: dict[str, Request] = {}
+        accept = self._accept
         for i, (seq, index) in enumerate(zip(step.rows, step.positions)):
-            if seq.is_finished:  # stopped or aborted while this step ran: its token is dropped
+            if seq.status is _FINISHED:  # stopped or aborted while this step ran: its token is dropped
                 continue
             request = requests[seq.request_id]
             touched[request.request_id] = request
             if request.first_token_time is None:
                 request.first_token_time = now
-            seq.token_ids[index] = token_ids[i]
+            token_id = token_ids[i]
+            seq.token_ids[index] = token_id
             seq.num_pending -= 1
-            self._accept(seq, index, token_ids[i], None if sampled is None else sampled[i])
+            accept(seq, index, token_id, None if sampled is None else sampled[i])
             if seq.is_finished:
                 del seq.token_ids[index + 1:]  # the placeholder of a step in flight, if any
                 seq.num_pending = 0
@@ -310,10 +315,13 @@ class LLMEngine:
                     seq.grammar = None  # the matcher ends with its sequence (last_schedule still holds it)
         # Offer the completed blocks to the prefix cache now that their tokens are known (the step in flight may
         # have computed some too: the device runs it before any step that could take them from the cache).
-        register = self.block_manager.register_computed_blocks
-        for item in step.sched.scheduled:
-            if not item.seq.is_finished:
-                register(item.seq)
+        bm = self.block_manager
+        if bm.enable_prefix_caching:
+            register, block_size = bm.register_computed_blocks, bm.block_size
+            for item in step.sched.scheduled:
+                seq = item.seq
+                if seq.status is not _FINISHED and seq.num_computed_tokens // block_size > seq.num_registered_blocks:
+                    register(seq)
         return list(touched.values())
 
     def _accept(self, seq: Sequence, index: int, token_id: int, sampled) -> None:
@@ -369,7 +377,10 @@ class LLMEngine:
         finish and stop reasons; the text is left to the frontend (`DeltaDetokenizer`)."""
         params = request.params
         seqs = request.seqs
-        finished = request.error is not None or all(s.status is _FINISHED for s in seqs)
+        if len(seqs) == 1:
+            finished = seqs[0].status is _FINISHED or request.error is not None
+        else:
+            finished = request.error is not None or all(s.status is _FINISHED for s in seqs)
         if len(seqs) > params.n:  # best_of: nothing until the end, then the n best as samples 0..n-1
             seqs = _best(seqs, params.n) if finished else []
         sent = request.sent

@@ -20,7 +20,7 @@ from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens whose K/V this step computes (1 for a decode)
@@ -86,19 +86,24 @@ class Scheduler:
         bm = self.block_manager
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        decodes = [s for s in self.running if not s.is_prefill]
-        prefills = [s for s in self.running if s.is_prefill]
+        decodes, prefills = [], []
+        for s in self.running:
+            (prefills if len(s.token_ids) - s.num_computed_tokens > 1 else decodes).append(s)
         scheduled_ids: set[int] = set()
+        running = SequenceStatus.RUNNING
+        allocate_slots = bm.allocate_slots
+        scheduled = out.scheduled
 
-        for seq in decodes + prefills:
+        for seq in decodes + prefills if prefills else decodes:
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
+            if seq.status is not running:
                 continue  # preempted earlier in this loop
-            if seq.num_output_tokens >= seq.max_tokens:
+            num_tokens = len(seq.token_ids)
+            if num_tokens - seq.num_prompt_tokens >= seq.max_tokens:
                 continue  # its newest token, still on the device (a PLACEHOLDER), is its last
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            allocated = bm.allocate_slots(seq, num_new)
+            num_new = min(num_tokens - seq.num_computed_tokens, budget)
+            allocated = allocate_slots(seq, num_new)
             while not allocated:
                 # seq itself is never scheduled yet, so a victim always exists
                 victim = next(s for s in reversed(self.running) if s.seq_id not in scheduled_ids)
@@ -109,7 +114,7 @@ class Scheduler:
                 allocated = bm.allocate_slots(seq, num_new)
             if not allocated:
                 continue
-            out.scheduled.append(ScheduledSeq(seq, num_new))
+            scheduled.append(ScheduledSeq(seq, num_new))
             scheduled_ids.add(seq.seq_id)
             budget -= num_new
 
@@ -135,7 +140,8 @@ class Scheduler:
 
         out.block_copies = bm.take_pending_copies()
         # decodes first, then prefill chunks (newly admitted ones included)
-        out.scheduled.sort(key=lambda s: s.seq.is_prefill)
+        if prefills or len(scheduled) > len(decodes):
+            scheduled.sort(key=lambda s: s.seq.is_prefill)
         return out
 
     def _waits_for_prompt_leader(self, seq: Sequence) -> bool:
