@@ -156,10 +156,20 @@ def _closure(requirements: list[str]) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("folder", ["operator", "router"])
+def _router_tokenizer_requirements() -> list[str]:
+    """What docker/operator.Dockerfile installs beside the extra so the router can load the workers' tokenizer
+    and parse chat requests (hetero_infer/contracts: tokenizer.py, protocol.py)."""
+    text = (ROOT / "docker" / "operator.Dockerfile").read_text()
+    return re.search(r'^ARG ROUTER_TOKENIZER_REQUIREMENTS="([^"]*)"', text, re.M).group(1).split()
+
+
+@pytest.mark.parametrize("folder", ["operator", "router", "hetero_infer/contracts"])
 def test_the_operator_extra_carries_every_module_the_operator_imports(folder: str) -> None:
-    """The operator image installs the package with --no-deps plus this extra; the router runs from it too."""
+    """The operator image installs the package with --no-deps plus this extra; the router runs from it too, and
+    both share hetero_infer/contracts (its tokenizer and chat parsing with the image's router requirements)."""
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["operator"]
+    if folder == "hetero_infer/contracts":
+        extra = [*extra, *_router_tokenizer_requirements()]
     installed = _closure(extra)
     providers = metadata.packages_distributions()
     missing = {}

@@ -146,3 +146,22 @@ def test_to_flags_refuses_unknown_options_wrong_types_and_secrets() -> None:
         to_flags(Opts, {"key": "sk-123"})
     with pytest.raises(ValueError, match="secret"):
         to_flags(ServerOptions, {"api_key": ["sk-123"]})
+
+
+def test_the_crds_choices_are_the_options_choices(crd: dict) -> None:
+    """The CRD (the third copy of the contract) offers exactly what the commands accept."""
+    import typing
+
+    from hetero_infer.contracts.engine_options import DTYPES, EXECUTORS, Quantization
+
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert spec["executor"]["enum"] == list(EXECUTORS)
+    assert spec["engine"]["properties"]["dtype"]["enum"] == list(DTYPES)
+    assert spec["engine"]["properties"]["quantization"]["enum"] == list(typing.get_args(Quantization))
+    policies = typing.get_args(typing.get_type_hints(RouterOptions)["policy"])
+    assert spec["router"]["properties"]["policy"]["enum"] == list(policies)
+    assert spec["router"]["properties"]["policy"]["default"] == RouterOptions().policy
+    assert spec["router"]["properties"]["tokenizer"]["default"] == RouterOptions().tokenizer
+    cors = spec["router"]["properties"]["cors"]["properties"]
+    assert cors["allowedMethods"]["default"] == RouterOptions().allowed_methods
+    assert cors["allowedHeaders"]["default"] == RouterOptions().allowed_headers
