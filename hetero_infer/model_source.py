@@ -1,0 +1,380 @@
+"""Where a model comes from: a model reference resolved into a local folder, downloaded once into a cache.
+
+References: a local folder or `.gguf` file; `hf://ORG/NAME[@REVISION]` (or a bare `ORG/NAME` that is not a
+local path, as vLLM accepts) from the Hugging Face Hub through huggingface_hub, into its cache, with its
+standard environment (HF_ENDPOINT, HF_TOKEN, HF_HOME / HF_HUB_CACHE, HF_HUB_OFFLINE); `s3://BUCKET/PREFIX` from
+an S3-compatible store through boto3 (the `s3` extra), with the standard AWS variables (AWS_ENDPOINT_URL /
+AWS_ENDPOINT_URL_S3, keys, region, profile), into `cache_dir()/s3/BUCKET/PREFIX`.
+
+Only the files a model needs are fetched (`select_model_files`). A source that cannot be reached falls back to
+the cache; a missing repository, prefix or revision and a 401/403 are one ModelSourceError line naming the
+source. Secrets (tokens, keys, URL passwords) never reach a message. Torch-free: the operator's download Job
+reuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from hetero_infer.paths import cache_dir
+from hetero_infer.progress import DEFAULT_INTERVAL_S, Progress, human_bytes
+
+logger = logging.getLogger("hetero_infer.model_source")
+
+SCHEMES = ("hf", "s3")
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")  # ORG/NAME
+_HF_REPO = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")  # hf:// also takes legacy names (gpt2)
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# Top-level files a model needs besides its safetensors (tokenizers: fast, sentencepiece, BPE, tiktoken).
+_NEEDED_SUFFIXES = (".json", ".jinja", ".tiktoken")
+_NEEDED_NAMES = frozenset({"tokenizer.model", "merges.txt", "vocab.txt", "spiece.model"})
+_SECRET_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                     "AWS_ACCESS_KEY_ID")
+_URL_PASSWORD = re.compile(r"(?<=://)[^/@\s]+@")
+_S3_MANIFEST = ".source.json"
+
+
+class ModelSourceError(Exception):
+    """A model reference that cannot be resolved: one line naming the source and the reason."""
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    scheme: Literal["local", "hf", "s3"]
+    location: str  # the path, the repository id or the bucket
+    prefix: str = ""  # s3: the key prefix, without a trailing slash
+    revision: str | None = None  # hf: a branch, tag or commit; None: main
+
+    def __str__(self) -> str:
+        if self.scheme == "hf":
+            return f"hf://{self.location}" + (f"@{self.revision}" if self.revision else "")
+        if self.scheme == "s3":
+            return f"s3://{self.location}/{self.prefix}".rstrip("/")
+        return self.location
+
+    @property
+    def name(self) -> str:
+        """The name a server answers to: the repository id (as vLLM does), the prefix's last part, the file's."""
+        if self.scheme == "hf":
+            return self.location
+        if self.scheme == "s3":
+            return self.prefix.rsplit("/", 1)[-1] or self.location
+        path = Path(self.location)
+        return path.stem if path.suffix.lower() == ".gguf" else path.name
+
+
+def parse_model_ref(value: str | os.PathLike) -> ModelRef:
+    """A model reference from `--model`/`LLM(model)`; ModelSourceError for an unknown scheme or a malformed URL."""
+    text = os.fspath(value)
+    if "://" in text:
+        scheme, rest = text.split("://", 1)
+        if scheme == "hf":
+            repo, at, revision = rest.partition("@")
+            repo = repo.strip("/")
+            if not _HF_REPO.fullmatch(repo) or (at and not revision):
+                raise ModelSourceError(f"malformed model URL {redact(text)!r}: expected hf://ORG/NAME[@REVISION]")
+            return ModelRef("hf", repo, revision=revision or None)
+        if scheme == "s3":
+            bucket, _, prefix = rest.partition("/")
+            if not _BUCKET.fullmatch(bucket):
+                raise ModelSourceError(f"malformed model URL {redact(text)!r}: expected s3://BUCKET/PREFIX")
+            return ModelRef("s3", bucket, prefix=prefix.strip("/"))
+        raise ModelSourceError(
+            f"unsupported model URL scheme {scheme + '://'!r} in {redact(text)!r}: use a local path, "
+            "hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX")
+    if not Path(text).expanduser().exists() and _REPO_ID.fullmatch(text):
+        return ModelRef("hf", text)
+    return ModelRef("local", str(Path(text).expanduser()))
+
+
+def fetch_model(value: str | os.PathLike | ModelRef, *, interval: float = DEFAULT_INTERVAL_S) -> tuple[Path, str]:
+    """(local path, served name) for a model reference: local paths as given, remote ones from the cache,
+    downloaded first where the cache lacks them (progress every `interval` seconds)."""
+    ref = value if isinstance(value, ModelRef) else parse_model_ref(value)
+    if ref.scheme == "hf":
+        return fetch_hf(ref, interval=interval), ref.name
+    if ref.scheme == "s3":
+        return fetch_s3(ref, interval=interval), ref.name
+    return Path(ref.location), ref.name
+
+
+def select_model_files(files: Mapping[str, int]) -> list[str]:
+    """The files (path -> size) of a repository or prefix that a model needs: top-level configs, tokenizer files
+    and safetensors (only `model*.safetensors` with its index where the repository has them, so a second copy such
+    as Mistral's consolidated.safetensors is not fetched); never .bin, .pth, ONNX or GGUF variants, nor folders."""
+    top = [name for name in files if "/" not in name]
+    weights = [n for n in top if n.endswith(".safetensors")]
+    standard = [n for n in weights if n.startswith("model")]
+    chosen = [n for n in top if n.endswith(_NEEDED_SUFFIXES) or n in _NEEDED_NAMES]
+    return sorted(set(chosen) | set(standard or weights))
+
+
+def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
+    """`text` without the secrets of the environment and without passwords in URLs."""
+    env = os.environ if environ is None else environ
+    for name in _SECRET_VARIABLES:
+        secret = env.get(name)
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return _URL_PASSWORD.sub("***@", text)
+
+
+def _check_model_files(ref: ModelRef, names: Iterable[str]) -> None:
+    names = set(names)
+    if "config.json" not in names:
+        raise ModelSourceError(f"{ref}: no config.json at its top level: not a Hugging Face model")
+    if not any(n.endswith(".safetensors") for n in names):
+        raise ModelSourceError(f"{ref}: no .safetensors weights (.bin/.pth checkpoints are not loaded)")
+
+
+def _folder_bytes(folder: Path) -> int:
+    try:
+        return sum(e.stat().st_size for e in os.scandir(folder) if e.is_file(follow_symlinks=False))
+    except FileNotFoundError:
+        return 0
+
+
+def _download_line(ref: ModelRef, count: int, total: int, where: Path) -> str:
+    return f"downloading {ref}: {count} file(s), {human_bytes(total)} into {where}"
+
+
+# -- the Hugging Face Hub -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """The Hub's standard environment, read when a model is fetched (huggingface_hub reads it at import)."""
+
+    endpoint: str
+    token: str | None
+    cache: Path
+    offline: bool
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> HubSettings:
+        env = os.environ if environ is None else environ
+        home = env.get("HF_HOME") or os.path.join(
+            env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+        cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
+        offline = (env.get("HF_HUB_OFFLINE") or "").strip().lower() in ("1", "true", "yes", "on")
+        return cls((env.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/"),
+                   env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None,
+                   Path(cache).expanduser(), offline)
+
+
+def _hub_error(ref: ModelRef, exc: BaseException) -> ModelSourceError | None:
+    """The one-line error for a Hub answer that no cache can fix (None: the Hub could not be reached)."""
+    from huggingface_hub.utils import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, GatedRepoError):
+        why = (f"access denied (HTTP {status}): a gated repository; accept its terms on the Hub and set HF_TOKEN "
+               "to a token of an account that did")
+    elif isinstance(exc, RepositoryNotFoundError):
+        why = ("repository not found (HTTP 404)" if status == 404 else
+               f"repository not found or not authorized (HTTP {status}): check the name, and set HF_TOKEN for "
+               "a private repository")
+    elif isinstance(exc, RevisionNotFoundError):
+        why = f"revision {ref.revision or 'main'!r} not found"
+    elif isinstance(exc, HfHubHTTPError) and status in (401, 403):
+        why = f"access denied (HTTP {status}): HF_TOKEN is missing or has no access to it"
+    elif isinstance(exc, HfHubHTTPError) and status is not None and status < 500 and status != 429:
+        why = f"the Hub answered HTTP {status}"
+    else:
+        return None
+    return ModelSourceError(redact(f"{ref}: {why}"))
+
+
+def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
+             settings: HubSettings | None = None) -> Path:
+    """The snapshot folder of a Hub model in the Hub cache, downloading the files it lacks."""
+    import huggingface_hub as hub
+    from huggingface_hub.hf_api import RepoFile
+
+    s = settings or HubSettings.from_env()
+    revision = ref.revision or "main"
+    if s.offline:
+        return _cached_hf(ref, s, "HF_HUB_OFFLINE is set")
+    api = hub.HfApi(endpoint=s.endpoint, token=s.token)
+    try:
+        info = api.model_info(ref.location, revision=revision)
+        files = {f.path: f.size for f in api.list_repo_tree(ref.location, revision=info.sha) if isinstance(f, RepoFile)}
+    except Exception as exc:
+        error = _hub_error(ref, exc)
+        if error is not None:
+            raise error from None
+        return _cached_hf(ref, s, f"cannot reach {s.endpoint} ({type(exc).__name__})")
+    names = select_model_files(files)
+    _check_model_files(ref, names)
+    storage = s.cache / f"models--{ref.location.replace('/', '--')}"
+    snapshot = storage / "snapshots" / str(info.sha)
+    missing = [n for n in names if not (snapshot / n).is_file()]
+    total = sum(files[n] or 0 for n in missing)
+    blobs = storage / "blobs"
+    base = _folder_bytes(blobs)
+    started = time.monotonic()
+    if missing:
+        logger.info("%s", redact(_download_line(ref, len(missing), total, s.cache)))
+    report = Progress(str(ref), total, lambda: _folder_bytes(blobs) - base, interval=interval) if missing \
+        else nullcontext()
+    try:
+        with report, _hub_bars_off():
+            folder = hub.snapshot_download(ref.location, revision=revision, cache_dir=s.cache, token=s.token,
+                                           endpoint=s.endpoint, allow_patterns=names)
+    except Exception as exc:
+        error = _hub_error(ref, exc)
+        raise (error or ModelSourceError(redact(f"{ref}: download failed: {type(exc).__name__}: {exc}"))) from None
+    if missing:
+        logger.info("downloaded %s in %.1f s", ref, time.monotonic() - started)
+    return Path(folder)
+
+
+def _cached_hf(ref: ModelRef, s: HubSettings, reason: str) -> Path:
+    import huggingface_hub as hub
+
+    try:  # the snapshot of the revision's commit (refs/REVISION): found through its config
+        folder = Path(hub.snapshot_download(ref.location, revision=ref.revision or "main", cache_dir=s.cache,
+                                            local_files_only=True, allow_patterns=["config.json"]))
+        _check_complete(ref, folder)
+    except Exception as exc:  # not cached, or cached incompletely
+        why = str(exc) if isinstance(exc, ModelSourceError) else type(exc).__name__
+        raise ModelSourceError(redact(f"{ref}: {reason}, and it is not in the cache {s.cache} ({why})")) from None
+    logger.warning("%s", redact(f"{ref}: {reason}; using the cached copy {folder}"))
+    return folder
+
+
+def _check_complete(ref: ModelRef, folder: Path) -> None:
+    """A cached folder has a config and all its weights (each shard its index names)."""
+    names = [p.name for p in folder.iterdir()]
+    _check_model_files(ref, names)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = set(json.loads(index.read_text())["weight_map"].values())
+        if not shards <= set(names):
+            raise ModelSourceError(f"{ref}: the cached copy lacks {', '.join(sorted(shards - set(names)))}")
+
+
+@contextmanager
+def _hub_bars_off():
+    """huggingface_hub's own bars (one per file, or aggregated, by version) give way to Progress's."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    was_off = are_progress_bars_disabled()
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_off:
+            enable_progress_bars()
+
+
+# -- S3-compatible stores -----------------------------------------------------------------------------------
+
+
+def s3_cache_folder(ref: ModelRef) -> Path:
+    return cache_dir() / "s3" / ref.location / ref.prefix
+
+
+def _s3_error(ref: ModelRef, exc: BaseException) -> ModelSourceError | None:
+    """The one-line error for an S3 answer that no cache can fix (None: the store could not be reached)."""
+    from botocore.exceptions import ClientError, NoCredentialsError
+
+    if isinstance(exc, NoCredentialsError):
+        return ModelSourceError(f"{ref}: no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                                "or a profile)")
+    if not isinstance(exc, ClientError):
+        return None
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if code in ("NoSuchBucket", "NoSuchKey") or status == 404:
+        why = f"bucket {ref.location!r} not found" if code == "NoSuchBucket" else "not found"
+    elif status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        why = f"access denied ({code or status}): check the AWS credentials and the bucket's policy"
+    elif status is not None and status >= 500:
+        return None
+    else:
+        why = f"the store answered {code or status}"
+    return ModelSourceError(redact(f"{ref}: {why}"))
+
+
+def _s3_client() -> Any:
+    try:
+        import boto3
+    except ImportError:
+        raise ModelSourceError("s3:// models need boto3: pip install 'hetero-infer[s3]'") from None
+    return boto3.client("s3")  # endpoint, credentials, region: botocore's standard environment and files
+
+
+def fetch_s3(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S, client: Any = None) -> Path:
+    """The cached copy of an S3 prefix's model files, downloading the files that are missing or changed."""
+    client = client or _s3_client()
+    target = s3_cache_folder(ref)
+    manifest_path = target / _S3_MANIFEST
+    prefix = f"{ref.prefix}/" if ref.prefix else ""
+    try:
+        objects = {o["Key"][len(prefix):]: o
+                   for page in client.get_paginator("list_objects_v2").paginate(Bucket=ref.location, Prefix=prefix)
+                   for o in page.get("Contents", [])}
+    except Exception as exc:
+        error = _s3_error(ref, exc)
+        if error is not None:
+            raise error from None
+        if not manifest_path.is_file():
+            raise ModelSourceError(redact(f"{ref}: cannot reach {client.meta.endpoint_url} "
+                                          f"({type(exc).__name__}), and it is not in the cache {target}")) from None
+        logger.warning("%s", redact(f"{ref}: cannot reach {client.meta.endpoint_url} ({type(exc).__name__}); "
+                                    f"using the cached copy {target}"))
+        return target
+    if not objects:
+        raise ModelSourceError(f"{ref}: no objects under this prefix")
+    names = select_model_files({k: o["Size"] for k, o in objects.items()})
+    _check_model_files(ref, names)
+    wanted = {n: objects[n]["ETag"] for n in names}
+    have = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    missing = [n for n in names if have.get(n) != wanted[n] or not (target / n).is_file()]
+    if missing:
+        _download_s3(ref, client, target, prefix, {n: int(objects[n]["Size"]) for n in missing}, interval)
+        tmp = manifest_path.with_name(f"{_S3_MANIFEST}.{os.getpid()}")
+        tmp.write_text(json.dumps(wanted, indent=1, sort_keys=True))
+        os.replace(tmp, manifest_path)
+    return target
+
+
+def _download_s3(ref: ModelRef, client: Any, target: Path, prefix: str, sizes: dict[str, int],
+                 interval: float) -> None:
+    total = sum(sizes.values())
+    logger.info("%s", redact(_download_line(ref, len(sizes), total, target)))
+    target.mkdir(parents=True, exist_ok=True)
+    done = [0]
+    started = time.monotonic()
+
+    def add(n: int) -> None:  # boto3 calls it from its transfer threads; a lost update only delays the line
+        done[0] += n
+
+    try:
+        with Progress(str(ref), total, lambda: done[0], interval=interval):
+            for name in sizes:
+                tmp = target / f".{name}.part{os.getpid()}"
+                try:
+                    client.download_file(ref.location, prefix + name, str(tmp), Callback=add)
+                    os.replace(tmp, target / name)
+                finally:
+                    tmp.unlink(missing_ok=True)
+    except Exception as exc:
+        error = _s3_error(ref, exc)
+        raise (error or ModelSourceError(redact(f"{ref}: download failed: {type(exc).__name__}: {exc}"))) from None
+    logger.info("downloaded %s in %.1f s", ref, time.monotonic() - started)
