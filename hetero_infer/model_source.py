@@ -4,7 +4,7 @@ References: a local folder or `.gguf` file; `hf://ORG/NAME[@REVISION]` (or a bar
 local path, as vLLM accepts) from the Hugging Face Hub through huggingface_hub, into its cache, with its
 standard environment (HF_ENDPOINT, HF_TOKEN, HF_HOME / HF_HUB_CACHE, HF_HUB_OFFLINE); `s3://BUCKET/PREFIX` from
 an S3-compatible store through boto3 (the `s3` extra), with the standard AWS variables (AWS_ENDPOINT_URL /
-AWS_ENDPOINT_URL_S3, keys, region, profile), into `cache_dir()/s3/BUCKET/PREFIX`.
+AWS_ENDPOINT_URL_S3, keys, region, profile), into `model_cache_dir()/s3/BUCKET/PREFIX`.
 
 Only the files a model needs are fetched (`select_model_files`). A source that cannot be reached falls back to
 the cache; a missing repository, prefix or revision and a 401/403 are one ModelSourceError line naming the
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from hetero_infer.paths import cache_dir
+from hetero_infer.paths import model_cache_dir
 from hetero_infer.progress import DEFAULT_INTERVAL_S, Progress, human_bytes
 
 logger = logging.getLogger("hetero_infer.model_source")
@@ -286,7 +286,7 @@ def _hub_bars_off():
 
 
 def s3_cache_folder(ref: ModelRef) -> Path:
-    return cache_dir() / "s3" / ref.location / ref.prefix
+    return model_cache_dir() / "s3" / ref.location / ref.prefix
 
 
 def _s3_error(ref: ModelRef, exc: BaseException) -> ModelSourceError | None:

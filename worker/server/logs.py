@@ -1,7 +1,7 @@
 """Logging: JSON lines (default) or text, and an access logger that writes one record per request.
 
 Access records carry the request id, method, path (never the query string), status, duration and the
-response size. Headers are never logged, so API keys never reach the logs. Records are formatted and written
+response size; health probes are logged only when their answer changes. Headers are never logged, so API keys never reach the logs. Records are formatted and written
 by a background thread, in batches (the event loop only appends them to a queue).
 """
 
@@ -185,10 +185,35 @@ def setup_logging(level: str, fmt: str) -> LogWriter:
     return writer
 
 
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/health"})
+
+
+class ProbeLog:
+    """Health probes are logged when their answer changes (503 loading -> 200 ready -> 503 draining), not at every
+    poll: kubelets, load balancers and the README's own wait loop poll them every second or so."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+
+    def wanted(self, path: str, status: int) -> bool:
+        if path not in PROBE_PATHS:
+            return True
+        if self._last.get(path) == status:
+            return False
+        self._last[path] = status
+        return True
+
+
+_PROBES = ProbeLog()  # aiohttp builds an access logger per connection; probes' last answers are per process
+
+
 class AccessLogger(AbstractAccessLogger):
-    """One structured record per finished request (aiohttp calls `log` after the response is sent)."""
+    """One structured record per finished request (aiohttp calls `log` after the response is sent); health
+    probes only when their answer changes (ProbeLog)."""
 
     def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:  # noqa: A002
+        if not _PROBES.wanted(request.path, response.status):
+            return
         self.logger.info(
             "%s %s %s", request.method, request.path, response.status,
             extra={

@@ -1,0 +1,84 @@
+"""The first start as a new user meets it: the GGUF conversion cache keyed by content (a new virtualenv's copy
+of the same file finds the same conversion), health probes that do not flood the access log, and the mock
+executor answering to the model name "mock"."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+from server_proc import ServerProcess, http
+
+from hetero_infer.worker.runner.loader import (
+    DEFAULT_MODEL_NAME,
+    content_key,
+    convert_gguf,
+    default_model_gguf,
+    resolve_model,
+)
+from hetero_infer.worker.server.logs import ProbeLog
+
+
+def test_content_key_follows_the_content_not_the_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETERO_INFER_MODEL_CACHE", str(tmp_path / "models"))
+    a, b, c = tmp_path / "a.gguf", tmp_path / "venv2" / "a.gguf", tmp_path / "c.gguf"
+    b.parent.mkdir()
+    a.write_bytes(b"GGUF" + bytes(range(256)) * 1000)
+    shutil.copy(a, b)
+    c.write_bytes(b"GGUF" + bytes(range(256)) * 999 + bytes(256))
+    assert content_key(a) == content_key(b) != content_key(c)
+    assert (tmp_path / "models" / ".digests.json").is_file()
+    key = content_key(a)
+    time.sleep(0.01)
+    a.write_bytes(b"GGUF" + bytes(range(255, -1, -1)) * 1000)  # same size, new content and mtime
+    assert content_key(a) != key
+
+
+def test_a_copy_of_the_default_gguf_reuses_its_conversion(tmp_path):
+    folder, _ = resolve_model(None)
+    copy = tmp_path / "other-venv" / default_model_gguf().name
+    copy.parent.mkdir()
+    shutil.copy(default_model_gguf(), copy)
+    started = time.monotonic()
+    assert convert_gguf(copy, name=DEFAULT_MODEL_NAME) == folder
+    assert time.monotonic() - started < 30  # hashed (~1 s), not converted again (~2 minutes)
+
+
+def test_probe_log_keeps_only_changes():
+    probes = ProbeLog()
+    seen = [(p, s) for p, s in [("/readyz", 503)] * 5 + [("/readyz", 200)] * 5 + [("/healthz", 200)] * 3
+            + [("/readyz", 503), ("/v1/models", 200), ("/v1/models", 200)] if probes.wanted(p, s)]
+    assert seen == [("/readyz", 503), ("/readyz", 200), ("/healthz", 200), ("/readyz", 503),
+                    ("/v1/models", 200), ("/v1/models", 200)]
+
+
+@pytest.fixture(scope="module")
+def mock_server():
+    server = ServerProcess()
+    yield server
+    server.stop()
+
+
+def test_probes_do_not_flood_the_access_log(mock_server):
+    for _ in range(20):
+        assert http("GET", mock_server.url + "/readyz").status == 200
+        assert http("GET", mock_server.url + "/healthz").status == 200
+    assert http("GET", mock_server.base_url + "/models").status == 200
+    deadline = time.monotonic() + 10
+    access: list[dict] = []
+    while time.monotonic() < deadline and not any(r["path"] == "/v1/models" for r in access):
+        time.sleep(0.1)
+        access = [r for r in mock_server.records() if r.get("logger") == "hetero_infer.access"]
+    probes = [(r["path"], r["status"]) for r in access if r["path"] in ("/readyz", "/healthz")]
+    assert sorted(set(probes)) == sorted(probes)  # each answer once, however often it was asked
+    assert ("/readyz", 200) in probes and ("/healthz", 200) in probes
+    assert [r["path"] for r in access].count("/v1/models") == 1
+
+
+def test_mock_executor_answers_to_mock(mock_server):
+    assert [m["id"] for m in http("GET", mock_server.base_url + "/models").json()["data"]] == ["mock"]
+    rsp = http("POST", mock_server.base_url + "/completions", {"model": "mock", "prompt": "hi", "max_tokens": 3})
+    assert rsp.status == 200 and rsp.json()["model"] == "mock"
+    assert http("POST", mock_server.base_url + "/completions",
+                {"model": DEFAULT_MODEL_NAME, "prompt": "hi", "max_tokens": 3}).status == 404
