@@ -326,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"hetero-infer bench: unknown peer(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
-    from hetero_infer.worker.runner.executor import resolve_device
     from hetero_infer.model_source import ModelSourceError
+    from hetero_infer.worker.runner.executor import resolve_device
     from hetero_infer.worker.runner.loader import load_hf_config, resolve_model
 
     try:
