@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.model_source import fetch_model
 from hetero_infer.paths import model_cache_dir
 from hetero_infer.progress import Progress
-from hetero_infer.worker.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
