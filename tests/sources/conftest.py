@@ -96,15 +96,3 @@ def s3_env(s3_server, tmp_path, monkeypatch):
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
     return s3_server
-
-
-def put_objects(endpoint: str, bucket: str, prefix: str, files: dict[str, bytes]) -> None:
-    import boto3
-
-    s3 = boto3.client("s3", endpoint_url=endpoint)
-    try:
-        s3.create_bucket(Bucket=bucket)
-    except s3.exceptions.BucketAlreadyOwnedByYou:
-        pass
-    for name, content in files.items():
-        s3.put_object(Bucket=bucket, Key=f"{prefix}/{name}" if prefix else name, Body=content)

@@ -8,8 +8,8 @@ import json
 import os
 
 import pytest
-from conftest import put_objects
 from hub_server import Repo
+from s3_store import put_objects
 from server_proc import ServerProcess, http
 
 from hetero_infer import LLM, SamplingParams

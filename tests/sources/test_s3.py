@@ -10,7 +10,7 @@ import socket
 import urllib.request
 
 import pytest
-from conftest import put_objects
+from s3_store import put_objects
 
 from hetero_infer.model_source import ModelSourceError, fetch_model
 
