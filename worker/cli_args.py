@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Mapping
 
 from hetero_infer.options import add_config_flag, add_flags, load_options
-from hetero_infer.worker.config import DEVICES, DTYPES, EXECUTORS, EngineConfig
+from hetero_infer.worker.config import DEVICES, DTYPES, EXECUTORS, LOAD_FORMATS, EngineConfig
 
 ENV_PREFIX = "HETERO_INFER_"
 
@@ -28,7 +28,10 @@ _HELP = {
     "gpu_memory_utilization": "fraction of GPU memory for weights, activations and KV cache",
     "enable_prefix_caching": "reuse KV blocks of identical prompt prefixes",
     "quantization": "weight-only quantization: int8 or int4",
-    "seed": "seed for requests that give none",
+    "load_format": f"one of {', '.join(LOAD_FORMATS)}: how weights are loaded (auto: the model's safetensors or "
+    "GGUF file; dummy: random weights from config.json alone, for benchmarks and tests of any model shape)",
+    "skip_tokenizer_init": "load no tokenizer: prompts must be token ids, outputs carry token ids and empty text",
+    "seed": "seed for requests that give none (and for dummy weights)",
     "enforce_eager": "disable CUDA graphs",
     "async_scheduling": "schedule and prepare the next step while the device runs the current one (CUDA, mock)",
     "mock_step_latency_s": "mock executor: seconds per step",

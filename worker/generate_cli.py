@@ -11,7 +11,11 @@ from hetero_infer.worker.cli_args import add_engine_args, engine_config_from_arg
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hetero-infer generate", description=__doc__)
-    parser.add_argument("--prompt", required=True, help="text to continue")
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="text to continue")
+    prompt.add_argument("--prompt-token-ids", type=_token_ids, metavar="ID,ID,...",
+                        help="token ids to continue (prints the output token ids; the way to prompt a model run "
+                             "with --skip-tokenizer-init)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -34,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens=args.max_tokens,
         )
         llm = LLM(**config.to_dict())
-        if args.chat:
+        if args.prompt_token_ids is not None:
+            if args.chat:
+                raise ValueError("--chat needs a text --prompt")
+            outputs = llm.generate(prompt_token_ids=args.prompt_token_ids, sampling_params=params)
+        elif args.chat:
             outputs = llm.chat([{"role": "user", "content": args.prompt}], params)
         else:
             outputs = llm.generate(args.prompt, params)
@@ -42,6 +50,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetero-infer generate: error: {exc}", file=sys.stderr)
         return 2
     for completion in outputs[0].outputs:
-        prefix = "" if args.chat else args.prompt
-        print(prefix + completion.text)
+        if args.prompt_token_ids is not None:
+            print(",".join(map(str, completion.token_ids)))
+        else:
+            print(("" if args.chat else args.prompt) + completion.text)
     return 0
+
+
+def _token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of token ids") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("no token ids given")
+    return ids

@@ -214,14 +214,22 @@ def _decode_floor(hf, dtype: torch.dtype, sched, peaks) -> float:
 
 
 # -- peers -------------------------------------------------------------------------------
-def _hf_model(folder, dtype, device, **kwargs):
-    from transformers import AutoModelForCausalLM
+def _hf_model(folder, dtype, device, load_format: str = "auto", seed: int = 0):
+    """transformers' model of the folder on `device`: its checkpoint, or for `load_format="dummy"` the random
+    weights our engine gets from the same config and seed (built on the device, in `dtype`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).to(device).eval()
+    if load_format == "dummy":
+        from hetero_infer.worker.runner.dummy_weights import fill_hf_model
+
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=dtype)
+        return fill_hf_model(model, seed).eval()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
 
 
-def run_hf_generate(folder, dtype, device, prompts, outputs) -> Result:
-    model = _hf_model(folder, dtype, device)
+def run_hf_generate(folder, dtype, device, prompts, outputs, load_format: str = "auto", seed: int = 0) -> Result:
+    model = _hf_model(folder, dtype, device, load_format, seed)
     width = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -241,10 +249,10 @@ def run_hf_generate(folder, dtype, device, prompts, outputs) -> Result:
     return Result("transformers generate (padded batch)", str(dtype).replace("torch.", ""), produced, elapsed)
 
 
-def run_hf_continuous(folder, dtype, device, prompts, outputs) -> Result:
+def run_hf_continuous(folder, dtype, device, prompts, outputs, load_format: str = "auto", seed: int = 0) -> Result:
     from transformers import GenerationConfig
 
-    model = _hf_model(folder, dtype, device)
+    model = _hf_model(folder, dtype, device, load_format, seed)
     config = GenerationConfig(max_new_tokens=max(outputs), do_sample=False, eos_token_id=-1, pad_token_id=0)
     start = time.perf_counter()
     results = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
@@ -336,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetero-infer bench: error: {exc}", file=sys.stderr)
         return 2
     try:
-        folder, name = resolve_model(base.model)
-    except (ModelSourceError, FileNotFoundError) as exc:
+        folder, name = resolve_model(base.model, base.load_format)
+    except (ModelSourceError, FileNotFoundError, ValueError) as exc:
         print(f"hetero-infer bench: error: {exc}", file=sys.stderr)
         return 2
     vocab = load_hf_config(folder).vocab_size
@@ -346,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     report: dict = {"model": name, "device": _device_name(device), "torch": torch.__version__,
                     "workload": asdict(workload), "threads": base_threads(),
-                    "contention": args.contention}
+                    "contention": args.contention, "load_format": base.load_format}
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         peaks = measure_peaks(dtype, device)
@@ -356,15 +364,22 @@ def main(argv: list[str] | None = None) -> int:
         busy = functools.partial(contention, args.contention, args.burst_on, args.burst_off)
         with busy():
             ours = run_ours(config, prompts, outputs, peaks)
+        _release_memory(device)  # the engine's weights and KV pool, before a peer loads its own
         ours.dtype = dtype_name
         results.append(ours)
+        peer_weights = (base.load_format, base.seed)
         if "hf-generate" in peers:
             with busy():
-                results.append(run_hf_generate(folder, dtype, device, prompts, outputs))
+                results.append(run_hf_generate(folder, dtype, device, prompts, outputs, *peer_weights))
+            _release_memory(device)
         if "hf-cb" in peers:
             with busy():
-                results.append(run_hf_continuous(folder, dtype, device, prompts, outputs))
-        if "llama-cpp" in peers:  # optional peer: skipped with a message when unavailable
+                results.append(run_hf_continuous(folder, dtype, device, prompts, outputs, *peer_weights))
+            _release_memory(device)
+        if "llama-cpp" in peers and base.load_format == "dummy":
+            print("llama-cpp: skipped (it reads the model's GGUF weights; --load-format dummy has none)",
+                  file=sys.stderr)
+        elif "llama-cpp" in peers:  # optional peer: skipped with a message when unavailable
             with busy():
                 peer, why = run_llama_cpp(folder, dtype_name, prompts, outputs, base_threads())
             if peer is None:
@@ -374,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(results), flush=True)
     report["results"] = [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in results]
     print()
-    print(f"model {name} on {report['device']}, torch {torch.__version__}, {base_threads()} threads; "
+    weights = " (dummy weights)" if base.load_format == "dummy" else ""
+    print(f"model {name}{weights} on {report['device']}, torch {torch.__version__}, {base_threads()} threads; "
           f"{workload.num_requests} requests, prompts {workload.min_prompt}-{workload.max_prompt}, "
           f"outputs {workload.min_output}-{workload.max_output}, greedy, seed {workload.seed}; "
           f"contention {args.contention}")
@@ -397,6 +413,15 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json_path, "w") as f:
             json.dump(report, f, indent=2)
     return 0
+
+
+def _release_memory(device: torch.device) -> None:
+    """Free what the last system's run left (its objects hold cycles), so the next one gets the device."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _device_name(device: torch.device) -> str:

@@ -13,6 +13,10 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 Quantization = Literal["int8", "int4"]
 QUANTIZATIONS = (None, *get_args(Quantization))
+# How weights are loaded (vLLM's load_format): "auto" reads what the model is (a folder's safetensors, a .gguf
+# file); "safetensors" / "gguf" insist on that kind; "dummy" makes random weights from config.json alone.
+LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
+LOAD_FORMATS = get_args(LoadFormat)
 
 
 @dataclass
@@ -31,6 +35,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     quantization: Quantization | None = None
+    load_format: LoadFormat = "auto"
+    # token ids in, token ids out: no tokenizer is loaded (outputs carry token ids and empty text)
+    skip_tokenizer_init: bool = False
     seed: int = 0
     enforce_eager: bool = False
     # the overlap: schedule and prepare step N+1 while the device runs step N (executors that run asynchronously:
@@ -58,6 +65,8 @@ class EngineConfig:
             bad("dtype", f"must be one of {', '.join(DTYPES)}")
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
             bad("device", "must be auto, cpu, cuda or cuda:N")
+        if self.load_format not in LOAD_FORMATS:
+            bad("load_format", f"must be one of {', '.join(LOAD_FORMATS)}")
         if self.quantization not in QUANTIZATIONS:
             bad("quantization", "must be int8, int4 or unset")
         if not isinstance(self.block_size, int) or self.block_size < 1 or self.block_size > 256:

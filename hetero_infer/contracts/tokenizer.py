@@ -1,4 +1,5 @@
-"""Thin wrapper over a Hugging Face tokenizer with the few operations the engine needs."""
+"""Thin wrapper over a Hugging Face tokenizer with the few operations the engine needs, and the one place an
+engine gets its tokenizer (or none: `skip_tokenizer_init`) and its EOS token ids."""
 
 from __future__ import annotations
 
@@ -77,6 +78,29 @@ class Tokenizer:
         return self.hf.encode(text, add_special_tokens=False)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def load_tokenizer(folder: Path, skip_tokenizer_init: bool = False) -> Tokenizer | None:
+    """The model folder's tokenizer (with its generation_config.json EOS ids); None with `skip_tokenizer_init`
+    (token ids in, token ids out). A folder without tokenizer files is a clear error that names the option."""
+    if skip_tokenizer_init:
+        return None
+    folder = Path(folder)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"{folder} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); to run on token ids "
+                         "alone, pass --skip-tokenizer-init (skip_tokenizer_init=True)")
+    return Tokenizer.from_pretrained(folder)
+
+
+def eos_token_ids(folder: Path, hf_config: Any, tokenizer: Tokenizer | None) -> set[int]:
+    """The ids that end a sequence: the tokenizer's EOS with generation_config.json's; without a tokenizer,
+    config.json's `eos_token_id` with generation_config.json's."""
+    if tokenizer is not None:
+        return set(tokenizer.eos_token_ids)
+    return _int_ids(getattr(hf_config, "eos_token_id", None)) | _generation_config_eos(Path(folder))
+
+
 def _check_messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
@@ -108,9 +132,13 @@ def _generation_config_eos(folder: Path) -> set[int]:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return set()
-    eos = data.get("eos_token_id") if isinstance(data, dict) else None
-    if isinstance(eos, int):
-        return {eos}
-    if isinstance(eos, list):
-        return {e for e in eos if isinstance(e, int)}
+    return _int_ids(data.get("eos_token_id") if isinstance(data, dict) else None)
+
+
+def _int_ids(value: Any) -> set[int]:
+    """An `eos_token_id` field (an int, a list of ints or nothing) as a set."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {value}
+    if isinstance(value, list):
+        return {e for e in value if isinstance(e, int) and not isinstance(e, bool)}
     return set()

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hetero_infer.contracts.tokenizer import eos_token_ids, load_tokenizer
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
@@ -24,7 +25,6 @@ from hetero_infer.worker.core.sequence import PLACEHOLDER, Sequence, SequenceSta
 from hetero_infer.worker.runner.loader import load_hf_config, resolve_model, served_name
 from hetero_infer.worker.runner.sampler import SamplingRow, _has_penalties, make_generator, takes_argmax
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
-from hetero_infer.worker.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 _FINISHED = SequenceStatus.FINISHED
@@ -76,16 +76,16 @@ class Request:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        folder, name = resolve_model(config.model)
+        folder, name = resolve_model(config.model, config.load_format)
         self.model_name = served_name(config, name)
         hf_config = load_hf_config(folder)
         self.max_model_len = _max_model_len(config, hf_config)
-        generation_eos = _generation_eos_ids(folder)
-        self.tokenizer = Tokenizer.from_pretrained(folder, extra_eos_token_ids=generation_eos)
+        self.tokenizer = load_tokenizer(folder, config.skip_tokenizer_init)  # None: token ids in and out
         if config.executor == "mock":
             from hetero_infer.worker.runner.mock_executor import MockExecutor
 
-            self.executor = MockExecutor(config, vocab_size=self.tokenizer.vocab_size)
+            vocab_size = self.tokenizer.vocab_size if self.tokenizer is not None else hf_config.vocab_size
+            self.executor = MockExecutor(config, vocab_size=vocab_size)
         else:
             from hetero_infer.worker.runner.executor import TorchExecutor
 
@@ -95,7 +95,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.memory_threshold
         )
-        self.eos_token_ids = sorted(self.tokenizer.eos_token_ids)
+        self.eos_token_ids = sorted(eos_token_ids(folder, hf_config, self.tokenizer))
         self._eos = frozenset(self.eos_token_ids)
         # the overlap: step N+1 is launched before step N's tokens reach the host (`_step`)
         self._overlap = config.async_scheduling and self.executor.overlaps
@@ -113,7 +113,7 @@ class LLMEngine:
         self._accumulators: dict[str, OutputAccumulator] = {}  # `step()`'s cumulative outputs
         self.limits = EngineLimits(self.model_name, self.max_model_len, int(self.vocab_size),
                                    self.block_manager.num_blocks, self.block_manager.block_size,
-                                   tuple(self.eos_token_ids))
+                                   tuple(self.eos_token_ids), has_tokenizer=self.tokenizer is not None)
 
     # -- requests -----------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
@@ -445,16 +445,3 @@ def _max_model_len(config: EngineConfig, hf_config) -> int:
     if config.max_model_len > limit:
         raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's context length {limit}")
     return config.max_model_len
-
-
-def _generation_eos_ids(folder) -> list[int]:
-    import json
-
-    path = folder / "generation_config.json"
-    if not path.is_file():
-        return []
-    eos = json.loads(path.read_text()).get("eos_token_id")
-    if eos is None:
-        return []
-    return [eos] if isinstance(eos, int) else list(eos)
-

@@ -24,6 +24,7 @@ class EngineLimits:
     num_blocks: int
     block_size: int
     eos_token_ids: tuple[int, ...]
+    has_tokenizer: bool = True  # False with skip_tokenizer_init: token ids only, no text-based features
 
 
 class RequestError(ValueError):
@@ -68,6 +69,8 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: E
     """Raise `RequestError` for a request the engine cannot serve; return its resolved max_tokens (the rest of
     the context when `params.max_tokens` is None). `max_n`: a server's cap on `n` (its max_num_seqs)."""
     check_sampling_params(params)
+    if not limits.has_tokenizer:
+        check_needs_no_tokenizer(params)
     try:
         check_constraints(params, limits.vocab_size)
     except ConstraintError as exc:
@@ -99,6 +102,17 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: E
             f"the request needs up to {needed} KV-cache blocks ({n_prompt + max_tokens} tokens) but the pool "
             f"holds {limits.num_blocks}; lower max_tokens or raise --max-num-blocks", param=names.max_tokens)
     return max_tokens
+
+
+def check_needs_no_tokenizer(p: SamplingParams) -> None:
+    """What an engine without a tokenizer (`skip_tokenizer_init`) cannot do: match text (stop strings) or
+    compile a grammar over the vocabulary's strings (structured outputs)."""
+    if p.stop_strings:
+        raise RequestError("stop strings need a tokenizer, and this engine runs without one (skip_tokenizer_init): "
+                           "use stop_token_ids", param="stop")
+    if p.structured_outputs is not None:
+        raise RequestError("structured outputs need a tokenizer, and this engine runs without one "
+                           "(skip_tokenizer_init)", param="structured_outputs")
 
 
 def check_sampling_params(p: SamplingParams) -> None:

@@ -17,7 +17,8 @@ class LLM:
 
     Keyword arguments are the engine options (see `EngineConfig`): device, dtype, block_size,
     max_num_blocks, max_num_seqs, max_model_len, max_num_batched_tokens, memory_threshold,
-    executor ("torch" | "mock"), ...
+    executor ("torch" | "mock"), load_format ("auto" | "safetensors" | "gguf" | "dummy": random weights from
+    config.json alone), skip_tokenizer_init (token ids in and out, no tokenizer files needed), ...
     """
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
@@ -48,7 +49,7 @@ class LLM:
                     raise ValueError("prompts and prompt_token_ids differ in length")
         else:
             texts = [prompts] if isinstance(prompts, str) else list(prompts)
-            token_lists = [self.engine.tokenizer.encode(t) for t in texts]
+            token_lists = [self._tokenizer("text prompts").encode(t) for t in texts]
         return self._run(texts, token_lists, sampling_params, use_tqdm)
 
     def chat(
@@ -59,9 +60,15 @@ class LLM:
     ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation (or a list of them) and generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        tok = self.engine.tokenizer
+        tok = self._tokenizer("chat")
         token_lists = [tok.apply_chat_template(c, add_generation_prompt=True) for c in conversations]
         return self._run([None] * len(token_lists), token_lists, sampling_params, use_tqdm)
+
+    def _tokenizer(self, what: str):
+        if self.engine.tokenizer is None:
+            raise ValueError(f"a tokenizer is needed for {what}, and this LLM has none (skip_tokenizer_init=True): pass "
+                             "prompt_token_ids")
+        return self.engine.tokenizer
 
     def _run(self, texts, token_lists, sampling_params, use_tqdm) -> list[RequestOutput]:
         if sampling_params is None:

@@ -19,8 +19,7 @@ from hetero_infer.worker.runner.attention.base import to_device
 from hetero_infer.worker.runner.attention.triton_backend import TritonBackend
 from hetero_infer.worker.runner.cuda_graphs import DecodeRunner
 from hetero_infer.worker.runner.inputs import step_inputs
-from hetero_infer.worker.runner.loader import iter_safetensors
-from hetero_infer.worker.runner.models.llama import LlamaForCausalLM
+from hetero_infer.worker.runner.loader import load_model
 from hetero_infer.worker.runner.models.rotary import head_dim_of
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, sample_logits
 from hetero_infer.worker.runner.step_handle import DeviceStep, DoneStep
@@ -80,10 +79,9 @@ class TorchExecutor:
             self._host_tokens = [torch.empty(config.max_num_seqs, dtype=torch.long, pin_memory=True) for _ in range(2)]
             self._flip = 0
         torch.manual_seed(config.seed)
-        with torch.device(self.device):
-            model = LlamaForCausalLM(hf_config, max_positions=max_model_len)
-        model.load_weights(iter_safetensors(folder))
-        self.model = model.to(self.dtype).eval()
+        model = load_model(hf_config, folder, load_format=config.load_format, device=self.device, dtype=self.dtype,
+                           max_positions=max_model_len, seed=config.seed)
+        self.model = model.eval()
         self.backend = select_backend(self.device, self.dtype, model.rotary_embedding(self.dtype, self.device))
         log.info("attention backend: %s", self.backend.name)
         self.weight_bytes = weight_bytes(self.model)

