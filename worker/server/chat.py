@@ -54,6 +54,7 @@ def chat_template(state: ServerState) -> str | None:
 
 async def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> Prompt:
     """The prompt: the messages (and tools) rendered with the chat template (`chat_template_inputs`)."""
+    state.require_tokenizer("a chat request", "messages")
     messages, kwargs = chat_template_inputs(req, chat_template(state))
     chars = sum(len(m["content"]) for m in messages) + (len(json.dumps(kwargs["tools"])) if "tools" in kwargs else 0)
     try:

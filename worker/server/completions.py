@@ -39,6 +39,9 @@ class CompletionFormatter(Formatter):
         self.top_n = req.logprobs
         self.echo = req.echo
         self._echo_text: dict[int, str] = {}
+        # A worker without a tokenizer (--skip-tokenizer-init) answers in token ids, with empty text, as vLLM does
+        # (no logprobs or echo then: refused before generation).
+        self.token_ids_only = state.tokenizer is None
 
     def _prompt_text(self, idx: int) -> str:
         p_idx = idx // self.n
@@ -60,6 +63,9 @@ class CompletionFormatter(Formatter):
 
     def _chunk(self, idx: int, d: SampleDelta, ch: Choice) -> str:
         text = d.text
+        if self.token_ids_only:
+            return self._base_chunk(dumps({"index": idx, "text": text, "logprobs": None, "token_ids": d.token_ids,
+                                           "finish_reason": d.finish_reason}))
         if self.echo and not ch.started:
             text = self._prompt_text(idx) + text
         if self.top_n is None:  # the common case, without a dict round trip
@@ -78,4 +84,7 @@ class CompletionFormatter(Formatter):
             ch = Choice()
             ch.offset = len(prefix)
             logprobs = self._logprobs(c.token_ids, c.logprobs, ch)
-        return {"index": idx, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}
+        choice = {"index": idx, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}
+        if self.token_ids_only:
+            choice["token_ids"] = list(c.token_ids)
+        return choice

@@ -91,7 +91,7 @@ async def tokenize(request: web.Request) -> web.Response:
     if isinstance(req, TokenizeChatRequest):
         ids = (await chat_prompt(state, req)).token_ids
     else:
-        encode = state.tokenizer.encode
+        encode = state.require_tokenizer("/tokenize", "prompt").encode
         ids = list(await off_loop_if(len(req.prompt) > TOKENIZE_INLINE_MAX_CHARS, encode, req.prompt,
                                      add_special_tokens=req.add_special_tokens))
     out: dict[str, Any] = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
@@ -105,7 +105,7 @@ async def detokenize(request: web.Request) -> web.Response:
     req: DetokenizeRequest = await parse_body(request, DetokenizeRequest)
     state.check_model(req.model)
     state.check_serving()
-    vocab = state.tokenizer.vocab_size
+    vocab = state.require_tokenizer("/detokenize", "tokens").vocab_size
     for i, token in enumerate(req.tokens):
         if token >= vocab:
             raise bad_request(f"token id {token} is out of range: the vocabulary has {vocab} tokens (0..{vocab - 1})",

@@ -75,6 +75,11 @@ def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionR
         requested, default = req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
         names = ParamNames(prompt_param or "prompt", "max_tokens")
     limits = state.limits
+    if state.tokenizer is None:  # what the response would have to render as text
+        if logprobs is not None:
+            state.require_tokenizer("logprobs", "logprobs")
+        if getattr(req, "echo", False):
+            state.require_tokenizer("echo", "echo")
     if requested is None:  # the rest of the context (at least 1: a prompt that fills it fails the check)
         room = limits.max_model_len - len(prompt.token_ids)
         requested = max(1, room if default is None else min(default, room))
@@ -139,6 +144,6 @@ async def completion_prompts(state: Any, req: CompletionRequest) -> list[Prompt]
     else:
         return [Prompt(None, list(ids)) for ids in raw]  # type: ignore[arg-type, union-attr]
     chars = sum(len(t) for t in texts)
-    encode = state.tokenizer.encode
+    encode = state.require_tokenizer("a text prompt", "prompt").encode
     ids_list = await off_loop_if(chars > TOKENIZE_INLINE_MAX_CHARS, lambda: [encode(t) for t in texts])
     return [Prompt(t, list(ids)) for t, ids in zip(texts, ids_list, strict=True)]

@@ -90,6 +90,14 @@ class ServerState:
             return False, FAILED, self.load_error
         return self.phase == READY, self.phase, None
 
+    def require_tokenizer(self, what: str, param: str | None = None) -> Any:
+        """The tokenizer; a 400 naming `what` when this worker runs without one (--skip-tokenizer-init)."""
+        if self.tokenizer is None:
+            raise APIError(400, f"{what} needs a tokenizer, and this worker runs without one "
+                                "(--skip-tokenizer-init): send prompts as token ids to /v1/completions",
+                           param=param, code="invalid_value")
+        return self.tokenizer
+
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)
         if text is None:

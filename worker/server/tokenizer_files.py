@@ -74,7 +74,7 @@ def render(tokenizer: Any, model: str) -> bytes:
 async def tokenizer_files(request: web.Request) -> web.Response:
     state = get_state(request)
     state.check_serving()
-    tokenizer = state.tokenizer
+    tokenizer = state.require_tokenizer("/v1/tokenizer/files")
     body = _cache.get(tokenizer)
     if body is None:  # saving takes a while (a tokenizer.json of megabytes): off the event loop
         body = await asyncio.get_running_loop().run_in_executor(None, render, tokenizer, state.model_name)
