@@ -10,7 +10,9 @@ type got per row bucket (measured at load, kernels/cpu/select.py), the decode st
 bytes per second against the copy bandwidth (sampled between our steps during the same run, and measured
 before it), and how many intervals the thread
 governor ran at each thread count. `--contention steady|bursty` runs busy processes beside
-every system's run, the same for all (bench/contention.py).
+every system's run, the same for all (bench/contention.py). `--load-format dummy` runs any model shape from
+its config.json alone (benchmarks/shapes/), the transformers peers on the same random weights; with
+`--skip-tokenizer-init` no tokenizer files are needed (the workload is token ids anyway).
 """
 
 from __future__ import annotations
