@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from engine.conftest import tiny_config  # tests/ is on sys.path (tests/conftest.py)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hetero_infer.worker.core.request_check import RequestError
