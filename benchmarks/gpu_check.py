@@ -37,7 +37,7 @@ WHEELS = ["pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.7.0",
           "pytest-asyncio==1.5.0"]
 DEFAULT_MODEL_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                        "special_tokens_map.json", "chat_template.jinja"]
-NANO = dict(num_requests=256, min_prompt=100, max_prompt=1024, min_output=100, max_output=1024)
+NANO = dict(requests=256, min_prompt=100, max_prompt=1024, min_output=100, max_output=1024)
 
 
 # -- prepare (on a machine with network) -----------------------------------------------------------------------
@@ -144,7 +144,8 @@ def peer(folder: str, which: str, out_json: str, *workload: str) -> None:
     n, pmin, pmax, omin, omax = map(int, workload)
     prompts, outputs = T.Workload(n, pmin, pmax, omin, omax, 0).build(load_hf_config(Path(folder)).vocab_size)
     fn = {"hf-generate": T.run_hf_generate, "hf-cb": T.run_hf_continuous}[which]
-    r = fn(Path(folder), torch.bfloat16, torch.device("cuda"), prompts, outputs)
+    r = fn(Path(folder), torch.bfloat16, torch.device(os.environ.get("GPU_CHECK_DEVICE", "cuda")), prompts, outputs,
+           load_format="dummy")
     Path(out_json).write_text(json.dumps({"system": r.system, "output_tokens": r.output_tokens, "seconds": r.seconds,
                                           "tokens_per_s": r.tokens_per_s}))
     print(f"PEER {r.system}: {r.output_tokens} tokens in {r.seconds:.2f} s = {r.tokens_per_s:.1f} tok/s")
