@@ -20,6 +20,7 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+@pytest.mark.xdist_group("gpu-memory")  # 16 GB: never beside the tests that size a pool from the free memory
 def test_llama3_8b_shape_is_made_on_the_gpu_in_bfloat16():
     folder = SHAPES / "llama-3-8b"
     config = load_hf_config(folder)

@@ -123,6 +123,7 @@ def test_cuda_graphs_and_eager_give_identical_tokens(tiny_model, quantization):
     assert runs[False] == runs[True]
 
 
+@pytest.mark.xdist_group("gpu-memory")  # reads the free memory: not beside the 16 GB shape of test_dummy_weights_gpu
 @pytest.mark.parametrize("utilization", [0.3, 0.6])
 def test_kv_pool_sized_from_the_memory_profile(tiny_model, utilization):
     folder, _ = tiny_model("llama")
