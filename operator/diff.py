@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from hetero_infer.operator.constants import FINGERPRINT_ANNOTATION
+from hetero_infer.operator.constants import FINGERPRINT_ANNOTATION, SPEC_KEYS_ANNOTATION
 
 _SUFFIXES = {
     "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
@@ -104,7 +104,8 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
 def fingerprint(desired: Mapping[str, Any]) -> str:
     """A stable hash of a manifest as the operator would write it (its own annotation left out)."""
     meta = dict(desired.get("metadata") or {})
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != FINGERPRINT_ANNOTATION}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
+                   if k != FINGERPRINT_ANNOTATION and v is not None}  # an unset annotation is no annotation
     meta["annotations"] = annotations or None
     canonical = json.dumps(strip_none({**desired, "metadata": meta}), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
@@ -127,12 +128,43 @@ def _patch_value(value: Any) -> Any:
     return value
 
 
-def merge_patch(desired: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON merge patch that puts the desired fields in place (None in a map removes a field).
+def spec_keys(maps: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The SPEC_KEYS_ANNOTATION value for the spec's keys in these maps (by dotted path); None when there are
+    none (no annotation: a child without such keys is written as before it existed)."""
+    keys = {path: sorted(m) for path, m in maps.items() if m}
+    return json.dumps(keys, sort_keys=True, separators=(",", ":")) if keys else None
+
+
+def _dropped_keys(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """Keys the live child's SPEC_KEYS_ANNOTATION says the operator wrote, by path, that `desired` no longer has."""
+    recorded = ((live or {}).get("metadata") or {}).get("annotations", {}).get(SPEC_KEYS_ANNOTATION)
+    try:
+        paths = json.loads(recorded) if recorded else {}
+    except ValueError:
+        return {}
+    out = {}
+    for path, keys in paths.items() if isinstance(paths, dict) else ():
+        want: Any = desired
+        for part in path.split("."):
+            want = want.get(part) if isinstance(want, Mapping) else None
+        gone = [k for k in keys if k not in (want or {})]
+        if gone:
+            out[path] = gone
+    return out
+
+
+def merge_patch(desired: Mapping[str, Any], live: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON merge patch that puts the desired fields in place (None in a map removes a field), and removes
+    the spec's keys that `live` records (SPEC_KEYS_ANNOTATION) and `desired` no longer has.
 
     Immutable or server-owned identity fields (apiVersion, kind, name, namespace) are left out.
     """
     patch = {k: _patch_value(v) for k, v in desired.items() if k not in ("apiVersion", "kind", "metadata")}
     meta = {k: _patch_value(v) for k, v in (desired.get("metadata") or {}).items() if k not in ("name", "namespace")}
     patch["metadata"] = meta
+    for path, gone in _dropped_keys(desired, live).items():
+        node = patch
+        for part in path.split("."):
+            node = node.setdefault(part, {})
+        node.update(dict.fromkeys(gone))
     return patch

@@ -81,7 +81,7 @@ def apply_child(client: kube.Client, desired: Mapping[str, Any], owner_uid: str,
     changed = differences(desired, live)
     if not changed:
         return ChildResult(kind.kind, name, "unchanged", live)
-    patched = client.patch(kind, ns, name, merge_patch(desired))
+    patched = client.patch(kind, ns, name, merge_patch(desired, live))
     shown = ", ".join(p.lstrip(".") for p in changed[:4]) + (" ..." if len(changed) > 4 else "")
     return ChildResult(kind.kind, name, "updated", patched, shown)
 

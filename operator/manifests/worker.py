@@ -14,6 +14,7 @@ from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.contracts.options import to_flags
 from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.operator import constants as c
+from hetero_infer.operator.diff import spec_keys
 from hetero_infer.operator.manifests.common import (
     WORKER_UID,
     Owner,
@@ -188,10 +189,13 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
         "runtimeClassName": pod.runtime_class_name,
         "topologySpreadConstraints": [dict(t) for t in pod.topology_spread_constraints] or None,
     }
+    meta = metadata(owner)
+    meta["annotations"] = {c.SPEC_KEYS_ANNOTATION: spec_keys({
+        "spec.template.metadata.labels": pod.labels, "spec.template.metadata.annotations": pod.annotations})}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata(owner),
+        "metadata": meta,
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector_labels(owner.name)},

@@ -184,3 +184,69 @@ def test_the_crd_accepts_every_knob(crd: dict[str, Any]) -> None:
     obj = {"apiVersion": "hetero-infer.io/v1alpha1", "kind": "InferenceDeployment",
            "metadata": {"name": "smol", "namespace": "models"}, "spec": {"model": {"name": "smol"}, **KNOBS}}
     assert validate(crd, json.loads(json.dumps(obj))) == []
+
+
+# -- the real operator (kopf) against the API emulator ------------------------------------------------------
+async def test_the_operator_adds_and_removes_knobs_and_rolls_nothing_for_defaults(kmock: Any, operator: Any) -> None:
+    from kmock_cluster import DEPLOYMENTS, INFD, wait_for
+    from test_operator_kmock import NS, child_writes, container, create, infd, live, patch
+
+    from hetero_infer.operator import constants as c
+
+    await operator("--resync-seconds", "0.2")
+    await create(kmock, infd())
+    await wait_for(lambda: live(kmock, DEPLOYMENTS) and live(kmock, INFD).get("status", {}).get("conditions"),
+                   what="children and status")
+    path = f"/apis/{c.API_VERSION}/namespaces/{NS}/{c.PLURAL}/smol"
+
+    def observed(generation: int) -> Any:
+        return lambda: (live(kmock, INFD) or {}).get("status", {}).get("observedGeneration") == generation
+
+    # The defaults written out (what a CRD with defaults stores): no child is written.
+    before = child_writes(kmock)
+    await patch(kmock, path, {"spec": {"drainSeconds": 45, "startupTimeoutSeconds": 900}})
+    await wait_for(observed(2), what="the spec with its defaults written out reconciled")
+    assert child_writes(kmock) == before
+
+    # The knobs: the worker pods get them.
+    await patch(kmock, path, {"spec": {"imagePullSecrets": [{"name": "registry"}], "podLabels": {"team": "a"},
+                                       "apiKey": {"secretKeyRef": {"name": "keys", "key": "workers"}},
+                                       "drainSeconds": 300}})
+    await wait_for(lambda: (live(kmock, DEPLOYMENTS)["spec"]["template"]["spec"].get("imagePullSecrets")
+                            == [{"name": "registry"}]), what="imagePullSecrets on the worker pods")
+    template = live(kmock, DEPLOYMENTS)["spec"]["template"]
+    assert template["metadata"]["labels"]["team"] == "a"
+    assert template["spec"]["terminationGracePeriodSeconds"] == 315
+    assert {"name": "HETERO_INFER_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "keys", "key": "workers"}}} in container(kmock)["env"]
+
+    # Removed again: the operator takes them off the live Deployment.
+    await patch(kmock, path, {"spec": {"imagePullSecrets": None, "podLabels": None, "apiKey": None,
+                                       "drainSeconds": None}})
+    await wait_for(lambda: "imagePullSecrets" not in live(kmock, DEPLOYMENTS)["spec"]["template"]["spec"],
+                   what="imagePullSecrets removed")
+    template = live(kmock, DEPLOYMENTS)["spec"]["template"]
+    assert "team" not in template["metadata"]["labels"]
+    assert template["spec"]["terminationGracePeriodSeconds"] == 60
+    assert not [e for e in container(kmock)["env"] if e["name"] == "HETERO_INFER_API_KEY"]
+
+
+def test_a_pod_label_dropped_from_the_spec_is_removed_and_others_are_left_alone() -> None:
+    """podLabels share the template's labels with the operator's own and with what other tools add: the merge
+    patch removes exactly the keys the spec had (the child's spec-keys annotation) and no longer has."""
+    from hetero_infer.operator.constants import SPEC_KEYS_ANNOTATION
+    from hetero_infer.operator.diff import merge_patch, with_fingerprint
+
+    live = with_fingerprint(rendered(podLabels={"team": "a", "tier": "gold"}, podAnnotations={"x": "1"}).deployment)
+    live["spec"]["template"]["metadata"]["labels"]["added-by-someone-else"] = "v"
+    live["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"] = "now"
+    desired = with_fingerprint(rendered(podLabels={"team": "b"}).deployment)
+    patch = merge_patch(desired, live)
+    template = patch["spec"]["template"]["metadata"]
+    assert template["labels"]["team"] == "b" and template["labels"]["tier"] is None
+    assert "added-by-someone-else" not in template["labels"]
+    assert template["annotations"]["x"] is None and "kubectl.kubernetes.io/restartedAt" not in template["annotations"]
+    assert patch["metadata"]["annotations"][SPEC_KEYS_ANNOTATION] == '{"spec.template.metadata.labels":["team"]}'
+    # Without podLabels and podAnnotations the annotation goes too.
+    assert merge_patch(with_fingerprint(rendered().deployment), live)["metadata"]["annotations"][
+        SPEC_KEYS_ANNOTATION] is None
