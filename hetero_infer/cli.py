@@ -1,4 +1,4 @@
-"""`hetero-infer` command line: serve, generate, bench, operator, router."""
+"""`hetero-infer` command line: serve, generate, bench, operator, router, fetch."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ commands:
   bench      offline throughput benchmark (`bench serve --url ...` for a serving benchmark)
   operator   run the Kubernetes operator
   router     one OpenAI-compatible endpoint in front of many workers (cache-aware routing)
+  fetch      download a model (hf://ORG/NAME, s3://BUCKET/PREFIX) into the caches once
 
 `hetero-infer <command> --help` for a command's options."""
 
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         from hetero_infer.operator.cli import main as run
     elif command == "router":
         from hetero_infer.router.cli import main as run
+    elif command == "fetch":
+        from hetero_infer.model_source import main as run
     else:
         print(f"hetero-infer: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2

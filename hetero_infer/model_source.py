@@ -378,3 +378,23 @@ def _download_s3(ref: ModelRef, client: Any, target: Path, prefix: str, sizes: d
         error = _s3_error(ref, exc)
         raise (error or ModelSourceError(redact(f"{ref}: download failed: {type(exc).__name__}: {exc}"))) from None
     logger.info("downloaded %s in %.1f s", ref, time.monotonic() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`hetero-infer fetch MODEL`: fetch a model into the caches (the operator's init container); prints the
+    local folder. Status 1 with one line when it cannot."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="hetero-infer fetch", description=main.__doc__)
+    parser.add_argument("model", help="hf://ORG/NAME[@REVISION], ORG/NAME or s3://BUCKET/PREFIX")
+    parser.add_argument("--progress-interval", type=float, default=DEFAULT_INTERVAL_S,
+                        help="seconds between progress lines when stderr is not a terminal")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        folder, _ = fetch_model(args.model, interval=args.progress_interval)
+    except ModelSourceError as exc:
+        logger.error("%s", exc)
+        return 1
+    print(folder)
+    return 0

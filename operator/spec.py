@@ -20,6 +20,7 @@ from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.operator.spec_pod import POD_FIELDS, PodSpec, SecretKeyRef, parse_pod, parse_secret_key_ref
 from hetero_infer.operator.spec_reader import (
     DNS1035,
+    DNS1123_SUBDOMAIN,
     ENV_NAME,
     INT_OR_PERCENT,
     Reader,
@@ -65,6 +66,13 @@ DEFAULT_ROLLOUT_STRATEGY = "RollingUpdate"
 # old pod frees (the rollout stalls); replace one pod at a time instead. CPU pods can surge.
 DEFAULT_ROLLOUT = {True: (0, 1), False: (1, 0)}  # has a GPU -> (maxSurge, maxUnavailable)
 MAX_GPUS = 1  # one worker process uses one GPU (docs/contracts.md)
+# spec.model.url: the CRD's pattern (crds/), checked here too for clusters without CEL.
+MODEL_URL = re.compile(
+    r"^(hf://[A-Za-z0-9][-_.A-Za-z0-9]*(/[A-Za-z0-9][-_.A-Za-z0-9]*)?(@[^@ ]+)?"
+    r"|s3://[a-z0-9][-.a-z0-9]{1,61}[a-z0-9](/.*)?"
+    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?)$")
+MODEL_URL_FORMS = "hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX or pvc://CLAIM/PATH"
+DEFAULT_DOWNLOAD_SIZE = "20Gi"
 MAX_NAME_LENGTH = 63  # the name is also the Service's name: a DNS-1035 label
 WORKERS_SERVICE_SUFFIX = "-workers"  # with the router, the worker Service is <name>-workers
 MAX_NAME_LENGTH_WITH_ROUTER = MAX_NAME_LENGTH - len(WORKERS_SERVICE_SUFFIX)
@@ -95,8 +103,11 @@ class HostPathSource:
 class ModelSpec:
     name: str
     path: str | None = None
-    pvc: PvcSource | None = None
+    pvc: PvcSource | None = None  # also from url pvc://CLAIM/PATH
     host_path: HostPathSource | None = None
+    url: str | None = None  # hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX: fetched by each pod's init container
+    credentials_secret: str | None = None  # a Secret whose keys are the fetcher's environment (HF_TOKEN, AWS_...)
+    download_size: str = DEFAULT_DOWNLOAD_SIZE  # the download emptyDir's sizeLimit and ephemeral-storage request
 
 
 @dataclass(frozen=True)
@@ -296,10 +307,11 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
 
 def _parse_model(r: Reader, raw: Any) -> ModelSpec:
     p = "spec.model"
-    m = r.obj(raw, p, ("name", "path", "pvc", "hostPath"), required=("name",) if raw is not None else ())
+    m = r.obj(raw, p, ("name", "path", "pvc", "hostPath", "url", "credentialsSecret", "downloadSize"),
+              required=("name",) if raw is not None else ())
     name = r.string(m, "name", p) or ""
     path = r.string(m, "path", p, pattern=re.compile(r"^/"), what="an absolute path")
-    pvc = host_path = None
+    pvc = host_path = url = None
     if m.get("pvc") is not None:
         pv = r.obj(m["pvc"], f"{p}.pvc", ("claimName", "subPath", "readOnly"), required=("claimName",))
         claim = r.string(pv, "claimName", f"{p}.pvc")
@@ -310,10 +322,23 @@ def _parse_model(r: Reader, raw: Any) -> ModelSpec:
         hpath = r.string(hp, "path", f"{p}.hostPath", pattern=re.compile(r"^/"), what="an absolute path")
         if hpath:
             host_path = HostPathSource(hpath, _sub_path(r, hp, f"{p}.hostPath"))
-    given = [k for k in ("path", "pvc", "hostPath") if m.get(k) is not None]
+    raw_url = r.string(m, "url", p, pattern=MODEL_URL, what=MODEL_URL_FORMS)
+    if raw_url and raw_url.startswith("pvc://"):
+        claim, _, sub = raw_url[len("pvc://"):].partition("/")
+        sub = sub.strip("/") or None
+        if sub is not None and ".." in sub.split("/"):
+            r.bad(f"{p}.url", f"the path in a pvc:// url must not contain '..', got {raw_url!r}")
+        else:
+            pvc = PvcSource(claim, sub, True)
+    elif raw_url:
+        url = raw_url
+    given = [k for k in ("path", "pvc", "hostPath", "url") if m.get(k) is not None]
     if len(given) > 1:
-        r.bad(p, f"give at most one of path, pvc and hostPath (got {', '.join(given)})")
-    return ModelSpec(name=name, path=path, pvc=pvc, host_path=host_path)
+        r.bad(p, f"give at most one of path, pvc, hostPath and url (got {', '.join(given)})")
+    secret = r.string(m, "credentialsSecret", p, pattern=DNS1123_SUBDOMAIN, what="a Secret's name")
+    size = r.quantity(m, "downloadSize", p) or DEFAULT_DOWNLOAD_SIZE
+    return ModelSpec(name=name, path=path, pvc=pvc, host_path=host_path, url=url, credentials_secret=secret,
+                     download_size=size)
 
 
 def _sub_path(r: Reader, data: Mapping, path: str) -> str | None:

@@ -44,6 +44,8 @@ DEFAULT_MEMORY = {False: "4Gi", True: "24Gi"}
 def model_path(spec: InferenceSpec) -> str | None:
     """`--model` for the worker; None lets the image's default model serve."""
     m = spec.model
+    if m.url is not None:  # fetched by the init container into the download volume; read there offline
+        return m.url
     source = m.pvc or m.host_path
     if source is not None:
         return f"{MODEL_MOUNT}/{source.sub_path}" if source.sub_path else MODEL_MOUNT
@@ -90,6 +92,9 @@ def _volumes(spec: InferenceSpec) -> tuple[list[dict[str, Any]], list[dict[str, 
     elif m.host_path is not None:
         volumes.append({"name": "model", "hostPath": {"path": m.host_path.path, "type": "Directory"}})
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    elif m.url is not None:  # sized for the model: the download never evicts the pod for ephemeral storage
+        volumes.append({"name": "model", "emptyDir": {"sizeLimit": m.download_size}})
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT})
     volumes += [dict(v) for v in spec.pod.volumes]
     mounts += [dict(m) for m in spec.pod.volume_mounts]
     return volumes, mounts
@@ -100,6 +105,8 @@ def _resources(spec: InferenceSpec) -> dict[str, Any]:
     cpu = spec.resources.cpu or DEFAULT_CPU[gpu]
     memory = spec.resources.memory or DEFAULT_MEMORY[gpu]
     requests: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    if spec.model.url is not None:
+        requests["ephemeral-storage"] = spec.model.download_size
     limits: dict[str, Any] = {"memory": memory}  # no CPU limit: throttling hurts latency more than it saves
     if gpu:
         requests[c.GPU_RESOURCE] = str(spec.resources.gpus)
@@ -119,8 +126,45 @@ def _env(spec: InferenceSpec) -> list[dict[str, Any]]:
     ]
     if spec.api_key is not None:
         ours.append(spec.api_key.env(API_KEY_ENV))
+    if spec.model.url is not None:
+        ours = [e for e in ours if e["name"] != "HF_HOME"] + [
+            *_download_env(), {"name": "HF_HUB_OFFLINE", "value": "1"}]  # the init container fetched it
     user = {e["name"] for e in spec.env}
     return [e for e in ours if e["name"] not in user] + [dict(e) for e in spec.env]
+
+
+def _download_env() -> list[dict[str, Any]]:
+    """Where a fetched model lives (docs/models.md: caches), the same for the init container and the worker."""
+    return [{"name": "HF_HOME", "value": f"{MODEL_MOUNT}/huggingface"},
+            {"name": "HETERO_INFER_MODEL_CACHE", "value": f"{MODEL_MOUNT}/hetero-infer"}]
+
+
+def _credentials(spec: InferenceSpec) -> list[dict[str, Any]] | None:
+    """The model's credentials Secret, whose keys are variable names (HF_TOKEN, AWS_ACCESS_KEY_ID, ...): as
+    environment from the Secret, never inline in the pod spec."""
+    secret = spec.model.credentials_secret
+    return [{"secretRef": {"name": secret}}] if secret and spec.model.url is not None else None
+
+
+def fetch_container(spec: InferenceSpec, image: str, defaults: WorkerDefaults,
+                    security: dict[str, Any]) -> dict[str, Any]:
+    """The init container that downloads spec.model.url into the pod's model volume before the worker starts
+    (an init container has no probes: a long download is never killed as a slow start; a failed one is retried
+    by the kubelet with back-off)."""
+    return {
+        "name": "fetch-model",
+        "image": image,
+        "imagePullPolicy": defaults.image_pull_policy,
+        "command": ["hetero-infer", "fetch", spec.model.url],
+        "env": [{"name": "HOME", "value": "/tmp"}, *_download_env(), {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "envFrom": _credentials(spec),
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi",
+                                   "ephemeral-storage": spec.model.download_size},
+                      "limits": {"memory": "2Gi"}},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "model", "mountPath": MODEL_MOUNT}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # the one-line reason shows in the pod's status
+        "securityContext": security,
+    }
 
 
 def _tolerations(spec: InferenceSpec) -> list[dict[str, Any]] | None:
@@ -143,6 +187,12 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
     gpu = spec.resources.gpus > 0
     image = spec.image or (defaults.gpu_image if gpu else defaults.image)
     volumes, mounts = _volumes(spec)
+    security = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     container: dict[str, Any] = {
         "name": "worker",
         "image": image,
@@ -151,6 +201,7 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
         "args": worker_args(spec),
         "ports": [{"name": c.WORKER_PORT_NAME, "containerPort": c.WORKER_PORT, "protocol": "TCP"}],
         "env": _env(spec),
+        "envFrom": _credentials(spec),
         "resources": _resources(spec),
         "volumeMounts": mounts,
         # Model loading can take minutes: the startup probe holds liveness off until the process serves.
@@ -158,15 +209,11 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
         "livenessProbe": probe("/healthz", period=10, failures=3),
         "readinessProbe": probe("/readyz", period=5, failures=2),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": security,
     }
     pod = spec.pod
     pod_spec: dict[str, Any] = {
+        "initContainers": [fetch_container(spec, image, defaults, dict(security))] if spec.model.url else None,
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,

@@ -76,6 +76,15 @@ def test_examples_are_accepted_by_schema_and_operator(crd: dict[str, Any], path:
         parse_spec(obj["spec"], name=obj["metadata"]["name"])
 
 
+@pytest.mark.parametrize("url", ["hf://meta-llama/Llama-3.1-8B-Instruct", "hf://gpt2", "hf://org/name@v1.0",
+                                 "hf://org/name@0123456789abcdef0123456789abcdef01234567", "s3://models",
+                                 "s3://my.models-1/llama/8b/", "pvc://weights", "pvc://weights/Qwen3-0.6B"])
+def test_model_urls_are_accepted_by_schema_and_operator(crd: dict[str, Any], url: str) -> None:
+    obj = with_spec(model={"name": "m", "url": url})
+    assert validate(crd, obj) == []
+    parse_spec(obj["spec"], name="ok")
+
+
 def test_the_gpu_example_gives_its_replicas_a_volume_they_can_all_mount() -> None:
     docs = list(yaml.safe_load_all((ROOT / "examples" / "gpu.yaml").read_text()))
     infd = next(d for d in docs if d["kind"] == c.KIND)
@@ -136,6 +145,17 @@ BAD = {
     "relative model path": (with_spec(model={"name": "m", "path": "models/x"}), "path"),
     "subPath escaping the volume": (with_spec(model={"name": "m", "pvc": {"claimName": "c", "subPath": "a/../../etc"}}),
                                     "subPath"),
+    "model url with an unknown scheme": (with_spec(model={"name": "m", "url": "gs://bucket/llama"}), "url"),
+    "model url without a repository": (with_spec(model={"name": "m", "url": "hf://"}), "url"),
+    "model url with an empty revision": (with_spec(model={"name": "m", "url": "hf://org/name@"}), "url"),
+    "model url with a bad bucket": (with_spec(model={"name": "m", "url": "s3://B/x"}), "url"),
+    "model url escaping its claim": (with_spec(model={"name": "m", "url": "pvc://weights/a/../../etc"}), "url"),
+    "model url beside a pvc": (with_spec(model={"name": "m", "url": "hf://o/n", "pvc": {"claimName": "c"}}),
+                               "at most one"),
+    "model credentials not a Secret name": (with_spec(model={"name": "m", "url": "hf://o/n",
+                                                             "credentialsSecret": "HF Token"}), "credentialsSecret"),
+    "model download size not a quantity": (with_spec(model={"name": "m", "url": "hf://o/n", "downloadSize": "big"}),
+                                           "downloadSize"),
     "service port out of range": (with_spec(service={"port": 70000}), "port"),
     "unknown service type": (with_spec(service={"type": "ExternalName"}), "type"),
     "env without a name": (with_spec(env=[{"value": "x"}]), "name"),

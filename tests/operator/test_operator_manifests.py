@@ -114,6 +114,7 @@ def test_engine_options_become_the_worker_cli_flags() -> None:
     ({"name": "m", "path": "/opt/models/qwen"}, "/opt/models/qwen", None),
     ({"name": "m", "pvc": {"claimName": "weights", "subPath": "qwen3"}}, "/models/qwen3", "persistentVolumeClaim"),
     ({"name": "m", "hostPath": {"path": "/data/llm"}}, "/models", "hostPath"),
+    ({"name": "m", "url": "pvc://weights/qwen3"}, "/models/qwen3", "persistentVolumeClaim"),
 ])
 def test_model_sources(model: dict[str, Any], path: str | None, volume: str | None) -> None:
     kids = children(OWNER, spec(model=model))
@@ -127,6 +128,36 @@ def test_model_sources(model: dict[str, Any], path: str | None, volume: str | No
     for m in worker(kids)["volumeMounts"]:
         if m["name"] == "model":
             assert m["readOnly"] is True
+
+
+@pytest.mark.parametrize("url", ["hf://Qwen/Qwen3-8B@main", "s3://models/llama/8b"])
+def test_a_model_url_is_fetched_by_an_init_container_into_a_sized_volume(url: str) -> None:
+    kids = children(OWNER, spec(model={"name": "m", "url": url, "credentialsSecret": "model-creds",
+                                       "downloadSize": "40Gi"}))
+    args, env = worker(kids)["args"], {e["name"]: e.get("value") for e in worker(kids)["env"]}
+    assert args[args.index("--model") + 1] == url
+    [fetch] = pod(kids)["initContainers"]
+    assert fetch["command"] == ["hetero-infer", "fetch", url] and fetch["image"] == worker(kids)["image"]
+    assert fetch["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert [v for v in pod(kids)["volumes"] if v["name"] == "model"] == [
+        {"name": "model", "emptyDir": {"sizeLimit": "40Gi"}}]
+    assert fetch["resources"]["requests"]["ephemeral-storage"] == "40Gi"
+    assert worker(kids)["resources"]["requests"]["ephemeral-storage"] == "40Gi"
+    # the credentials come from the Secret, never inline; both containers read the same cache
+    assert fetch["envFrom"] == worker(kids)["envFrom"] == [{"secretRef": {"name": "model-creds"}}]
+    fetch_env = {e["name"]: e.get("value") for e in fetch["env"]}
+    for name in ("HF_HOME", "HETERO_INFER_MODEL_CACHE"):
+        assert fetch_env[name] == env[name] and env[name].startswith("/models/")
+    assert env["HF_HUB_OFFLINE"] == "1" and "HF_HUB_OFFLINE" not in fetch_env
+    assert {m["mountPath"] for m in fetch["volumeMounts"]} >= {"/models", "/tmp"}
+    assert not any("startupProbe" in k or "livenessProbe" in k for k in fetch)  # a download is never a slow start
+
+
+def test_no_init_container_without_a_model_url() -> None:
+    for model in ({"name": "m"}, {"name": "m", "url": "pvc://w/x"}):
+        kids = children(OWNER, spec(model=model))
+        assert pod(kids)["initContainers"] is None and worker(kids)["envFrom"] is None
+        assert "ephemeral-storage" not in worker(kids)["resources"]["requests"]
 
 
 def test_user_env_placement_and_overrides() -> None:
@@ -210,6 +241,7 @@ FULL_SPECS = {
                 "tolerations": [{"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}],
                 "nodeSelector": {"gpu": "h100"}},
     "recreate": {"rollout": {"strategy": "Recreate"}},
+    "hub-url": {"model": {"name": "m", "url": "hf://org/name@v1", "credentialsSecret": "hf", "downloadSize": "30Gi"}},
     "hpa-hostpath": {"rollout": {"maxSurge": "25%", "maxUnavailable": 0},"model": {"name": "m", "hostPath": {"path": "/data", "subPath": "llama"}},
                      "autoscaling": {"enabled": True, "mode": "hpa", "maxReplicas": 4},
                      "env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],

@@ -141,3 +141,16 @@ def test_a_repository_without_a_model_is_refused(hub_env):
     hub_env.repos["org/data"] = Repo()
     hub_env.repos["org/data"].add_commit({"README.md": b"x"})
     assert "no config.json" in _error("hf://org/data")
+
+
+def test_fetch_command(hub_env, model_files, capsys, caplog):
+    from hetero_infer.cli import main
+
+    _publish(hub_env, model_files)
+    assert main(["fetch", "hf://org/tiny"]) == 0
+    folder = capsys.readouterr().out.strip()
+    assert set(os.listdir(folder)) == MODEL_FILES
+    caplog.clear()
+    assert main(["fetch", "hf://org/missing"]) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith("hf://org/missing: repository not found")
