@@ -101,7 +101,12 @@ def fetch_model(value: str | os.PathLike | ModelRef, *, interval: float = DEFAUL
     downloaded first where the cache lacks them (progress every `interval` seconds)."""
     ref = value if isinstance(value, ModelRef) else parse_model_ref(value)
     if ref.scheme == "hf":
-        return fetch_hf(ref, interval=interval), ref.name
+        try:
+            return fetch_hf(ref, interval=interval), ref.name
+        except ModelSourceError as exc:
+            if isinstance(value, ModelRef) or "://" in os.fspath(value):
+                raise
+            raise ModelSourceError(f"{exc} (nor is there a local folder {value})") from None
     if ref.scheme == "s3":
         return fetch_s3(ref, interval=interval), ref.name
     return Path(ref.location), ref.name
@@ -207,8 +212,8 @@ def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
 
     s = settings or HubSettings.from_env()
     revision = ref.revision or "main"
-    if s.offline:
-        return _cached_hf(ref, s, "HF_HUB_OFFLINE is set")
+    if s.offline:  # asked for (a pod whose init container fetched the model): no warning
+        return _cached_hf(ref, s, "HF_HUB_OFFLINE is set", level=logging.INFO)
     api = hub.HfApi(endpoint=s.endpoint, token=s.token)
     try:
         info = api.model_info(ref.location, revision=revision)
@@ -243,7 +248,7 @@ def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
     return Path(folder)
 
 
-def _cached_hf(ref: ModelRef, s: HubSettings, reason: str) -> Path:
+def _cached_hf(ref: ModelRef, s: HubSettings, reason: str, level: int = logging.WARNING) -> Path:
     import huggingface_hub as hub
 
     try:  # the snapshot of the revision's commit (refs/REVISION): found through its config
@@ -253,7 +258,7 @@ def _cached_hf(ref: ModelRef, s: HubSettings, reason: str) -> Path:
     except Exception as exc:  # not cached, or cached incompletely
         why = str(exc) if isinstance(exc, ModelSourceError) else type(exc).__name__
         raise ModelSourceError(redact(f"{ref}: {reason}, and it is not in the cache {s.cache} ({why})")) from None
-    logger.warning("%s", redact(f"{ref}: {reason}; using the cached copy {folder}"))
+    logger.log(level, "%s", redact(f"{ref}: {reason}; using the cached copy {folder}"))
     return folder
 
 

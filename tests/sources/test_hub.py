@@ -53,6 +53,9 @@ def test_bare_org_name_is_a_hub_model(hub_env, model_files, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     folder, name = fetch_model("org/tiny")
     assert name == "org/tiny" and set(os.listdir(folder)) == MODEL_FILES
+    with pytest.raises(ModelSourceError, match=r"^hf://models/llama: repository not found .* \(nor is there a "
+                                               r"local folder models/llama\)$"):
+        fetch_model("models/llama")  # a mistyped local path: the message says both
 
 
 def test_second_start_works_from_the_cache_when_the_hub_is_unreachable(hub_env, model_files, caplog):
