@@ -10,11 +10,13 @@ import time
 import pytest
 from server_proc import ServerProcess, http
 
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.runner.loader import (
     DEFAULT_MODEL_NAME,
     content_key,
     convert_gguf,
     default_model_gguf,
+    pin_model,
     resolve_model,
 )
 from hetero_infer.worker.server.logs import ProbeLog
@@ -42,7 +44,20 @@ def test_a_copy_of_the_default_gguf_reuses_its_conversion(tmp_path):
     shutil.copy(default_model_gguf(), copy)
     started = time.monotonic()
     assert convert_gguf(copy, name=DEFAULT_MODEL_NAME) == folder
+    assert convert_gguf(copy) == folder  # under another name too: the same content is converted once
     assert time.monotonic() - started < 30  # hashed (~1 s), not converted again (~2 minutes)
+
+
+@pytest.mark.parametrize("load_format", ["auto", "gguf"])
+def test_pinning_a_gguf_gives_its_converted_folder(load_format):
+    """The server resolves the model once (pin_model) and hands the engine process the folder: a config asking
+    for a GGUF must still be one the engine accepts."""
+    pinned = pin_model(EngineConfig(model=str(default_model_gguf()), load_format=load_format, executor="mock"))
+    folder, name = resolve_model(None)
+    assert (pinned.model, pinned.served_model_name) == (str(folder), default_model_gguf().stem)
+    assert resolve_model(pinned.model, pinned.load_format)[0] == folder
+    assert pin_model(EngineConfig(executor="mock")).served_model_name == "mock"
+    assert pin_model(EngineConfig(executor="mock", served_model_name="m")).served_model_name == "m"
 
 
 def test_probe_log_keeps_only_changes():

@@ -96,8 +96,10 @@ def pin_model(config: EngineConfig) -> EngineConfig:
     """`config` with its model resolved (downloaded, converted) into a local folder and its served name fixed, so
     that what starts from it (the engine process, the server's tokenizer) finds the model without fetching it
     again."""
-    folder, name = resolve_model(config.model)
-    return dataclasses.replace(config, model=str(folder), served_model_name=served_name(config, name))
+    folder, name = resolve_model(config.model, config.load_format)
+    load_format = "auto" if config.load_format == "gguf" else config.load_format  # the GGUF is a folder now
+    return dataclasses.replace(config, model=str(folder), served_model_name=served_name(config, name),
+                               load_format=load_format)
 
 
 _DIGESTS = ".digests.json"  # in the model cache: {path: [size, mtime_ns, digest]}
@@ -135,9 +137,11 @@ def content_key(path: Path) -> str:
 def convert_gguf(gguf: Path, name: str | None = None) -> Path:
     """Dequantize a GGUF file once into a cached float32 HF folder keyed by the file's content; return the
     folder. Progress goes to the log (hetero_infer.progress)."""
-    out = model_cache_dir() / f"{name or gguf.stem}-{content_key(gguf)}"
-    if (out / ".complete").is_file():
-        return out
+    key = content_key(gguf)
+    for done in sorted(model_cache_dir().glob(f"*-{key}")):  # the same content, converted under any name
+        if (done / ".complete").is_file():
+            return done
+    out = model_cache_dir() / f"{name or gguf.stem}-{key}"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
