@@ -29,14 +29,20 @@ MOVED = {
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self) -> None:
+        self._specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
+
     def find_spec(self, name: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
         return importlib.machinery.ModuleSpec(name, self) if name in MOVED else None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        return importlib.import_module(MOVED[spec.name])
+        module = importlib.import_module(MOVED[spec.name])
+        self._specs[module.__name__] = module.__spec__
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        pass  # already executed under its new name
+        # Already executed under its new name; the import system set the alias's spec on it: put its own back.
+        module.__spec__ = self._specs[module.__name__]
 
 
 def install() -> None:

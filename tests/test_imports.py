@@ -317,3 +317,4 @@ def test_old_import_names_of_the_contracts_are_the_moved_modules() -> None:
 
     for old, new in _moved.MOVED.items():
         assert importlib.import_module(old) is importlib.import_module(new), old
+        assert importlib.import_module(new).__spec__.name == new  # its own spec, not the alias's
