@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,50 +58,47 @@ class LocalHub:
         self._thread: threading.Thread | None = None
 
     # -- answers ------------------------------------------------------------------------------------
-    def _error(self, status: int, code: str, message: str) -> web.Response:
-        return web.json_response({"error": message}, status=status,
-                                 headers={"X-Error-Code": code, "X-Error-Message": message})
+    _ERRORS = {401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 404: web.HTTPNotFound}
+
+    def _error(self, status: int, code: str, message: str) -> web.HTTPException:
+        return self._ERRORS[status](text=json.dumps({"error": message}), content_type="application/json",
+                                    headers={"X-Error-Code": code, "X-Error-Message": message})
 
     def _authorized(self, request: web.Request) -> bool:
         return request.headers.get("Authorization") == f"Bearer {self.token}"
 
-    def _find(self, request: web.Request, revision: str) -> tuple[Repo, str] | web.Response:
+    def _find(self, request: web.Request) -> tuple[str, Repo, str]:
+        """(repository id, repository, commit) of a request, or the Hub's error for it (raised)."""
         repo_id = f"{request.match_info['org']}/{request.match_info['name']}"
+        revision = request.match_info["rev"]
         repo = self.repos.get(repo_id)
         authorized = self._authorized(request)
         if repo is None or (repo.private and not authorized):
-            return self._error(404 if authorized else 401, "RepoNotFound", "Repository not found")
+            raise self._error(404 if authorized else 401, "RepoNotFound", "Repository not found")
         if repo.gated and not authorized:
             has_token = "Authorization" in request.headers
-            return self._error(403 if has_token else 401, "GatedRepo",
-                               f"Access to model {repo_id} is restricted. You must have access to it.")
+            raise self._error(403 if has_token else 401, "GatedRepo",
+                              f"Access to model {repo_id} is restricted. You must have access to it.")
         sha = revision if revision in repo.commits else repo.refs.get(revision)
         if sha is None:
-            return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-        return repo, sha
+            raise self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        return repo_id, repo, sha
 
-    async def _middleware_log(self, request: web.Request) -> None:
+    @web.middleware
+    async def _record(self, request: web.Request, handler):
         self.requests.append((request.method, request.path))
         if "Authorization" in request.headers:
             self.auth_headers.append(request.headers["Authorization"])
+        return await handler(request)
 
     async def info(self, request: web.Request) -> web.StreamResponse:
-        await self._middleware_log(request)
-        found = self._find(request, request.match_info["rev"])
-        if isinstance(found, web.Response):
-            return found
-        repo, sha = found
-        repo_id = f"{request.match_info['org']}/{request.match_info['name']}"
+        repo_id, repo, sha = self._find(request)
         return web.json_response({"id": repo_id, "modelId": repo_id, "sha": sha, "private": repo.private,
                                   "gated": "manual" if repo.gated else False,
                                   "siblings": [{"rfilename": p} for p in sorted(repo.commits[sha])]})
 
     async def tree(self, request: web.Request) -> web.StreamResponse:
-        await self._middleware_log(request)
-        found = self._find(request, request.match_info["rev"])
-        if isinstance(found, web.Response):
-            return found
-        repo, sha = found
+        _, repo, sha = self._find(request)
         recursive = request.query.get("recursive", "false").lower() == "true"
         entries, folders = [], set()
         for path, content in sorted(repo.commits[sha].items()):
@@ -117,15 +115,11 @@ class LocalHub:
         return web.json_response(entries)
 
     async def resolve(self, request: web.Request) -> web.StreamResponse:
-        await self._middleware_log(request)
-        found = self._find(request, request.match_info["rev"])
-        if isinstance(found, web.Response):
-            return found
-        repo, sha = found
+        _, repo, sha = self._find(request)
         path = request.match_info["path"]
         content = repo.commits[sha].get(path)
         if content is None:
-            return self._error(404, "EntryNotFound", f"{path} does not exist")
+            raise self._error(404, "EntryNotFound", f"{path} does not exist")
         etag = hashlib.sha256(content).hexdigest() if _is_lfs(path) else _git_oid(content)
         headers = {"X-Repo-Commit": sha, "ETag": f'"{etag}"', "Accept-Ranges": "bytes"}
         if request.method == "HEAD":
@@ -135,14 +129,13 @@ class LocalHub:
         ranged = request.headers.get("Range", "")
         if ranged.startswith("bytes=") and ranged[6:].split("-")[0]:
             start = int(ranged[6:].split("-")[0])
-        body = content[start:]
         if start:
             headers["Content-Range"] = f"bytes {start}-{len(content) - 1}/{len(content)}"
-        return web.Response(status=206 if start else 200, body=body, headers=headers)
+        return web.Response(status=206 if start else 200, body=content[start:], headers=headers)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self, port: int = 0) -> LocalHub:
-        app = web.Application()
+        app = web.Application(middlewares=[self._record])
         app.router.add_get("/api/models/{org}/{name}/revision/{rev}", self.info)
         app.router.add_get("/api/models/{org}/{name}/tree/{rev}", self.tree)
         app.router.add_route("*", "/{org}/{name}/resolve/{rev}/{path:.+}", self.resolve)

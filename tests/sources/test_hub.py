@@ -10,11 +10,9 @@ import re
 
 import pytest
 from hub_server import Repo
+from source_testing import MODEL_FILES, one_line_error
 
 from hetero_infer.model_source import ModelSourceError, fetch_model
-
-MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-               "tokenizer_config.json"}
 
 
 def _publish(hub, model_files, repo_id="org/tiny", **flags) -> Repo:
@@ -22,14 +20,6 @@ def _publish(hub, model_files, repo_id="org/tiny", **flags) -> Repo:
     repo.add_commit(model_files)
     hub.repos[repo_id] = repo
     return repo
-
-
-def _error(ref: str) -> str:
-    with pytest.raises(ModelSourceError) as info:
-        fetch_model(ref)
-    message = str(info.value)
-    assert "\n" not in message and message.startswith(ref)
-    return message
 
 
 def test_public_model_fetches_only_the_files_it_needs(hub_env, model_files, caplog):
@@ -66,7 +56,7 @@ def test_second_start_works_from_the_cache_when_the_hub_is_unreachable(hub_env, 
     again, _ = fetch_model("hf://org/tiny")
     assert again == first and set(os.listdir(again)) == MODEL_FILES
     assert any("cannot reach" in r.getMessage() and "using the cached copy" in r.getMessage() for r in caplog.records)
-    message = _error("hf://org/other")
+    message = one_line_error("hf://org/other")
     assert "cannot reach" in message and "not in the cache" in message
 
 
@@ -77,7 +67,7 @@ def test_offline_mode_reads_the_cache_without_asking_the_hub(hub_env, model_file
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert fetch_model("hf://org/tiny")[0] == first
     assert len(hub_env.requests) == asked
-    assert "HF_HUB_OFFLINE" in _error("hf://org/other")
+    assert "HF_HUB_OFFLINE" in one_line_error("hf://org/other")
 
 
 def test_a_cache_missing_a_shard_is_not_used(hub_env, model_files, monkeypatch):
@@ -90,24 +80,24 @@ def test_a_cache_missing_a_shard_is_not_used(hub_env, model_files, monkeypatch):
     folder, _ = fetch_model("hf://org/tiny")
     (folder / "model-00002-of-00002.safetensors").unlink()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert "lacks model-00002-of-00002.safetensors" in _error("hf://org/tiny")
+    assert "lacks model-00002-of-00002.safetensors" in one_line_error("hf://org/tiny")
 
 
 def test_missing_repository_is_one_line(hub_env):
-    assert "repository not found" in _error("hf://org/missing")
+    assert "repository not found" in one_line_error("hf://org/missing")
     assert "revision 'nope' not found" in _error_with_repo(hub_env, "hf://org/tiny@nope")
 
 
 def _error_with_repo(hub, ref: str) -> str:
     hub.repos["org/tiny"] = Repo()
     hub.repos["org/tiny"].add_commit({"config.json": b"{}", "model.safetensors": b""})
-    return _error(ref)
+    return one_line_error(ref)
 
 
 def test_private_repository_needs_the_token_which_is_never_logged(hub_env, model_files, monkeypatch, caplog):
     caplog.set_level(logging.DEBUG)
     _publish(hub_env, model_files, private=True)
-    message = _error("hf://org/tiny")
+    message = one_line_error("hf://org/tiny")
     assert "not authorized (HTTP 401)" in message and "HF_TOKEN" in message
     monkeypatch.setenv("HF_TOKEN", hub_env.token)
     folder, _ = fetch_model("hf://org/tiny", interval=0.001)
@@ -118,9 +108,9 @@ def test_private_repository_needs_the_token_which_is_never_logged(hub_env, model
 
 def test_gated_repository_without_access_is_one_line(hub_env, model_files, monkeypatch):
     _publish(hub_env, model_files, gated=True)
-    assert "gated repository" in _error("hf://org/tiny")
+    assert "gated repository" in one_line_error("hf://org/tiny")
     monkeypatch.setenv("HF_TOKEN", "hf_some_other_users_token")
-    message = _error("hf://org/tiny")
+    message = one_line_error("hf://org/tiny")
     assert "HTTP 403" in message and "gated repository" in message and "hf_some_other_users_token" not in message
     monkeypatch.setenv("HF_TOKEN", hub_env.token)
     assert set(os.listdir(fetch_model("hf://org/tiny")[0])) == MODEL_FILES
@@ -140,10 +130,10 @@ def test_revisions(hub_env, model_files):
 def test_a_repository_without_a_model_is_refused(hub_env):
     hub_env.repos["org/gguf-only"] = Repo()
     hub_env.repos["org/gguf-only"].add_commit({"config.json": b"{}", "model.Q4_0.gguf": b"\0", "model.bin": b""})
-    assert "no .safetensors weights" in _error("hf://org/gguf-only")
+    assert "no .safetensors weights" in one_line_error("hf://org/gguf-only")
     hub_env.repos["org/data"] = Repo()
     hub_env.repos["org/data"].add_commit({"README.md": b"x"})
-    assert "no config.json" in _error("hf://org/data")
+    assert "no config.json" in one_line_error("hf://org/data")
 
 
 def test_fetch_command(hub_env, model_files, capsys, caplog):

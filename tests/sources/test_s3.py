@@ -9,21 +9,10 @@ import os
 import socket
 import urllib.request
 
-import pytest
 from s3_store import put_objects
+from source_testing import MODEL_FILES, one_line_error
 
-from hetero_infer.model_source import ModelSourceError, fetch_model
-
-MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-               "tokenizer_config.json"}
-
-
-def _error(ref: str) -> str:
-    with pytest.raises(ModelSourceError) as info:
-        fetch_model(ref)
-    message = str(info.value)
-    assert "\n" not in message and message.startswith(ref)
-    return message
+from hetero_infer.model_source import fetch_model
 
 
 def test_prefix_fetched_once_with_only_the_model_files(s3_env, model_files, caplog, tmp_path):
@@ -62,16 +51,16 @@ def test_second_start_works_from_the_cache_when_the_store_is_unreachable(s3_env,
     caplog.set_level(logging.WARNING)
     assert fetch_model("s3://models/cached")[0] == folder
     assert any("cannot reach" in r.getMessage() and "using the cached copy" in r.getMessage() for r in caplog.records)
-    message = _error("s3://models/never-fetched")
+    message = one_line_error("s3://models/never-fetched")
     assert "cannot reach" in message and "not in the cache" in message
 
 
 def test_missing_bucket_and_prefix_are_one_line(s3_env, model_files):
     put_objects(s3_env, "models", "present", model_files)
-    assert "bucket 'no-such-bucket' not found" in _error("s3://no-such-bucket/x")
-    assert "no objects under this prefix" in _error("s3://models/absent")
+    assert "bucket 'no-such-bucket' not found" in one_line_error("s3://no-such-bucket/x")
+    assert "no objects under this prefix" in one_line_error("s3://models/absent")
     put_objects(s3_env, "models", "weights-only", {"model.safetensors": b"\0"})
-    assert "no config.json" in _error("s3://models/weights-only")
+    assert "no config.json" in one_line_error("s3://models/weights-only")
 
 
 def test_refused_credentials_are_one_line_without_the_secret(s3_env, model_files, caplog):
@@ -84,7 +73,7 @@ def test_refused_credentials_are_one_line_without_the_secret(s3_env, model_files
 
     moto_auth("0")
     try:
-        message = _error("s3://models/guarded")
+        message = one_line_error("s3://models/guarded")
     finally:
         moto_auth("inf")
     assert "access denied (InvalidAccessKeyId)" in message
