@@ -35,8 +35,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from benchmarks.decode_batch import fill_decode_batch
+    from hetero_infer.contracts.engine_options import EngineConfig
     from hetero_infer.kernels.cpu import decode_step
-    from hetero_infer.worker.config import EngineConfig
     from hetero_infer.worker.core.engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(dtype=args.dtype))

@@ -16,7 +16,7 @@ import statistics
 import time
 
 from benchmarks.decode_batch import fill_decode_batch
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 
 

@@ -1,4 +1,4 @@
-"""hetero_infer.options: one layered loader (flag > environment > config file > default), typed by the
+"""hetero_infer.contracts.options: one layered loader (flag > environment > config file > default), typed by the
 dataclass fields' real types."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Literal, Optional
 
 import pytest
 
-from hetero_infer.options import (
+from hetero_infer.contracts.options import (
     InvalidOption,
     add_config_flag,
     add_flags,

@@ -1,13 +1,13 @@
 """Engine options shared by every command: one flag per `EngineConfig` field, `--config FILE` and
-HETERO_INFER_* variables, layered by hetero_infer.options (flag > environment > config file > default)."""
+HETERO_INFER_* variables, layered by hetero_infer.contracts.options (flag > environment > config file > default)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
 
-from hetero_infer.options import add_config_flag, add_flags, load_options
-from hetero_infer.worker.config import DEVICES, DTYPES, EXECUTORS, LOAD_FORMATS, EngineConfig
+from hetero_infer.contracts.engine_options import DEVICES, DTYPES, EXECUTORS, LOAD_FORMATS, EngineConfig
+from hetero_infer.contracts.options import add_config_flag, add_flags, load_options
 
 ENV_PREFIX = "HETERO_INFER_"
 

@@ -31,9 +31,9 @@ import torch
 
 from hetero_infer.bench.contention import MODES, contention
 from hetero_infer.bench.peer_llamacpp import run_llama_cpp
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.kernels.cpu.threads import base_threads
 from hetero_infer.worker.cli_args import add_engine_args, engine_config_from_args
-from hetero_infer.worker.config import EngineConfig
 
 OURS = "hetero-infer"  # the system name of our rows (with the weights' quantization, if any)
 

@@ -19,13 +19,13 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.manifests import Owner, children, worker_args
 from hetero_infer.operator.spec import parse_spec
-from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.options import ServerOptions
 from hetero_infer.worker.server.state import ServerState
 
 EPP_METRICS_PATH = "/metrics"  # ModelServerMetricsPath

@@ -14,13 +14,13 @@ import yaml
 from crd_validation import defaulted, validate
 from test_helm_chart import render
 
+from hetero_infer.contracts import cors
+from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.diff import fingerprint
 from hetero_infer.operator.manifests import Owner, children, router_args
 from hetero_infer.operator.spec import RouterCorsSpec, SpecError, parse_spec
 from hetero_infer.router.cli import resolve_options
-from hetero_infer.router.options import RouterOptions
-from hetero_infer.worker.server import cors
 
 OWNER = Owner("smol", "models", "0000-1111")
 

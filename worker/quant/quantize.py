@@ -191,8 +191,8 @@ def calibration_tokens(model: nn.Module) -> list[list[int]] | None:
     """The `quant_calibration` conversations, tokenized by the tokenizer in the model's folder
     (`config.name_or_path`; through its chat template when it has one, else as plain text) and cut to the model's
     length; None without a local tokenizer."""
+    from hetero_infer.contracts.tokenizer import Tokenizer
     from hetero_infer.worker.quant.calibration import CONVERSATIONS
-    from hetero_infer.worker.tokenizer import Tokenizer
 
     folder = getattr(getattr(model, "config", None), "name_or_path", None)
     if not folder or not Path(folder).is_dir():
