@@ -293,28 +293,15 @@ class LLMEngine:
         except Exception as exc:
             log.exception("engine step failed; failing the %d requests in it", len(step.sched.scheduled))
             return self._fail_step(step.sched.scheduled, f"{type(exc).__name__}: {exc}")
-        now = time.monotonic()
-        requests = self.requests
-        touched: dict[str, Request] = {}
-        accept = self._accept
+        live = []  # rows whose sequence still runs (else stopped or aborted while this step ran: token dropped)
         for i, (seq, index) in enumerate(zip(step.rows, step.positions)):
-            if seq.status is _FINISHED:  # stopped or aborted while this step ran: its token is dropped
-                continue
-            request = requests[seq.request_id]
-            touched[request.request_id] = request
-            if request.first_token_time is None:
-                request.first_token_time = now
-            token_id = token_ids[i]
-            seq.token_ids[index] = token_id
-            seq.num_pending -= 1
-            accept(seq, index, token_id, None if sampled is None else sampled[i])
-            if seq.is_finished:
-                del seq.token_ids[index + 1:]  # the placeholder of a step in flight, if any
-                seq.num_pending = 0
-                if seq.grammar is not None:
-                    seq.grammar = None  # the matcher ends with its sequence (last_schedule still holds it)
-        # Offer the completed blocks to the prefix cache now that their tokens are known (the step in flight may
-        # have computed some too: the device runs it before any step that could take them from the cache).
+            if seq.status is not _FINISHED:
+                seq.token_ids[index] = token_ids[i]
+                seq.num_pending -= 1
+                live.append(i)
+        # Offer the blocks completed so far to the prefix cache, now that their tokens are known, and before the
+        # new tokens may end their sequences (the step in flight may have computed some: the device runs it
+        # before any step that could take them from the cache).
         bm = self.block_manager
         if bm.enable_prefix_caching:
             register, block_size = bm.register_computed_blocks, bm.block_size
@@ -322,6 +309,22 @@ class LLMEngine:
                 seq = item.seq
                 if seq.status is not _FINISHED and seq.num_computed_tokens // block_size > seq.num_registered_blocks:
                     register(seq)
+        now = time.monotonic()
+        requests = self.requests
+        touched: dict[str, Request] = {}
+        accept = self._accept
+        for i in live:
+            seq, index = step.rows[i], step.positions[i]
+            request = requests[seq.request_id]
+            touched[request.request_id] = request
+            if request.first_token_time is None:
+                request.first_token_time = now
+            accept(seq, index, token_ids[i], None if sampled is None else sampled[i])
+            if seq.status is _FINISHED:
+                del seq.token_ids[index + 1:]  # the placeholder of a step in flight, if any
+                seq.num_pending = 0
+                if seq.grammar is not None:
+                    seq.grammar = None  # the matcher ends with its sequence (last_schedule still holds it)
         return list(touched.values())
 
     def _accept(self, seq: Sequence, index: int, token_id: int, sampled) -> None:

@@ -18,7 +18,7 @@ from hetero_infer.worker.runner.attention import StepBatch, select_backend
 from hetero_infer.worker.runner.attention.base import to_device
 from hetero_infer.worker.runner.attention.triton_backend import TritonBackend
 from hetero_infer.worker.runner.cuda_graphs import DecodeRunner
-from hetero_infer.worker.runner.inputs import step_inputs
+from hetero_infer.worker.runner.inputs import StepInputs, placeholder_rows, step_inputs
 from hetero_infer.worker.runner.loader import load_model
 from hetero_infer.worker.runner.models.rotary import head_dim_of
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, sample_logits
@@ -75,9 +75,11 @@ class TorchExecutor:
         # the previous step's sampled tokens on the device and each sequence's row in them (PLACEHOLDER inputs)
         self._prev_tokens: torch.Tensor | None = None
         self._prev_rows: dict[int, int] = {}
-        if self.overlaps:  # two, alternating: step N+1's copy may land before the host has read step N's
-            self._host_tokens = [torch.empty(config.max_num_seqs, dtype=torch.long, pin_memory=True) for _ in range(2)]
-            self._flip = 0
+        # the sampled tokens' host buffers (pinned on CUDA): two, alternating, since step N+1's copy may land
+        # before the host has read step N's
+        pin = self.device.type == "cuda"
+        self._host_tokens = [torch.empty(config.max_num_seqs, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self._flip = 0
         torch.manual_seed(config.seed)
         model = load_model(hf_config, folder, load_format=config.load_format, device=self.device, dtype=self.dtype,
                            max_positions=max_model_len, seed=config.seed)
@@ -200,10 +202,13 @@ class TorchExecutor:
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
         if self.thread_governor is not None:
             self.thread_governor.tick()  # fewer threads while other processes hold our cores
-        input_ids, meta, logits_index = self.prepare(sched)
-        if self.decode_runner is not None and self.decode_runner.accepts(meta):
-            hidden = self.decode_runner.run(input_ids, meta)
-        elif self.cpu_decode is not None and self.cpu_decode.accepts(input_ids.shape[0], logits_index.shape[0]):
+        step = step_inputs(sched, self.block_size)
+        runner = self.decode_runner
+        if runner is not None and runner.accepts_step(step):  # every row a decode, and every row samples
+            hidden = runner.run_step(step, self._prev_tokens, self._prev_rows)
+            return self.model.compute_logits(hidden[: len(step.token_ids)]).float()
+        input_ids, meta, logits_index = self._prepare(step)
+        if self.cpu_decode is not None and self.cpu_decode.accepts(input_ids.shape[0], logits_index.shape[0]):
             hidden = self.cpu_decode.run(input_ids, meta)
         else:
             hidden = self.model(input_ids, self.backend, meta, self.kv_caches)
@@ -213,33 +218,36 @@ class TorchExecutor:
 
     def prepare(self, sched: SchedulerOutput):
         """(input ids, the backend's metadata, rows whose logits are sampled) of the step."""
-        step = step_inputs(sched, self.block_size)
+        return self._prepare(step_inputs(sched, self.block_size))
+
+    def _prepare(self, step: StepInputs):
         input_ids = self._h2d(step.token_ids)
         if step.placeholders:  # tokens the previous step sampled: taken from its output, on the device
-            if self._prev_tokens is None:
-                raise RuntimeError("a step reads tokens of a previous step that this executor did not run")
-            rows, prev = zip(*[(r, self._prev_rows[seq_id]) for r, seq_id in step.placeholders])
+            rows, prev = placeholder_rows(step, self._prev_tokens, self._prev_rows)
             input_ids[self._h2d(torch.tensor(rows))] = self._prev_tokens[self._h2d(torch.tensor(prev))]
         return input_ids, self.backend.prepare(step.batch), self._h2d(step.logits_index)
 
     @torch.inference_mode()
     def execute_async(self, sched: SchedulerOutput, sampling: list[SamplingRow] | None) -> DoneStep | DeviceStep:
-        """Run (CUDA: launch) the step and sample its rows (`sampling`: see `sample_logits`)."""
+        """Run (CUDA: launch) the step and sample its rows (`sampling`: see `sample_logits`). With `overlaps`
+        the sampled tokens stay where the logits are, for the next step's PLACEHOLDER inputs."""
         logits = self.execute(sched)
         tokens, sampled = sample_logits(self.sampler, logits, sampling)
-        if self.overlaps:
-            tokens = tokens.to(self.device, non_blocking=True)  # the host sampler's (a no-op for argmax's)
-            self._prev_tokens = tokens
-            self._prev_rows = {s.seq.seq_id: i for i, s in enumerate(r for r in sched.scheduled if r.samples)}
-            if sampled is not None:
-                return DoneStep([t.token_id for t in sampled], sampled)
-            host = self._host_tokens[self._flip][: tokens.shape[0]]
-            self._flip ^= 1
-            host.copy_(tokens, non_blocking=True)
+        if not self.overlaps:
+            return DoneStep(tokens.tolist(), sampled)
+        tokens = tokens.to(self.device, non_blocking=True)  # the host sampler's (argmax's are there already)
+        self._prev_tokens = tokens
+        self._prev_rows = {s.seq.seq_id: i for i, s in enumerate(r for r in sched.scheduled if r.samples)}
+        if sampled is not None:
+            return DoneStep([t.token_id for t in sampled], sampled)
+        host = self._host_tokens[self._flip][: tokens.shape[0]]
+        self._flip ^= 1
+        host.copy_(tokens, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-            return DeviceStep(event, host)
-        return DoneStep(tokens.tolist(), sampled)
+        return DeviceStep(event, host)
 
 
 def _cpu_attention_path(backend) -> str:

@@ -49,3 +49,11 @@ def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
             logits_index.append(row - 1)
     batch = StepBatch(spans, np.array(pos, dtype=np.int64), np.array(slots, dtype=np.int64), bs)
     return StepInputs(np.array(tokens, dtype=np.int64), batch, np.array(logits_index, dtype=np.int64), placeholders)
+
+
+def placeholder_rows(step: StepInputs, prev_tokens, prev_rows: dict[int, int]) -> tuple[list[int], list[int]]:
+    """(rows of the step whose input is a PLACEHOLDER, each one's row in the previous step's sampled tokens
+    `prev_tokens`, from `prev_rows`: sequence id -> row)."""
+    if prev_tokens is None:
+        raise RuntimeError("a step reads tokens of a previous step that this executor did not run")
+    return [r for r, _ in step.placeholders], [prev_rows[seq_id] for _, seq_id in step.placeholders]

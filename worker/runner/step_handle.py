@@ -32,9 +32,10 @@ class DeviceStep:
     """A CUDA step: its tokens are copied into a pinned host buffer behind the step's kernels; `event` marks the
     copy's end on the stream."""
 
-    event: Any  # torch.cuda.Event
+    event: Any  # torch.cuda.Event (None on the CPU, where the copy has happened)
     host_tokens: Any  # pinned torch.Tensor [rows]
 
     def result(self) -> StepResult:
-        self.event.synchronize()
+        if self.event is not None:
+            self.event.synchronize()
         return self.host_tokens.tolist(), None
