@@ -22,6 +22,9 @@ class ServerOptions:
     api_key_file: str | None = None
     max_queue_len: int = 512  # sequences that may wait beyond the running batch (max_num_seqs); then 429
     request_timeout: float = 600.0  # a request that runs longer is aborted (504)
+    # A structured-output grammar that is not compiled within this many seconds: 400 (the compile runs off the
+    # engine loop; only its own request waits).
+    grammar_compile_timeout: float = 10.0
     # Connections that make no progress (worker/server/timeouts.py): a new connection's first request headers,
     # a request body, and the idle time (or next request's headers) between requests on a kept-alive connection.
     header_timeout_s: float = 30.0
@@ -73,6 +76,8 @@ class ServerOptions:
             bad("max_queue_len", "must be >= 0")
         if not self.request_timeout > 0:
             bad("request_timeout", "must be > 0 seconds")
+        if not self.grammar_compile_timeout > 0:
+            bad("grammar_compile_timeout", "must be > 0 seconds")
         for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
             if not getattr(self, name) > 0:
                 bad(name, "must be > 0 seconds")

@@ -65,14 +65,16 @@ def context_length_error(max_model_len: int, n_prompt: int, n_completion: int, p
 
 
 def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: EngineLimits, *,
-                  names: ParamNames = DEFAULT_NAMES, max_n: int | None = None) -> int:
+                  names: ParamNames = DEFAULT_NAMES, max_n: int | None = None, parse_grammar: bool = True) -> int:
     """Raise `RequestError` for a request the engine cannot serve; return its resolved max_tokens (the rest of
-    the context when `params.max_tokens` is None). `max_n`: a server's cap on `n` (its max_num_seqs)."""
+    the context when `params.max_tokens` is None). `max_n`: a server's cap on `n` (its max_num_seqs).
+    `parse_grammar=False`: a structured-output grammar is only checked for its shape here (the server has the
+    engine parse and compile it off both loops, `EngineClient.prepare_grammar`)."""
     check_sampling_params(params)
     if not limits.has_tokenizer:
         check_needs_no_tokenizer(params)
     try:
-        check_constraints(params, limits.vocab_size)
+        check_constraints(params, limits.vocab_size, parse_grammar)
     except ConstraintError as exc:
         raise RequestError(str(exc), param=exc.param) from None
     if max_n is not None and params.n > max_n:

@@ -23,6 +23,7 @@ from hetero_infer.worker.core.busy_loop import ABORT, ADD, Command, EngineOutput
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer
 from hetero_infer.worker.frontend.stream import OutputStream
 from hetero_infer.worker.frontend.timing import RequestTiming, TimingSink, record_delta, record_steps
+from hetero_infer.worker.structured.spec import GrammarSpec
 
 logger = logging.getLogger("hetero_infer.engine_client")
 
@@ -117,6 +118,12 @@ class EngineClient(ABC):
         for stream in streams.values():
             self.abort(stream)
             stream._fail(error)
+
+    async def prepare_grammar(self, spec: GrammarSpec, deadline: float) -> None:
+        """Have the engine compile a structured-output grammar off its stepping loop (the request is queued
+        only once it is ready): ConstraintError if it does not compile, CompileTimeout if it was still queued at
+        `deadline` (`time.monotonic()`); the caller bounds the wait itself."""
+        raise NotImplementedError
 
     # ----------------------------------------------------------------- outputs (event loop)
     def _on_outputs(self, outputs: EngineOutputs) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from hetero_infer.worker.core.busy_loop import Command, EngineOutputs, run_busy_loop
 from hetero_infer.worker.frontend.client import EngineClient, EngineDeadError
 from hetero_infer.worker.frontend.timing import TimingSink
+from hetero_infer.worker.structured.spec import GrammarSpec
 
 logger = logging.getLogger("hetero_infer.engine_client")
 
@@ -119,6 +120,11 @@ class InprocEngineClient(EngineClient):
             return
         link.inbox.extend(commands)
         link.wake.set()
+
+    async def prepare_grammar(self, spec: GrammarSpec, deadline: float) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        await asyncio.wrap_future(self.engine.grammars.prepare(spec, deadline))
 
     def _on_dead(self, error: BaseException) -> None:
         super()._on_dead(error)

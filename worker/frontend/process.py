@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import itertools
 import logging
 import multiprocessing
 import os
@@ -36,6 +37,7 @@ from hetero_infer.worker.core.request_check import EngineLimits
 from hetero_infer.worker.frontend.client import EngineClient, EngineDeadError
 from hetero_infer.worker.frontend.gc_freeze import freeze_startup_objects
 from hetero_infer.worker.frontend.timing import TimingSink
+from hetero_infer.worker.structured.spec import GrammarSpec
 
 logger = logging.getLogger("hetero_infer.engine_process")
 
@@ -44,7 +46,10 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 _PIPE_SIZE = 1 << 20
 
 # Messages (child -> parent)
-_M_READY, _M_LOAD_ERROR, _M_BATCH, _M_FATAL = 0, 1, 2, 3
+_M_READY, _M_LOAD_ERROR, _M_BATCH, _M_FATAL, _M_GRAMMAR = 0, 1, 2, 3, 4
+# A command (parent -> child) that the child's link handles itself, never the busy loop: compile a grammar on the
+# engine's compile threads, (token, spec, deadline); the answer comes back as _M_GRAMMAR (token, error or None).
+_C_GRAMMAR = 100
 
 
 # ============================================================================ child
@@ -88,7 +93,7 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
         config.executor, limits.num_blocks, limits.block_size)
     out_conn.send_bytes(pickle.dumps((_M_READY, (limits, engine.stats())), _PROTO))
     try:
-        run_busy_loop(engine, _PipeLink(cmd_conn, out_conn, parent_pid), interval)
+        run_busy_loop(engine, _PipeLink(cmd_conn, out_conn, parent_pid, engine.grammars), interval)
     except (EOFError, BrokenPipeError, ConnectionResetError):  # the parent is gone
         return
     except BaseException as exc:
@@ -102,10 +107,12 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
 class _PipeLink:
     """The busy loop's link in the child: commands from one pipe, outputs to the other."""
 
-    def __init__(self, cmd_conn: Any, out_conn: Any, parent_pid: int) -> None:
+    def __init__(self, cmd_conn: Any, out_conn: Any, parent_pid: int, grammars: Any) -> None:
         self.cmd_conn = cmd_conn
         self.out_conn = out_conn
         self.parent_pid = parent_pid
+        self.grammars = grammars  # the engine's GrammarCache: grammars compile on its threads, off the loop
+        self._send_lock = threading.Lock()  # the loop's hand-overs and the compile threads' answers
         poller = select.poll()  # one poll object: Connection.poll() builds a selector per call (5 us per step)
         poller.register(cmd_conn.fileno(), select.POLLIN)
         self.poll = poller.poll
@@ -119,10 +126,29 @@ class _PipeLink:
         commands: list[Command] = []
         while poll(0):
             commands += pickle.loads(self.cmd_conn.recv_bytes())
+        if any(kind == _C_GRAMMAR for kind, _ in commands):
+            for kind, item in commands:
+                if kind == _C_GRAMMAR:
+                    self._prepare_grammar(*item)
+            commands = [c for c in commands if c[0] != _C_GRAMMAR]
         return commands
 
     def send(self, outputs: EngineOutputs) -> None:
-        self.out_conn.send_bytes(pickle.dumps((_M_BATCH, outputs), _PROTO))
+        self._send((_M_BATCH, outputs))
+
+    def _send(self, message: tuple) -> None:
+        data = pickle.dumps(message, _PROTO)
+        with self._send_lock:
+            self.out_conn.send_bytes(data)
+
+    def _prepare_grammar(self, token: int, spec: Any, deadline: float) -> None:
+        def answer(future: Any) -> None:  # on a compile thread (or here, for a cached grammar)
+            try:
+                self._send((_M_GRAMMAR, (token, future.exception())))
+            except OSError:  # the parent is gone; the loop learns it at its next receive
+                pass
+
+        self.grammars.prepare(spec, deadline).add_done_callback(answer)
 
 
 # ============================================================================ parent
@@ -222,6 +248,8 @@ class ProcessEngineClient(EngineClient):
         self._buf = bytearray()
         self._cmd_fd = -1
         self._backlog = bytearray()  # command bytes the pipe had no room for yet (written when it drains)
+        self._grammar_waiters: dict[int, asyncio.Future[None]] = {}  # prepare_grammar calls, by token
+        self._grammar_tokens = itertools.count()
 
     # ----------------------------------------------------------------- lifecycle (loop thread)
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -304,6 +332,26 @@ class ProcessEngineClient(EngineClient):
             assert self._loop is not None
             self._loop.remove_writer(self._cmd_fd)
 
+    async def prepare_grammar(self, spec: GrammarSpec, deadline: float) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        assert self._loop is not None
+        token = next(self._grammar_tokens)
+        waiter = self._grammar_waiters[token] = self._loop.create_future()
+        try:
+            self._send([(_C_GRAMMAR, (token, spec, deadline))])
+            await waiter
+        finally:
+            self._grammar_waiters.pop(token, None)
+
+    def _on_grammar(self, token: int, error: BaseException | None) -> None:
+        waiter = self._grammar_waiters.pop(token, None)
+        if waiter is not None and not waiter.done():
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
+
     # ----------------------------------------------------------------- messages (loop thread)
     def _on_readable(self) -> None:
         try:
@@ -344,6 +392,8 @@ class ProcessEngineClient(EngineClient):
                     self._fail_dead(item)
                 elif kind == _M_BATCH:
                     self._on_outputs(item)
+                elif kind == _M_GRAMMAR:
+                    self._on_grammar(*item)
             except Exception as exc:  # a message we cannot use: the engine can no longer be trusted
                 logger.exception("bad message from the engine process")
                 self._fail_dead(f"engine failure: {type(exc).__name__}: {exc}")
@@ -353,6 +403,13 @@ class ProcessEngineClient(EngineClient):
         logger.error("%s; the engine is stopped", err)
         self._remove_reader()
         self._on_dead(err)
+
+    def _on_dead(self, error: BaseException) -> None:
+        super()._on_dead(error)
+        waiters, self._grammar_waiters = self._grammar_waiters, {}
+        for waiter in waiters.values():
+            if not waiter.done():
+                waiter.set_exception(error)
 
 
 def load_parent_tokenizer(config: EngineConfig) -> Any:

@@ -26,6 +26,7 @@ from hetero_infer.worker.server.prompts import (
 )
 from hetero_infer.worker.server.protocol import ChatCompletionRequest, NamedToolChoice
 from hetero_infer.worker.server.state import ServerState, get_state
+from hetero_infer.worker.server.structured import prepare_grammar
 from hetero_infer.worker.server.tools.constraint import constrained_calls
 from hetero_infer.worker.server.tools.parsers import (
     ParsedCall,
@@ -43,6 +44,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     state.check_serving()
     prompt = await chat_prompt(state, req)
     params = [request_sampling_params(state, req, prompt)]
+    await prepare_grammar(state, req, params[0])
     fmt = ChatFormatter(state, req, [prompt])
     return await generate(request, state, [prompt], params, fmt, arrival, req.stream,
                           bool(req.stream_options and req.stream_options.include_usage))

@@ -41,6 +41,8 @@ _SERVER_HELP = {
     "api_key_file": "file with one API key per line",
     "max_queue_len": "sequences that may wait beyond --max-num-seqs before requests get 429 (default 512)",
     "request_timeout": "seconds a request may run before it is aborted with 504 (default 600)",
+    "grammar_compile_timeout": "seconds a new structured-output schema, regex or grammar may take to compile "
+    "(off the engine loop: only its own request waits) before the request gets 400 (default 10)",
     "shutdown_grace": "seconds in-flight requests may still run after SIGTERM (default 30)",
     "header_timeout_s": "seconds a new connection has to send its first request's headers, else it is closed "
     "(default 30)",

@@ -13,6 +13,7 @@ from hetero_infer.worker.server.generate import generate
 from hetero_infer.worker.server.prompts import Prompt, completion_prompts, parse_body, request_sampling_params
 from hetero_infer.worker.server.protocol import CompletionRequest
 from hetero_infer.worker.server.state import get_state
+from hetero_infer.worker.server.structured import prepare_grammar
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
@@ -24,6 +25,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     prompts = await completion_prompts(state, req)
     params = [request_sampling_params(state, req, p, "prompt" if len(prompts) == 1 else f"prompt.{i}")
               for i, p in enumerate(prompts)]
+    await prepare_grammar(state, req, params[0])  # one constraint for all the prompts
     fmt = CompletionFormatter(state, req, prompts)
     return await generate(request, state, prompts, params, fmt, arrival, req.stream,
                           bool(req.stream_options and req.stream_options.include_usage))

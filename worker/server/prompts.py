@@ -113,7 +113,8 @@ def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionR
         raise bad_request(f"best_of ({params.best_of}) is larger than this server's max_num_seqs "
                           f"({state.max_num_seqs})", "best_of")
     try:
-        check_request(prompt.token_ids, params, limits, names=names, max_n=state.max_num_seqs)
+        # the grammar is parsed and compiled by the engine, off its loop and this one (`prepare_grammar`)
+        check_request(prompt.token_ids, params, limits, names=names, max_n=state.max_num_seqs, parse_grammar=False)
     except RequestError as exc:
         if constraint is not None and exc.param == "structured_outputs":  # name the field the client sent
             exc.param = constraint[0]

@@ -1,14 +1,19 @@
 """A request's structured-output constraint: OpenAI's `response_format`, vLLM's `guided_*` fields, its
 `structured_outputs` object, or a tool choice that fixes the output's shape, as the engine's one
-`StructuredOutputsParams`. At most one may be given; two are a 400 that names both."""
+`StructuredOutputsParams`. At most one may be given; two are a 400 that names both.
+
+`prepare_grammar` has the engine compile the grammar off its stepping loop before the request is queued: the
+request waits (at most --grammar-compile-timeout seconds, then a 400), no other stream does."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
-from hetero_infer.worker.core.sampling_params import StructuredOutputsParams
-from hetero_infer.worker.server.errors import bad_request
+from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
+from hetero_infer.worker.server.errors import APIError, bad_request
 from hetero_infer.worker.server.protocol import ChatCompletionRequest, CompletionRequest, StructuredOutputs
 from hetero_infer.worker.server.tools.constraint import tool_constraint
 
@@ -72,3 +77,29 @@ def _schema(value: Any, param: str) -> dict | bool:
         raise bad_request(f"{param}: `type` must be a string or a list of strings", param)
     return value
 
+
+
+async def prepare_grammar(state: Any, req: CompletionRequest | ChatCompletionRequest, params: SamplingParams) -> None:
+    """Wait until the engine has compiled the request's grammar (`EngineClient.prepare_grammar`; at once when it
+    is cached); a 400 naming the constraint's field if it does not compile within the server's bound."""
+    if params.structured_outputs is None:
+        return
+    from hetero_infer.worker.structured import ConstraintError, spec_of
+
+    timeout = state.options.grammar_compile_timeout
+    try:
+        await asyncio.wait_for(state.engine.prepare_grammar(spec_of(params.structured_outputs),
+                                                            time.monotonic() + timeout), timeout)
+    except TimeoutError:  # asyncio's, or the engine's CompileTimeout (it was still queued at the deadline)
+        state.metrics.rejected("grammar_compile_timeout")
+        raise APIError(400, f"the structured-output constraint did not compile within {timeout:g} s (this "
+                       "server's --grammar-compile-timeout); simplify the schema (very large maxLength, "
+                       "maxItems or repetition bounds are slow to compile)", param=_field(req),
+                       code="grammar_compile_timeout") from None
+    except ConstraintError as exc:
+        raise bad_request(str(exc), _field(req)) from None
+
+
+def _field(req: CompletionRequest | ChatCompletionRequest) -> str:
+    found = structured_outputs(req)
+    return found[0] if found else "structured_outputs"

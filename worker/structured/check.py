@@ -9,12 +9,15 @@ from hetero_infer.worker.structured.spec import ConstraintError, build_grammar, 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a bias value
 
 
-def check_constraints(params: SamplingParams, vocab_size: int) -> None:
-    """ConstraintError (a ValueError naming the field) for an unusable logit_bias or structured_outputs."""
+def check_constraints(params: SamplingParams, vocab_size: int, parse_grammar: bool = True) -> None:
+    """ConstraintError (a ValueError naming the field) for an unusable logit_bias or structured_outputs
+    (`parse_grammar=False`: its shape only; parsing a large schema takes a while, and xgrammar's import longer)."""
     if params.logit_bias:
         _check_logit_bias(params.logit_bias, vocab_size)
     if params.structured_outputs is not None:
-        build_grammar(spec_of(params.structured_outputs))
+        spec = spec_of(params.structured_outputs)
+        if parse_grammar:
+            build_grammar(spec)
 
 
 def _check_logit_bias(bias: dict, vocab_size: int) -> None:

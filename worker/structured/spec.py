@@ -25,6 +25,9 @@ class ConstraintError(ValueError):
         super().__init__(message)
         self.param = param
 
+    def __reduce__(self) -> tuple:  # crosses the engine process's pipe with its field
+        return type(self), (str(self), self.param)
+
 
 @dataclass(frozen=True)
 class GrammarSpec:
@@ -77,8 +80,9 @@ def build_grammar(spec: GrammarSpec) -> xgrammar.Grammar:
         if spec.kind == "regex":
             return xgr.Grammar.from_regex(spec.source)
         if spec.kind == "choice":
-            # JSON string escapes are valid EBNF string literals.
-            alternatives = " | ".join(json.dumps(c) for c in json.loads(spec.source))
+            # JSON string escapes are valid EBNF string literals, but only as UTF-8: `\\uXXXX` escapes each
+            # UTF-16 half of a character beyond U+FFFF on its own (U+1F30D became two bad 3-byte sequences).
+            alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in json.loads(spec.source))
             return xgr.Grammar.from_ebnf(f"root ::= {alternatives}")
         return xgr.Grammar.from_ebnf(spec.source)
     except (RuntimeError, ValueError, TypeError) as exc:

@@ -1,0 +1,135 @@
+"""A new structured-output grammar compiles off the engine loop (`GrammarCache.prepare`, awaited by the
+handler): its own request waits, no other stream pauses; past --grammar-compile-timeout the request gets an
+OpenAI-shaped 400 and holds nothing. Real servers (the mock executor with logits: the real sampler and grammar
+mask; the default model's tokenizer, so compiles cost what they cost in production), real HTTP clients."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+from server_proc import ServerProcess, http
+
+# A string of at most ~1e8 characters: xgrammar needs seconds to compile it for a 49k-token vocabulary
+# (the issue measured a 2.56 s pause of every stream); each number is a fresh schema, past any cache.
+_fresh = itertools.count()
+
+
+def slow_schema() -> dict:
+    return {"type": "object", "properties": {"s": {"type": "string", "maxLength": 100000007 + next(_fresh)}},
+            "required": ["s"]}
+
+
+def schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+
+class GapWatcher:
+    """A streaming completion on its own thread: the longest pause between its chunks."""
+
+    def __init__(self, client: openai.OpenAI, model: str, max_tokens: int) -> None:
+        self.gaps: list[float] = []
+        self.started = threading.Event()
+        self.error: BaseException | None = None
+        self.finish_reason: str | None = None
+        self._thread = threading.Thread(target=self._run, args=(client, model, max_tokens), daemon=True)
+        self._thread.start()
+
+    def _run(self, client: openai.OpenAI, model: str, max_tokens: int) -> None:
+        try:
+            last = None
+            for chunk in client.completions.create(model=model, prompt="count:", max_tokens=max_tokens, stream=True,
+                                                   extra_body={"ignore_eos": True}):
+                now = time.monotonic()
+                if last is not None:
+                    self.gaps.append(now - last)
+                last = now
+                self.started.set()
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    self.finish_reason = chunk.choices[0].finish_reason
+        except BaseException as exc:  # reported by join()
+            self.error = exc
+        finally:
+            self.started.set()
+
+    def join(self) -> float:
+        self._thread.join(120)
+        assert self.error is None, self.error
+        assert self.finish_reason == "length" and self.gaps
+        return max(self.gaps)
+
+
+def _server(*args: str) -> Iterator[ServerProcess]:
+    # 10 ms steps: a 1000-token stream lasts ~10 s, across the compiles
+    s = ServerProcess("--max-model-len", "2048", "--mock-logits", "--mock-step-latency-s", "0.01", *args)
+    yield s
+    assert s.stop() == 0, s.log()
+
+
+def _client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def _model(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def timeout_server() -> Iterator[ServerProcess]:
+    yield from _server("--grammar-compile-timeout", "0.5")
+
+
+@pytest.mark.parametrize("engine", ["--engine-process", "--no-engine-process"])
+@pytest.mark.slow
+def test_a_new_schema_pauses_no_other_stream(engine: str) -> None:
+    for server in _server(engine):
+        client = _client(server)
+        model = _model(client)
+        # the tokenizer's xgrammar view is built on the first constrained request (once per engine): not measured
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                       extra_body={"guided_choice": ["a", "b"]})
+        watcher = GapWatcher(client, model, 1000)
+        assert watcher.started.wait(60)
+        waits = []
+        for _ in range(2):
+            t = time.monotonic()
+            r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "JSON"}],
+                                               max_tokens=4, response_format=schema_format(slow_schema()))
+            waits.append(time.monotonic() - t)
+            assert r.choices[0].message.content.startswith("{")
+        longest = watcher.join()
+        # Compiled on the engine loop, every chunk of the stream waited for each compile (the request's own wait)
+        assert longest < min(1.0, min(waits) / 3), (longest, waits)
+
+
+def test_a_schema_that_compiles_too_long_is_a_400_and_holds_nothing(timeout_server: ServerProcess) -> None:
+    client = _client(timeout_server)
+    model = _model(client)
+    watcher = GapWatcher(client, model, 150)
+    assert watcher.started.wait(60)
+    t = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "JSON"}], max_tokens=4,
+                                       response_format=schema_format(slow_schema()))
+    elapsed = time.monotonic() - t
+    error = info.value.body
+    assert error["code"] == "grammar_compile_timeout" and error["param"] == "response_format", error
+    assert error["type"] == "invalid_request_error" and "0.5 s" in error["message"]
+    assert 0.5 <= elapsed < 2.5, elapsed
+    # vLLM's field, streamed: the same 400, before any event
+    r = http("POST", timeout_server.base_url + "/completions", {
+        "model": model, "prompt": "x", "max_tokens": 4, "stream": True, "guided_json": slow_schema()})
+    assert r.status == 400 and r.json()["error"]["param"] == "guided_json", r.text
+    assert watcher.join() < 1.0  # the stream alongside went on
+    m = timeout_server.metrics()
+    assert m["hetero_infer_requests_rejected_total{reason=grammar_compile_timeout}"] == 2
+    assert m["hetero_infer_num_requests_running"] == 0 and m["hetero_infer_num_requests_waiting"] == 0
+    assert m["hetero_infer_kv_cache_usage_ratio"] == 0
+    # the server still serves constrained requests with grammars that compile in time
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "pick"}], max_tokens=4,
+                                       extra_body={"guided_choice": ["yes", "no"]})
+    assert r.choices[0].message.content in ("yes", "no")
