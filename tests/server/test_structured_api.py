@@ -155,6 +155,35 @@ def test_named_tool_call_validates(sclient: openai.OpenAI, smodel: str, stream: 
     _valid_call(name, args)
 
 
+# Characters beyond U+FFFF (4 UTF-8 bytes, a surrogate pair in JSON's \\u escapes): guided_choice once answered
+# '\ufffd' * 5 for ["🌍"]; each kind of constraint must give back exactly these characters.
+ASTRAL = ["🌍", "🚀", "\U0001d11e", "😀 ok", "日本🌍"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_characters_beyond_the_bmp(sclient: openai.OpenAI, smodel: str, stream: bool) -> None:
+    def ask(**constraint: Any) -> tuple[str, str | None]:
+        kw = {"model": smodel, "messages": ASK, "temperature": 1.0, "max_tokens": 40, **constraint}
+        if stream:
+            return _streamed_text(sclient.chat.completions.create(stream=True, **kw))
+        c = sclient.chat.completions.create(**kw).choices[0]
+        return c.message.content or "", c.finish_reason
+
+    seen = set()
+    for seed in range(6):
+        text, reason = ask(seed=seed, extra_body={"guided_choice": ASTRAL})
+        assert text in ASTRAL and reason == "stop", (text, reason)
+        seen.add(text)
+    assert len(seen) > 1  # the mask leaves every choice open, not just one spelling
+    text, reason = ask(extra_body={"guided_choice": ["🌍"]})
+    assert (text, reason) == ("🌍", "stop")
+    text, reason = ask(seed=3, extra_body={"guided_regex": "[🌍🚀\U0001d11e]{3}"})
+    assert re.fullmatch("[🌍🚀\U0001d11e]{3}", text) and reason == "stop", text
+    schema = {"type": "object", "properties": {"p": {"enum": ASTRAL}}, "required": ["p"], "additionalProperties": False}
+    text, reason = ask(seed=4, response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    assert json.loads(text)["p"] in ASTRAL and reason == "stop", text
+
+
 # ------------------------------------------------------------------------------------- the real model
 # slow: a model load (~1.5 min on two loaded cores) and ~1 min of CPU decoding
 
