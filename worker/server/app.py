@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from hetero_infer.contracts.auth import check_api_key
-from hetero_infer.worker.server import cors
+from hetero_infer.worker.server import cors, hosts
 from hetero_infer.worker.server.cache_blocks import cache_blocks
 from hetero_infer.worker.server.chat import create_chat_completion
 from hetero_infer.worker.server.completions import create_completion
@@ -131,10 +131,12 @@ def create_app(state: ServerState) -> web.Application:
     guard = ConnectionGuard(options.header_timeout_s)  # installed on the runner's server by `serve`
     policy = cors.CorsPolicy.from_options(options.allowed_origins, options.allowed_methods, options.allowed_headers,
                                           options.allow_credentials)
+    host_policy = hosts.HostPolicy.from_options(options.allowed_hosts, options.host, bool(state.api_keys))
     app = web.Application(
         client_max_size=options.max_body_bytes,
-        middlewares=[guard_middleware(guard), request_id_middleware, error_middleware, cors.cors_middleware(policy),
-                     auth_middleware, body_timeout_middleware(options.body_timeout_s)],
+        middlewares=[guard_middleware(guard), request_id_middleware, error_middleware,
+                     hosts.host_middleware(host_policy), cors.cors_middleware(policy), auth_middleware,
+                     body_timeout_middleware(options.body_timeout_s)],
     )
     cors.install(app, policy)
     app[STATE_KEY] = state

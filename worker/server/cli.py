@@ -29,7 +29,7 @@ from hetero_infer.options import add_flags, environment_values, load_options
 from hetero_infer.worker.cli_args import ENV_PREFIX, add_engine_args
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.frontend.gc_freeze import freeze_startup_objects
-from hetero_infer.worker.server import cors
+from hetero_infer.worker.server import cors, hosts
 from hetero_infer.worker.server.options import LOG_FORMATS, LOG_LEVELS, ServerOptions
 
 logger = logging.getLogger("hetero_infer.server")
@@ -49,6 +49,7 @@ _SERVER_HELP = {
     "body_timeout_s": "seconds a request's body may take to arrive, else 408 and the connection is closed "
     "(default 60)",
     **cors.HELP,
+    "allowed_hosts": hosts.HELP,
     "keepalive_timeout_s": "seconds a kept-alive connection may sit idle, or in the headers of its next request, "
     "before it is closed (default 30)",
     "max_body_bytes": "largest request body; larger ones get 413 (default 4 MiB)",
