@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -19,6 +20,7 @@ from hetero_infer.worker.server.completions import create_completion
 from hetero_infer.worker.server.errors import APIError
 from hetero_infer.worker.server.extras import add_routes as add_vllm_routes
 from hetero_infer.worker.server.ids import new_id
+from hetero_infer.worker.server.logs import ACCESS_LOGGER, CLIENT_CLOSED, CLIENT_CLOSED_KEY, log_access
 from hetero_infer.worker.server.metrics import CONTENT_TYPE
 from hetero_infer.worker.server.openapi import build_openapi
 from hetero_infer.worker.server.state import STATE_KEY, ServerState, get_state
@@ -37,6 +39,7 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 # Paths that need the API key when the server has keys (vLLM's /tokenize and /detokenize run the tokenizer too).
 _PROTECTED = ("/v1/", "/tokenize", "/detokenize")
+_START = "start"  # time.monotonic() when the request reached the app
 
 
 @web.middleware
@@ -44,6 +47,7 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
     """Use the client's X-Request-Id when it is sane, else a fresh one; echo it in the response."""
     given = request.headers.get("X-Request-Id", "")
     request["request_id"] = given if _REQUEST_ID.match(given) else new_id()
+    request[_START] = time.monotonic()
     response = await handler(request)
     if not response.prepared:
         response.headers["X-Request-Id"] = request["request_id"]
@@ -52,8 +56,11 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error leaves as `{"error": {...}}`; every response is counted by route and status."""
+    """Every error leaves as `{"error": {...}}`; every response is counted by route and status, a request whose
+    client went away as 499 (its handler is cancelled before aiohttp could log it: logged here)."""
     state = get_state(request)
+    route = request.match_info.route.resource
+    route_name = route.canonical if route is not None else "other"
     try:
         response = await handler(request)
     except APIError as exc:
@@ -69,12 +76,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
     except (asyncio.CancelledError, ConnectionError):
+        state.metrics.http_request(route_name, CLIENT_CLOSED)
+        if state.options.access_log:
+            log_access(logging.getLogger(ACCESS_LOGGER), request, CLIENT_CLOSED,
+                       time.monotonic() - request.get(_START, time.monotonic()), 0)
         raise
     except Exception:
         logger.exception("unhandled error", extra={"request_id": request.get("request_id")})
         response = APIError(500, "internal server error", code="internal_error").response()
-    route = request.match_info.route.resource
-    state.metrics.http_request(route.canonical if route is not None else "other", response.status)
+    state.metrics.http_request(route_name, CLIENT_CLOSED if request.get(CLIENT_CLOSED_KEY) else response.status)
     return response
 
 

@@ -207,23 +207,37 @@ class ProbeLog:
 _PROBES = ProbeLog()  # aiohttp builds an access logger per connection; probes' last answers are per process
 
 
+# The status logged and counted for a request whose client went away before its response was complete (the
+# handler is cancelled, or its write fails): nginx's "client closed request".
+CLIENT_CLOSED = 499
+
+
+def log_access(logger: logging.Logger, request: BaseRequest, status: int, seconds: float, nbytes: int) -> None:
+    """The one access record of a request."""
+    logger.info(
+        "%s %s %s", request.method, request.path, status,
+        extra={
+            "request_id": request.get("request_id"),
+            "method": request.method,
+            "path": request.path,
+            "status": status,
+            "duration_ms": round(seconds * 1000, 2),
+            "bytes": nbytes,
+            "remote": request.remote,
+            "user_agent": request.headers.get("User-Agent"),
+        },
+    )
+
+
 class AccessLogger(AbstractAccessLogger):
-    """One structured record per finished request (aiohttp calls `log` after the response is sent); health
-    probes only when their answer changes (ProbeLog)."""
+    """One structured record per finished request (aiohttp calls `log` after the response is sent; a request
+    whose handler the client's disconnect cancelled never gets there: the error middleware logs it, as 499);
+    health probes only when their answer changes (ProbeLog)."""
 
     def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:  # noqa: A002
-        if not _PROBES.wanted(request.path, response.status):
-            return
-        self.logger.info(
-            "%s %s %s", request.method, request.path, response.status,
-            extra={
-                "request_id": request.get("request_id"),
-                "method": request.method,
-                "path": request.path,
-                "status": response.status,
-                "duration_ms": round(time * 1000, 2),
-                "bytes": response.body_length,
-                "remote": request.remote,
-                "user_agent": request.headers.get("User-Agent"),
-            },
-        )
+        status = CLIENT_CLOSED if request.get(CLIENT_CLOSED_KEY) else response.status
+        if _PROBES.wanted(request.path, status):
+            log_access(self.logger, request, status, time, response.body_length)
+
+
+CLIENT_CLOSED_KEY = "client_closed"  # set on a request whose client left mid-response (logged, counted as 499)

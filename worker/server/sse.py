@@ -12,6 +12,7 @@ from aiohttp.abc import AbstractStreamWriter
 from hetero_infer.worker.frontend.stream import OutputStream
 from hetero_infer.worker.server.errors import STREAM_ERRORS, as_api_error
 from hetero_infer.worker.server.formatting import Formatter, dumps
+from hetero_infer.worker.server.logs import CLIENT_CLOSED_KEY
 
 logger = logging.getLogger("hetero_infer.server")
 
@@ -70,6 +71,7 @@ async def stream_events(request: web.Request, stream: OutputStream, fmt: Formatt
         err = as_api_error(exc)
         await resp.write_eof(b"data: " + dumps(err.body()).encode() + b"\n\n" + DONE)
     except ConnectionError:  # client went away; the caller's `finally` aborts the requests
+        request[CLIENT_CLOSED_KEY] = True  # logged and counted as 499
         logger.info("client disconnected mid-stream", extra={"request_id": request.get("request_id")})
     finally:
         headers_timer.cancel()
