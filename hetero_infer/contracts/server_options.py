@@ -35,7 +35,7 @@ class ServerOptions:
     allowed_methods: list[str] = field(default_factory=lambda: ["*"])
     allowed_headers: list[str] = field(default_factory=lambda: ["*"])
     allow_credentials: bool = False
-    # Host names the server answers to besides IP addresses and localhost (worker/server/hosts.py); empty: only
+    # Host names the server answers to besides IP addresses and localhost (contracts/hosts.py); empty: only
     # those when bound to loopback without an API key (DNS rebinding), any otherwise.
     allowed_hosts: list[str] = field(default_factory=list)
     shutdown_grace: float = 30.0  # SIGTERM: how long in-flight requests may still run
@@ -75,7 +75,7 @@ class ServerOptions:
         if cors := check_options(self.allowed_origins, self.allowed_methods, self.allowed_headers,
                                  self.allow_credentials):
             bad(*cors)
-        from hetero_infer.worker.server.hosts import check_allowed_hosts
+        from hetero_infer.contracts.hosts import check_allowed_hosts
 
         if why := check_allowed_hosts(self.allowed_hosts):
             bad("allowed_hosts", why)

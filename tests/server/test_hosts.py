@@ -11,11 +11,11 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from hetero_infer.contracts.hosts import HostPolicy, host_name
 from hetero_infer.options import InvalidOption
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.hosts import HostPolicy, host_name
 from hetero_infer.worker.server.options import ServerOptions
 from hetero_infer.worker.server.state import ServerState
 

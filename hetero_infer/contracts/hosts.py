@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from aiohttp import hdrs, web
 
-from hetero_infer.worker.server.errors import APIError
+from hetero_infer.contracts.errors import APIError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HELP = ("host names this server answers to, besides IP addresses and localhost (repeatable; .example.com for "
