@@ -308,10 +308,15 @@ class ModelList(_Response):
     data: list[ModelCard]
 
 
+class PromptTokensDetails(_Response):
+    cached_tokens: int  # prompt tokens the prefix cache served (not computed again)
+
+
 class Usage(_Response):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # --enable-prompt-tokens-details (default on)
 
 
 class CompletionLogprobs(_Response):

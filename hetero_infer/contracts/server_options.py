@@ -45,6 +45,8 @@ class ServerOptions:
     log_level: str = "info"
     log_format: str = "json"
     access_log: bool = True
+    # usage.prompt_tokens_details.cached_tokens in responses (vLLM's flag; off there, on here as in OpenAI's API)
+    enable_prompt_tokens_details: bool = True
     # Run the engine core in its own process (False: on a thread of the server). None: auto, a process when
     # at least ENGINE_PROCESS_MIN_CPUS CPUs are usable (with one CPU the two processes only compete for it).
     engine_process: bool | None = None

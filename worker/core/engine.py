@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,6 +41,13 @@ class EngineStats:
     prefix_cache_hits_total: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    # tokens per engine step, as a histogram over ITERATION_TOKENS_BUCKETS (counts per bucket, +Inf last) and sum
+    iteration_tokens: tuple[int, ...] = ()
+    iteration_tokens_sum: int = 0
+
+
+# vLLM's `vllm:iteration_tokens_total` buckets
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 @dataclass(slots=True)
@@ -109,6 +117,8 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.last_schedule: SchedulerOutput | None = None  # for benchmarks and tracing
         self.last_schedule_seconds = 0.0
+        self._iteration_tokens = [0] * (len(ITERATION_TOKENS_BUCKETS) + 1)
+        self._iteration_tokens_sum = 0
         self.generation_tokens_total = 0
         self._accumulators: dict[str, OutputAccumulator] = {}  # `step()`'s cumulative outputs
         self.limits = EngineLimits(self.model_name, self.max_model_len, int(self.vocab_size),
@@ -223,6 +233,9 @@ class LLMEngine:
         self.last_schedule = sched
         step = None
         if sched.scheduled:
+            n = sched.num_tokens
+            self._iteration_tokens[bisect_left(ITERATION_TOKENS_BUCKETS, n)] += 1
+            self._iteration_tokens_sum += n
             step = self._launch(sched)
             if step is None:
                 touched += self._fail_step(sched.scheduled, "launch")
@@ -406,7 +419,8 @@ class LLMEngine:
         if finished:
             self.requests.pop(request.request_id, None)
         return RequestDelta(request.request_id, samples, finished, request.error, [step_end],
-                            request.first_scheduled_time, request.first_token_time)
+                            request.first_scheduled_time, request.first_token_time,
+                            request.seqs[0].num_cached_tokens)
 
     # -- observability ------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -420,6 +434,8 @@ class LLMEngine:
             prefix_cache_hits_total=bm.prefix_hits,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
+            iteration_tokens=tuple(self._iteration_tokens),
+            iteration_tokens_sum=self._iteration_tokens_sum,
         )
 
     def kv_waste(self) -> float:

@@ -32,6 +32,7 @@ class RequestOutput:
     finished: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # set when the request failed inside the engine (finish_reason "error")
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (vLLM's `num_cached_tokens`)
 
 
 @dataclass(slots=True)
@@ -65,6 +66,7 @@ class RequestDelta:
     step_times: list[float]
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served when it was (last) admitted
 
     @property
     def num_new_tokens(self) -> int:
@@ -97,10 +99,11 @@ class RequestDelta:
             self.first_scheduled_time = later.first_scheduled_time
         if self.first_token_time is None:
             self.first_token_time = later.first_token_time
+        self.num_cached_tokens = later.num_cached_tokens
 
     def __reduce__(self) -> tuple:
         return RequestDelta, (self.request_id, self.samples, self.finished, self.error, self.step_times,
-                              self.first_scheduled_time, self.first_token_time)
+                              self.first_scheduled_time, self.first_token_time, self.num_cached_tokens)
 
 
 class OutputAccumulator:
@@ -138,6 +141,7 @@ class OutputAccumulator:
             s.stop_reason = d.stop_reason
         out.finished = delta.finished
         out.error = delta.error
+        out.num_cached_tokens = delta.num_cached_tokens
         if delta.first_scheduled_time is not None:
             out.metrics.setdefault("first_scheduled_time", delta.first_scheduled_time)
         if delta.first_token_time is not None:

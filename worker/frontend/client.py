@@ -99,7 +99,8 @@ class EngineClient(ABC):
         arrival = time.monotonic() if arrival is None else arrival
         for r in requests:
             self._streams[r.request_id] = stream
-            self._timings[r.request_id] = RequestTiming(arrival, len(r.prompt_token_ids))
+            self._timings[r.request_id] = RequestTiming(arrival, len(r.prompt_token_ids), n=r.params.n,
+                                                        max_tokens=r.max_tokens or r.params.max_tokens)
             self.detokenizer.add(r.request_id, r.prompt_token_ids, r.params)
         self._send([(ADD, r) for r in requests])
         return stream

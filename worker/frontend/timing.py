@@ -11,7 +11,8 @@ from hetero_infer.worker.core.outputs import RequestDelta
 @dataclass(slots=True)
 class RequestTiming:
     """The timing of one engine request: times are `time.monotonic()`; `num_tokens` counts the tokens
-    generated so far."""
+    generated so far (`sample_tokens`: per sample); `n` and `max_tokens` are its parameters, `cached_tokens`
+    the prompt tokens the prefix cache served (known from its first delta on)."""
 
     arrival: float
     prompt_tokens: int
@@ -20,6 +21,10 @@ class RequestTiming:
     last_token: float | None = None
     num_tokens: int = 0
     inter_token: list[float] = field(default_factory=list)
+    n: int = 1
+    max_tokens: int | None = None
+    cached_tokens: int | None = None
+    sample_tokens: list[int] = field(default_factory=list)
 
 
 class TimingSink(Protocol):
@@ -50,6 +55,13 @@ def record_delta(timing: RequestTiming, delta: RequestDelta) -> str | None:
     step ends the request at its last step time, which gave no token."""
     step_times = delta.step_times[:-1] if delta.error else delta.step_times
     record_steps(timing, step_times, delta.first_scheduled_time, delta.num_new_tokens)
+    if timing.cached_tokens is None and delta.first_scheduled_time is not None:
+        timing.cached_tokens = delta.num_cached_tokens
+    counts = timing.sample_tokens
+    for i, sample in enumerate(delta.samples):
+        if i == len(counts):
+            counts.append(0)
+        counts[i] += len(sample.token_ids)
     if delta.error:
         return "error"
     return finish_reason_of({s.finish_reason for s in delta.samples}) if delta.finished else None

@@ -60,6 +60,8 @@ _SERVER_HELP = {
     "log_level": f"one of {', '.join(LOG_LEVELS)}",
     "log_format": f"one of {', '.join(LOG_FORMATS)} (default json)",
     "access_log": "log one line per HTTP request (default on)",
+    "enable_prompt_tokens_details": "report the prompt tokens served by the prefix cache in responses, as "
+    "usage.prompt_tokens_details.cached_tokens (default on, as OpenAI does; vLLM's flag, off there)",
     "engine_process": "run the engine core in its own process, so that it does not share the GIL with the HTTP "
     "side; --no-engine-process runs it on a thread of the server process (default: a process when at least 2 "
     "CPUs are usable, else a thread)",

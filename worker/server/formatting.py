@@ -69,6 +69,9 @@ class Formatter(ABC):
         self.prompt_index: dict[str, int] = {}
         self.choices = [Choice() for _ in range(len(prompts) * n)]
         self.completion_tokens = [0] * len(self.choices)
+        self.cached_tokens: dict[str, int] = {}  # per engine request: prompt tokens the prefix cache served
+        options = getattr(state, "options", None)
+        self.prompt_tokens_details = options is None or options.enable_prompt_tokens_details
         self._chunk_head = (f'{{"id":{json_str(self.id)},"object":{json_str(self.chunk_object)},'
                             f'"created":{self.created},"model":{json_str(self.model)},"choices":[')
         self.set_include_usage(False)
@@ -76,10 +79,14 @@ class Formatter(ABC):
     def bind(self, request_ids: list[str]) -> None:
         self.prompt_index = {rid: i for i, rid in enumerate(request_ids)}
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         prompt = sum(len(p.token_ids) for p in self.prompts)
         completion = sum(self.completion_tokens)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                                 "total_tokens": prompt + completion}
+        if self.prompt_tokens_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": sum(self.cached_tokens.values())}
+        return usage
 
     def set_include_usage(self, include_usage: bool) -> None:
         """Streaming: with usage, every chunk carries `"usage": null` and a last chunk the totals."""
@@ -93,7 +100,9 @@ class Formatter(ABC):
     def chunks(self, deltas: list[RequestDelta]) -> list[str]:
         """Stream chunks (JSON text) for what is new in `deltas` (one chunk per choice that changed)."""
         chunks = []
+        cached = self.cached_tokens
         for delta in deltas:
+            cached.setdefault(delta.request_id, delta.num_cached_tokens)  # as first admitted
             base = self.prompt_index[delta.request_id] * self.n
             for i, d in enumerate(delta.samples):
                 idx = base + i
@@ -114,6 +123,7 @@ class Formatter(ABC):
     def response(self, outputs: list[RequestOutput]) -> dict[str, Any]:
         """The whole (non-streamed) response from the requests' cumulative outputs."""
         found = [(self.prompt_index[out.request_id] * self.n + c.index, c) for out in outputs for c in out.outputs]
+        self.cached_tokens = {out.request_id: out.num_cached_tokens for out in outputs}
         choices = []
         for idx, c in sorted(found, key=lambda x: x[0]):
             self.completion_tokens[idx] = len(c.token_ids)

@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from hetero_infer.worker.core.engine import ITERATION_TOKENS_BUCKETS
 from hetero_infer.worker.frontend.timing import RequestTiming
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -34,6 +35,22 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+# vLLM's own buckets (vllm/v1/metrics/loggers.py) for the series added for benchmark tools that read them
+# (inference-perf): its request latencies, its n parameter, and its 1-2-5 token buckets up to the context length.
+VLLM_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                        240.0, 480.0, 960.0, 1920.0, 7680.0)
+N_BUCKETS = (1, 2, 5, 10, 20)
+
+
+def buckets_1_2_5(max_value: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to `max_value` (vLLM's `build_1_2_5_buckets`)."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return tuple(out)
+            out.append(m * scale)
+        scale *= 10
 
 LABEL = "model_name"
 
@@ -102,6 +119,7 @@ class EngineStatsCollector(Collector):
                 if s is not None:
                     family.add_metric([model], value)
                 out.append(family)
+        out += _iteration_tokens(s, model)
         healthy = GaugeMetricFamily("hetero_infer_engine_healthy", "1 while the engine loop is healthy.",
                                     labels=[LABEL])
         info_labels = [LABEL, *self._cache_info]
@@ -111,6 +129,22 @@ class EngineStatsCollector(Collector):
             healthy.add_metric([model], 1.0 if self._healthy() else 0.0)
             info.add_metric([model, *self._cache_info.values()], 1.0)
         return [*out, healthy, info]
+
+
+def _iteration_tokens(s: Any, model: str) -> list[Metric]:
+    """The engine's tokens-per-step histogram (vLLM's `vllm:iteration_tokens_total`), from its stats."""
+    out = []
+    for name in ("hetero_infer_iteration_tokens", "vllm:iteration_tokens_total"):
+        family = HistogramMetricFamily(name, "Tokens computed per engine step.", labels=[LABEL])
+        if s is not None:
+            counts = list(s.iteration_tokens) or [0] * (len(ITERATION_TOKENS_BUCKETS) + 1)
+            cumulative, buckets = 0, []
+            for bound, count in zip((*ITERATION_TOKENS_BUCKETS, math.inf), counts, strict=True):
+                cumulative += count
+                buckets.append((floatToGoString(bound), cumulative))
+            family.add_metric([model], buckets, float(s.iteration_tokens_sum))
+        out.append(family)
+    return out
 
 
 class RequestHistogram:
@@ -194,7 +228,20 @@ class ServerMetrics(Collector):
                                            TOKEN_BUCKETS, "vllm:request_prompt_tokens")
         self.gen_len = RequestHistogram("hetero_infer_request_generation_tokens", "Tokens generated per request.",
                                         TOKEN_BUCKETS, "vllm:request_generation_tokens")
-        self._histograms = (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.prompt_len, self.gen_len)
+        self.prefill = RequestHistogram("hetero_infer_request_prefill_time_seconds", "First scheduled to first "
+                                        "token.", VLLM_LATENCY_BUCKETS, "vllm:request_prefill_time_seconds")
+        self.decode = RequestHistogram("hetero_infer_request_decode_time_seconds", "First token to last token.",
+                                       VLLM_LATENCY_BUCKETS, "vllm:request_decode_time_seconds")
+        self.inference = RequestHistogram("hetero_infer_request_inference_time_seconds", "First scheduled to last "
+                                          "token (prefill and decode).", VLLM_LATENCY_BUCKETS,
+                                          "vllm:request_inference_time_seconds")
+        self.params_n = RequestHistogram("hetero_infer_request_params_n", "The n parameter of each request.",
+                                         N_BUCKETS, "vllm:request_params_n")
+        self._histograms: tuple[RequestHistogram, ...] = (
+            self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.prompt_len, self.gen_len, self.prefill,
+            self.decode, self.inference, self.params_n)
+        self._cached_tokens = 0  # prompt tokens served by the prefix cache, summed over ended requests
+        self._lock = threading.Lock()
         self._finished = Counter("hetero_infer_requests_finished", "Engine requests ended, by finish reason.",
                                  [LABEL, "finish_reason"], registry=r)
         self._rejected = Counter("hetero_infer_requests_rejected", "Requests refused before the engine "
@@ -213,18 +260,42 @@ class ServerMetrics(Collector):
         return child
 
     def bind(self, model_name: str, stats: Callable[[], Any], healthy: Callable[[], bool],
-             cache_info: dict[str, str] | None = None) -> None:
-        """Attach the engine once it is loaded (before that, engine metrics export no samples)."""
+             cache_info: dict[str, str] | None = None, max_model_len: int = 100000) -> None:
+        """Attach the engine once it is loaded (before that, engine metrics export no samples); the token
+        histograms that vLLM buckets up to the context length are made here."""
+        tokens = buckets_1_2_5(max_model_len)
+        self.max_gen = RequestHistogram("hetero_infer_request_max_num_generation_tokens", "Per request: the most "
+                                        "tokens one of its samples generated.", tokens,
+                                        "vllm:request_max_num_generation_tokens")
+        self.params_max_tokens = RequestHistogram("hetero_infer_request_params_max_tokens", "The max_tokens "
+                                                  "parameter of each request (resolved).", tokens,
+                                                  "vllm:request_params_max_tokens")
+        self.prefill_computed = RequestHistogram("hetero_infer_request_prefill_kv_computed_tokens", "Per request: "
+                                                 "prompt tokens computed (not served by the prefix cache).", tokens,
+                                                 "vllm:request_prefill_kv_computed_tokens")
+        self._histograms += (self.max_gen, self.params_max_tokens, self.prefill_computed)
         self.model_name = model_name
         self.registry.register(EngineStatsCollector(lambda: self.model_name, stats, healthy, cache_info))
         self.registry.register(self)
         self._bound = True
 
     def describe(self) -> Iterator[Metric]:
-        return iter([*(f for h in self._histograms for f in h.families("")), self._request_success()])
+        return iter([*(f for h in self._histograms for f in h.families("")), self._request_success(),
+                     *self._prompt_tokens_cached()])
 
     def collect(self) -> Iterator[Metric]:
-        return iter([*(f for h in self._histograms for f in h.families(self.model_name)), self._request_success()])
+        return iter([*(f for h in self._histograms for f in h.families(self.model_name)), self._request_success(),
+                     *self._prompt_tokens_cached()])
+
+    def _prompt_tokens_cached(self) -> list[CounterMetricFamily]:
+        out = []
+        for name in ("hetero_infer_prompt_tokens_cached", "vllm:prompt_tokens_cached"):
+            family = CounterMetricFamily(name, "Prompt tokens served by the prefix cache (per request, at its "
+                                         "first admission).", labels=[LABEL])
+            if self._bound:
+                family.add_metric([self.model_name], float(self._cached_tokens))
+            out.append(family)
+        return out
 
     def _request_success(self) -> CounterMetricFamily:
         """vLLM's `vllm:request_success_total{finished_reason}`: the finish-reason counter under vLLM's names."""
@@ -246,6 +317,18 @@ class ServerMetrics(Collector):
                 self.tpot.observe((timing.last_token - timing.first_token) / (timing.num_tokens - 1))
         if timing.first_scheduled is not None:
             self.queue.observe(max(0.0, timing.first_scheduled - timing.arrival))
+            if timing.first_token is not None and timing.last_token is not None:
+                self.prefill.observe(timing.first_token - timing.first_scheduled)
+                self.decode.observe(timing.last_token - timing.first_token)
+                self.inference.observe(timing.last_token - timing.first_scheduled)
+        self.params_n.observe(timing.n)
+        self.max_gen.observe(max(timing.sample_tokens, default=0))
+        if timing.max_tokens:
+            self.params_max_tokens.observe(timing.max_tokens)
+        if timing.cached_tokens is not None:
+            self.prefill_computed.observe(timing.prompt_tokens - timing.cached_tokens)
+            with self._lock:
+                self._cached_tokens += timing.cached_tokens
         self.itl.observe_many(timing.inter_token)
         self.prompt_len.observe(timing.prompt_tokens)
         if finish_reason in ("stop", "length"):

@@ -69,7 +69,8 @@ class ServerState:
         self.max_model_len = limits.max_model_len
         self.max_num_seqs = max_num_seqs
         self.metrics.bind(self.model_name, client.stats, lambda: client.healthy,
-                          {"block_size": str(limits.block_size), "num_gpu_blocks": str(limits.num_blocks)})
+                          {"block_size": str(limits.block_size), "num_gpu_blocks": str(limits.num_blocks)},
+                          limits.max_model_len)
         self.phase = READY
         return client
 
