@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
-from hetero_infer.worker.server.errors import APIError, bad_request
+from hetero_infer.worker.frontend.client import EngineDeadError
+from hetero_infer.worker.server.errors import APIError, as_api_error, bad_request
 from hetero_infer.worker.server.protocol import ChatCompletionRequest, CompletionRequest, StructuredOutputs
 from hetero_infer.worker.server.tools.constraint import tool_constraint
 
@@ -98,6 +99,8 @@ async def prepare_grammar(state: Any, req: CompletionRequest | ChatCompletionReq
                        code="grammar_compile_timeout") from None
     except ConstraintError as exc:
         raise bad_request(str(exc), _field(req)) from None
+    except EngineDeadError as exc:  # it died meanwhile
+        raise as_api_error(exc) from None
 
 
 def _field(req: CompletionRequest | ChatCompletionRequest) -> str:
