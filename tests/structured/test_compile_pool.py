@@ -94,3 +94,13 @@ def test_an_astral_choice_rejects_what_is_not_it() -> None:
     cache = GrammarCache(_info)
     state = cache.new_state(StructuredOutputsParams(choice=["🌍"]))
     assert not state.accept(VOCAB.index("🚀"))
+
+
+def test_a_cancelled_waiter_leaves_the_compile_threads_working() -> None:
+    info = GatedInfo()
+    cache = GrammarCache(info, threads=1)
+    shared = cache.prepare(spec(regex="a+"))
+    assert shared.cancel()  # an asyncio waiter that gave up would cancel the future it wraps
+    info.gate.set()
+    assert cache.prepare(spec(regex="b+")).result(30) is None  # the only thread survived
+    assert cache.prepare(spec(regex="a+")).result(30) is None and cache.compilations == 2  # a+ was cached

@@ -124,7 +124,8 @@ class InprocEngineClient(EngineClient):
     async def prepare_grammar(self, spec: GrammarSpec, deadline: float) -> None:
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
-        await asyncio.wrap_future(self.engine.grammars.prepare(spec, deadline))
+        # shielded: a waiter that gives up must not cancel the compile that other requests may share
+        await asyncio.shield(asyncio.wrap_future(self.engine.grammars.prepare(spec, deadline)))
 
     def _on_dead(self, error: BaseException) -> None:
         super()._on_dead(error)

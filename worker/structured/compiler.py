@@ -14,7 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -136,10 +136,13 @@ class GrammarCache:
                 error = ConstraintError(f"the grammar could not be compiled: {type(exc).__name__}: {exc}")
         with self._lock:
             self._pending.pop(spec, None)
-        if error is None:
-            pending.future.set_result(None)
-        else:
-            pending.future.set_exception(error)
+        try:
+            if error is None:
+                pending.future.set_result(None)
+            else:
+                pending.future.set_exception(error)
+        except InvalidStateError:  # a caller cancelled the shared future (the compile thread lives on)
+            pass
 
     def _xgrammar_compiler(self) -> xgrammar.GrammarCompiler:
         with self._compiler_lock:
