@@ -9,6 +9,7 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import openai
 import pytest
@@ -63,11 +64,14 @@ class GapWatcher:
         return max(self.gaps)
 
 
+@contextmanager
 def _server(*args: str) -> Iterator[ServerProcess]:
     # 10 ms steps: a 1000-token stream lasts ~10 s, across the compiles
     s = ServerProcess("--max-model-len", "2048", "--mock-logits", "--mock-step-latency-s", "0.01", *args)
-    yield s
-    assert s.stop() == 0, s.log()
+    try:
+        yield s
+    finally:
+        assert s.stop() == 0, s.log()
 
 
 def _client(server: ServerProcess) -> openai.OpenAI:
@@ -80,13 +84,14 @@ def _model(client: openai.OpenAI) -> str:
 
 @pytest.fixture(scope="module")
 def timeout_server() -> Iterator[ServerProcess]:
-    yield from _server("--grammar-compile-timeout", "0.5")
+    with _server("--grammar-compile-timeout", "0.5") as s:
+        yield s
 
 
 @pytest.mark.parametrize("engine", ["--engine-process", "--no-engine-process"])
 @pytest.mark.slow
 def test_a_new_schema_pauses_no_other_stream(engine: str) -> None:
-    for server in _server(engine, "--grammar-compile-timeout", "300"):  # a loaded CI machine compiles slowly
+    with _server(engine, "--grammar-compile-timeout", "300") as server:  # a loaded CI machine compiles slowly
         client = _client(server)
         model = _model(client)
         # the tokenizer's xgrammar view is built on the first constrained request (once per engine): not measured
