@@ -107,8 +107,9 @@ def test_a_new_schema_pauses_no_other_stream(engine: str) -> None:
             waits.append(time.monotonic() - t)
             assert r.choices[0].message.content.startswith("{")
         longest = watcher.join()
-        # Compiled on the engine loop, every chunk of the stream waited for each compile (the request's own wait)
-        assert longest < min(1.0, min(waits) / 3), (longest, waits)
+        # Compiled on the engine loop, the stream paused for each whole compile, as long as the request's own wait
+        # (measured before the fix: 23.8 s of 24 s on a loaded machine); a loaded machine's own pauses stay far below
+        assert longest < min(waits) / 3, (longest, waits)
 
 
 def test_a_schema_that_compiles_too_long_is_a_400_and_holds_nothing(timeout_server: ServerProcess) -> None:
