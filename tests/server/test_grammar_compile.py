@@ -82,6 +82,13 @@ def _model(client: openai.OpenAI) -> str:
     return client.models.list().data[0].id
 
 
+def _warm_up(client: openai.OpenAI, model: str) -> None:
+    """The tokenizer's xgrammar view is built with the first constrained request, once per engine, holding the
+    engine process's GIL a while (seconds on a loaded machine): not what these tests measure."""
+    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                   extra_body={"guided_choice": ["a", "b"]})
+
+
 @pytest.fixture(scope="module")
 def timeout_server() -> Iterator[ServerProcess]:
     with _server("--grammar-compile-timeout", "0.5") as s:
@@ -94,9 +101,7 @@ def test_a_new_schema_pauses_no_other_stream(engine: str) -> None:
     with _server(engine, "--grammar-compile-timeout", "300") as server:  # a loaded CI machine compiles slowly
         client = _client(server)
         model = _model(client)
-        # the tokenizer's xgrammar view is built on the first constrained request (once per engine): not measured
-        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-                                       extra_body={"guided_choice": ["a", "b"]})
+        _warm_up(client, model)
         watcher = GapWatcher(client, model, 1000)
         assert watcher.started.wait(60)
         waits = []
@@ -115,6 +120,7 @@ def test_a_new_schema_pauses_no_other_stream(engine: str) -> None:
 def test_a_schema_that_compiles_too_long_is_a_400_and_holds_nothing(timeout_server: ServerProcess) -> None:
     client = _client(timeout_server)
     model = _model(client)
+    _warm_up(client, model)
     watcher = GapWatcher(client, model, 150)
     assert watcher.started.wait(60)
     t = time.monotonic()
