@@ -4,7 +4,8 @@ logits, the default model's tokenizer, 10 ms steps), one streaming completion, a
 requests, one after the other, each with a fresh `"maxLength"` (xgrammar compiles each anew). Prints the stream's
 longest gap between chunks with and without the schemas, and the schema requests' own latency.
 
-    python -m benchmarks.grammar_compile_stall [--no-engine-process] [--max-length 53]
+    python -m benchmarks.grammar_compile_stall [--no-engine-process] [--max-length 53] \
+        [--server-arg=--grammar-compile-timeout=300]
 
 To measure a checkout without the fix, put it first on PYTHONPATH (a folder `hetero_infer/` whose `worker`,
 `kernels`, ... point at that checkout's folders).
@@ -55,10 +56,12 @@ def main() -> int:
     ap.add_argument("--max-length", type=int, default=100000007, help="first maxLength (each request adds 1)")
     ap.add_argument("--schemas", type=int, default=3)
     ap.add_argument("--stream-tokens", type=int, default=1500)
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="more flags for the server, e.g. --server-arg=--grammar-compile-timeout=300")
     args = ap.parse_args()
     cmd = [sys.executable, "-m", "hetero_infer.cli", "serve", "--port", "0", "--executor", "mock", "--mock-logits",
            "--mock-step-latency-s", "0.01", "--max-model-len", "4096", "--log-format", "text",
-           "--no-engine-process" if args.no_engine_process else "--engine-process"]
+           "--no-engine-process" if args.no_engine_process else "--engine-process", *args.server_arg]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
