@@ -83,6 +83,7 @@ class DecodeRunner:
         a64[0, :n] = step.token_ids
         a64[1, :n] = step.batch.positions
         a64[2, :n] = step.batch.slot_mapping
+        a64[:2, n:bs] = 0  # padding rows: token 0 at position 0 (the staging may hold an older step's PLACEHOLDERs)
         a64[2, n:bs] = -1  # padding rows: not written
         a32[n:bs] = 0  # padding rows: no context (attention gives zeros)
         tables = a32[n_max:].reshape(n_max, -1)
