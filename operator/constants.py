@@ -24,7 +24,7 @@ APP_NAME = "hetero-infer"
 
 # On every child: a hash of the manifest the operator last wrote it from (diff.py).
 FINGERPRINT_ANNOTATION = f"{GROUP}/manifest-hash"
-# On a child with keys from the spec in a map it shares with others (the worker pods' podLabels, podAnnotations):
+# On a child with keys from the spec in a map (the worker pods' podLabels, podAnnotations, nodeSelector):
 # which keys the operator wrote there, by path, so that one dropped from the spec is removed (diff.merge_patch).
 SPEC_KEYS_ANNOTATION = f"{GROUP}/spec-keys"
 

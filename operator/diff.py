@@ -163,8 +163,9 @@ def merge_patch(desired: Mapping[str, Any], live: Mapping[str, Any] | None = Non
     meta = {k: _patch_value(v) for k, v in (desired.get("metadata") or {}).items() if k not in ("name", "namespace")}
     patch["metadata"] = meta
     for path, gone in _dropped_keys(desired, live).items():
-        node = patch
+        node: Any = patch
         for part in path.split("."):
-            node = node.setdefault(part, {})
-        node.update(dict.fromkeys(gone))
+            node = node.setdefault(part, {}) if isinstance(node, dict) else None
+        if isinstance(node, dict):  # None: the whole map goes, these keys with it
+            node.update(dict.fromkeys(gone))
     return patch

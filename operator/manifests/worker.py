@@ -238,7 +238,8 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
     }
     meta = metadata(owner)
     meta["annotations"] = {c.SPEC_KEYS_ANNOTATION: spec_keys({
-        "spec.template.metadata.labels": pod.labels, "spec.template.metadata.annotations": pod.annotations})}
+        "spec.template.metadata.labels": pod.labels, "spec.template.metadata.annotations": pod.annotations,
+        "spec.template.spec.nodeSelector": spec.node_selector})}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

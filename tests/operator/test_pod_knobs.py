@@ -26,11 +26,13 @@ BEFORE = {
     "cpu": ({"model": {"name": "smol"}}, {
         "Deployment": "ffc4a01d886467fecbb2a32119386adb", "Service": "42f27a0ca16a660644ce302f81ce94b2",
         "PodDisruptionBudget": "a11945136c329513c5de7512cad966db"}),
+    # With a nodeSelector the Deployment's metadata gains the spec-keys annotation (one metadata patch at the
+    # upgrade, so that a key dropped later is removed); its spec, the pods included, is what it was.
     "gpu, pvc, engine": ({"model": {"name": "llama", "pvc": {"claimName": "models", "subPath": "llama"}},
                           "resources": {"gpus": 1}, "engine": {"dtype": "bfloat16", "maxModelLen": 4096,
                                                                "memoryThreshold": 0.85},
                           "env": [{"name": "A", "value": "b"}], "nodeSelector": {"gpu": "h100"}}, {
-        "Deployment": "4f96fa39b4675515b24f54447ba181bc", "Service": "42f27a0ca16a660644ce302f81ce94b2",
+        "Deployment.spec": "324f0fc8e97377ee0b380c3549d9114c", "Service": "42f27a0ca16a660644ce302f81ce94b2",
         "PodDisruptionBudget": "a11945136c329513c5de7512cad966db"}),
     "hpa": ({"model": {"name": "m"}, "executor": "mock",
              "autoscaling": {"enabled": True, "mode": "hpa", "minReplicas": 1, "maxReplicas": 4}}, {
@@ -69,13 +71,15 @@ def by_kind(raw: dict[str, Any]) -> dict[str, str]:
     for m in children(OWNER, parse_spec(raw, "smol")).all():
         if not m["metadata"]["name"].endswith("-router") and m["metadata"]["name"] != "smol-workers":
             out[m["kind"]] = fingerprint(m)
+            if m["kind"] == "Deployment":
+                out["Deployment.spec"] = fingerprint({"metadata": {}, "spec": m["spec"]})
     return out
 
 
 @pytest.mark.parametrize("case", list(BEFORE), ids=list(BEFORE))
 def test_specs_without_the_new_fields_render_what_they_did(case: str) -> None:
     raw, want = BEFORE[case]
-    got = by_kind(raw)
+    got = {k: v for k, v in by_kind(raw).items() if k in want or k == "Service"}
     if "router" in case:
         got.pop("Service")  # the router's Service; its Deployment rolls on purpose (replicas, preStop, grace)
     assert got == want
@@ -87,7 +91,7 @@ def test_the_server_filled_defaults_render_the_same_as_a_bare_spec(crd: dict[str
            "metadata": {"name": "smol", "namespace": "models"}, "spec": {"model": {"name": "smol"}}}
     filled = defaulted(crd, obj)["spec"]
     assert filled["drainSeconds"] == 45 and filled["startupTimeoutSeconds"] == 900
-    assert by_kind(filled) == BEFORE["cpu"][1]
+    assert {k: v for k, v in by_kind(filled).items() if k != "Deployment.spec"} == BEFORE["cpu"][1]
 
 
 def test_every_knob_lands_in_the_worker_pod() -> None:
@@ -250,3 +254,13 @@ def test_a_pod_label_dropped_from_the_spec_is_removed_and_others_are_left_alone(
     # Without podLabels and podAnnotations the annotation goes too.
     assert merge_patch(with_fingerprint(rendered().deployment), live)["metadata"]["annotations"][
         SPEC_KEYS_ANNOTATION] is None
+
+
+def test_a_node_selector_key_dropped_from_the_spec_is_removed() -> None:
+    from hetero_infer.operator.diff import merge_patch, with_fingerprint
+
+    live = with_fingerprint(rendered(nodeSelector={"gpu": "h100", "zone": "a"}).deployment)
+    patch = merge_patch(with_fingerprint(rendered(nodeSelector={"gpu": "h100"}).deployment), live)
+    assert patch["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "h100", "zone": None}
+    patch = merge_patch(with_fingerprint(rendered().deployment), live)
+    assert patch["spec"]["template"]["spec"]["nodeSelector"] is None  # all of it, as before
