@@ -62,7 +62,7 @@ class Router:
         self.options = options
         self.tokenizer = tokenizer
         self.metrics = RouterMetrics()
-        self.index = PrefixIndex(options.approx_capacity_blocks)
+        self.index = PrefixIndex(options.approx_capacity_blocks, options.text_chunks_per_block)
         self.pool = WorkerPool(options.worker, self.index, options.block_size, options.health_interval_s,
                                on_change=self._count_ready, api_key=options.worker_api_key)
         self._rr = 0
@@ -92,8 +92,9 @@ class Router:
             decision = policies.least_load(states)
         else:
             matched = self.index.match(hashes, [s.url for s in states], exact)
-            decision = policies.prefix(states, matched, self.options.load_factor,
-                                       affinity=hashes[0] if hashes else None)
+            eviction = {s.url: self.index.eviction_cost(s.url, len(hashes), exact) for s in states}
+            decision = policies.prefix(states, matched, self.options.load_factor, affinity=hashes[0] if hashes else None,
+                                       min_slack=self.options.min_slack, eviction=eviction)
         assert decision is not None
         return decision
 
@@ -145,17 +146,21 @@ class Router:
             decision = self.choose(candidates, hashes, policy, exact)
             worker = self.pool.workers[decision.url]
             tried.add(worker.url)
+            route = None
             if policy == "prefix":
                 self.metrics.prefix_query_tokens.inc(len(hashes) * self.options.block_size)
                 self.metrics.prefix_matched_tokens.labels(worker.url).inc(
                     decision.matched_blocks * self.options.block_size)
-                self.index.record_route(worker.url, hashes, exact)
+                route = self.index.record_route(worker.url, hashes, exact)
             try:
                 return await self._attempt(request, worker, body, headers, policy)
             except Retry as retry:
                 self.metrics.retries.labels(worker.url, retry.reason).inc()
                 refusal = retry.response or refusal
                 logger.info("retrying %s elsewhere: %s from %s", request.path, retry.reason, worker.url)
+            finally:
+                if route is not None:
+                    self.index.ended(route)
         if refusal is not None:
             status, resp_headers, data = refusal
             return web.Response(status=status, body=data, headers=resp_headers)

@@ -1,71 +1,144 @@
 """Which worker holds which prefix blocks: exact from the workers' block reports, else approximate.
 
-A reporting worker's entry is exactly what its reports say: a snapshot replaces it, a delta applies on top only
-when it continues the last report seen (same epoch, `since` equal to the last `seq`); anything else is refused
-and the caller asks for a snapshot. A worker that does not report gets an approximate entry: the blocks the
-router sent it, least recently routed dropped first beyond `approx_capacity` (its KV pool, in blocks).
+A reporting worker's entry is what its reports say (confirmed blocks) plus what the router has sent it since
+(pending blocks). A snapshot replaces the confirmed blocks, a delta applies on top only when it continues the
+last report seen (same epoch, `since` equal to the last `seq`); anything else is refused and the caller asks for
+a snapshot. A pending block is confirmed by the first report that holds it, and dropped by a report asked for
+after its request ended that does not (the worker evicted it, or never cached it): between polls the router
+sees what it just placed, at any request rate.
 
-Prompts the router could only hash as text chunks (no tokenizer, text prompts) never match a report: their
-hashes get approximate entries of their own, for every worker, reporting or not (`exact=False`).
+A worker that does not report gets an approximate entry: the blocks the router sent it, least recently routed
+dropped first beyond its capacity. Prompts the router could only hash as text chunks (no tokenizer, text
+prompts) never match a report: their hashes get approximate entries of their own, for every worker, reporting or
+not (`exact=False`). Capacities come from the worker's pool (`set_pool`, from its report), else
+`approx_capacity`.
+
+Every entry is kept in recency order (each block with the index's clock when it was last routed or first
+reported), so `eviction_cost` can tell how fresh the blocks are that a new prefix would push out of a pool.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from hetero_infer.block_hashes import BlockReport
 
 
+@dataclass(eq=False)
+class Route:
+    """One request's blocks sent to one worker; `ended`: the index's clock when the request ended."""
+
+    worker: str
+    ended: int | None = None
+
+
 class PrefixIndex:
-    def __init__(self, approx_capacity: int = 4096) -> None:
+    def __init__(self, approx_capacity: int = 4096, text_chunks_per_block: float = 1.0) -> None:
         self.approx_capacity = approx_capacity
-        self._blocks: dict[str, OrderedDict[int, None]] = {}
+        self.text_chunks_per_block = text_chunks_per_block  # text chunks one KV block stands for
+        self._blocks: dict[str, OrderedDict[int, int]] = {}  # worker -> hash -> clock, least recent first
+        self._pending: dict[str, OrderedDict[int, Route]] = {}  # reporting worker -> routed, not yet reported
         self._cursor: dict[str, tuple[str, int]] = {}  # reporting worker -> (epoch, seq) of its last report
-        self._text: dict[str, OrderedDict[int, None]] = {}  # text-chunk hashes routed to each worker
+        self._text: dict[str, OrderedDict[int, int]] = {}  # text-chunk hashes routed to each worker
+        self._pool: dict[str, int] = {}  # worker -> KV blocks in its pool (from its report)
+        self._clock = itertools.count(1)
+
+    def now(self) -> int:
+        """A new tick of the index's clock (routes, request ends and polls are ordered by it)."""
+        return next(self._clock)
 
     # -- exact: the workers' reports ----------------------------------------------------------
     def cursor(self, worker: str) -> tuple[str, int] | None:
         """(epoch, seq) to ask a reporting worker for a delta from; None: ask for a snapshot."""
         return self._cursor.get(worker)
 
-    def apply(self, worker: str, report: BlockReport) -> bool:
-        """Take a report in; False (nothing changed) when it does not continue the last one."""
+    def set_pool(self, worker: str, num_blocks: int) -> None:
+        self._pool[worker] = num_blocks
+
+    def capacity(self, worker: str) -> int:
+        """Blocks the worker's pool holds (its report's), else the approximate entries' capacity."""
+        return self._pool.get(worker, self.approx_capacity)
+
+    def apply(self, worker: str, report: BlockReport, asked: int | None = None) -> bool:
+        """Take a report in; False (nothing changed) when it does not continue the last one. `asked`: the clock
+        (`now()`) when the report was asked for: pending blocks of requests that had ended before then and that
+        the report does not hold are dropped."""
+        now = self.now()
+        old = self._blocks.get(worker, OrderedDict())
         if report.is_snapshot:
-            self._blocks[worker] = OrderedDict.fromkeys(report.added)
+            held = set(report.added)
+            blocks = OrderedDict((h, t) for h, t in old.items() if h in held)  # keeps what is known of recency
+            for h in report.added:
+                blocks.setdefault(h, now)
+            self._blocks[worker] = blocks
         else:
             if self._cursor.get(worker) != (report.epoch, report.since):
                 return False
-            blocks = self._blocks[worker]
+            blocks = old
             for h in report.removed:
                 blocks.pop(h, None)
             for h in report.added:
-                blocks[h] = None
+                blocks[h] = now
         self._cursor[worker] = (report.epoch, report.seq)
+        pending = self._pending.setdefault(worker, OrderedDict())
+        for h, route in list(pending.items()):
+            if h in blocks or (asked is not None and route.ended is not None and route.ended < asked):
+                del pending[h]
         return True
 
-    # -- approximate: what was routed where ---------------------------------------------------
-    def record_route(self, worker: str, hashes: Sequence[int], exact: bool = True) -> None:
-        """The router sent `hashes` to `worker`: remembered for a worker that does not report, and for every
-        worker when they are text-chunk hashes (`exact` False)."""
-        if (exact and worker in self._cursor) or not hashes:
-            return
-        blocks = (self._blocks if exact else self._text).setdefault(worker, OrderedDict())
+    # -- what was routed where ----------------------------------------------------------------
+    def record_route(self, worker: str, hashes: Sequence[int], exact: bool = True) -> Route:
+        """The router sent `hashes` to `worker`: pending for a reporting worker, remembered for one that does not
+        report, and for every worker when they are text-chunk hashes (`exact` False). Call `ended` with the
+        route when the request ends."""
+        route = Route(worker)
+        t = self.now()
+        if not exact:
+            self._touch(self._text.setdefault(worker, OrderedDict()), hashes, t,
+                        int(self.capacity(worker) * self.text_chunks_per_block))
+        elif worker in self._cursor:
+            blocks = self._blocks[worker]
+            pending = self._pending.setdefault(worker, OrderedDict())
+            for h in hashes:
+                if h in blocks:
+                    blocks[h] = t
+                    blocks.move_to_end(h)
+                else:
+                    pending[h] = route
+                    pending.move_to_end(h)
+            while len(pending) > self.capacity(worker):
+                pending.popitem(last=False)
+        else:
+            self._touch(self._blocks.setdefault(worker, OrderedDict()), hashes, t, self.capacity(worker))
+        return route
+
+    def ended(self, route: Route) -> None:
+        """The request of `route` ended: a report asked for from now on holds its blocks if the worker kept them."""
+        route.ended = self.now()
+
+    @staticmethod
+    def _touch(entry: OrderedDict[int, int], hashes: Sequence[int], t: int, capacity: int) -> None:
         for h in hashes:
-            blocks[h] = None
-            blocks.move_to_end(h)
-        while len(blocks) > self.approx_capacity:
-            blocks.popitem(last=False)
+            entry[h] = t
+            entry.move_to_end(h)
+        while len(entry) > capacity:
+            entry.popitem(last=False)
 
     # -- both ---------------------------------------------------------------------------------
     def drop(self, worker: str) -> None:
         """Forget a worker (it died or left): its cache is gone, and a restart reports a new epoch."""
-        self._blocks.pop(worker, None)
-        self._cursor.pop(worker, None)
-        self._text.pop(worker, None)
+        for entries in (self._blocks, self._pending, self._cursor, self._text, self._pool):
+            entries.pop(worker, None)
 
     def blocks(self, worker: str) -> frozenset[int]:
+        """Its confirmed blocks (reported; routed, for a worker that does not report)."""
         return frozenset(self._blocks.get(worker, ()))
+
+    def pending(self, worker: str) -> frozenset[int]:
+        return frozenset(self._pending.get(worker, ()))
 
     def count(self, worker: str) -> int:
         return len(self._blocks.get(worker, ()))
@@ -75,16 +148,35 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[int], workers: Iterable[str], exact: bool = True) -> dict[str, int]:
         """For each of `workers`, how many leading blocks of `hashes` (text-chunk hashes: `exact` False) it
-        holds."""
-        entries = self._blocks if exact else self._text
+        holds or has pending."""
         out = {}
         for w in workers:
-            blocks = entries.get(w)
+            entries = [e for e in ((self._blocks.get(w), self._pending.get(w)) if exact else (self._text.get(w),))
+                       if e]
             n = 0
-            if blocks:
+            if entries:
                 for h in hashes:
-                    if h not in blocks:
+                    if not any(h in e for e in entries):
                         break
                     n += 1
             out[w] = n
         return out
+
+    def eviction_cost(self, worker: str, n: int, exact: bool = True) -> int:
+        """How fresh the blocks are that `n` new blocks would push out of the worker's pool: -1 when they fit in
+        its free room, else the clock at which the freshest of the blocks they displace (least recent first) was
+        last routed or reported; smaller is staler, so cheaper to evict."""
+        if exact:
+            entry = self._blocks.get(worker, OrderedDict())
+            held = len(entry) + len(self._pending.get(worker, ()))
+            capacity = self.capacity(worker)
+        else:
+            entry = self._text.get(worker, OrderedDict())
+            held = len(entry)
+            capacity = int(self.capacity(worker) * self.text_chunks_per_block)
+        evict = n - (capacity - held)
+        if evict <= 0:
+            return -1
+        if evict > len(entry):  # it would displace blocks in flight
+            return self.now()
+        return next(itertools.islice(entry.values(), evict - 1, None))

@@ -2,11 +2,19 @@
 
 `load` is how busy a worker is: the larger of the router's own count of requests in flight to it (fresh) and
 the queue it last reported (running + waiting; it also counts other routers' requests). A worker whose KV usage
-is at or above `kv_full` ranks after every other (new requests would only queue there).
+is at or above `kv_full` ranks after every other (new requests would only queue there). A worker *has room* when
+nothing waits there and it has a free sequence slot (`max_num_seqs`, from its block report): one more request
+runs at once.
 
-`prefix` follows consistent hashing with bounded loads: no worker may take a request that would put it above
-`ceil(load_factor * (total load + 1) / workers)`, so one hot prefix spills onto the next-best worker instead of
-queueing on one; among the workers under the bound (and below `kv_full`), the longest cached prefix wins, then the least loaded.
+`prefix` follows consistent hashing with bounded loads, where the bound is what a worker can absorb
+(`worker_bound`): the fair share `ceil(load_factor * (total load + 1) / workers)` always; while the worker has
+room, at least `min_slack` requests (at light traffic a prefix's home keeps its requests: a spill costs a
+prefill and, in small pools, a duplicate that evicts other prefixes for good), and for a prefix that fills a good
+part of its pool twice the mean load. So one hot prefix spills once its home is saturated, and never queues
+there while another worker has room. Among the workers under their bound (those with room first) the longest
+cached prefix wins, ties to the least loaded; a prefix nobody holds goes where it displaces the stalest cached
+blocks (free room first, `eviction`), then to its rendezvous home: a stable worker per prefix, different
+prefixes spread.
 """
 
 from __future__ import annotations
@@ -21,6 +29,11 @@ from hetero_infer.router.hashing import rendezvous
 Policy = Literal["prefix", "least-load", "round-robin"]
 POLICIES: tuple[str, ...] = ("prefix", "least-load", "round-robin")
 
+# A prefix above 1/SMALL_POOL_SHARE of its home's pool is costly to duplicate (the pool holds only a few such
+# prefixes): its home may take up to SMALL_POOL_FACTOR times the mean load while it has room.
+SMALL_POOL_SHARE = 8
+SMALL_POOL_FACTOR = 2.0
+
 
 @dataclass(frozen=True)
 class EndpointState:
@@ -29,10 +42,17 @@ class EndpointState:
     running: int = 0  # last scraped hetero_infer_num_requests_running
     waiting: int = 0  # last scraped hetero_infer_num_requests_waiting
     kv_usage: float = 0.0  # last scraped hetero_infer_kv_cache_usage_ratio
+    max_num_seqs: int | None = None  # sequences it runs at once (its block report; None: not known)
+    num_blocks: int | None = None  # KV blocks in its pool (its block report; None: not known)
 
     @property
     def load(self) -> int:
         return max(self.in_flight, self.running + self.waiting)
+
+    @property
+    def has_room(self) -> bool:
+        """One more request would run at once: nothing waits there and a sequence slot is free."""
+        return self.waiting == 0 and (self.max_num_seqs is None or self.load < self.max_num_seqs)
 
 
 @dataclass(frozen=True)
@@ -60,24 +80,43 @@ def round_robin(endpoints: Sequence[EndpointState], counter: int) -> Decision | 
 
 
 def load_bound(endpoints: Sequence[EndpointState], load_factor: float) -> int:
-    """The most load any one worker may reach by taking the next request."""
+    """The fair share: the most load any one worker may reach by taking the next request."""
     total = sum(e.load for e in endpoints) + 1
     return max(1, math.ceil(load_factor * total / len(endpoints)))
 
 
+def worker_bound(e: EndpointState, endpoints: Sequence[EndpointState], load_factor: float, min_slack: int,
+                 matched_blocks: int = 0) -> int:
+    """The most load `e` may reach by taking the next request (whose prompt it holds `matched_blocks` of)."""
+    fair = load_bound(endpoints, load_factor)
+    if not e.has_room:
+        return fair
+    relaxed = min_slack
+    if matched_blocks and e.num_blocks and matched_blocks * SMALL_POOL_SHARE > e.num_blocks:
+        relaxed = max(relaxed, load_bound(endpoints, SMALL_POOL_FACTOR))
+    if e.max_num_seqs is not None:
+        relaxed = min(relaxed, e.max_num_seqs)
+    return max(fair, relaxed)
+
+
 def prefix(endpoints: Sequence[EndpointState], matched: Mapping[str, int], load_factor: float = 1.25,
-           kv_full: float = 0.95, affinity: int | None = None) -> Decision | None:
-    """The worker under the load bound holding the most leading blocks (`matched`: url -> blocks); ties and
-    cold prefixes go to the least loaded, and among equally loaded ones to the highest rendezvous rank for
-    `affinity` (the prompt's first block hash): a new prefix lands on a stable worker, different ones spread."""
+           kv_full: float = 0.95, affinity: int | None = None, min_slack: int = 4,
+           eviction: Mapping[str, int] | None = None) -> Decision | None:
+    """The worker under its bound holding the most leading blocks (`matched`: url -> blocks), ties to the least
+    loaded; a prefix no candidate holds goes to the lowest `eviction` cost (url -> `PrefixIndex.eviction_cost`),
+    then the highest rendezvous rank for `affinity` (the prompt's first block hash)."""
     if not endpoints:
         return None
-    bound = load_bound(endpoints, load_factor)
-    under = [e for e in endpoints if e.load + 1 <= bound] or list(endpoints)
+    under = [e for e in endpoints
+             if e.load + 1 <= worker_bound(e, endpoints, load_factor, min_slack, matched.get(e.url, 0))]
+    candidates = [e for e in under if e.has_room] or under or list(endpoints)
+    eviction = eviction or {}
 
     def key(e: EndpointState) -> tuple:
+        m = matched.get(e.url, 0)
         rank = -rendezvous(affinity, e.url) if affinity is not None else 0
-        return (e.kv_usage >= kv_full, -matched.get(e.url, 0), e.load, rank, *load_key(e, kv_full))
+        cold = (0, 0) if m else (eviction.get(e.url, -1), rank)
+        return (e.kv_usage >= kv_full, -m, e.load if m else 0, *cold, rank, *load_key(e, kv_full))
 
-    best = min(under, key=key)
+    best = min(candidates, key=key)
     return Decision(best.url, matched.get(best.url, 0))

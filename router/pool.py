@@ -38,9 +38,12 @@ class Worker:
     waiting: int = 0
     kv_usage: float = 0.0
     reports_blocks: bool | None = None  # None: not asked yet
+    max_num_seqs: int | None = None  # from its block report
+    num_blocks: int | None = None  # its KV pool, from its block report
 
     def state(self) -> EndpointState:
-        return EndpointState(self.url, self.in_flight, self.running, self.waiting, self.kv_usage)
+        return EndpointState(self.url, self.in_flight, self.running, self.waiting, self.kv_usage, self.max_num_seqs,
+                             self.num_blocks)
 
 
 def parse_load(text: str) -> dict[str, float]:
@@ -61,6 +64,15 @@ def parse_load(text: str) -> dict[str, float]:
         except (IndexError, ValueError):
             continue
     return out
+
+
+def parse_capacity(data: dict) -> tuple[int | None, int | None]:
+    """(max_num_seqs, num_blocks) from a block report; None where it does not say (an older worker)."""
+    def positive(key: str) -> int | None:
+        value = data.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    return positive("max_num_seqs"), positive("num_blocks")
 
 
 def parse_report(data: dict, block_size: int) -> BlockReport | None:
@@ -166,9 +178,10 @@ class WorkerPool:
 
     async def _poll_blocks(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
         assert self.session is not None
+        cursor = self.index.cursor(worker.url)
         for _ in range(2):  # a refused delta is followed by a snapshot
-            cursor = self.index.cursor(worker.url)
             params = {"epoch": cursor[0], "since": str(cursor[1])} if cursor else {}
+            asked = self.index.now()  # requests that ended before this have their blocks in the answer
             async with self.session.get(worker.url + BLOCKS_PATH, params=params, timeout=timeout,
                                         headers=self._auth) as r:
                 if r.status in (401, 403) and worker.reports_blocks is None:
@@ -177,12 +190,16 @@ class WorkerPool:
                 if r.status != 200:
                     worker.reports_blocks = False  # another server, or a worker without the endpoint
                     return
-                report = parse_report(await r.json(), self.block_size)
+                data = await r.json()
+                report = parse_report(data, self.block_size)
             if report is None:
                 logger.warning("worker %s reports blocks in another scheme: approximate index", worker.url)
                 worker.reports_blocks = False
                 return
             worker.reports_blocks = True
-            if self.index.apply(worker.url, report):
+            worker.max_num_seqs, worker.num_blocks = parse_capacity(data)
+            if worker.num_blocks is not None:
+                self.index.set_pool(worker.url, worker.num_blocks)
+            if self.index.apply(worker.url, report, asked):
                 return
-            self.index.drop(worker.url)
+            cursor = None

@@ -9,6 +9,7 @@ from hetero_infer.contracts import cors
 from hetero_infer.contracts.options import InvalidOption
 
 ENV_PREFIX = "HETERO_INFER_ROUTER_"
+TEXT_BYTES_PER_TOKEN = 4  # about, for English text: sizes the text-chunk memory from a pool's tokens
 
 HELP = {
     "host": "address to bind (default 127.0.0.1; 0.0.0.0 in containers)",
@@ -27,8 +28,12 @@ HELP = {
     "connect_timeout_s": "seconds to connect to a worker before trying another (default 3)",
     "first_byte_timeout_s": "seconds to wait for a worker's first byte before trying another (default 300)",
     "health_interval_s": "seconds between health checks, load scrapes and block-report polls per worker (default 1)",
-    "load_factor": "prefix policy: no worker takes a request above this times the average load (default 1.25)",
-    "approx_capacity_blocks": "approximate index: blocks remembered per worker that does not report (default 4096)",
+    "load_factor": "prefix policy: no worker takes a request above this times the average load, beyond its "
+    "slack (default 1.25)",
+    "min_slack": "prefix policy: requests a worker with a free sequence slot may hold, whatever the average load, "
+    "before a request for a prefix it caches is sent elsewhere (default 4)",
+    "approx_capacity_blocks": "approximate index: blocks remembered per worker whose pool size is unknown (one that "
+    "does not report; default 4096)",
     "text_chunk_bytes": "without a tokenizer: bytes of prompt text per hashed chunk (default 64)",
     "discover_service": "in a cluster: take the workers from the EndpointSlices of this Service (watched, ready "
     "endpoints only), besides any --worker",
@@ -61,6 +66,7 @@ class RouterOptions:
     first_byte_timeout_s: float = 300.0
     health_interval_s: float = 1.0
     load_factor: float = 1.25
+    min_slack: int = 4
     approx_capacity_blocks: int = 4096
     text_chunk_bytes: int = 64
     discover_service: str | None = None
@@ -75,9 +81,14 @@ class RouterOptions:
     allow_credentials: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    @property
+    def text_chunks_per_block(self) -> float:
+        """Text chunks (the no-tokenizer hashes) that one KV block of text stands for."""
+        return self.block_size * TEXT_BYTES_PER_TOKEN / self.text_chunk_bytes
+
     def __post_init__(self) -> None:
         self.worker = [u.strip().rstrip("/") for w in self.worker for u in w.split(",") if u.strip()]
-        for name in ("block_size", "max_attempts", "approx_capacity_blocks", "text_chunk_bytes"):
+        for name in ("block_size", "max_attempts", "approx_capacity_blocks", "text_chunk_bytes", "min_slack"):
             if getattr(self, name) < 1:
                 raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: must be >= 1")
         if isinstance(self.api_key, str):

@@ -24,4 +24,6 @@ async def cache_blocks(request: web.Request) -> web.Response:
     except ValueError:
         raise APIError(400, "since must be an integer", param="since") from None
     report = state.engine.block_log.to_json(request.query.get("epoch"), since, state.limits.block_size)
+    # What the worker can absorb, for the router's load bound and cache placement.
+    report.update(num_blocks=state.limits.num_blocks, max_num_seqs=state.max_num_seqs)
     return web.json_response(report)
