@@ -13,8 +13,10 @@ prompts) never match a report: their hashes get approximate entries of their own
 not (`exact=False`). Capacities come from the worker's pool (`set_pool`, from its report), else
 `approx_capacity`.
 
-Every entry is kept in recency order (each block with the index's clock when it was last routed or first
-reported), so `eviction_cost` can tell how fresh the blocks are that a new prefix would push out of a pool.
+Confirmed blocks the router has routed are kept in recency order (each with the index's clock when it was last
+routed), apart from those it never routed (generated tokens, another router's requests, what a worker held when
+this router started): `eviction_cost` counts the latter as free room and tells how fresh the blocks are that a new
+prefix would push out of a pool.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from hetero_infer.block_hashes import BlockReport
 
 @dataclass(eq=False)
 class Route:
-    """One request's blocks sent to one worker; `ended`: the index's clock when the request ended."""
+    """One request's blocks sent to one worker at `tick`; `ended`: the index's clock when the request ended."""
 
     worker: str
+    tick: int
     ended: int | None = None
 
 
@@ -39,7 +42,8 @@ class PrefixIndex:
     def __init__(self, approx_capacity: int = 4096, text_chunks_per_block: float = 1.0) -> None:
         self.approx_capacity = approx_capacity
         self.text_chunks_per_block = text_chunks_per_block  # text chunks one KV block stands for
-        self._blocks: dict[str, OrderedDict[int, int]] = {}  # worker -> hash -> clock, least recent first
+        self._blocks: dict[str, OrderedDict[int, int]] = {}  # worker -> hash -> clock routed, least recent first
+        self._unrouted: dict[str, set[int]] = {}  # reporting worker -> reported blocks it was never routed
         self._pending: dict[str, OrderedDict[int, Route]] = {}  # reporting worker -> routed, not yet reported
         self._cursor: dict[str, tuple[str, int]] = {}  # reporting worker -> (epoch, seq) of its last report
         self._text: dict[str, OrderedDict[int, int]] = {}  # text-chunk hashes routed to each worker
@@ -66,26 +70,34 @@ class PrefixIndex:
         """Take a report in; False (nothing changed) when it does not continue the last one. `asked`: the clock
         (`now()`) when the report was asked for: pending blocks of requests that had ended before then and that
         the report does not hold are dropped."""
-        now = self.now()
-        old = self._blocks.get(worker, OrderedDict())
+        if not report.is_snapshot and self._cursor.get(worker) != (report.epoch, report.since):
+            return False
+        blocks = self._blocks.setdefault(worker, OrderedDict())
+        unrouted = self._unrouted.setdefault(worker, set())
+        pending = self._pending.setdefault(worker, OrderedDict())
         if report.is_snapshot:
             held = set(report.added)
-            blocks = OrderedDict((h, t) for h, t in old.items() if h in held)  # keeps what is known of recency
-            for h in report.added:
-                blocks.setdefault(h, now)
-            self._blocks[worker] = blocks
+            for h in [h for h in blocks if h not in held]:
+                del blocks[h]
+            unrouted.intersection_update(held)
+            added: Sequence[int] = [h for h in report.added if h not in blocks]
         else:
-            if self._cursor.get(worker) != (report.epoch, report.since):
-                return False
-            blocks = old
             for h in report.removed:
                 blocks.pop(h, None)
-            for h in report.added:
-                blocks[h] = now
+                unrouted.discard(h)
+            added = report.added
+        for h in added:
+            route = pending.pop(h, None)
+            if h in blocks:
+                continue
+            if route is None:
+                unrouted.add(h)
+            else:  # routed recently: among the freshest (near enough to recency order)
+                unrouted.discard(h)
+                blocks[h] = route.tick
         self._cursor[worker] = (report.epoch, report.seq)
-        pending = self._pending.setdefault(worker, OrderedDict())
         for h, route in list(pending.items()):
-            if h in blocks or (asked is not None and route.ended is not None and route.ended < asked):
+            if h in blocks or h in unrouted or (asked is not None and route.ended is not None and route.ended < asked):
                 del pending[h]
         return True
 
@@ -94,17 +106,17 @@ class PrefixIndex:
         """The router sent `hashes` to `worker`: pending for a reporting worker, remembered for one that does not
         report, and for every worker when they are text-chunk hashes (`exact` False). Call `ended` with the
         route when the request ends."""
-        route = Route(worker)
-        t = self.now()
+        route = Route(worker, self.now())
         if not exact:
-            self._touch(self._text.setdefault(worker, OrderedDict()), hashes, t,
+            self._touch(self._text.setdefault(worker, OrderedDict()), hashes, route.tick,
                         int(self.capacity(worker) * self.text_chunks_per_block))
         elif worker in self._cursor:
-            blocks = self._blocks[worker]
+            blocks, unrouted = self._blocks[worker], self._unrouted[worker]
             pending = self._pending.setdefault(worker, OrderedDict())
             for h in hashes:
-                if h in blocks:
-                    blocks[h] = t
+                if h in blocks or h in unrouted:
+                    unrouted.discard(h)
+                    blocks[h] = route.tick
                     blocks.move_to_end(h)
                 else:
                     pending[h] = route
@@ -112,7 +124,7 @@ class PrefixIndex:
             while len(pending) > self.capacity(worker):
                 pending.popitem(last=False)
         else:
-            self._touch(self._blocks.setdefault(worker, OrderedDict()), hashes, t, self.capacity(worker))
+            self._touch(self._blocks.setdefault(worker, OrderedDict()), hashes, route.tick, self.capacity(worker))
         return route
 
     def ended(self, route: Route) -> None:
@@ -130,29 +142,29 @@ class PrefixIndex:
     # -- both ---------------------------------------------------------------------------------
     def drop(self, worker: str) -> None:
         """Forget a worker (it died or left): its cache is gone, and a restart reports a new epoch."""
-        for entries in (self._blocks, self._pending, self._cursor, self._text, self._pool):
+        for entries in (self._blocks, self._unrouted, self._pending, self._cursor, self._text, self._pool):
             entries.pop(worker, None)
 
     def blocks(self, worker: str) -> frozenset[int]:
         """Its confirmed blocks (reported; routed, for a worker that does not report)."""
-        return frozenset(self._blocks.get(worker, ()))
+        return frozenset(self._blocks.get(worker, ())) | self._unrouted.get(worker, set())
 
     def pending(self, worker: str) -> frozenset[int]:
         return frozenset(self._pending.get(worker, ()))
 
     def count(self, worker: str) -> int:
-        return len(self._blocks.get(worker, ()))
+        return len(self._blocks.get(worker, ())) + len(self._unrouted.get(worker, ()))
 
     def workers(self) -> list[str]:
-        return sorted(w for w, b in self._blocks.items() if b)
+        return sorted(w for w in self._blocks if self.count(w))
 
     def match(self, hashes: Sequence[int], workers: Iterable[str], exact: bool = True) -> dict[str, int]:
         """For each of `workers`, how many leading blocks of `hashes` (text-chunk hashes: `exact` False) it
         holds or has pending."""
         out = {}
         for w in workers:
-            entries = [e for e in ((self._blocks.get(w), self._pending.get(w)) if exact else (self._text.get(w),))
-                       if e]
+            entries = [e for e in ((self._blocks.get(w), self._unrouted.get(w), self._pending.get(w)) if exact
+                                   else (self._text.get(w),)) if e]
             n = 0
             if entries:
                 for h in hashes:
@@ -163,9 +175,10 @@ class PrefixIndex:
         return out
 
     def eviction_cost(self, worker: str, n: int, exact: bool = True) -> int:
-        """How fresh the blocks are that `n` new blocks would push out of the worker's pool: -1 when they fit in
-        its free room, else the clock at which the freshest of the blocks they displace (least recent first) was
-        last routed or reported; smaller is staler, so cheaper to evict."""
+        """What placing `n` new blocks on the worker costs its cache, smaller is better: when they fit in its free
+        room (blocks it never routed count as free), minus how many times they fit (free room fills evenly); else
+        the clock at which the freshest of the routed blocks they displace (least recent first) was last routed
+        (staler is cheaper to evict)."""
         if exact:
             entry = self._blocks.get(worker, OrderedDict())
             held = len(entry) + len(self._pending.get(worker, ()))
@@ -174,9 +187,10 @@ class PrefixIndex:
             entry = self._text.get(worker, OrderedDict())
             held = len(entry)
             capacity = int(self.capacity(worker) * self.text_chunks_per_block)
-        evict = n - (capacity - held)
-        if evict <= 0:
-            return -1
+        free = capacity - held
+        if n <= free:
+            return -(free // max(n, 1))
+        evict = n - free
         if evict > len(entry):  # it would displace blocks in flight
             return self.now()
         return next(itertools.islice(entry.values(), evict - 1, None))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections import Counter
+import math
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hetero_infer.router.policies import EndpointState, least_load, load_bound, prefix, round_robin
+from hetero_infer.router.policies import EndpointState, least_load, load_bound, prefix, round_robin, worker_bound
 
 A, B, C = "http://a", "http://b", "http://c"
 
@@ -49,47 +49,95 @@ def test_prefix_prefers_the_longest_match():
     assert (d.url, d.matched_blocks) == (B, 5)
 
 
-def test_prefix_cold_or_tied_goes_to_the_least_loaded():
+def test_prefix_ties_among_holders_go_to_the_least_loaded():
     eps = states(a=2, b=1, c=3)
-    assert prefix(eps, {}).url == B
     assert prefix(eps, {A: 4, C: 4}).url == A
+    assert prefix(eps, {}).url == B  # no affinity, no cache information: the least loaded
+
+
+def test_a_cold_prefix_goes_to_its_rendezvous_home_under_the_bound_whatever_the_loads():
+    eps = states(a=0, b=0, c=0)
+    picks = {h: prefix(eps, {}, affinity=h).url for h in range(40)}
+    assert set(picks.values()) == {A, B, C}
+    assert all(prefix(list(reversed(eps)), {}, affinity=h).url == u for h, u in picks.items())
+    home_b = next(h for h, u in picks.items() if u == B)
+    assert prefix(states(a=0, b=2, c=1), {}, affinity=home_b).url == B  # busier, but under the slack
+    assert prefix(states(a=0, b=9, c=1), {}, affinity=home_b).url != B  # above the bound: elsewhere
+
+
+def test_a_cold_prefix_prefers_free_room_then_the_stalest_cache():
+    eps = states(a=0, b=0, c=0)
+    home = next(h for h in range(100) if prefix(eps, {}, affinity=h).url == A)
+    assert prefix(eps, {}, affinity=home, eviction={A: 50, B: 20, C: 30}).url == B
+    assert prefix(eps, {}, affinity=home, eviction={A: 50, B: -1, C: -2}).url == C
+    assert prefix(eps, {}, affinity=home, eviction={A: -2, B: -2, C: -2}).url == A  # a tie: its home
+
+
+def test_the_bound_is_the_fair_share_or_the_slack_while_the_worker_has_room():
+    eps = states(a=1, b=6, c=2)
+    assert load_bound(eps, 1.25) == 5
+    assert worker_bound(eps[1], eps, 1.25, 4) == 5
+    assert worker_bound(eps[0], eps, 1.25, 8) == 8
+    capped = EndpointState(A, in_flight=1, max_num_seqs=3)
+    assert worker_bound(capped, [capped, *eps[1:]], 1.25, 8) == 5  # the slack never exceeds its sequence slots
+    waiting = EndpointState(A, running=1, waiting=1)
+    assert worker_bound(waiting, [waiting, *eps[1:]], 1.25, 8) == 5  # a queue there: the fair share only
+
+
+def test_a_prefix_that_fills_a_good_part_of_a_small_pool_may_take_twice_the_mean_at_its_home():
+    eps = [EndpointState(u, in_flight=4, num_blocks=112) for u in (A, B, C)]
+    assert worker_bound(eps[0], eps, 1.25, 4, matched_blocks=23) == 9  # ceil(2 * 13 / 3)
+    assert worker_bound(eps[0], eps, 1.25, 4, matched_blocks=10) == 6  # 10 blocks of 112: a cheap duplicate
+    roomy = [EndpointState(u, in_flight=4, num_blocks=640) for u in (A, B, C)]
+    assert worker_bound(roomy[0], roomy, 1.25, 4, matched_blocks=23) == 6
 
 
 def test_prefix_respects_the_load_bound():
     # b holds the prefix but is far above the average: the request spills to the next best under the bound.
     eps = states(a=1, b=6, c=2)
-    assert load_bound(eps, 1.25) == 5
     d = prefix(eps, {A: 0, B: 9, C: 3})
     assert (d.url, d.matched_blocks) == (C, 3)
 
 
-@given(st.lists(st.integers(0, 20), min_size=1, max_size=6), st.integers(1, 200), st.floats(1.0, 2.0))
-def test_one_hot_prefix_never_piles_up_on_one_worker(initial, n_requests, factor):
-    """Every request shares one prefix, held by worker 0 only: no worker's load ever exceeds the bound."""
-    loads = Counter({f"http://w{i}": v for i, v in enumerate(initial)})
-    for _ in range(n_requests):
-        eps = [EndpointState(u, in_flight=v) for u, v in loads.items()]
-        bound = load_bound(eps, factor)
-        d = prefix(eps, {"http://w0": 50}, factor)
-        if loads[d.url] + 1 > bound:  # only when every worker already is at the bound
-            assert all(v + 1 > bound for v in loads.values())
-        loads[d.url] += 1
+def test_a_worker_without_room_is_passed_over_while_another_has_room():
+    eps = [EndpointState(A, running=2, max_num_seqs=2), EndpointState(B, in_flight=1, max_num_seqs=2)]
+    assert prefix(eps, {A: 9}).url == B
+    full = [EndpointState(A, running=2, max_num_seqs=2), EndpointState(B, running=2, waiting=1, max_num_seqs=2)]
+    assert prefix(full, {A: 9}).url == A  # nobody has room: the holder, under its fair share
+
+
+def flood(workers: int, cap: int, slack: int, requests: int, holders: int) -> list[int]:
+    """One hot prefix held by the first `holders` workers: requests arrive, none ends; each worker runs up to
+    `cap` and queues the rest. The loads it ends with."""
+    loads = [0] * workers
+    urls = [f"http://w{i}" for i in range(workers)]
+    for _ in range(requests):
+        eps = [EndpointState(u, running=min(v, cap), waiting=max(0, v - cap), max_num_seqs=cap, num_blocks=112)
+               for u, v in zip(urls, loads)]
+        d = prefix(eps, {u: 23 for u in urls[:holders]}, min_slack=slack)
+        chosen = urls.index(d.url)
+        if not eps[chosen].has_room:  # it queues there only when no worker with room is under its bound
+            assert not any(e.has_room and e.load + 1 <= worker_bound(e, eps, 1.25, slack, 23 if i < holders else 0)
+                           for i, e in enumerate(eps))
+        loads[chosen] += 1
+    return loads
+
+
+@given(st.integers(2, 6), st.integers(1, 16), st.integers(1, 8), st.integers(1, 120), st.integers(1, 6))
+def test_one_hot_prefix_spreads_once_its_home_is_saturated(workers, cap, slack, requests, holders):
+    """Never more than twice the mean load (or the slack) on one worker, and a worker with a queue holds no more
+    than the fair share (1.25 times the mean)."""
+    loads = flood(workers, cap, slack, requests, min(holders, workers))
+    mean = requests / workers
+    assert max(loads) <= max(math.ceil(2 * mean), slack)
+    assert all(v <= math.ceil(1.25 * mean) for v in loads if v > cap)
 
 
 @given(st.dictionaries(st.sampled_from([A, B, C]), st.integers(0, 10), min_size=1),
-       st.dictionaries(st.sampled_from([A, B, C]), st.integers(0, 10)))
-def test_prefix_picks_a_maximal_match_among_workers_under_the_bound(loads, matched):
+       st.dictionaries(st.sampled_from([A, B, C]), st.integers(0, 10)), st.integers(1, 6))
+def test_prefix_picks_a_maximal_match_among_workers_under_their_bound(loads, matched, slack):
     eps = [EndpointState(u, in_flight=v) for u, v in loads.items()]
-    bound = load_bound(eps, 1.25)
-    d = prefix(eps, matched)
-    under = [e for e in eps if e.load + 1 <= bound]
+    d = prefix(eps, matched, min_slack=slack)
+    under = [e for e in eps if e.load + 1 <= worker_bound(e, eps, 1.25, slack, matched.get(e.url, 0))] or eps
     assert d.url in {e.url for e in under}
     assert d.matched_blocks == max(matched.get(e.url, 0) for e in under)
-
-
-def test_cold_prefixes_spread_by_rendezvous_and_each_stays_put():
-    eps = states(a=0, b=0, c=0)
-    picks = {h: prefix(eps, {}, affinity=h).url for h in range(40)}
-    assert set(picks.values()) == {A, B, C}
-    assert all(prefix(list(reversed(eps)), {}, affinity=h).url == u for h, u in picks.items())
-    assert prefix(states(a=0, b=1, c=1), {}, affinity=next(h for h, u in picks.items() if u == B)).url == A
