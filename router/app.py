@@ -249,6 +249,7 @@ class Router:
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         for url, worker in self.pool.workers.items():
             self.metrics.index_blocks.labels(url).set(self.index.count(url))
+            self.metrics.pending_blocks.labels(url).set(len(self.index.pending(url)))
             self.metrics.reports_blocks.labels(url).set(1 if worker.reports_blocks else 0)
         data = generate_latest(self.metrics.registry)
         return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -33,6 +33,9 @@ class RouterMetrics:
                                registry=r)
         self.index_blocks = Gauge("hetero_infer_router_index_blocks",
                                   "blocks the prefix index holds per worker (at scrape time)", ["worker"], registry=r)
+        self.pending_blocks = Gauge("hetero_infer_router_index_pending_blocks",
+                                    "blocks routed to a reporting worker that no report has shown yet (at scrape "
+                                    "time)", ["worker"], registry=r)
         self.reports_blocks = Gauge("hetero_infer_router_worker_reports_blocks",
                                     "1: the worker's entry is exact (it serves block reports), 0: approximate",
                                     ["worker"], registry=r)

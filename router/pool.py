@@ -2,8 +2,8 @@
 
 A worker joins the pool when its /readyz answers 200 and leaves it at once when a request to it cannot connect
 (`mark_down`) or /readyz fails; its index entry goes with it (a restarted worker starts with an empty cache).
-Load comes from its /metrics (running, waiting, KV usage); its cached blocks from `GET /v1/cache/blocks` when it
-serves that (see docs/router.md), else the index keeps an approximate entry.
+Load comes from its /metrics (running, waiting, KV usage); its cached blocks, pool size and `max_num_seqs` from
+`GET /v1/cache/blocks` when it serves that (see docs/router.md), else the index keeps an approximate entry.
 """
 
 from __future__ import annotations

@@ -63,12 +63,12 @@ def start_workers(n: int, *args: str, extra: dict[int, list[str]] | None = None)
     return out  # type: ignore[return-value]
 
 
-def start_router(workers: list[Proc], *args: str) -> Proc:
+def start_router(workers: list[Proc], *args: str, env: dict[str, str] | None = None) -> Proc:
     """A router in front of `workers`, once it sees them all ready and, unless `--tokenizer none`, has its tokenizer
     (with the default `--tokenizer workers` it is fetched from them in the background: waiting for it keeps a test
     from seeing the switch from text to token hashes halfway)."""
     worker_args = [a for w in workers for a in ("--worker", w.url)]
-    router = Proc("router", "--port", "0", *worker_args, "--health-interval-s", "0.2", *args)
+    router = Proc("router", "--port", "0", *worker_args, "--health-interval-s", "0.2", *args, env=env)
     router.wait_ready()
     tokenizer = args[args.index("--tokenizer") + 1] if "--tokenizer" in args else "workers"
     deadline = time.monotonic() + 120

@@ -7,7 +7,14 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hetero_infer.router.policies import EndpointState, least_load, load_bound, prefix, round_robin, worker_bound
+from hetero_infer.router.policies import (
+    EndpointState,
+    least_load,
+    load_bound,
+    prefix,
+    round_robin,
+    worker_bound,
+)
 
 A, B, C = "http://a", "http://b", "http://c"
 
