@@ -12,9 +12,10 @@ room, at least `min_slack` requests (at light traffic a prefix's home keeps its 
 prefill and, in small pools, a duplicate that evicts other prefixes for good), and for a prefix that fills a good
 part of its pool twice the mean load. So one hot prefix spills once its home is saturated, and never queues
 there while another worker has room. Among the workers under their bound (those with room first) the longest
-cached prefix wins, ties to the least loaded; a prefix nobody holds goes where it displaces the stalest cached
-blocks (free room first, `eviction`), then to its rendezvous home: a stable worker per prefix, different
-prefixes spread.
+cached prefix wins, ties to the least loaded. A prefix nobody holds goes where it fits in free room (`eviction`
+below 0: the most room first, so pools fill evenly), then to its rendezvous home: a stable worker per prefix,
+different prefixes spread. Where it fits nowhere it costs a full prefill whatever the choice: the least loaded
+first (so it does not wait behind another's prefill), then where it displaces the stalest blocks.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def prefix(endpoints: Sequence[EndpointState], matched: Mapping[str, int], load_
            kv_full: float = 0.95, affinity: int | None = None, min_slack: int = 4,
            eviction: Mapping[str, int] | None = None) -> Decision | None:
     """The worker under its bound holding the most leading blocks (`matched`: url -> blocks), ties to the least
-    loaded; a prefix no candidate holds goes to the lowest `eviction` cost (url -> `PrefixIndex.eviction_cost`),
-    then the highest rendezvous rank for `affinity` (the prompt's first block hash)."""
+    loaded; a prefix no candidate holds goes to the lowest negative `eviction` cost (url ->
+    `PrefixIndex.eviction_cost`: it fits in free room), else the least loaded and then the lowest cost, ties to the
+    highest rendezvous rank for `affinity` (the prompt's first block hash)."""
     if not endpoints:
         return None
     under = [e for e in endpoints
@@ -115,8 +117,12 @@ def prefix(endpoints: Sequence[EndpointState], matched: Mapping[str, int], load_
     def key(e: EndpointState) -> tuple:
         m = matched.get(e.url, 0)
         rank = -rendezvous(affinity, e.url) if affinity is not None else 0
-        cold = (0, 0) if m else (eviction.get(e.url, -1), rank)
-        return (e.kv_usage >= kv_full, -m, e.load if m else 0, *cold, rank, *load_key(e, kv_full))
+        if m:
+            placement: tuple = (e.load, 0, 0)
+        else:  # free room first; where it must evict, the request is a full prefill: the least loaded first
+            cost = eviction.get(e.url, -1)
+            placement = (min(cost, 0), e.load if cost >= 0 else 0, cost)
+        return (e.kv_usage >= kv_full, -m, *placement, rank, *load_key(e, kv_full))
 
     best = min(candidates, key=key)
     return Decision(best.url, matched.get(best.url, 0))

@@ -72,12 +72,15 @@ def test_a_cold_prefix_goes_to_its_rendezvous_home_under_the_bound_whatever_the_
     assert prefix(states(a=0, b=9, c=1), {}, affinity=home_b).url != B  # above the bound: elsewhere
 
 
-def test_a_cold_prefix_prefers_free_room_then_the_stalest_cache():
+def test_a_cold_prefix_prefers_free_room_then_the_least_loaded_then_the_stalest_cache():
     eps = states(a=0, b=0, c=0)
     home = next(h for h in range(100) if prefix(eps, {}, affinity=h).url == A)
-    assert prefix(eps, {}, affinity=home, eviction={A: 50, B: 20, C: 30}).url == B
-    assert prefix(eps, {}, affinity=home, eviction={A: 50, B: -1, C: -2}).url == C
+    assert prefix(eps, {}, affinity=home, eviction={A: -1, B: -1, C: -2}).url == C  # fits twice there
     assert prefix(eps, {}, affinity=home, eviction={A: -2, B: -2, C: -2}).url == A  # a tie: its home
+    assert prefix(states(a=3, b=0, c=0), {}, affinity=home, eviction={A: -1, B: 5, C: 9}).url == A  # room wins
+    assert prefix(eps, {}, affinity=home, eviction={A: 50, B: 20, C: 30}).url == B  # must evict: the stalest
+    busy = states(a=0, b=2, c=1)  # must evict everywhere: a full prefill, so the least loaded first
+    assert prefix(busy, {}, affinity=home, eviction={A: 50, B: 20, C: 30}).url == A
 
 
 def test_the_bound_is_the_fair_share_or_the_slack_while_the_worker_has_room():
