@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 
 import aiohttp
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "router")]
@@ -271,6 +270,10 @@ def source_path(rev: str, into: Path) -> str:
     src.mkdir()
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib  # the dev extra installs it on 3.10
     dirs = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     pkg = into / "path" / "hetero_infer"
     pkg.mkdir(parents=True)

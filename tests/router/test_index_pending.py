@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_infer.block_hashes import BlockLog, BlockReport
+from hetero_infer.contracts.block_hashes import BlockLog, BlockReport
 from hetero_infer.router.index import PrefixIndex
 
 

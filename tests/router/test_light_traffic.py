@@ -18,8 +18,8 @@ from router_proc import samples, start_workers
 from router_proc import start_router as start_router_process
 from worker_thread import real_workers
 
-from hetero_infer.block_hashes import block_hashes
-from hetero_infer.router.options import RouterOptions
+from hetero_infer.contracts.block_hashes import block_hashes
+from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 

@@ -11,7 +11,7 @@ from collections import deque
 
 import pytest
 
-from hetero_infer.block_hashes import BlockLog, block_hashes
+from hetero_infer.contracts.block_hashes import BlockLog, block_hashes
 from hetero_infer.router.hashing import rendezvous
 from hetero_infer.router.index import PrefixIndex
 from hetero_infer.router.policies import EndpointState, least_load, prefix
