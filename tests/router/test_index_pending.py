@@ -73,7 +73,7 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(st.lists(op, max_size=50))
 def test_pending_blocks_are_exactly_the_open_routes_unreported_blocks_after_a_poll(ops):
     """After any interleaving: a poll leaves as pending only blocks of routes still open (or ended after the poll
