@@ -3,8 +3,8 @@
 `load` is how busy a worker is: the larger of the router's own count of requests in flight to it (fresh) and
 the queue it last reported (running + waiting; it also counts other routers' requests). A worker whose KV usage
 is at or above `kv_full` ranks after every other (new requests would only queue there). A worker *has room* when
-nothing waits there and it has a free sequence slot (`max_num_seqs`, from its block report): one more request
-runs at once.
+its running and waiting requests leave a sequence slot free (`max_num_seqs`, from its block report; unknown:
+when nothing waits there): one more request runs at once.
 
 `prefix` follows consistent hashing with bounded loads, where the bound is what a worker can absorb
 (`worker_bound`): the fair share `ceil(load_factor * (total load + 1) / workers)` always; while the worker has
@@ -52,8 +52,12 @@ class EndpointState:
 
     @property
     def has_room(self) -> bool:
-        """One more request would run at once: nothing waits there and a sequence slot is free."""
-        return self.waiting == 0 and (self.max_num_seqs is None or self.load < self.max_num_seqs)
+        """One more request would run at once: a sequence slot is free beyond those running and waiting (a request
+        waits a step before it is scheduled, so a short queue is no saturation); with `max_num_seqs` unknown,
+        nothing waits there."""
+        if self.max_num_seqs is None:
+            return self.waiting == 0
+        return self.load < self.max_num_seqs
 
 
 @dataclass(frozen=True)
