@@ -14,9 +14,17 @@ PROMPT = list(range(1000, 1200))  # 200 tokens: 12 full blocks of 16
 
 @pytest.fixture
 def slept(monkeypatch):
-    """Seconds the mock executor would have slept, step by step (recorded instead of slept)."""
+    """The modelled device seconds of each step the mock executor ran, in order (nothing really sleeps: the
+    modelled device's timeline runs ahead of the clock, so the waits themselves add up across steps)."""
     steps: list[float] = []
-    monkeypatch.setattr(mock_executor.time, "sleep", steps.append)
+    cost = mock_executor.MockExecutor.step_seconds
+
+    def recorded(self, sched):
+        steps.append(cost(self, sched))
+        return steps[-1]
+
+    monkeypatch.setattr(mock_executor.MockExecutor, "step_seconds", recorded)
+    monkeypatch.setattr(mock_executor.time, "sleep", lambda seconds: None)
     return steps
 
 
