@@ -1,6 +1,9 @@
 """Request -> SamplingParams cases that mutation testing (docs/testing.md, round 5) found unchecked by the
 mapping tests: a rejected constraint is reported under the field the client sent, any other error keeps its
-own field, and logit_bias ids at the vocabulary's edge are refused naming the first bad id."""
+own field, and logit_bias ids at the vocabulary's edge are refused naming the first bad id.
+
+A grammar is parsed when it is compiled, off the engine's loop (`structured.prepare_grammar`, issue 24): the
+rejected-constraint cases go through it, with the engine's own compile cache (`GrammarCache`) behind it."""
 
 from __future__ import annotations
 
@@ -45,8 +48,22 @@ def _param_of(req: Any, prompt_len: int = 4) -> str | None:
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
      "response_format"),
 ])
-def test_a_rejected_constraint_names_the_field_the_client_sent(fields: dict, param: str) -> None:
-    assert _param_of(_chat(**fields)) == param
+async def test_a_rejected_constraint_names_the_field_the_client_sent(fields: dict, param: str) -> None:
+    import asyncio
+
+    import xgrammar
+
+    from hetero_infer.worker.server.structured import prepare_grammar
+    from hetero_infer.worker.structured.compiler import GrammarCache
+
+    req = _chat(**fields)
+    params = request_sampling_params(_state(), req, Prompt(None, [1] * 4))  # its shape is fine
+    cache = GrammarCache(lambda: xgrammar.TokenizerInfo([f"t{i}" for i in range(VOCAB)]), threads=1)
+    engine = SimpleNamespace(prepare_grammar=lambda spec, deadline: asyncio.wrap_future(cache.prepare(spec, deadline)))
+    state = SimpleNamespace(engine=engine, options=SimpleNamespace(grammar_compile_timeout=30.0))
+    with pytest.raises(APIError) as e:
+        await prepare_grammar(state, req, params)
+    assert e.value.status == 400 and e.value.param == param
 
 
 def test_another_error_beside_a_constraint_keeps_its_own_field() -> None:

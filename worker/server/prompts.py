@@ -75,7 +75,7 @@ def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionR
         requested, default = req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
         names = ParamNames(prompt_param or "prompt", "max_tokens")
     limits = state.limits
-    if state.tokenizer is None:  # what the response would have to render as text
+    if not limits.has_tokenizer:  # what the response would have to render as text
         if logprobs is not None:
             state.require_tokenizer("logprobs", "logprobs")
         if getattr(req, "echo", False):
