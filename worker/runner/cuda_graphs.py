@@ -100,6 +100,10 @@ class DecodeRunner:
             a[1, :k] = prev
             self._patch.copy_(patch, non_blocking=True)
             self.input_ids.index_copy_(0, self._patch[0, :k], prev_tokens.index_select(0, self._patch[1, :k]))
+        return self._replay(bs)
+
+    def _replay(self, bs: int) -> torch.Tensor:
+        """The bucket's forward over the static inputs: its graph, or eagerly without one."""
         self.num_steps += 1
         graph = self.graphs.get(bs)
         if graph is None:
@@ -140,9 +144,4 @@ class DecodeRunner:
         self.block_tables[:n, : meta.decode_block_tables.shape[1]].copy_(meta.decode_block_tables)
         self.context_lens[:n].copy_(meta.decode_context_lens)
         self.context_lens[n:bs].zero_()
-        self.num_steps += 1
-        graph = self.graphs.get(bs)
-        if graph is None:
-            return self._forward(bs)
-        graph.replay()
-        return self.outputs[bs]
+        return self._replay(bs)
