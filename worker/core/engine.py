@@ -108,7 +108,6 @@ class LLMEngine:
         # the overlap: step N+1 is launched before step N's tokens reach the host (`_step`)
         self._overlap = config.async_scheduling and self.executor.overlaps
         self._inflight: _Inflight | None = None
-        self._launch_error = ""
         self._text = DeltaDetokenizer(self.tokenizer)  # `step()`'s output text
         # structured outputs: built on the first constrained request (EOS only where the grammar is complete)
         self.grammars = GrammarCache(
@@ -236,9 +235,11 @@ class LLMEngine:
             n = sched.num_tokens
             self._iteration_tokens[bisect_left(ITERATION_TOKENS_BUCKETS, n)] += 1
             self._iteration_tokens_sum += n
-            step = self._launch(sched)
-            if step is None:
-                touched += self._fail_step(sched.scheduled, "launch")
+            try:
+                step = self._launch(sched)
+            except Exception as exc:  # one bad step fails only its own requests
+                log.exception("engine step failed; failing the %d requests in it", len(sched.scheduled))
+                touched += self._fail_step(sched.scheduled, f"{type(exc).__name__}: {exc}")
         if prev is not None:
             touched += self._finish(prev)
         if step is not None:
@@ -250,9 +251,9 @@ class LLMEngine:
             touched = list(dict.fromkeys(touched))
         return touched
 
-    def _launch(self, sched: SchedulerOutput) -> _Inflight | None:
+    def _launch(self, sched: SchedulerOutput) -> _Inflight:
         """Hand the step to the executor, then count its work as done (computed tokens, a PLACEHOLDER per
-        sampled token) so that the next step can be scheduled before this one ends. None if it failed."""
+        sampled token) so that the next step can be scheduled before this one ends."""
         now = time.monotonic()
         requests = self.requests
         rows: list[Sequence] = []  # the sequences that get a token, in the order of the logits rows
@@ -268,12 +269,7 @@ class LLMEngine:
         needs_host_tokens = False
         if not self.executor.samples_itself:
             sampling, needs_host_tokens = self._sampling_rows(rows)
-        try:
-            handle = self.executor.execute_async(sched, sampling)
-        except Exception as exc:  # one bad step fails only its own requests
-            log.exception("engine step failed; failing the %d requests in it", len(sched.scheduled))
-            self._launch_error = f"{type(exc).__name__}: {exc}"
-            return None
+        handle = self.executor.execute_async(sched, sampling)
         for item in sched.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
         positions = []
@@ -373,8 +369,6 @@ class LLMEngine:
             self.scheduler.finish(seq, "length")
 
     def _fail_step(self, scheduled: list, message: str) -> list[Request]:
-        if message == "launch":
-            message = self._launch_error
         failed: dict[str, Request] = {}
         for item in scheduled:
             request = self.requests.get(item.seq.request_id)
