@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import urllib.request
 
 import aiohttp
@@ -16,6 +15,7 @@ import pytest
 from router_fakes import start_router, wait_for
 from router_proc import samples, start_workers
 from router_proc import start_router as start_router_process
+from test_placement_replay import ideal, workload
 from worker_thread import real_workers
 
 from hetero_infer.contracts.block_hashes import block_hashes
@@ -26,27 +26,6 @@ from hetero_infer.worker.core.engine import LLMEngine
 BLOCK = 16
 POOL = 112
 COSTS = {"mock_step_latency_s": 0.001, "mock_token_latency_s": 0.00005}
-
-
-def workload(salt: int, prefixes: int = 12, repeats: int = 8) -> list[list[int]]:
-    rng = random.Random(salt)
-    shared = [[rng.randrange(1000, 20000) for _ in range(368)] for _ in range(prefixes)]
-    prompts = [p + [rng.randrange(1000, 20000) for _ in range(26)] for p in shared for _ in range(repeats)]
-    rng.shuffle(prompts)
-    return prompts
-
-
-def ideal(prompts: list[list[int]]) -> float:
-    seen: set[int] = set()
-    hit = query = 0
-    for p in prompts:
-        hashes = block_hashes(p, BLOCK)
-        n = 0
-        while n < (len(p) - 1) // BLOCK and hashes[n] in seen:
-            n += 1
-        hit, query = hit + n * BLOCK, query + len(p)
-        seen.update(hashes)
-    return hit / query
 
 
 async def drive(url: str, model: str, prompts: list[list[int]], in_flight: int = 4) -> None:
@@ -75,7 +54,7 @@ async def test_light_traffic_on_small_pools_keeps_each_prefix_on_one_worker():
             try:
                 await wait_for(lambda r=router: all(w.reports_blocks for w in r.pool.workers.values()),
                                what="every worker's first block report")
-                prompts = workload(salt)
+                prompts = workload(salt, repeats=8)
                 h0, q0 = engine_counters(engines)
                 await drive(url, engines[0].model_name, prompts)
                 h1, q1 = engine_counters(engines)
@@ -88,7 +67,7 @@ async def test_light_traffic_on_small_pools_keeps_each_prefix_on_one_worker():
         assert rates["prefix"] >= 0.9 * best, (rates, best)  # 8 requests per prefix: the ideal is 0.82
         assert rates["round-robin"] < 0.6, rates
         homes = [sum(block_hashes(p, BLOCK)[20] in e.block_manager.hash_to_block for e in engines)
-                 for p in {tuple(p[:368]): p for p in prompts}.values()]
+                 for p in {tuple(p[:BLOCK]): p for p in prompts}.values()]
         assert homes.count(1) >= 11, homes  # each prefix cached on one worker (at most one evicted at the end)
         # Its view was the caches': off only where a request came while its prefix's first prefill was running
         # (predicted from the pending blocks, not yet in the worker's cache), a few of 96.
@@ -108,7 +87,7 @@ def test_light_traffic_on_small_pools_with_processes():
                 return (sum(sum(samples(w.url, "hetero_infer_prefix_cache_hits_total").values()) for w in workers),
                         sum(sum(samples(w.url, "hetero_infer_prefix_cache_queries_total").values()) for w in workers))
 
-            prompts = workload(7, repeats=20)
+            prompts = workload(7)
             h0, q0 = counters()
             asyncio.run(drive(router.url, model, prompts))
             h1, q1 = counters()
