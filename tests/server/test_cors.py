@@ -9,14 +9,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
+from inproc_server import inproc_server
 
 from hetero_infer.options import InvalidOption
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.server.app import create_app
 from hetero_infer.worker.server.options import ServerOptions
-from hetero_infer.worker.server.state import ServerState
 
 BODY = json.dumps({"prompt": "hello", "max_tokens": 2})
 EVIL = "http://evil.example"
@@ -30,15 +28,8 @@ def engine() -> Iterator[LLMEngine]:
 
 @pytest.fixture
 async def served(engine: LLMEngine, request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, LLMEngine]]:
-    state = ServerState(ServerOptions(access_log=False, **getattr(request, "param", {})))
-    server = TestServer(create_app(state))
-    await server.start_server()
-    client = state.start_engine(engine, max_num_seqs=engine.config.max_num_seqs)
-    try:
-        yield str(server.make_url("")).rstrip("/"), engine
-    finally:
-        client.shutdown()
-        await server.close()
+    async with inproc_server(engine, **getattr(request, "param", {})) as url:
+        yield url, engine
 
 
 async def _post(url: str, headers: dict[str, str], body: str = BODY, path: str = "/v1/completions") -> tuple[

@@ -9,15 +9,13 @@ from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
+from inproc_server import inproc_server
 
 from hetero_infer.contracts.hosts import HostPolicy, host_name
 from hetero_infer.options import InvalidOption
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.server.app import create_app
 from hetero_infer.worker.server.options import ServerOptions
-from hetero_infer.worker.server.state import ServerState
 
 BODY = {"prompt": "hello", "max_tokens": 2}
 
@@ -29,15 +27,8 @@ def engine() -> Iterator[LLMEngine]:
 
 @pytest.fixture
 async def served(engine: LLMEngine, request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, LLMEngine]]:
-    state = ServerState(ServerOptions(access_log=False, **getattr(request, "param", {})))
-    server = TestServer(create_app(state), host="127.0.0.1")
-    await server.start_server()
-    client = state.start_engine(engine, max_num_seqs=engine.config.max_num_seqs)
-    try:
-        yield str(server.make_url("")).rstrip("/"), engine
-    finally:
-        client.shutdown()
-        await server.close()
+    async with inproc_server(engine, **getattr(request, "param", {})) as url:
+        yield url, engine
 
 
 async def _post(url: str, host: str, origin: str | None = None, auth: str | None = None) -> tuple[int, dict]:

@@ -12,15 +12,12 @@ from collections.abc import AsyncIterator
 
 import openai
 import pytest
-from aiohttp.test_utils import TestServer
+from inproc_server import inproc_server
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess, http
 
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.options import ServerOptions
-from hetero_infer.worker.server.state import ServerState
 
 VLLM_LATENCY = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
                 960.0, 1920.0, 7680.0]
@@ -95,16 +92,9 @@ def test_values_follow_the_responses(server: ServerProcess, model_name: str) -> 
 
 @pytest.fixture
 async def no_details_url() -> AsyncIterator[str]:
-    engine = LLMEngine(EngineConfig(executor="mock", max_model_len=256))
-    state = ServerState(ServerOptions(access_log=False, enable_prompt_tokens_details=False))
-    server = TestServer(create_app(state))
-    await server.start_server()
-    client = state.start_engine(engine, max_num_seqs=engine.config.max_num_seqs)
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        client.shutdown()
-        await server.close()
+    async with inproc_server(LLMEngine(EngineConfig(executor="mock", max_model_len=256)),
+                             enable_prompt_tokens_details=False) as url:
+        yield url
 
 
 async def test_prompt_tokens_details_can_be_turned_off(no_details_url: str) -> None:

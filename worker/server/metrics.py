@@ -131,6 +131,15 @@ class EngineStatsCollector(Collector):
         return [*out, healthy, info]
 
 
+def _buckets(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, int]]:
+    """Prometheus's cumulative (le, count) pairs from per-bucket counts (the last one +Inf)."""
+    cumulative, out = 0, []
+    for bound, count in zip((*bounds, math.inf), counts, strict=True):
+        cumulative += count
+        out.append((floatToGoString(bound), cumulative))
+    return out
+
+
 def _iteration_tokens(s: Any, model: str) -> list[Metric]:
     """The engine's tokens-per-step histogram (vLLM's `vllm:iteration_tokens_total`), from its stats."""
     out = []
@@ -138,11 +147,7 @@ def _iteration_tokens(s: Any, model: str) -> list[Metric]:
         family = HistogramMetricFamily(name, "Tokens computed per engine step.", labels=[LABEL])
         if s is not None:
             counts = list(s.iteration_tokens) or [0] * (len(ITERATION_TOKENS_BUCKETS) + 1)
-            cumulative, buckets = 0, []
-            for bound, count in zip((*ITERATION_TOKENS_BUCKETS, math.inf), counts, strict=True):
-                cumulative += count
-                buckets.append((floatToGoString(bound), cumulative))
-            family.add_metric([model], buckets, float(s.iteration_tokens_sum))
+            family.add_metric([model], _buckets(ITERATION_TOKENS_BUCKETS, counts), float(s.iteration_tokens_sum))
         out.append(family)
     return out
 
@@ -193,10 +198,7 @@ class RequestHistogram:
     def families(self, model: str) -> list[HistogramMetricFamily]:
         with self._lock:
             counts, total = list(self._counts), self._sum
-        cumulative, buckets = 0, []
-        for bound, count in zip((*self.bounds, math.inf), counts, strict=True):
-            cumulative += count
-            buckets.append((floatToGoString(bound), cumulative))
+        buckets = _buckets(self.bounds, counts)
         out = []
         for name in self.names:
             family = HistogramMetricFamily(name, self.documentation, labels=[LABEL])
