@@ -9,7 +9,11 @@ top-k, repetition penalty) and its timing on the Qwen3-0.6B shape in bf16 (one r
 Prints (and writes $OUT/overlap.json) what it has after each part. DEV=cpu runs the first part on the CPU with the
 overlap forced (the same control flow without CUDA).
 """
-import json, os, random, sys, time, traceback
+import json
+import os
+import random
+import time
+import traceback
 
 import torch
 
@@ -66,7 +70,6 @@ try:
             res[f"tiny eager={eager}"]["diff"] = [(i, x, y) for i, (x, y) in enumerate(zip(a, b)) if x != y][:2]
         save()
         del llm, eng
-        import gc
         gc.collect()
         torch.cuda.empty_cache()
 except Exception:
