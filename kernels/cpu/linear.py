@@ -48,6 +48,13 @@ def available() -> bool:
 
 
 @functools.cache
+def _onednn_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 here (its reorder raises on a CPU without the instructions, e.g. AVX2-only)."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else True
+
+
+@functools.cache
 def _gemm_bf16():
     """The C bfloat16 GEMM, or None where the library or AVX512_BF16 is missing."""
     if native.library() is None:
@@ -148,7 +155,11 @@ def unsupported(kind: str, weight: torch.Tensor) -> str | None:
     if kind == "torch":
         return None
     if kind == "onednn":
-        return None if available() else "oneDNN packing is off or missing in this torch build"
+        if not available():
+            return "oneDNN packing is off or missing in this torch build"
+        if weight.dtype == torch.bfloat16 and not _onednn_bf16():
+            return "oneDNN's bfloat16 path needs AVX512BW/VL/DQ or AVX-NE-CONVERT, which this CPU lacks"
+        return None
     if kind == "gemm_bf16":
         if weight.dtype != torch.bfloat16 or weight.shape[1] % 2:
             return "the bfloat16 GEMM takes bfloat16 weights with an even K"
