@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from hetero_infer.worker.core.outputs import CompletionOutput, RequestOutput, SampleDelta
+from hetero_infer.worker.core.outputs import CompletionOutput, RequestDelta, RequestOutput, SampleDelta
 from hetero_infer.worker.runner.loader import resolve_model
 from hetero_infer.worker.server.chat import ChatFormatter
 from hetero_infer.worker.server.completions import CompletionFormatter
@@ -85,7 +85,7 @@ def test_streamed_text_offset_carries_partial_characters_across_chunks(state: An
     fmt.bind(["r"])
     offsets = []
     for tid, entry in zip(out.token_ids, out.logprobs or [], strict=True):
-        delta = SimpleNamespace(request_id="r", samples=[SampleDelta([tid], "", [entry], None, None, None)])
-        (chunk,) = fmt.chunks([delta])  # type: ignore[list-item]
+        delta = RequestDelta("r", [SampleDelta([tid], "", [entry], None, None, None)], False, None, [])
+        (chunk,) = fmt.chunks([delta])
         offsets += json.loads(chunk)["choices"][0]["logprobs"]["text_offset"]
     assert offsets == expected and len(set(offsets)) < len(offsets)  # split characters share an offset
