@@ -46,7 +46,7 @@ def _read_until_closed(sock: socket.socket) -> bytes:
     return data
 
 
-@pytest.mark.parametrize("sent", [b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le",
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Le",
                                   b"GET /healthz HTT"])
 def test_silent_or_partial_headers_are_closed(slow_server: ServerProcess, sent: bytes) -> None:
     with _connect(slow_server.url) as sock:
@@ -57,7 +57,7 @@ def test_silent_or_partial_headers_are_closed(slow_server: ServerProcess, sent: 
 def test_partial_body_gets_408_and_is_closed(slow_server: ServerProcess) -> None:
     body = json.dumps({"prompt": "hello", "max_tokens": 2}).encode()
     with _connect(slow_server.url) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body[:5])
         reply = _read_until_closed(sock)
     assert reply.startswith(b"HTTP/1.1 408"), reply
@@ -67,10 +67,12 @@ def test_partial_body_gets_408_and_is_closed(slow_server: ServerProcess) -> None
 @pytest.mark.parametrize("then", [b"", b"GET /healthz HTTP/1.1\r\nHo"])
 def test_idle_keepalive_is_closed(slow_server: ServerProcess, then: bytes) -> None:
     with _connect(slow_server.url) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         first = b""
         while b'"ok"}' not in first:
-            first += sock.recv(65536)
+            chunk = sock.recv(65536)
+            assert chunk, f"closed before the answer: {first!r}"  # never spin on a closed socket
+            first += chunk
         assert first.startswith(b"HTTP/1.1 200")
         sock.sendall(then)
         assert _read_until_closed(sock) == b""
@@ -81,7 +83,7 @@ def test_slow_stream_reader_is_not_cut(slow_server: ServerProcess) -> None:
     body = json.dumps({"prompt": "stream", "max_tokens": 150, "ignore_eos": True, "stream": True}).encode()
     with _connect(slow_server.url) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
         started = time.monotonic()
         data = b""
@@ -118,11 +120,11 @@ async def test_header_guard_closes_silent_connections(guarded: tuple[str, int]) 
     writer.close()
     # A connection whose request arrived in time is not cut by the guard afterwards.
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     first = await asyncio.wait_for(reader.readuntil(b'"ok"}'), DEADLINE_S)
     assert first.startswith(b"HTTP/1.1 200")
     await asyncio.sleep(1.5)  # past the header timeout: the kept-alive connection still serves
-    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     second = await asyncio.wait_for(reader.readuntil(b'"ok"}'), DEADLINE_S)
     assert second.startswith(b"HTTP/1.1 200")
     writer.close()
