@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from hetero_infer.worker.core.outputs import CompletionOutput, RequestOutput, SampleDelta
+from hetero_infer.worker.core.outputs import CompletionOutput, RequestDelta, RequestOutput, SampleDelta
 from hetero_infer.worker.server.chat import ChatFormatter
 from hetero_infer.worker.server.prompts import Prompt
 from hetero_infer.worker.server.protocol import ChatCompletionRequest
@@ -128,9 +128,9 @@ def _streamed(fmt: ChatFormatter, pieces: list[str], reason: str = "stop") -> An
     state = ChatCompletionStreamState(input_tools=TOOLS)  # type: ignore[arg-type]
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1
-        delta = SimpleNamespace(request_id="r", samples=[SampleDelta([1], piece, None, None, reason if last else None,
-                                                                     None)])
-        for chunk in fmt.chunks([delta]):  # type: ignore[list-item]
+        delta = RequestDelta("r", [SampleDelta([1], piece, None, None, reason if last else None, None)], last, None,
+                             [])
+        for chunk in fmt.chunks([delta]):
             state.handle_chunk(ChatCompletionChunk.model_validate_json(chunk))
     if reason == "length":  # the client's final completion refuses a cut answer; its snapshot holds it
         return state.current_completion_snapshot.choices[0]
