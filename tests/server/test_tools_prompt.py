@@ -48,7 +48,8 @@ def tools_tok() -> Tokenizer:
 
 async def _render(tok: Tokenizer, **fields: Any) -> str:
     req = ChatCompletionRequest.model_validate_json(json.dumps({"messages": HISTORY, "tools": [TOOL], **fields}))
-    prompt = await chat_prompt(SimpleNamespace(tokenizer=tok), req)  # type: ignore[arg-type]
+    state = SimpleNamespace(tokenizer=tok, require_tokenizer=lambda what, param=None: tok)
+    prompt = await chat_prompt(state, req)  # type: ignore[arg-type]
     return tok.decode(prompt.token_ids, skip_special_tokens=False)
 
 
