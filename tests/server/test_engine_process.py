@@ -202,9 +202,9 @@ def test_validation_function_matches_engine(ids: list[int], params: SamplingPara
 
 
 def test_engine_process_option() -> None:
-    from hetero_infer.worker.server.cli import _server_env, build_parser
     from hetero_infer.contracts.server_options import ENGINE_PROCESS_MIN_CPUS, ServerOptions
     from hetero_infer.kernels.cpu.threads import usable_cpus
+    from hetero_infer.worker.server.cli import _server_env, build_parser
 
     assert ServerOptions().use_engine_process() == (usable_cpus() >= ENGINE_PROCESS_MIN_CPUS)
     assert ServerOptions(engine_process=True).use_engine_process()
