@@ -120,11 +120,11 @@ class EngineClient(ABC):
             self.abort(stream)
             stream._fail(error)
 
+    @abstractmethod
     async def prepare_grammar(self, spec: GrammarSpec, deadline: float) -> None:
         """Have the engine compile a structured-output grammar off its stepping loop (the request is queued
         only once it is ready): ConstraintError if it does not compile, CompileTimeout if it was still queued at
         `deadline` (`time.monotonic()`); the caller bounds the wait itself."""
-        raise NotImplementedError
 
     # ----------------------------------------------------------------- outputs (event loop)
     def _on_outputs(self, outputs: EngineOutputs) -> None:
