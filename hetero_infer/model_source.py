@@ -43,6 +43,16 @@ _URL_PASSWORD = re.compile(r"(?<=://)[^/@\s]+@")
 _S3_MANIFEST = ".source.json"
 
 
+# The HTTP clients huggingface_hub uses log every request at INFO (httpx; httpx2 from huggingface_hub 2.x).
+HTTP_CLIENT_LOGGERS = ("httpx", "httpx2", "httpcore")
+
+
+def quiet_http_client_logs() -> None:
+    """Keep the per-request lines of the Hub's HTTP client out of INFO logs (its errors still show)."""
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 class ModelSourceError(Exception):
     """A model reference that cannot be resolved: one line naming the source and the reason."""
 
@@ -96,31 +106,36 @@ def parse_model_ref(value: str | os.PathLike) -> ModelRef:
     return ModelRef("local", str(Path(text).expanduser()))
 
 
-def fetch_model(value: str | os.PathLike | ModelRef, *, interval: float = DEFAULT_INTERVAL_S) -> tuple[Path, str]:
+def fetch_model(value: str | os.PathLike | ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
+                weights: bool = True) -> tuple[Path, str]:
     """(local path, served name) for a model reference: local paths as given, remote ones from the cache,
-    downloaded first where the cache lacks them (progress every `interval` seconds)."""
+    downloaded first where the cache lacks them (progress every `interval` seconds). `weights` False fetches
+    the configs and tokenizer only (`load_format="dummy"` reads no weights)."""
     ref = value if isinstance(value, ModelRef) else parse_model_ref(value)
     if ref.scheme == "hf":
         try:
-            return fetch_hf(ref, interval=interval), ref.name
+            return fetch_hf(ref, interval=interval, weights=weights), ref.name
         except ModelSourceError as exc:
             if isinstance(value, ModelRef) or "://" in os.fspath(value):
                 raise
             raise ModelSourceError(f"{exc} (nor is there a local folder {value})") from None
     if ref.scheme == "s3":
-        return fetch_s3(ref, interval=interval), ref.name
+        return fetch_s3(ref, interval=interval, weights=weights), ref.name
     return Path(ref.location), ref.name
 
 
-def select_model_files(files: Mapping[str, int]) -> list[str]:
+def select_model_files(files: Mapping[str, int], weights: bool = True) -> list[str]:
     """The files (path -> size) of a repository or prefix that a model needs: top-level configs, tokenizer files
     and safetensors (only `model*.safetensors` with its index where the repository has them, so a second copy such
-    as Mistral's consolidated.safetensors is not fetched); never .bin, .pth, ONNX or GGUF variants, nor folders."""
+    as Mistral's consolidated.safetensors is not fetched); never .bin, .pth, ONNX or GGUF variants, nor folders.
+    Without `weights`, no safetensors at all."""
     top = [name for name in files if "/" not in name]
-    weights = [n for n in top if n.endswith(".safetensors")]
-    standard = [n for n in weights if n.startswith("model")]
     chosen = [n for n in top if n.endswith(_NEEDED_SUFFIXES) or n in _NEEDED_NAMES]
-    return sorted(set(chosen) | set(standard or weights))
+    if not weights:
+        return sorted(chosen)
+    tensors = [n for n in top if n.endswith(".safetensors")]
+    standard = [n for n in tensors if n.startswith("model")]
+    return sorted(set(chosen) | set(standard or tensors))
 
 
 def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
@@ -133,11 +148,11 @@ def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
     return _URL_PASSWORD.sub("***@", text)
 
 
-def _check_model_files(ref: ModelRef, names: Iterable[str]) -> None:
+def _check_model_files(ref: ModelRef, names: Iterable[str], weights: bool = True) -> None:
     names = set(names)
     if "config.json" not in names:
         raise ModelSourceError(f"{ref}: no config.json at its top level: not a Hugging Face model")
-    if not any(n.endswith(".safetensors") for n in names):
+    if weights and not any(n.endswith(".safetensors") for n in names):
         raise ModelSourceError(f"{ref}: no .safetensors weights (.bin/.pth checkpoints are not loaded)")
 
 
@@ -205,7 +220,7 @@ def _hub_error(ref: ModelRef, exc: BaseException) -> ModelSourceError | None:
 
 
 def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
-             settings: HubSettings | None = None) -> Path:
+             settings: HubSettings | None = None, weights: bool = True) -> Path:
     """The snapshot folder of a Hub model in the Hub cache, downloading the files it lacks."""
     import huggingface_hub as hub
     from huggingface_hub.hf_api import RepoFile
@@ -213,7 +228,7 @@ def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
     s = settings or HubSettings.from_env()
     revision = ref.revision or "main"
     if s.offline:  # asked for (a pod whose init container fetched the model): no warning
-        return _cached_hf(ref, s, "HF_HUB_OFFLINE is set", level=logging.INFO)
+        return _cached_hf(ref, s, "HF_HUB_OFFLINE is set", level=logging.INFO, weights=weights)
     api = hub.HfApi(endpoint=s.endpoint, token=s.token)
     try:
         info = api.model_info(ref.location, revision=revision)
@@ -222,9 +237,9 @@ def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
         error = _hub_error(ref, exc)
         if error is not None:
             raise error from None
-        return _cached_hf(ref, s, f"cannot reach {s.endpoint} ({type(exc).__name__})")
-    names = select_model_files(files)
-    _check_model_files(ref, names)
+        return _cached_hf(ref, s, f"cannot reach {s.endpoint} ({type(exc).__name__})", weights=weights)
+    names = select_model_files(files, weights)
+    _check_model_files(ref, names, weights)
     storage = s.cache / f"models--{ref.location.replace('/', '--')}"
     snapshot = storage / "snapshots" / str(info.sha)
     missing = [n for n in names if not (snapshot / n).is_file()]
@@ -248,13 +263,14 @@ def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
     return Path(folder)
 
 
-def _cached_hf(ref: ModelRef, s: HubSettings, reason: str, level: int = logging.WARNING) -> Path:
+def _cached_hf(ref: ModelRef, s: HubSettings, reason: str, level: int = logging.WARNING,
+               weights: bool = True) -> Path:
     import huggingface_hub as hub
 
     try:  # the snapshot of the revision's commit (refs/REVISION): found through its config
         folder = Path(hub.snapshot_download(ref.location, revision=ref.revision or "main", cache_dir=s.cache,
                                             local_files_only=True, allow_patterns=["config.json"]))
-        _check_complete(ref, folder)
+        _check_complete(ref, folder, weights)
     except Exception as exc:  # not cached, or cached incompletely
         why = str(exc) if isinstance(exc, ModelSourceError) else type(exc).__name__
         raise ModelSourceError(redact(f"{ref}: {reason}, and it is not in the cache {s.cache} ({why})")) from None
@@ -262,12 +278,12 @@ def _cached_hf(ref: ModelRef, s: HubSettings, reason: str, level: int = logging.
     return folder
 
 
-def _check_complete(ref: ModelRef, folder: Path) -> None:
+def _check_complete(ref: ModelRef, folder: Path, weights: bool = True) -> None:
     """A cached folder has a config and all its weights (each shard its index names)."""
     names = [p.name for p in folder.iterdir()]
-    _check_model_files(ref, names)
+    _check_model_files(ref, names, weights)
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
+    if weights and index.is_file():
         shards = set(json.loads(index.read_text())["weight_map"].values())
         if not shards <= set(names):
             raise ModelSourceError(f"{ref}: the cached copy lacks {', '.join(sorted(shards - set(names)))}")
@@ -324,7 +340,8 @@ def _s3_client() -> Any:
     return boto3.client("s3")  # endpoint, credentials, region: botocore's standard environment and files
 
 
-def fetch_s3(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S, client: Any = None) -> Path:
+def fetch_s3(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S, client: Any = None,
+             weights: bool = True) -> Path:
     """The cached copy of an S3 prefix's model files, downloading the files that are missing or changed."""
     client = client or _s3_client()
     target = s3_cache_folder(ref)
@@ -346,15 +363,18 @@ def fetch_s3(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S, client: Any
         return target
     if not objects:
         raise ModelSourceError(f"{ref}: no objects under this prefix")
-    names = select_model_files({k: o["Size"] for k, o in objects.items()})
-    _check_model_files(ref, names)
+    sizes = {k: o["Size"] for k, o in objects.items()}
+    names = select_model_files(sizes, weights)
+    _check_model_files(ref, names, weights)
     wanted = {n: objects[n]["ETag"] for n in names}
     have = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     missing = [n for n in names if have.get(n) != wanted[n] or not (target / n).is_file()]
     if missing:
         _download_s3(ref, client, target, prefix, {n: int(objects[n]["Size"]) for n in missing}, interval)
         tmp = manifest_path.with_name(f"{_S3_MANIFEST}.{os.getpid()}")
-        tmp.write_text(json.dumps(wanted, indent=1, sort_keys=True))
+        # entries of files this fetch did not ask for (the weights, after a dummy fetch) stay
+        kept = {n: tag for n, tag in have.items() if n in objects and (target / n).is_file()}
+        tmp.write_text(json.dumps({**kept, **wanted}, indent=1, sort_keys=True))
         os.replace(tmp, manifest_path)
     return target
 
@@ -396,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds between progress lines when stderr is not a terminal")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_http_client_logs()
     try:
         folder, _ = fetch_model(args.model, interval=args.progress_interval)
     except ModelSourceError as exc:

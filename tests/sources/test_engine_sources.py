@@ -67,3 +67,14 @@ def test_serve_a_missing_model_exits_with_one_line(hub_env):
         "could not load the engine: ModelSourceError: hf://org/missing: repository not found or not authorized "
         "(HTTP 401): check the name, and set HF_TOKEN for a private repository"]
     assert "Traceback" not in proc.log() and os.environ["HF_ENDPOINT"]
+
+
+def test_llm_with_dummy_weights_from_the_hub_downloads_no_weights(hub_env, tiny_files):
+    hub_env.repos["org/tiny"] = Repo()
+    hub_env.repos["org/tiny"].add_commit(tiny_files)
+    llm = LLM("hf://org/tiny", load_format="dummy", **ENGINE)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    out = llm.generate(prompt_token_ids=PROMPTS[:1], sampling_params=params)[0].outputs[0]
+    assert len(out.token_ids) == 4 and out.text  # the tokenizer came from the Hub
+    fetched = [path for method, path in hub_env.requests if "/resolve/" in path]
+    assert fetched and not any(path.endswith(".safetensors") for path in fetched)

@@ -147,3 +147,29 @@ def test_fetch_command(hub_env, model_files, capsys, caplog):
     assert main(["fetch", "hf://org/missing"]) == 1
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and errors[0].startswith("hf://org/missing: repository not found")
+
+
+def test_dummy_weights_fetch_no_weights(hub_env, model_files):
+    """load_format="dummy" reads only config.json and the tokenizer: the weights are never downloaded, and a later
+    real start downloads them then."""
+    _publish(hub_env, model_files)
+    folder, _ = fetch_model("hf://org/tiny", weights=False)
+    assert set(os.listdir(folder)) == MODEL_FILES - {"model.safetensors"}
+    assert not any(path.endswith(".safetensors") for _, path in hub_env.requests)
+    folder, _ = fetch_model("hf://org/tiny")
+    assert set(os.listdir(folder)) == MODEL_FILES
+
+
+def test_fetch_logs_no_line_per_http_request(hub_env, model_files, caplog, monkeypatch):
+    """huggingface_hub's HTTP client logs each request at INFO: a download of a sharded model would print hundreds
+    of lines between the progress lines."""
+    from hetero_infer.cli import main
+    from hetero_infer.model_source import HTTP_CLIENT_LOGGERS
+
+    for name in HTTP_CLIENT_LOGGERS:
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    caplog.set_level(logging.INFO)
+    _publish(hub_env, model_files)
+    assert main(["fetch", "hf://org/tiny"]) == 0
+    names = {r.name for r in caplog.records}
+    assert "hetero_infer.model_source" in names and not names & set(HTTP_CLIENT_LOGGERS)

@@ -78,3 +78,18 @@ def test_refused_credentials_are_one_line_without_the_secret(s3_env, model_files
         moto_auth("inf")
     assert "access denied (InvalidAccessKeyId)" in message
     assert os.environ["AWS_SECRET_ACCESS_KEY"] not in message + caplog.text
+
+
+def test_dummy_weights_fetch_no_weights_and_keep_the_cache_whole(s3_env, model_files, caplog):
+    put_objects(s3_env, "models", "dummy", model_files)
+    folder, _ = fetch_model("s3://models/dummy")
+    caplog.set_level(logging.INFO)
+    assert fetch_model("s3://models/dummy", weights=False)[0] == folder  # everything it needs is cached
+    assert fetch_model("s3://models/dummy")[0] == folder
+    assert not any(r.getMessage().startswith("downloading") for r in caplog.records)  # the weights' entry stayed
+
+
+def test_dummy_weights_from_a_fresh_cache_download_no_weights(s3_env, model_files):
+    put_objects(s3_env, "models", "fresh", model_files)
+    folder, _ = fetch_model("s3://models/fresh", weights=False)
+    assert {p for p in os.listdir(folder) if not p.startswith(".")} == MODEL_FILES - {"model.safetensors"}

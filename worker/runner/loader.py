@@ -68,7 +68,7 @@ def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") ->
             return folder, DEFAULT_MODEL_NAME
         gguf = default_model_gguf()
         return convert_gguf(gguf, name=DEFAULT_MODEL_NAME), DEFAULT_MODEL_NAME
-    path, name = fetch_model(model)
+    path, name = fetch_model(model, weights=load_format != "dummy")
     is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
     if load_format == "gguf" and not is_gguf:
         raise ValueError(f"load_format=gguf needs a .gguf file, got {model}")

@@ -18,6 +18,8 @@ from typing import Any
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
 
+from hetero_infer.model_source import quiet_http_client_logs
+
 ACCESS_LOGGER = "hetero_infer.access"
 _EXTRA_FIELDS = ("request_id", "method", "path", "status", "duration_ms", "bytes", "remote", "user_agent")
 
@@ -160,6 +162,7 @@ def setup_child_logging(level: str, fmt: str) -> None:
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    quiet_http_client_logs()
 
 
 def setup_logging(level: str, fmt: str) -> LogWriter:
@@ -181,6 +184,7 @@ def setup_logging(level: str, fmt: str) -> LogWriter:
     root.setLevel(level.upper())
     # aiohttp's own access logger would duplicate ours.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    quiet_http_client_logs()
     writer.start()
     return writer
 
