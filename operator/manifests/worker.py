@@ -129,6 +129,11 @@ def _env(spec: InferenceSpec) -> list[dict[str, Any]]:
     if spec.model.url is not None:
         ours = [e for e in ours if e["name"] != "HF_HOME"] + [
             *_download_env(), {"name": "HF_HUB_OFFLINE", "value": "1"}]  # the init container fetched it
+    return _with_user_env(ours, spec)
+
+
+def _with_user_env(ours: list[dict[str, Any]], spec: InferenceSpec) -> list[dict[str, Any]]:
+    """`ours` with spec.env added; a variable spec.env also sets is the user's."""
     user = {e["name"] for e in spec.env}
     return [e for e in ours if e["name"] not in user] + [dict(e) for e in spec.env]
 
@@ -156,7 +161,9 @@ def fetch_container(spec: InferenceSpec, image: str, defaults: WorkerDefaults,
         "image": image,
         "imagePullPolicy": defaults.image_pull_policy,
         "command": ["hetero-infer", "fetch", spec.model.url],
-        "env": [{"name": "HOME", "value": "/tmp"}, *_download_env(), {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        # spec.env too: a Hub mirror (HF_ENDPOINT) or an S3 endpoint set there is where the model comes from
+        "env": _with_user_env([{"name": "HOME", "value": "/tmp"}, *_download_env(),
+                               {"name": "PYTHONUNBUFFERED", "value": "1"}], spec),
         "envFrom": _credentials(spec),
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi",
                                    "ephemeral-storage": spec.model.download_size},

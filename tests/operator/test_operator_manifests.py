@@ -153,6 +153,17 @@ def test_a_model_url_is_fetched_by_an_init_container_into_a_sized_volume(url: st
     assert not any("startupProbe" in k or "livenessProbe" in k for k in fetch)  # a download is never a slow start
 
 
+def test_the_init_container_gets_spec_env_where_the_model_comes_from() -> None:
+    """A Hub mirror or an S3 endpoint set in spec.env is where the init container downloads from."""
+    kids = children(OWNER, spec(model={"name": "m", "url": "hf://org/m"},
+                                env=[{"name": "HF_ENDPOINT", "value": "http://hub.local:8080"},
+                                     {"name": "HOME", "value": "/home/x"}]))
+    [fetch] = pod(kids)["initContainers"]
+    fetch_env = [(e["name"], e.get("value")) for e in fetch["env"]]
+    assert ("HF_ENDPOINT", "http://hub.local:8080") in fetch_env
+    assert [v for n, v in fetch_env if n == "HOME"] == ["/home/x"]  # the user's value, once
+
+
 def test_no_init_container_without_a_model_url() -> None:
     for model in ({"name": "m"}, {"name": "m", "url": "pvc://w/x"}):
         kids = children(OWNER, spec(model=model))
