@@ -12,6 +12,9 @@ import local_images as li
 import pytest
 
 OPERATOR_TESTS = Path(__file__).resolve().parents[1] / "operator"
+for _helpers in ("sources", "quant"):  # the local Hub (hub_server) and the tiny model (quant_testing)
+    if str(OPERATOR_TESTS.parent / _helpers) not in sys.path:
+        sys.path.append(str(OPERATOR_TESTS.parent / _helpers))
 BUILDS: list[tuple[str, li.Build, int]] = []  # (Dockerfile, build, image size): printed at the end
 
 

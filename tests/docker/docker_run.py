@@ -59,10 +59,13 @@ def network() -> Iterator[str]:
         docker("network", "rm", name, check=False)
 
 
-def pod_run_options(pod: dict[str, Any], spec: dict[str, Any], *, user: bool = True) -> list[str]:
+def pod_run_options(pod: dict[str, Any], spec: dict[str, Any], *, user: bool = True,
+                    shared: dict[str, str] | None = None) -> list[str]:
     """`docker run` options for container `spec` of pod spec `pod`, as kubelet would run it: the pod's user
     (unless `user` is False: then the image's), the container's securityContext, its emptyDirs as tmpfs (not
-    noexec: kernels may be built there), its env and its command as the entrypoint."""
+    noexec: kernels may be built there) except the volumes `shared` maps to a host folder (a volume an init
+    container fills for the next), its env and its command as the entrypoint."""
+    shared = shared or {}
     options: list[str] = []
     if user:
         options += ["--user", f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}"]
@@ -74,7 +77,10 @@ def pod_run_options(pod: dict[str, Any], spec: dict[str, Any], *, user: bool = T
     if security.get("allowPrivilegeEscalation") is False:
         options += ["--security-opt", "no-new-privileges"]
     for mount in spec.get("volumeMounts", []):
-        options += ["--tmpfs", f"{mount['mountPath']}:rw,exec,mode=1777"]
+        if mount["name"] in shared:
+            options += ["-v", f"{shared[mount['name']]}:{mount['mountPath']}"]
+        else:
+            options += ["--tmpfs", f"{mount['mountPath']}:rw,exec,mode=1777"]
     for env in spec.get("env", []):
         options += ["-e", f"{env['name']}={env['value']}"]
     return [*options, "--entrypoint", spec["command"][0]]

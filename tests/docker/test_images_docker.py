@@ -132,6 +132,62 @@ def test_cpu_worker_runs_the_mock_executor_as_the_operator_deploys_it(worker_cpu
         assert stop(name) == 0, logs(name)[-4000:]
 
 
+def test_cpu_worker_serves_a_model_from_the_local_hub_as_the_operator_deploys_it(worker_cpu_image: str,
+                                                                                  tmp_path: Path) -> None:
+    """spec.model.url hf://ORG/NAME without a cache, as kind would run the pod: its init container fetches the
+    model from a Hub (tests/sources/hub_server.py on the host network, HF_ENDPOINT from spec.env) into the model
+    volume, then the worker serves it from there offline, greedy token for token as LLM(...) on the host."""
+    import os
+
+    from hub_server import LocalHub, Repo, folder_files
+    from quant_testing import save_tiny_model
+
+    from hetero_infer import LLM, SamplingParams
+
+    folder = tmp_path / "tiny"
+    save_tiny_model("llama", folder)
+    prompt = [1, 17, 256, 4000, 12]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    expected = LLM(str(folder), device="cpu", dtype="float32").generate(
+        prompt_token_ids=[prompt], sampling_params=params)[0].outputs[0].text
+    hub = LocalHub().start()
+    try:
+        repo = Repo()
+        repo.add_commit({**folder_files(folder), "pytorch_model.bin": b"\0" * 4096})
+        hub.repos["org/tiny"] = repo
+        spec = parse_spec({"model": {"name": "tiny", "url": "hf://org/tiny"}, "engine": {"dtype": "float32"},
+                           "env": [{"name": "HF_ENDPOINT", "value": hub.url}], "replicas": 1}, "tiny")
+        pod = deployment(Owner("tiny", "models", "uid-1"), spec, WorkerDefaults(image=worker_cpu_image))["spec"][
+            "template"]["spec"]
+        (fetch,), (worker,) = pod["initContainers"], pod["containers"]
+        model_volume = tmp_path / "model-volume"  # the pod's "model" emptyDir, shared by both containers
+        model_volume.mkdir()
+        os.chmod(model_volume, 0o777)
+        shared = {"model": str(model_volume)}
+        init = docker("run", "--rm", "--network", "host", *pod_run_options(pod, fetch, shared=shared),
+                      worker_cpu_image, *fetch["command"][1:], timeout=600, check=False)
+        assert init.returncode == 0, init.stdout + init.stderr
+        assert "downloading hf://org/tiny" in init.stderr and "HTTP Request" not in init.stderr
+        assert not any(path.endswith(".bin") for _, path in hub.requests)  # only what the model needs
+        port = free_port()
+        args = list(worker["args"])
+        args[args.index("--port") + 1] = str(port)
+        args[args.index("--host") + 1] = "127.0.0.1"
+        base = f"http://127.0.0.1:{port}"
+        asked = len(hub.requests)
+        with container(worker_cpu_image, *args,
+                       options=tuple(pod_run_options(pod, worker, shared=shared))) as name:
+            wait_ready(name, base, 300)
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+            done = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0,
+                                             extra_body={"ignore_eos": True})
+            assert done.choices[0].text == expected
+            assert stop(name) == 0, logs(name)[-4000:]
+        assert len(hub.requests) == asked  # the worker read the volume offline: it never asked the Hub
+    finally:
+        hub.stop()
+
+
 # -- the operator image -------------------------------------------------------------------------------------
 async def _docker_async(*args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec("docker", *args, stdout=asyncio.subprocess.PIPE,
