@@ -414,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", help="hf://ORG/NAME[@REVISION], ORG/NAME or s3://BUCKET/PREFIX")
     parser.add_argument("--progress-interval", type=float, default=DEFAULT_INTERVAL_S,
                         help="seconds between progress lines when stderr is not a terminal")
+    parser.add_argument("--link", type=Path, default=None,
+                        help="then point this path (a relative symlink, replaced atomically) at the model's folder: "
+                             "the operator's download Job marks a complete cache folder with it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_http_client_logs()
@@ -422,5 +425,17 @@ def main(argv: list[str] | None = None) -> int:
     except ModelSourceError as exc:
         logger.error("%s", exc)
         return 1
+    if args.link is not None:
+        link_model(args.link, folder)
     print(folder)
     return 0
+
+
+def link_model(link: Path, folder: Path) -> None:
+    """`link` -> `folder` as a relative symlink (valid wherever the volume holding both is mounted), swapped in
+    with a rename so a reader sees the old target or the new one, never none."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(os.path.relpath(Path(folder).resolve(), link.parent.resolve()), target_is_directory=True)
+    os.replace(tmp, link)

@@ -20,6 +20,7 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "hetero-infer-operator"
 COMPONENT_WORKER = "worker"
 COMPONENT_ROUTER = "router"
+COMPONENT_MODEL_CACHE = "model-cache"  # spec.model.cache: the claim the operator creates and the download Job
 APP_NAME = "hetero-infer"
 
 # On every child: a hash of the manifest the operator last wrote it from (diff.py).
@@ -33,6 +34,12 @@ SPEC_KEYS_ANNOTATION = f"{GROUP}/spec-keys"
 OPTIONAL_CHILDREN_ANNOTATION = f"{GROUP}/optional-children"
 OPTIONAL_ROUTER = "router"
 OPTIONAL_INFERENCE_POOL = "inference-pool"
+
+# On the worker Deployment with spec.model.cache: the cache folder (manifests.common.cache_key) its pods read, so a
+# pass whose new revision is not downloaded yet keeps the workers on the one they serve.
+MODEL_CACHE_KEY_ANNOTATION = f"{GROUP}/model-cache-key"
+# On a download Job: the url it fetches (what status.model reports while it runs).
+MODEL_URL_ANNOTATION = f"{GROUP}/model-url"
 
 # Annotation prefix for kopf's own bookkeeping (progress, last handled spec).
 KOPF_ANNOTATION_PREFIX = f"operator.{GROUP}"
@@ -64,4 +71,6 @@ COND_PROGRESSING = "Progressing"
 COND_DEGRADED = "Degraded"
 COND_SCALING_ACTIVE = "ScalingActive"
 COND_ROUTER_READY = "RouterReady"  # only with spec.router.enabled
-CONDITION_TYPES = (COND_READY, COND_ROUTER_READY, COND_PROGRESSING, COND_DEGRADED, COND_SCALING_ACTIVE)
+COND_MODEL_READY = "ModelReady"  # only with spec.model.cache
+CONDITION_TYPES = (COND_READY, COND_MODEL_READY, COND_ROUTER_READY, COND_PROGRESSING, COND_DEGRADED,
+                   COND_SCALING_ACTIVE)

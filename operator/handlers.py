@@ -22,8 +22,10 @@ PDBs and HPAs of the cluster never reach the operator.
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +46,8 @@ CHILD_RESOURCES = (
     ("", "v1", "services"),
     ("policy", "v1", "poddisruptionbudgets"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
+    ("batch", "v1", "jobs"),  # spec.model.cache: a finished download starts or rolls the workers at once
+    ("", "v1", "persistentvolumeclaims"),
 )
 CHILD_SELECTOR = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}"
 RETRY_DELAY_SECONDS = 10.0
@@ -83,9 +87,21 @@ def event_recorder(body: Mapping[str, Any]) -> Recorder:
     return record
 
 
+_passes: dict[str, threading.Lock] = collections.defaultdict(threading.Lock)
+
+
 def run_reconcile(body: Mapping[str, Any], client: kube.Client, options: OperatorOptions,
                   logger: logging.Logger | logging.LoggerAdapter) -> Outcome:
-    outcome = reconcile(dict(body), client, event_recorder(body), options.defaults)
+    """One pass over the object as the API server has it now, one pass at a time per object: kopf runs handlers
+    in a thread pool, and a child's event, the spec's and the resync can coincide; a pass that saw a download Job
+    still running must not write its status after one that saw it complete, and a pass that waited must not start
+    from the status as it was before the others wrote theirs."""
+    meta = body.get("metadata") or {}
+    with _passes[meta.get("uid") or ""]:
+        latest = client.get(kube.INFERENCE_DEPLOYMENT, meta.get("namespace") or "default", meta["name"])
+        if latest is None or (latest.get("metadata") or {}).get("uid") != meta.get("uid"):
+            return Outcome(status=None)  # deleted meanwhile (or another object by the same name)
+        outcome = reconcile(latest, client, event_recorder(latest), options.defaults)
     for result in outcome.results:
         if result.action != "unchanged":
             logger.info(f"{result.action} {result.kind} {result.name} {result.detail}".rstrip())

@@ -54,8 +54,11 @@ SERVICE_ACCOUNT = Kind("v1", "ServiceAccount", "serviceaccounts")
 ROLE = Kind("rbac.authorization.k8s.io/v1", "Role", "roles")
 ROLE_BINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
 INFERENCE_POOL = Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools")
+JOB = Kind("batch/v1", "Job", "jobs")
+PVC = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
+POD = Kind("v1", "Pod", "pods")
 KINDS_BY_NAME = {k.kind: k for k in (INFERENCE_DEPLOYMENT, DEPLOYMENT, SERVICE, PDB, HPA, SERVICE_ACCOUNT, ROLE,
-                                     ROLE_BINDING, INFERENCE_POOL)}
+                                     ROLE_BINDING, INFERENCE_POOL, JOB, PVC, POD)}
 
 
 def kind_of(manifest: Mapping[str, Any]) -> Kind:
@@ -119,6 +122,11 @@ class Client(Protocol):
 
     def delete(self, kind: Kind, namespace: str, name: str) -> bool: ...
 
+    # Used with spec.model.cache only (the download Job's pods and the running one's progress).
+    def list(self, kind: Kind, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
+
+    def log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str: ...
+
 
 class RestClient:
     """`Client` against a real (or emulated) API server."""
@@ -153,8 +161,8 @@ class RestClient:
             headers["Authorization"] = token
         return headers
 
-    def request(self, method: str, path: str, body: Any = None, content_type: str | None = None,
-                query: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def _send(self, method: str, path: str, body: Any = None, content_type: str | None = None,
+              query: Mapping[str, str] | None = None) -> str:
         url = self._cfg.host.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
         if data is not None and content_type is None:
@@ -162,13 +170,22 @@ class RestClient:
         rsp = self._http.request(method, url, body=data, headers=self._headers(content_type),
                                  timeout=self._timeout, retries=False)
         text = rsp.data.decode("utf-8", "replace")
-        try:
-            payload = json.loads(text) if text else {}
-        except ValueError:
-            payload = {"message": text}
         if rsp.status >= 400:
+            try:
+                payload = json.loads(text) if text else {}
+            except ValueError:
+                payload = {}
+            payload = payload if isinstance(payload, dict) else {}
             raise ApiError(rsp.status, str(payload.get("reason", rsp.reason)), str(payload.get("message", text)))
-        return payload
+        return text
+
+    def request(self, method: str, path: str, body: Any = None, content_type: str | None = None,
+                query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        text = self._send(method, path, body, content_type, query)
+        try:
+            return json.loads(text) if text else {}
+        except ValueError:
+            return {"message": text}
 
     def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -193,6 +210,15 @@ class RestClient:
             if e.not_found:
                 return False
             raise
+
+    def list(self, kind: Kind, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return list(self.request("GET", kind.path(namespace), query={"labelSelector": label_selector})
+                    .get("items") or [])
+
+    def log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+        """The last lines of a container's log ("" when it has none yet)."""
+        return self._send("GET", POD.path(namespace, pod, "log"),
+                          query={"container": container, "tailLines": str(tail_lines)})
 
 
 def patch_status(client: Client, kind: Kind, body: Mapping[str, Any],

@@ -14,18 +14,25 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from hetero_infer.operator import constants as c
 from hetero_infer.operator import kube
 from hetero_infer.operator.diff import differences, merge_patch, owned_by, strip_none, with_fingerprint
 from hetero_infer.operator.manifests import (
     Owner,
     WorkerDefaults,
+    cache_claim,
+    cache_claim_name,
+    cache_key,
     children,
+    download_job,
     endpoint,
+    fetch_job_name,
     router_name,
     selector_string,
     stale_optional_children,
 )
-from hetero_infer.operator.spec import SpecError, parse_spec
+from hetero_infer.operator.model_state import ModelState, model_state, transition_event
+from hetero_infer.operator.spec import InferenceSpec, SpecError, parse_spec
 from hetero_infer.operator.status import Observed, compute_status, invalid_spec_status, status_changed
 
 # record(type, reason, message): posts a Kubernetes event on the InferenceDeployment.
@@ -94,14 +101,124 @@ def delete_owned(client: kube.Client, kind: kube.Kind, namespace: str, name: str
     return client.delete(kind, namespace, name)
 
 
+def record_result(record: Recorder, ns: str, result: ChildResult) -> None:
+    if result.action == "created":
+        record("Normal", "Created", f"created {result.kind} {ns}/{result.name}")
+    elif result.action == "updated":
+        record("Normal", "Updated", f"updated {result.kind} {ns}/{result.name} to match the spec "
+                                    f"(changed: {result.detail})")
+    elif result.action == "conflict":
+        record("Warning", "ChildConflict", result.detail)
+
+
+FETCH_LOG_LINES = 40  # of the running download pod's log, for its last progress line
+
+
+@dataclass
+class CacheStep:
+    """Where spec.model.cache stands after a pass: the download's state (None: not read, an API error) and the
+    cache folder the workers serve from (the url's once it is in the cache, else the one they serve now)."""
+
+    state: ModelState | None
+    cached: str | None
+    stale_job: str | None = None  # the download Job of the revision the workers leave
+
+
+def _job_done(job: Mapping[str, Any], *how: str) -> bool:
+    """Whether the Job finished (`how`: only these ways, of Complete and Failed)."""
+    st = job.get("status") or {}
+    how = how or ("Complete", "Failed")
+    return ("Complete" in how and int(st.get("succeeded") or 0) > 0) or any(
+        cd.get("type") in how and cd.get("status") == "True" for cd in st.get("conditions") or [])
+
+
+def _job_pods(client: kube.Client, job: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The Job's pods (by the selector the Job controller gave it) and the running one's log tail."""
+    labels = ((job.get("spec") or {}).get("selector") or {}).get("matchLabels") or {
+        "batch.kubernetes.io/job-name": job["metadata"]["name"]}
+    ns = job["metadata"].get("namespace") or "default"
+    pods = client.list(kube.POD, ns, ",".join(f"{k}={v}" for k, v in sorted(labels.items())))
+    running = sorted((p for p in pods if (p.get("status") or {}).get("phase") == "Running"),
+                     key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
+    log = ""
+    if running:
+        try:
+            log = client.log(ns, running[-1]["metadata"]["name"], "fetch-model", FETCH_LOG_LINES)
+        except kube.ApiError:  # no log yet, or the pod just went: the phase says enough
+            log = ""
+    return pods, log
+
+
+def sync_cache(client: kube.Client, owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults,
+               workers: Mapping[str, Any] | None, outcome: Outcome, record: Recorder) -> CacheStep:
+    """spec.model.cache: the claim (when the operator creates it) and the url's download Job; `workers` is the live
+    worker Deployment, whose annotation says which cache folder its pods read."""
+    url, ns = spec.model.url or "", owner.namespace
+    key = cache_key(url)
+    annotations = ((workers or {}).get("metadata") or {}).get("annotations") or {}
+    served = annotations.get(c.MODEL_CACHE_KEY_ANNOTATION) if workers and owned_by(workers, owner.uid) else None
+    claim = cache_claim_name(owner, spec)
+    try:
+        claim_missing = None
+        wanted_claim = cache_claim(owner, spec)
+        if wanted_claim is not None:
+            result = apply_child(client, wanted_claim, owner.uid)
+            outcome.results.append(result)
+            record_result(record, ns, result)
+        elif client.get(kube.PVC, ns, claim) is None:
+            claim_missing = claim
+        job = None if claim_missing else _ensure_job(client, download_job(owner, spec, defaults, claim), owner,
+                                                      outcome, record)
+        # A failed Job's pods say why (their termination messages); a complete one's are of no interest.
+        pods, log = _job_pods(client, job) if job is not None and not _job_done(job, "Complete") else ([], "")
+        state = model_state(url, job, pods, log, claim_missing)
+    except kube.ApiError as e:
+        outcome.errors.append(f"model cache for {url}: {e}")
+        return CacheStep(None, served)
+    stale = fetch_job_name(owner, served) if state.ready and served and served != key else None
+    return CacheStep(state, key if state.ready else served, stale)
+
+
+def _ensure_job(client: kube.Client, desired: Mapping[str, Any], owner: Owner, outcome: Outcome,
+                record: Recorder) -> dict[str, Any] | None:
+    """The download Job as it is: created when missing; one whose spec changed (a Job's pod template is
+    immutable) replaced unless it completed, so that a new credentials Secret or image gets a fresh attempt."""
+    desired = with_fingerprint(desired)
+    name, ns = desired["metadata"]["name"], owner.namespace
+    live = client.get(kube.JOB, ns, name)
+    if live is not None and not owned_by(live, owner.uid):
+        result = ChildResult("Job", name, "conflict", live, f"Job {ns}/{name} exists but is not owned by this "
+                                                             "InferenceDeployment; rename or delete it")
+        outcome.results.append(result)
+        record("Warning", "ChildConflict", result.detail)
+        return None
+    if live is not None and not _job_done(live) and differences(desired["metadata"]["annotations"],
+                                                                  live["metadata"].get("annotations") or {}):
+        client.delete(kube.JOB, ns, name)
+        record("Normal", "Replaced", f"deleted the download Job {ns}/{name}: its spec changed")
+        live = None
+    if live is None:
+        try:
+            live = client.create(kube.JOB, ns, strip_none(desired))
+        except kube.ApiError as e:
+            if e.conflict:  # the replaced one is still going: the next pass creates it
+                return None
+            raise
+        outcome.results.append(ChildResult("Job", name, "created", live))
+        record("Normal", "Created", f"created Job {ns}/{name} (downloads "
+                                    f"{desired['metadata']['annotations'][c.MODEL_URL_ANNOTATION]})")
+    return live
+
+
 def _identity(body: Mapping[str, Any]) -> tuple[str, str, str, int | None]:
     meta = body.get("metadata") or {}
     return meta["name"], meta.get("namespace") or "default", meta.get("uid") or "", meta.get("generation")
 
 
 def write_status(client: kube.Client, body: Mapping[str, Any],
-                 status_for: Callable[[Mapping[str, Any]], dict[str, Any]]) -> None:
-    """Write `status_for(previous status)` over the object's latest version (kube.patch_status).
+                 status_for: Callable[[Mapping[str, Any]], dict[str, Any]]) -> dict[str, Any] | None:
+    """Write `status_for(previous status)` over the object's latest version (kube.patch_status); the status
+    written, or None when nothing was.
 
     Only while the spec is the one this pass reconciled: after a spec change, the pass for the
     new generation writes the status.
@@ -115,7 +232,7 @@ def write_status(client: kube.Client, body: Mapping[str, Any],
         status = status_for(previous)
         return status if status_changed(previous, status) else None
 
-    kube.patch_status(client, kube.INFERENCE_DEPLOYMENT, body, compute)
+    return kube.patch_status(client, kube.INFERENCE_DEPLOYMENT, body, compute)
 
 
 def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
@@ -142,9 +259,20 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
         return Outcome(status=status, invalid=e.problems)
 
     owner = Owner(name, ns, uid)
-    wanted = children(owner, spec, defaults)
     outcome = Outcome(status=None)
     live: dict[tuple[str, str], dict[str, Any] | None] = {}
+    workers_live: Any = _READ
+    cache = None
+    if spec.model.cache is not None:
+        try:
+            workers_live = client.get(kube.DEPLOYMENT, ns, name)
+        except kube.ApiError as e:
+            outcome.errors.append(f"Deployment {ns}/{name}: {e}")
+            return _finish(client, record, body, spec, owner, outcome, live, set(), None, previous, now)
+        cache = sync_cache(client, owner, spec, defaults or WorkerDefaults(), workers_live, outcome, record)
+    wanted = children(owner, spec, defaults, cache.cached if cache else None)
+    if wanted.deployment is None and workers_live is not None and owned_by(workers_live, uid):
+        live["Deployment", name] = workers_live  # an earlier Deployment serves on until the model is in the cache
     # The Service users call records which optional children (router, InferencePool) were rendered: those the
     # spec dropped are deleted before the Service is switched, so a failed deletion is retried next pass.
     service_live: Any = _READ
@@ -161,20 +289,22 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
     for manifest in wanted.all():
         if manifest is wanted.service and skip_service:
             continue
+        known = service_live if manifest is wanted.service else workers_live if manifest is wanted.deployment \
+            else _READ
         try:
-            result = apply_child(client, manifest, uid, service_live if manifest is wanted.service else _READ)
+            result = apply_child(client, manifest, uid, known)
         except kube.ApiError as e:
             outcome.errors.append(f"{manifest['kind']} {ns}/{manifest['metadata']['name']}: {e}")
             continue
         outcome.results.append(result)
         live[result.kind, result.name] = result.live
-        if result.action == "created":
-            record("Normal", "Created", f"created {result.kind} {ns}/{result.name}")
-        elif result.action == "updated":
-            record("Normal", "Updated", f"updated {result.kind} {ns}/{result.name} to match the spec "
-                                        f"(changed: {result.detail})")
-        elif result.action == "conflict":
-            record("Warning", "ChildConflict", result.detail)
+        record_result(record, ns, result)
+    if cache is not None and cache.stale_job and live.get(("Deployment", name)) is not None:
+        try:  # the workers moved to the new revision: its predecessor's Job is done with (its files stay)
+            if delete_owned(client, kube.JOB, ns, cache.stale_job, uid):
+                record("Normal", "Deleted", f"deleted Job {ns}/{cache.stale_job} (the workers left its revision)")
+        except kube.ApiError as e:
+            outcome.errors.append(f"Job {ns}/{cache.stale_job}: {e}")
     if wanted.hpa is None:
         try:
             if delete_owned(client, kube.HPA, ns, name, uid):
@@ -183,6 +313,24 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
         except kube.ApiError as e:
             outcome.errors.append(f"HorizontalPodAutoscaler {ns}/{name}: {e}")
 
+    return _finish(client, record, body, spec, owner, outcome, live,
+                   {router_name(name)} if wanted.router else set(), cache.state if cache else None, previous, now)
+
+
+def _model_event(record: Recorder, previous: Mapping[str, Any], spec: InferenceSpec, state: ModelState | None) -> None:
+    if state is None:
+        return
+    before = next((cd for cd in previous.get("conditions") or [] if cd.get("type") == c.COND_MODEL_READY), None)
+    event = transition_event(previous.get("model"), before, spec.model.url or "", state)
+    if event is not None:
+        record(*event)
+
+
+def _finish(client: kube.Client, record: Recorder, body: Mapping[str, Any], spec: InferenceSpec, owner: Owner, outcome: Outcome,
+            live: Mapping[tuple[str, str], dict[str, Any] | None], routers: set[str], model: ModelState | None,
+            previous: Mapping[str, Any], now: str) -> Outcome:
+    """The status from what the pass saw, written when it changed."""
+    name, generation = owner.name, _identity(body)[3]
     conflicts = [r.detail for r in outcome.results if r.action == "conflict"]
     foreign = {(r.kind, r.name) for r in outcome.results if r.action == "conflict"}
 
@@ -192,17 +340,23 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
     observed = Observed(
         generation=generation,
         deployment=owned("Deployment", name),
-        router=owned("Deployment", router_name(name)) if wanted.router is not None else None,
+        router=owned("Deployment", router_name(name)) if router_name(name) in routers else None,
         hpa=live.get(("HorizontalPodAutoscaler", name)),
         problems=conflicts + outcome.errors,
         problem_reason="ChildConflict" if conflicts else "ReconcileFailed",
+        model=model,
     )
+    selector = selector_string(name)
+
+    over: list[Mapping[str, Any]] = []  # the status each computation started from: the last one was written over
 
     def current(prev: Mapping[str, Any]) -> dict[str, Any]:
+        over.append(prev)
         return compute_status(spec=spec, observed=observed, previous=prev, selector=selector,
                               endpoint=endpoint(owner, spec), now=now)
 
     outcome.status = current(previous)
-    if status_changed(previous, outcome.status):
-        write_status(client, body, current)
+    if status_changed(previous, outcome.status) and write_status(client, body, current) is not None and model:
+        # An event for the model's transition as written: of passes that race, only the one that wrote it posts.
+        _model_event(record, over[-1], spec, model)
     return outcome

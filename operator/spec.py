@@ -73,6 +73,7 @@ MODEL_URL = re.compile(
     r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?)$")
 MODEL_URL_FORMS = "hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX or pvc://CLAIM/PATH"
 DEFAULT_DOWNLOAD_SIZE = "20Gi"
+CACHE_URL_SCHEMES = ("hf://", "s3://")  # what the download Job fetches into spec.model.cache
 MAX_NAME_LENGTH = 63  # the name is also the Service's name: a DNS-1035 label
 WORKERS_SERVICE_SUFFIX = "-workers"  # with the router, the worker Service is <name>-workers
 MAX_NAME_LENGTH_WITH_ROUTER = MAX_NAME_LENGTH - len(WORKERS_SERVICE_SUFFIX)
@@ -100,6 +101,16 @@ class HostPathSource:
 
 
 @dataclass(frozen=True)
+class CacheSpec:
+    """spec.model.cache: a ReadWriteMany volume the download Job fills once and the workers mount read-only;
+    an existing claim (`claim_name`), or one the operator creates (`size`, `storage_class_name`)."""
+
+    claim_name: str | None = None
+    size: str | None = None
+    storage_class_name: str | None = None  # None: the cluster's default class
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     path: str | None = None
@@ -108,6 +119,7 @@ class ModelSpec:
     url: str | None = None  # hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX: fetched by each pod's init container
     credentials_secret: str | None = None  # a Secret whose keys are the fetcher's environment (HF_TOKEN, AWS_...)
     download_size: str = DEFAULT_DOWNLOAD_SIZE  # the download emptyDir's sizeLimit and ephemeral-storage request
+    cache: CacheSpec | None = None  # with a url: one download Job into this volume instead of each pod's
 
 
 @dataclass(frozen=True)
@@ -307,7 +319,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
 
 def _parse_model(r: Reader, raw: Any) -> ModelSpec:
     p = "spec.model"
-    m = r.obj(raw, p, ("name", "path", "pvc", "hostPath", "url", "credentialsSecret", "downloadSize"),
+    m = r.obj(raw, p, ("name", "path", "pvc", "hostPath", "url", "credentialsSecret", "downloadSize", "cache"),
               required=("name",) if raw is not None else ())
     name = r.string(m, "name", p) or ""
     path = r.string(m, "path", p, pattern=re.compile(r"^/"), what="an absolute path")
@@ -337,8 +349,32 @@ def _parse_model(r: Reader, raw: Any) -> ModelSpec:
         r.bad(p, f"give at most one of path, pvc, hostPath and url (got {', '.join(given)})")
     secret = r.string(m, "credentialsSecret", p, pattern=DNS1123_SUBDOMAIN, what="a Secret's name")
     size = r.quantity(m, "downloadSize", p) or DEFAULT_DOWNLOAD_SIZE
+    cache = _parse_cache(r, m.get("cache"), raw_url)
     return ModelSpec(name=name, path=path, pvc=pvc, host_path=host_path, url=url, credentials_secret=secret,
-                     download_size=size)
+                     download_size=size, cache=cache)
+
+
+def _parse_cache(r: Reader, raw: Any, url: str | None) -> CacheSpec | None:
+    """spec.model.cache: claimName, or size (and storageClassName) for a claim the operator creates."""
+    if raw is None:
+        return None
+    p = "spec.model.cache"
+    before = len(r.problems)
+    ca = r.obj(raw, p, ("claimName", "storageClassName", "size"))
+    claim = r.string(ca, "claimName", p, pattern=DNS1123_SUBDOMAIN, what="a PersistentVolumeClaim's name")
+    storage_class = r.string(ca, "storageClassName", p, pattern=DNS1123_SUBDOMAIN, what="a StorageClass's name")
+    size = r.quantity(ca, "size", p)
+    if (ca.get("claimName") is None) == (ca.get("size") is None):
+        r.bad(p, "give claimName (an existing ReadWriteMany claim) or size (and storageClassName) for a claim "
+                 "the operator creates, not both")
+    elif ca.get("claimName") is not None and ca.get("storageClassName") is not None:
+        r.bad(f"{p}.storageClassName", "applies to a claim the operator creates (with size), not to claimName")
+    if not (url or "").startswith(CACHE_URL_SCHEMES):
+        r.bad(p, "needs spec.model.url hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX (what the download Job "
+                 f"fetches), got {'url ' + repr(url) if url else 'no url'}")
+    if len(r.problems) > before:
+        return None
+    return CacheSpec(claim_name=claim, size=size, storage_class_name=storage_class)
 
 
 def _sub_path(r: Reader, data: Mapping, path: str) -> str | None:

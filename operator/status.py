@@ -28,6 +28,7 @@ from typing import Any
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.autoscale.decision import SIGNALS, Decision
 from hetero_infer.operator.diff import parse_quantity
+from hetero_infer.operator.model_state import FAILED, ModelState
 from hetero_infer.operator.spec import InferenceSpec
 
 
@@ -41,6 +42,7 @@ class Observed:
     hpa: Mapping[str, Any] | None = None
     problems: list[str] = field(default_factory=list)  # reconcile-level problems (conflicts, API errors)
     problem_reason: str = "ReconcileFailed"
+    model: ModelState | None = None  # with spec.model.cache: the download of spec.model.url
 
 
 def _cond(ctype: str, status: str, reason: str, message: str) -> dict[str, Any]:
@@ -169,6 +171,30 @@ def _with_router(spec: InferenceSpec, dep: Mapping[str, Any] | None, ready_c: di
     return router_c, ready_c, prog_c, degraded
 
 
+def _with_model(spec: InferenceSpec, observed: Observed, ready_c: dict[str, Any], prog_c: dict[str, Any],
+                degraded: dict[str, Any] | None) -> tuple[dict, dict, dict, dict | None]:
+    """ModelReady (spec.model.cache), and Ready, Progressing and Degraded while the model is not in the cache: with
+    no worker Deployment yet, Ready says why (ModelPending, ModelDownloading, ModelFailed); with workers serving
+    an earlier revision, Progressing says the new one downloads, and a failed download is Degraded."""
+    state = observed.model
+    assert state is not None
+    model_c = _cond(c.COND_MODEL_READY, "True" if state.ready else "False", state.reason, state.message)
+    if state.ready:
+        return model_c, ready_c, prog_c, degraded
+    first = observed.deployment is None
+    if first:
+        ready_c = _cond(c.COND_READY, "False", f"Model{state.phase}", state.message)
+    if state.phase == FAILED:
+        if first:
+            prog_c = _cond(c.COND_PROGRESSING, "False", "ModelFailed", "the model download failed (ModelReady)")
+        degraded = _cond(c.COND_DEGRADED, "True", "ModelFailed", state.message +
+                         ("" if first else "; the workers keep serving the previous revision"))
+    else:
+        prog_c = _cond(c.COND_PROGRESSING, "True", "DownloadingModel", state.message + (
+            "" if first else "; the workers keep serving the previous revision until it is in the cache"))
+    return model_c, ready_c, prog_c, degraded
+
+
 def _scaling_condition(spec: InferenceSpec, hpa: Mapping[str, Any] | None) -> dict[str, Any]:
     """ScalingActive when reconcile owns it (autoscaling off, or mode hpa)."""
     a = spec.autoscaling
@@ -203,17 +229,20 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
     previous = previous or {}
     dep_status = (observed.deployment or {}).get("status") or {}
     ready_c, prog_c, degraded = _deployment_conditions(spec, observed.deployment)
-    router_c = None
+    model_c = router_c = None
+    if spec.model.cache is not None and observed.model is not None:
+        model_c, ready_c, prog_c, degraded = _with_model(spec, observed, ready_c, prog_c, degraded)
     if spec.router.enabled:
         router_c, ready_c, prog_c, degraded = _with_router(spec, observed.router, ready_c, prog_c, degraded)
     if observed.problems:
         degraded = _cond(c.COND_DEGRADED, "True", observed.problem_reason, "; ".join(observed.problems))
     if degraded is None:
         degraded = _cond(c.COND_DEGRADED, "False", "AsExpected", "all children match the spec")
-    conditions = [cond for cond in (router_c, ready_c, prog_c, degraded) if cond is not None]
+    conditions = [cond for cond in (model_c, router_c, ready_c, prog_c, degraded) if cond is not None]
     if not spec.autoscaling.by_operator:
         conditions.append(_scaling_condition(spec, observed.hpa))
-    drop = () if spec.router.enabled else (c.COND_ROUTER_READY,)
+    drop = (() if spec.router.enabled else (c.COND_ROUTER_READY,)) + (
+        () if spec.model.cache is not None else (c.COND_MODEL_READY,))
 
     status: dict[str, Any] = {
         "replicas": int(dep_status.get("replicas") or 0),
@@ -226,6 +255,10 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
         status["router"] = router_status(spec, observed.router)
     elif previous.get("router") is not None:
         status["router"] = None  # the router was turned off: remove its numbers
+    if model_c is not None and observed.model is not None:
+        status["model"] = {"url": spec.model.url, "phase": observed.model.phase}
+    elif spec.model.cache is None and previous.get("model") is not None:
+        status["model"] = None  # the cache was turned off
     if observed.generation is not None:
         status["observedGeneration"] = observed.generation
     if spec.autoscaling.by_operator:

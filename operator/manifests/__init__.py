@@ -15,12 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetero_infer.operator import constants as c
+from hetero_infer.operator.manifests.cache import cache_claim, download_job
 from hetero_infer.operator.manifests.common import (
     WORKER_UID,
     Owner,
     WorkerDefaults,
+    cache_claim_name,
+    cache_key,
     common_labels,
     endpoint,
+    fetch_job_name,
     owner_reference,
     router_name,
     selector_labels,
@@ -44,6 +48,7 @@ from hetero_infer.operator.manifests.worker import (
     PRESTOP_SLEEP_SECONDS,
     SHUTDOWN_GRACE_SECONDS,
     TERMINATION_GRACE_SECONDS,
+    cached_model_path,
     command_line,
     deployment,
     model_path,
@@ -56,6 +61,7 @@ from hetero_infer.operator.spec import InferenceSpec
 __all__ = [
     "CACHE_DIR", "DISCOVERY_RULES", "INFERENCE_POOL_API_VERSION", "MODEL_MOUNT", "PRESTOP_SLEEP_SECONDS",
     "ROUTER_CPU", "ROUTER_MEMORY", "SHUTDOWN_GRACE_SECONDS", "TERMINATION_GRACE_SECONDS", "WORKER_UID", "Children",
+    "cache_claim", "cache_claim_name", "cache_key", "cached_model_path", "download_job", "fetch_job_name",
     "Owner", "RouterChildren", "WorkerDefaults", "children", "command_line", "common_labels", "deployment",
     "endpoint", "horizontal_pod_autoscaler", "inference_pool", "model_path", "owner_reference",
     "pod_disruption_budget", "quantity", "rollout_strategy", "router_args", "router_child_names",
@@ -82,7 +88,7 @@ class RouterChildren:
 
 @dataclass(frozen=True)
 class Children:
-    deployment: dict[str, Any]
+    deployment: dict[str, Any] | None  # None: with spec.model.cache, no revision of the model is downloaded yet
     service: dict[str, Any]  # the Service users call: the router's with spec.router, else the workers'
     pdb: dict[str, Any]
     hpa: dict[str, Any] | None  # None: there must be no HPA (autoscaling off or not in hpa mode)
@@ -126,11 +132,15 @@ def router_children(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults)
     )
 
 
-def children(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults | None = None) -> Children:
-    """Everything one InferenceDeployment owns, as the operator wants it to be."""
+def children(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults | None = None,
+             cached: str | None = None) -> Children:
+    """Everything one InferenceDeployment owns, as the operator wants it to be (`cached`: with spec.model.cache,
+    the cache folder the workers serve from; none yet, no worker Deployment). The cache's claim and download Job
+    are rendered apart (manifests.cache): what the workers get depends on how far the download is."""
     defaults = defaults or WorkerDefaults()
+    waiting = spec.model.cache is not None and cached is None
     return Children(
-        deployment=deployment(owner, spec, defaults),
+        deployment=None if waiting else deployment(owner, spec, defaults, cached),
         service=service(owner, spec),
         pdb=pod_disruption_budget(owner),
         hpa=horizontal_pod_autoscaler(owner, spec) if spec.autoscaling.hpa else None,

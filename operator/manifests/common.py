@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,3 +106,32 @@ def endpoint(owner: Owner, spec: InferenceSpec) -> str:
 def image_pull_secrets(spec: InferenceSpec, defaults: WorkerDefaults) -> list[dict[str, str]] | None:
     """spec.imagePullSecrets, else the operator's (--image-pull-secrets), for the worker and the router pods."""
     return [{"name": n} for n in spec.pod.image_pull_secrets or defaults.image_pull_secrets] or None
+
+
+MODEL_CACHE_SUFFIX = "-model-cache"
+FETCH_JOB_INFIX = "-fetch-"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def url_digest(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()[:10]
+
+
+def cache_key(url: str) -> str:
+    """The folder in the model cache for one source and revision (spec.model.url, @REVISION included): readable,
+    and unique by a digest of the whole url, so a new revision downloads beside the old one."""
+    scheme, _, rest = url.partition("://")
+    readable = _UNSAFE.sub("-", f"{scheme}-{rest}").strip("-.")[:80]
+    return f"{readable}-{url_digest(url)}"
+
+
+def cache_claim_name(owner: Owner, spec: InferenceSpec) -> str:
+    """The cache's PersistentVolumeClaim: the given one, or the one the operator creates."""
+    cache = spec.model.cache
+    return cache.claim_name if cache is not None and cache.claim_name else owner.name + MODEL_CACHE_SUFFIX
+
+
+def fetch_job_name(owner: Owner, key: str) -> str:
+    """The download Job of one cache folder (cache_key: its url's digest ends it); a DNS-1123 label, as its pods
+    carry it as a label value."""
+    return f"{owner.name[:40].rstrip('-')}{FETCH_JOB_INFIX}{key.rsplit('-', 1)[-1]}"

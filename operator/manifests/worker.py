@@ -19,6 +19,7 @@ from hetero_infer.operator.manifests.common import (
     WORKER_UID,
     Owner,
     WorkerDefaults,
+    cache_claim_name,
     common_labels,
     image_pull_secrets,
     metadata,
@@ -41,9 +42,22 @@ DEFAULT_CPU = {False: "1", True: "4"}  # by "has a GPU"
 DEFAULT_MEMORY = {False: "4Gi", True: "24Gi"}
 
 
-def model_path(spec: InferenceSpec) -> str | None:
-    """`--model` for the worker; None lets the image's default model serve."""
+def cached_model_path(key: str) -> str:
+    """Where the download Job links the model it fetched into the cache (`hetero-infer fetch --link`)."""
+    return f"{MODEL_MOUNT}/{key}/model"
+
+
+def downloads_per_pod(spec: InferenceSpec) -> bool:
+    """A url without spec.model.cache: each pod's init container downloads it."""
+    return spec.model.url is not None and spec.model.cache is None
+
+
+def model_path(spec: InferenceSpec, cached: str | None = None) -> str | None:
+    """`--model` for the worker; None lets the image's default model serve. `cached`: the cache folder (with
+    spec.model.cache) whose model the workers serve."""
     m = spec.model
+    if m.cache is not None:
+        return cached_model_path(cached) if cached else None
     if m.url is not None:  # fetched by the init container into the download volume; read there offline
         return m.url
     source = m.pvc or m.host_path
@@ -52,7 +66,7 @@ def model_path(spec: InferenceSpec) -> str | None:
     return m.path
 
 
-def worker_args(spec: InferenceSpec) -> list[str]:
+def worker_args(spec: InferenceSpec, cached: str | None = None) -> list[str]:
     """The `hetero-infer serve ...` command line (docs/contracts.md: command line), rendered from the option
     dataclasses `serve` parses (a spec field that names no option fails here, not in the pod)."""
     gpu = spec.resources.gpus > 0
@@ -63,7 +77,7 @@ def worker_args(spec: InferenceSpec) -> list[str]:
         "executor": spec.executor,
         "device": "cuda" if gpu else "cpu",
         "shutdown_grace": spec.pod.drain_seconds,
-        "model": model_path(spec),
+        "model": model_path(spec, cached),
         **asdict(spec.engine),  # spec.engine's fields are EngineConfig's, unset ones None
     })]
 
@@ -73,7 +87,7 @@ def command_line(spec: InferenceSpec) -> str:
     return shlex.join(["hetero-infer", *worker_args(spec)])
 
 
-def _volumes(spec: InferenceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(owner: Owner, spec: InferenceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", "emptyDir": {}},
@@ -85,7 +99,11 @@ def _volumes(spec: InferenceSpec) -> tuple[list[dict[str, Any]], list[dict[str, 
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
     m = spec.model
-    if m.pvc is not None:
+    if m.cache is not None:  # filled by the download Job; the workers only read it
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": cache_claim_name(owner, spec),
+                                                                   "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    elif m.pvc is not None:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": m.pvc.claim_name,
                                                                    "readOnly": m.pvc.read_only}})
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": m.pvc.read_only})
@@ -105,7 +123,7 @@ def _resources(spec: InferenceSpec) -> dict[str, Any]:
     cpu = spec.resources.cpu or DEFAULT_CPU[gpu]
     memory = spec.resources.memory or DEFAULT_MEMORY[gpu]
     requests: dict[str, Any] = {"cpu": cpu, "memory": memory}
-    if spec.model.url is not None:
+    if downloads_per_pod(spec):
         requests["ephemeral-storage"] = spec.model.download_size
     limits: dict[str, Any] = {"memory": memory}  # no CPU limit: throttling hurts latency more than it saves
     if gpu:
@@ -126,7 +144,7 @@ def _env(spec: InferenceSpec) -> list[dict[str, Any]]:
     ]
     if spec.api_key is not None:
         ours.append(spec.api_key.env(API_KEY_ENV))
-    if spec.model.url is not None:
+    if downloads_per_pod(spec):
         ours = [e for e in ours if e["name"] != "HF_HOME"] + [
             *_download_env(), {"name": "HF_HUB_OFFLINE", "value": "1"}]  # the init container fetched it
     return _with_user_env(ours, spec)
@@ -138,13 +156,13 @@ def _with_user_env(ours: list[dict[str, Any]], spec: InferenceSpec) -> list[dict
     return [e for e in ours if e["name"] not in user] + [dict(e) for e in spec.env]
 
 
-def _download_env() -> list[dict[str, Any]]:
+def _download_env(root: str = MODEL_MOUNT) -> list[dict[str, Any]]:
     """Where a fetched model lives (docs/models.md: caches), the same for the init container and the worker."""
-    return [{"name": "HF_HOME", "value": f"{MODEL_MOUNT}/huggingface"},
-            {"name": "HETERO_INFER_MODEL_CACHE", "value": f"{MODEL_MOUNT}/hetero-infer"}]
+    return [{"name": "HF_HOME", "value": f"{root}/huggingface"},
+            {"name": "HETERO_INFER_MODEL_CACHE", "value": f"{root}/hetero-infer"}]
 
 
-def _credentials(spec: InferenceSpec) -> list[dict[str, Any]] | None:
+def credentials(spec: InferenceSpec) -> list[dict[str, Any]] | None:
     """The model's credentials Secret, whose keys are variable names (HF_TOKEN, AWS_ACCESS_KEY_ID, ...): as
     environment from the Secret, never inline in the pod spec."""
     secret = spec.model.credentials_secret
@@ -152,22 +170,26 @@ def _credentials(spec: InferenceSpec) -> list[dict[str, Any]] | None:
 
 
 def fetch_container(spec: InferenceSpec, image: str, defaults: WorkerDefaults,
-                    security: dict[str, Any]) -> dict[str, Any]:
-    """The init container that downloads spec.model.url into the pod's model volume before the worker starts
-    (an init container has no probes: a long download is never killed as a slow start; a failed one is retried
-    by the kubelet with back-off)."""
+                    security: dict[str, Any], cached: str | None = None) -> dict[str, Any]:
+    """The container that downloads spec.model.url: the init container that fills the pod's model volume before
+    the worker starts (an init container has no probes: a long download is never killed as a slow start; a
+    failed one is retried by the kubelet with back-off), or, with `cached` (a cache folder), the download Job's,
+    which fills that folder of the cache volume and links the model at cached_model_path."""
+    root = f"{MODEL_MOUNT}/{cached}" if cached else MODEL_MOUNT
+    link = ["--link", cached_model_path(cached)] if cached else []
+    requests = {"cpu": "250m", "memory": "512Mi"}
+    if not cached:  # the init container downloads into the pod's own storage
+        requests["ephemeral-storage"] = spec.model.download_size
     return {
         "name": "fetch-model",
         "image": image,
         "imagePullPolicy": defaults.image_pull_policy,
-        "command": ["hetero-infer", "fetch", spec.model.url],
+        "command": ["hetero-infer", "fetch", spec.model.url, *link],
         # spec.env too: a Hub mirror (HF_ENDPOINT) or an S3 endpoint set there is where the model comes from
-        "env": _with_user_env([{"name": "HOME", "value": "/tmp"}, *_download_env(),
+        "env": _with_user_env([{"name": "HOME", "value": "/tmp"}, *_download_env(root),
                                {"name": "PYTHONUNBUFFERED", "value": "1"}], spec),
-        "envFrom": _credentials(spec),
-        "resources": {"requests": {"cpu": "250m", "memory": "512Mi",
-                                   "ephemeral-storage": spec.model.download_size},
-                      "limits": {"memory": "2Gi"}},
+        "envFrom": credentials(spec),
+        "resources": {"requests": requests, "limits": {"memory": "2Gi"}},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "model", "mountPath": MODEL_MOUNT}],
         "terminationMessagePolicy": "FallbackToLogsOnError",  # the one-line reason shows in the pod's status
         "securityContext": security,
@@ -190,25 +212,43 @@ def rollout_strategy(spec: InferenceSpec) -> dict[str, Any]:
     return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": r.max_surge, "maxUnavailable": r.max_unavailable}}
 
 
-def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> dict[str, Any]:
-    gpu = spec.resources.gpus > 0
-    image = spec.image or (defaults.gpu_image if gpu else defaults.image)
-    volumes, mounts = _volumes(spec)
-    security = {
+def worker_image(spec: InferenceSpec, defaults: WorkerDefaults) -> str:
+    return spec.image or (defaults.gpu_image if spec.resources.gpus > 0 else defaults.image)
+
+
+def container_security() -> dict[str, Any]:
+    return {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
         "capabilities": {"drop": ["ALL"]},
     }
+
+
+def pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": WORKER_UID,
+        "runAsGroup": WORKER_UID,
+        "fsGroup": WORKER_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cached: str | None = None) -> dict[str, Any]:
+    """The worker Deployment; with spec.model.cache, `cached` names the cache folder its pods serve from."""
+    image = worker_image(spec, defaults)
+    volumes, mounts = _volumes(owner, spec)
+    security = container_security()
     container: dict[str, Any] = {
         "name": "worker",
         "image": image,
         "imagePullPolicy": defaults.image_pull_policy,
         "command": ["hetero-infer"],
-        "args": worker_args(spec),
+        "args": worker_args(spec, cached),
         "ports": [{"name": c.WORKER_PORT_NAME, "containerPort": c.WORKER_PORT, "protocol": "TCP"}],
         "env": _env(spec),
-        "envFrom": _credentials(spec),
+        "envFrom": credentials(spec) if downloads_per_pod(spec) else None,  # with a cache, the Job alone has them
         "resources": _resources(spec),
         "volumeMounts": mounts,
         # Model loading can take minutes: the startup probe holds liveness off until the process serves.
@@ -220,19 +260,13 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
     }
     pod = spec.pod
     pod_spec: dict[str, Any] = {
-        "initContainers": [fetch_container(spec, image, defaults, dict(security))] if spec.model.url else None,
+        "initContainers": [fetch_container(spec, image, defaults, dict(security))] if downloads_per_pod(spec) else None,
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": WORKER_UID,
-            "runAsGroup": WORKER_UID,
-            "fsGroup": WORKER_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security(),
         "nodeSelector": dict(spec.node_selector) or None,
         "tolerations": _tolerations(spec),
         "affinity": spec.affinity,
@@ -247,6 +281,8 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> d
     meta["annotations"] = {c.SPEC_KEYS_ANNOTATION: spec_keys({
         "spec.template.metadata.labels": pod.labels, "spec.template.metadata.annotations": pod.annotations,
         "spec.template.spec.nodeSelector": spec.node_selector})}
+    if spec.model.cache is not None:
+        meta["annotations"][c.MODEL_CACHE_KEY_ANNOTATION] = cached
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

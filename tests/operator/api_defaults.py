@@ -124,7 +124,42 @@ def horizontal_pod_autoscaler(obj: dict[str, Any]) -> None:
     down.setdefault("policies", [{"type": "Percent", "value": 100, "periodSeconds": 15}])
 
 
+def job(obj: dict[str, Any]) -> None:
+    """What the API server adds to a Job: its selector by a generated uid (the pods' labels), the counts, the
+    pod template's defaults (SetDefaults_Job, and the Job strategy's PrepareForCreate)."""
+    spec = obj.setdefault("spec", {})
+    uid = (obj.get("metadata") or {}).get("uid", "")
+    name = (obj.get("metadata") or {}).get("name", "")
+    spec.setdefault("parallelism", 1)
+    spec.setdefault("completions", 1)
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("completionMode", "NonIndexed")
+    spec.setdefault("suspend", False)
+    spec.setdefault("manualSelector", False)
+    spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+    spec.setdefault("selector", {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
+    template = spec.setdefault("template", {})
+    labels = template.setdefault("metadata", {}).setdefault("labels", {})
+    for key, value in (("batch.kubernetes.io/controller-uid", uid), ("batch.kubernetes.io/job-name", name),
+                       ("controller-uid", uid), ("job-name", name)):
+        labels.setdefault(key, value)
+    pod_spec(template.setdefault("spec", {}))
+
+
+def persistent_volume_claim(obj: dict[str, Any]) -> None:
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("volumeMode", "Filesystem")
+    obj.setdefault("status", {"phase": "Pending"})
+
+
+def pod(obj: dict[str, Any]) -> None:
+    pod_spec(obj.setdefault("spec", {}))
+
+
 BY_KIND = {
+    "jobs": job,
+    "persistentvolumeclaims": persistent_volume_claim,
+    "pods": pod,
     "deployments": deployment,
     "services": service,
     "poddisruptionbudgets": pod_disruption_budget,

@@ -17,7 +17,8 @@ subclass closes the gaps the operator tests run into:
   for resources with a status subresource (as the real server does);
 - watches honour `?resourceVersion=` (no replay of objects the client listed already);
 - lists carry `kind`/`apiVersion`, and answer kubectl's `as=Table` with the CRD's printer columns;
-- the `scale` subresource of InferenceDeployments is served (GET and merge PATCH);
+- the `scale` subresource of InferenceDeployments is served (GET and merge PATCH), and pods' `log` subresource
+  (text from `pod_logs`, what a container printed; `tailLines` honoured);
 - discovery knows the resources the operator uses.
 """
 
@@ -53,6 +54,9 @@ ENDPOINT_SLICES = kmock.resource("discovery.k8s.io", "v1", "endpointslices")
 SERVICE_ACCOUNTS = kmock.resource("", "v1", "serviceaccounts")
 ROLES = kmock.resource("rbac.authorization.k8s.io", "v1", "roles")
 ROLE_BINDINGS = kmock.resource("rbac.authorization.k8s.io", "v1", "rolebindings")
+JOBS = kmock.resource("batch", "v1", "jobs")
+PVCS = kmock.resource("", "v1", "persistentvolumeclaims")
+PODS = kmock.resource("", "v1", "pods")
 
 _VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 RESOURCES: dict[kmock.resource, kmock.ResourceInfo] = {
@@ -77,6 +81,11 @@ RESOURCES: dict[kmock.resource, kmock.ResourceInfo] = {
                                          verbs=_VERBS, shortnames={"sa"}),
     ROLES: kmock.ResourceInfo(kind="Role", singular="role", namespaced=True, verbs=_VERBS),
     ROLE_BINDINGS: kmock.ResourceInfo(kind="RoleBinding", singular="rolebinding", namespaced=True, verbs=_VERBS),
+    JOBS: kmock.ResourceInfo(kind="Job", singular="job", namespaced=True, verbs=_VERBS, subresources={"status"}),
+    PVCS: kmock.ResourceInfo(kind="PersistentVolumeClaim", singular="persistentvolumeclaim", namespaced=True,
+                             verbs=_VERBS, shortnames={"pvc"}, subresources={"status"}),
+    PODS: kmock.ResourceInfo(kind="Pod", singular="pod", namespaced=True, verbs=_VERBS, shortnames={"po"},
+                             subresources={"status", "log"}),
     kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"): kmock.ResourceInfo(
         kind="CustomResourceDefinition", singular="customresourcedefinition", namespaced=False, verbs=_VERBS,
         shortnames={"crd"}),
@@ -193,6 +202,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     _collected: set[Any] = attrs.field(factory=set, init=False)
     _gc_tasks: set[Any] = attrs.field(factory=set, init=False)
     _update_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
+    pod_logs: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)  # (namespace, pod) -> its log
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -200,6 +210,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             self.resources[res] = info
         # Served before the generic fallbacks: the scale subresource of InferenceDeployments.
         self[kmock.subresource("scale")] << self._serve_scale
+        self[kmock.subresource("log")] << self._serve_log
 
     def _info(self, resource: Any) -> kmock.ResourceInfo | None:
         for res, info in RESOURCES.items():
@@ -429,6 +440,15 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             "status": {"replicas": (obj.get("status") or {}).get("replicas", 0),
                        "selector": (obj.get("status") or {}).get("selector", "")},
         }
+
+
+    def _serve_log(self, request: rendering.Request) -> bytes:
+        key = (request.resource, request.namespace, request.name)
+        if request.resource != PODS or key not in self.objects or self.objects[key].deleted:
+            raise kmock.KubernetesNotFoundError()
+        lines = self.pod_logs.get((request.namespace or "", request.name or ""), "").splitlines(keepends=True)
+        tail = request.params.get("tailLines")
+        return "".join(lines[-int(tail):] if tail and tail.isdigit() else lines).encode()
 
 
 async def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:

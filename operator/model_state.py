@@ -1,0 +1,172 @@
+"""How far a model's download into spec.model.cache got (pure): the download Job, its pods and the running pod's
+log tail -> the phase the ModelReady condition reports.
+
+Phases: Pending (no Job yet, its pod not running, a missing claim, or waiting out the back-off after a failed
+attempt), Downloading (the pod runs; the message carries the last progress line `hetero-infer fetch` logged:
+bytes done of the total), Ready (the Job completed) and Failed (the Job gave up after its back-off limit). A
+failure's reason comes from the failed pod's termination message (the fetch's one-line error, its log's tail
+with terminationMessagePolicy FallbackToLogsOnError): NotFound, Unauthorized, NoSpace, else DownloadFailed, and
+the message is that line. The fetcher redacts secrets from what it logs, so none reach the status or events.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PENDING, DOWNLOADING, READY, FAILED = "Pending", "Downloading", "Ready", "Failed"
+NOT_FOUND, UNAUTHORIZED, NO_SPACE, DOWNLOAD_FAILED = "NotFound", "Unauthorized", "NoSpace", "DownloadFailed"
+MAX_MESSAGE = 600
+
+# hetero_infer.progress.progress_line: "LABEL: 12.0 MB of 48.0 MB (25%), 3.0 MB/s, 4 s"
+_PROGRESS = re.compile(r"(\d+(?:\.\d+)? [kMG]?B) of (\d+(?:\.\d+)? [kMG]?B) \((\d+)%\)(?:, (\d+(?:\.\d+)? [kMG]?B/s))?")
+# hetero_infer.model_source._download_line: "downloading REF: N file(s), 16.1 GB into FOLDER"
+_STARTING = re.compile(r"downloading \S+: (\d+) file\(s\), (\d+(?:\.\d+)? [kMG]?B) into")
+# The fetch command's log format: "TIME LEVEL LOGGER: MESSAGE"
+_LOG_ERROR = re.compile(r"\b(?:ERROR|CRITICAL) [\w.]+: (.*)$")
+_NO_SPACE = re.compile(r"no space left on device|\[errno 28\]|enospc|disk quota exceeded|ephemeral.storage",
+                       re.IGNORECASE)
+_UNAUTHORIZED = re.compile(r"access denied|not authorized|unauthorized|forbidden|no aws credentials|http 40[13]\b|"
+                           r"invalidaccesskeyid|signaturedoesnotmatch", re.IGNORECASE)
+_NOT_FOUND = re.compile(r"not found|no objects under|no such", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Where the download of one source and revision stands."""
+
+    phase: str  # Pending | Downloading | Ready | Failed
+    reason: str  # the ModelReady condition's reason: the phase, or for Failed the kind of failure
+    message: str
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == READY
+
+
+def failure_reason(line: str) -> str:
+    """NoSpace, Unauthorized, NotFound or DownloadFailed for a fetch's error line."""
+    if _NO_SPACE.search(line):
+        return NO_SPACE
+    if "(HTTP 404)" in line:
+        return NOT_FOUND
+    if _UNAUTHORIZED.search(line):
+        return UNAUTHORIZED
+    if _NOT_FOUND.search(line):
+        return NOT_FOUND
+    return DOWNLOAD_FAILED
+
+
+def error_line(text: str) -> str:
+    """The line that says why, out of a termination message (the fetch's log tail): its last ERROR line's
+    message, else its last non-empty line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        found = _LOG_ERROR.search(line)
+        if found:
+            return found.group(1)
+    return lines[-1] if lines else ""
+
+
+def download_progress(log: str) -> str | None:
+    """'12.0 MB of 48.0 MB (25%), 3.0 MB/s' from the last progress line in a fetch's log tail (None: none yet)."""
+    last = None
+    for line in log.splitlines():
+        found = _PROGRESS.search(line)
+        if found:
+            last = f"{found.group(1)} of {found.group(2)} ({found.group(3)}%)"
+            last += f", {found.group(4)}" if found.group(4) else ""
+        elif (starting := _STARTING.search(line)) and last is None:
+            last = f"0 B of {starting.group(2)} (0%), {starting.group(1)} file(s)"
+    return last
+
+
+def _created(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+def _container_state(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return (statuses[0].get("state") or {}) if statuses else {}
+
+
+def _pod_failure(pod: Mapping[str, Any]) -> str:
+    """Why a failed pod failed: its termination message's error line, else the kubelet's reason."""
+    status = pod.get("status") or {}
+    terminated = _container_state(pod).get("terminated") or {}
+    line = error_line(str(terminated.get("message") or ""))
+    if line:
+        return line
+    why = terminated.get("reason") or status.get("reason") or "Failed"
+    detail = status.get("message") or (f"exit code {terminated['exitCode']}" if "exitCode" in terminated else "")
+    return f"{why}: {detail}" if detail else str(why)
+
+
+def _waiting(pod: Mapping[str, Any]) -> str:
+    """Why a pod has not started: the container's waiting reason, else the scheduler's."""
+    waiting = _container_state(pod).get("waiting") or {}
+    if waiting.get("reason"):
+        return f"{waiting['reason']}: {waiting['message']}" if waiting.get("message") else str(waiting["reason"])
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return str(cond.get("message") or cond.get("reason") or "unschedulable")
+    return "starting"
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 3] + "..."
+
+
+def model_state(url: str, job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]] = (), log: str = "",
+                claim_missing: str | None = None) -> ModelState:
+    """The phase of `url`'s download from its Job (None: not created yet), the Job's pods and the running pod's
+    log tail; `claim_missing` names a cache claim that does not exist."""
+    if claim_missing is not None:
+        return ModelState(PENDING, PENDING, f"waiting for the PersistentVolumeClaim {claim_missing} "
+                                            "(spec.model.cache.claimName): it does not exist")
+    if job is None:
+        return ModelState(PENDING, PENDING, f"creating the download Job for {url}")
+    status = job.get("status") or {}
+    conditions = {cd.get("type"): cd for cd in status.get("conditions") or [] if cd.get("status") == "True"}
+    name = (job.get("metadata") or {}).get("name")
+    if "Complete" in conditions or int(status.get("succeeded") or 0) > 0:
+        return ModelState(READY, READY, f"{url} is in the cache")
+    failed = sorted((p for p in pods if (p.get("status") or {}).get("phase") == "Failed"), key=_created)
+    last_failure = _pod_failure(failed[-1]) if failed else ""
+    if "Failed" in conditions:
+        cond = conditions["Failed"]
+        line = last_failure or str(cond.get("message") or cond.get("reason") or "the download Job failed")
+        attempts = int(status.get("failed") or len(failed) or 1)
+        return ModelState(FAILED, failure_reason(line), _clip(f"{line} (Job {name} gave up after {attempts} "
+                                                               "attempt(s); fix the cause, then delete the Job to retry)"))
+    retrying = f" (after {int(status.get('failed') or len(failed))} failed attempt(s): {last_failure})" \
+        if failed or status.get("failed") else ""
+    live = sorted((p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running")), key=_created)
+    if live and (live[-1].get("status") or {}).get("phase") == "Running":
+        progress = download_progress(log)
+        return ModelState(DOWNLOADING, DOWNLOADING, _clip(f"downloading {url}" + (f": {progress}" if progress else "")
+                                                          + retrying))
+    if live:
+        return ModelState(PENDING, PENDING, _clip(f"the download pod for {url} is not running yet: "
+                                                  f"{_waiting(live[-1])}{retrying}"))
+    if retrying:
+        return ModelState(PENDING, PENDING, _clip(f"waiting to retry {url}{retrying}"))
+    return ModelState(PENDING, PENDING, f"waiting for the download Job {name} to start its pod")
+
+
+EVENTS = {PENDING: ("Normal", "ModelPending"), DOWNLOADING: ("Normal", "ModelDownloading"),
+          READY: ("Normal", "ModelReady"), FAILED: ("Warning", "ModelFailed")}
+
+
+def transition_event(previous_model: Mapping[str, Any] | None, previous_condition: Mapping[str, Any] | None,
+                     url: str, state: ModelState) -> tuple[str, str, str] | None:
+    """The event (type, reason, message) when the download's url, phase or failure reason changed since the status
+    (`.status.model` and the ModelReady condition) was written; None when none did."""
+    prev = previous_model or {}
+    if (prev.get("url"), prev.get("phase"), (previous_condition or {}).get("reason")) == (url, state.phase,
+                                                                                         state.reason):
+        return None
+    etype, reason = EVENTS[state.phase]
+    return etype, reason, f"{state.reason}: {state.message}" if state.phase == FAILED else state.message
