@@ -85,6 +85,16 @@ def test_model_urls_are_accepted_by_schema_and_operator(crd: dict[str, Any], url
     parse_spec(obj["spec"], name="ok")
 
 
+@pytest.mark.parametrize("cache", [{"claimName": "shared-models"}, {"size": "50Gi"},
+                                   {"size": 53687091200, "storageClassName": "nfs-client"}])
+def test_model_caches_are_accepted_by_schema_and_operator(crd: dict[str, Any], cache: dict[str, Any]) -> None:
+    obj = with_spec(model={"name": "m", "url": "hf://meta-llama/Llama-3.1-8B-Instruct", "cache": cache})
+    assert validate(crd, obj) == []
+    model = parse_spec(obj["spec"], name="ok").model
+    assert model.cache == s.CacheSpec(claim_name=cache.get("claimName"), size=str(cache["size"]) if "size" in cache
+                                      else None, storage_class_name=cache.get("storageClassName"))
+
+
 def test_the_gpu_example_gives_its_replicas_a_volume_they_can_all_mount() -> None:
     docs = list(yaml.safe_load_all((ROOT / "examples" / "gpu.yaml").read_text()))
     infd = next(d for d in docs if d["kind"] == c.KIND)
@@ -156,6 +166,22 @@ BAD = {
                                                              "credentialsSecret": "HF Token"}), "credentialsSecret"),
     "model download size not a quantity": (with_spec(model={"name": "m", "url": "hf://o/n", "downloadSize": "big"}),
                                            "downloadSize"),
+    "model cache without a url": (with_spec(model={"name": "m", "cache": {"size": "50Gi"}}), "cache"),
+    "model cache of a pvc:// url": (with_spec(model={"name": "m", "url": "pvc://weights/m", "cache": {"size": "5Gi"}}),
+                                    "cache"),
+    "model cache with neither claim nor size": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {}}),
+                                                "claimName"),
+    "model cache with both claim and size": (with_spec(model={"name": "m", "url": "hf://o/n",
+                                                              "cache": {"claimName": "c", "size": "5Gi"}}), "claimName"),
+    "model cache class beside a claim": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {
+        "claimName": "c", "storageClassName": "nfs"}}), "storageClassName"),
+    "model cache size not a quantity": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {"size": "huge"}}),
+                                        "size"),
+    "model cache claim not a name": (with_spec(model={"name": "m", "url": "s3://b1/m", "cache": {"claimName": "My PVC"}}),
+                                     "claimName"),
+    "unknown model cache field": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {"size": "5Gi",
+                                                                                             "accessMode": "RWO"}}),
+                                  "accessMode"),
     "service port out of range": (with_spec(service={"port": 70000}), "port"),
     "unknown service type": (with_spec(service={"type": "ExternalName"}), "type"),
     "env without a name": (with_spec(env=[{"value": "x"}]), "name"),

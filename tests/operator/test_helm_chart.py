@@ -180,6 +180,10 @@ def test_rbac_is_least_privilege_and_sufficient(helm_bin: Path) -> None:
     for kind in (kube.SERVICE_ACCOUNT, kube.ROLE, kube.ROLE_BINDING, kube.INFERENCE_POOL):
         group = kind.api_version.split("/")[0] if "/" in kind.api_version else ""
         needed |= {(group, kind.plural, v) for v in ("get", "create", "patch", "delete")}
+    # spec.model.cache: the download Job (created, watched, deleted; never patched), the claim, the Job's pods.
+    needed |= {("batch", "jobs", v) for v in ("get", "list", "watch", "create", "delete")}
+    needed |= {("", kube.PVC.plural, v) for v in ("get", "list", "watch", "create", "patch", "delete")}
+    needed |= {("", "pods", "list"), ("", "pods/log", "get")}
     from hetero_infer.operator.manifests import DISCOVERY_RULES
     needed |= {(g, r, v) for rule in DISCOVERY_RULES for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}

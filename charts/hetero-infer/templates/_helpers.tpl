@@ -89,10 +89,21 @@ app.kubernetes.io/component: worker
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["get", "create", "patch", "delete"]
-# Autoscaling mode operator: find the worker pods (podIP) to scrape their /metrics.
+# Autoscaling mode operator: find the worker pods (podIP) to scrape their /metrics; spec.model.cache: the download
+# Job's pods (why one failed) and the running one's log (its progress lines).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list"]
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+# spec.model.cache: the download Job (never patched: a Job's pod template is immutable) and the cache's claim.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- if .Values.peering.enabled }}
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
