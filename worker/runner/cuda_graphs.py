@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from hetero_infer.worker.runner.attention.triton_backend import TritonAttentionMetadata, TritonBackend
 from hetero_infer.worker.runner.inputs import StepInputs, placeholder_rows
+from hetero_infer.worker.runner.staging import ALIGN, Uploader
 
 log = logging.getLogger(__name__)
+
+# input ids, positions, slots; PLACEHOLDER rows, their rows in the previous step's tokens, room for those tokens;
+# block copy sources, destinations
+_I64_ROWS = 8
 
 
 def decode_buckets(max_batch: int) -> list[int]:
@@ -34,24 +41,26 @@ class DecodeRunner:
         self.buckets = decode_buckets(max_batch)
         n = self.buckets[-1]
         width = max_blocks_per_seq
-        # The static inputs, as views of two packed buffers that `run_step` fills with one copy each from pinned
-        # host staging: input ids, positions and slots (int64); context lengths and block tables (int32, the
-        # tables at a fixed width: the decode kernel plans its KV split from the table's shape, so every replay
-        # fits).
-        self._inputs64 = torch.zeros(3, n, dtype=torch.long, device=device)
-        self.input_ids, self.positions, self.slot_mapping = self._inputs64.unbind(0)
+        # The static inputs: views of one device buffer that `run_step` fills with one copy from pinned host
+        # staging (`Uploader`: two host buffers, alternating). int64 rows: input ids, positions, slots, then the
+        # PLACEHOLDER rows with each one's row in the previous step's tokens (and room for those tokens), then
+        # block copies (source, destination); int32: context lengths, then the block tables at a fixed width (the decode kernel plans
+        # its KV split from the table's shape, so every replay fits), last, so a step copies only its bucket's.
+        self._off32 = _I64_ROWS * n * 8
+        self._off_tables = self._off32 + -(-4 * n // ALIGN) * ALIGN
+        nbytes = self._off_tables + n * width * 4
+        self.uploader = Uploader(device, nbytes)
+        buf = self.uploader.device_buffer
+        rows64 = buf[: self._off32].view(torch.long).view(_I64_ROWS, n)
+        self.input_ids, self.positions, self.slot_mapping = rows64[0], rows64[1], rows64[2]
+        self._patch, self._copies = rows64[3:6], rows64[6:8]
+        self.context_lens = buf[self._off32 : self._off32 + 4 * n].view(torch.int32)
+        self.block_tables = buf[self._off_tables :].view(torch.int32).view(n, width)
         self.slot_mapping.fill_(-1)
-        self._inputs32 = torch.zeros(n * (1 + width), dtype=torch.int32, device=device)
-        self.context_lens = self._inputs32[:n]
-        self.block_tables = self._inputs32[n:].view(n, width)
-        pin = device.type == "cuda"
-        # Two sets, alternating: the host fills step N+1's while step N's copy may not have run yet (the set
-        # before, step N-1's, has: the host waited for that step's result before building this one).
-        self._staging = [(torch.zeros(3, n, dtype=torch.long, pin_memory=pin),
-                          torch.zeros(n * (1 + width), dtype=torch.int32, pin_memory=pin),
-                          torch.zeros(2, n, dtype=torch.long, pin_memory=pin)) for _ in range(2)]
-        self._flip = 0
-        self._patch = torch.zeros(2, n, dtype=torch.long, device=device)  # PLACEHOLDER rows, their previous rows
+        self._host_views = [(host[: self._off32].view(np.int64).reshape(_I64_ROWS, n),
+                             host[self._off32 : self._off32 + 4 * n].view(np.int32),
+                             host[self._off_tables :].view(np.int32).reshape(n, width))
+                            for host in self.uploader.host_arrays]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.num_steps = 0
@@ -63,43 +72,44 @@ class DecodeRunner:
                 and meta.decode_block_tables.shape[1] <= self.block_tables.shape[1])
 
     def accepts_step(self, step: StepInputs) -> bool:
-        """Whether a step's rows are all decodes that fit the largest bucket and the tables' width."""
+        """Whether a step's rows are all decodes that fit the largest bucket and the tables' width (and its block
+        copies the copy rows)."""
         spans = step.batch.spans
         width = self.block_tables.shape[1]
         return (0 < len(spans) <= self.buckets[-1] and not spans[-1].is_prefill  # decodes come first
-                and max(len(s.block_table) for s in spans) <= width)
+                and max(len(s.block_table) for s in spans) <= width and len(step.block_copies) <= self.buckets[-1])
 
-    def run_step(self, step: StepInputs, prev_tokens: torch.Tensor | None,
-                 prev_rows: dict[int, int]) -> torch.Tensor:
-        """`run` from the step's host arrays: written into pinned staging, one copy per packed buffer (no tensor
-        allocated per step); PLACEHOLDER inputs taken from `prev_tokens`, the previous step's sampled tokens on
-        the device (`prev_rows`: each sequence's row in them)."""
+    def run_step(self, step: StepInputs, prev_tokens: torch.Tensor | None, prev_rows: dict[int, int],
+                 copy_blocks: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> torch.Tensor:
+        """`run` from the step's host arrays: written into pinned staging, one copy (no tensor allocated per
+        step); the step's block copies made by `copy_blocks(src, dst)`; PLACEHOLDER inputs taken from
+        `prev_tokens`, the previous step's sampled tokens on the device (`prev_rows`: each sequence's row in
+        them)."""
         n = len(step.token_ids)
         bs = next(b for b in self.buckets if b >= n)
-        n_max = self.buckets[-1]
-        s64, s32, patch = self._staging[self._flip]
-        self._flip ^= 1
-        a64, a32 = s64.numpy(), s32.numpy()
+        i, _ = self.uploader.host()
+        a64, lens, tables = self._host_views[i]
         a64[0, :n] = step.token_ids
         a64[1, :n] = step.batch.positions
         a64[2, :n] = step.batch.slot_mapping
         a64[:2, n:bs] = 0  # padding rows: token 0 at position 0 (the staging may hold an older step's PLACEHOLDERs)
         a64[2, n:bs] = -1  # padding rows: not written
-        a32[n:bs] = 0  # padding rows: no context (attention gives zeros)
-        tables = a32[n_max:].reshape(n_max, -1)
-        for i, span in enumerate(step.batch.spans):
-            a32[i] = span.end
-            tables[i, : len(span.block_table)] = span.block_table
-        self._inputs64.copy_(s64, non_blocking=True)
-        self._inputs32.copy_(s32, non_blocking=True)
-        if step.placeholders:
-            rows, prev = placeholder_rows(step, prev_tokens, prev_rows)
-            k = len(rows)
-            a = patch.numpy()
-            a[0, :k] = rows
-            a[1, :k] = prev
-            self._patch.copy_(patch, non_blocking=True)
-            self.input_ids.index_copy_(0, self._patch[0, :k], prev_tokens.index_select(0, self._patch[1, :k]))
+        lens[n:bs] = 0  # padding rows: no context (attention gives zeros)
+        for r, span in enumerate(step.batch.spans):
+            lens[r] = span.end
+            tables[r, : len(span.block_table)] = span.block_table
+        k = len(step.placeholders)
+        if k:
+            a64[3, :k], a64[4, :k] = placeholder_rows(step, prev_tokens, prev_rows)
+        c = len(step.block_copies)
+        if c:
+            a64[6:8, :c] = np.asarray(step.block_copies, dtype=np.int64).T
+        self.uploader.upload(i, self._off_tables + 4 * bs * tables.shape[1])  # the tables' rows up to the bucket
+        if c:
+            copy_blocks(self._copies[0, :c], self._copies[1, :c])
+        if k:
+            tokens = torch.index_select(prev_tokens, 0, self._patch[1, :k], out=self._patch[2, :k])
+            self.input_ids.index_copy_(0, self._patch[0, :k], tokens)
         return self._replay(bs)
 
     def _replay(self, bs: int) -> torch.Tensor:
@@ -145,3 +155,4 @@ class DecodeRunner:
         self.context_lens[:n].copy_(meta.decode_context_lens)
         self.context_lens[n:bs].zero_()
         return self._replay(bs)
+

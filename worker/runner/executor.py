@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import torch
 
 from hetero_infer.kernels.cpu import decode_step as cpu_decode_step
@@ -15,13 +14,13 @@ from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.quant.quantize import quantize_model, weight_bytes
 from hetero_infer.worker.runner.attention import StepBatch, select_backend
-from hetero_infer.worker.runner.attention.base import to_device
 from hetero_infer.worker.runner.attention.triton_backend import TritonBackend
 from hetero_infer.worker.runner.cuda_graphs import DecodeRunner
 from hetero_infer.worker.runner.inputs import StepInputs, placeholder_rows, step_inputs
 from hetero_infer.worker.runner.loader import load_model
 from hetero_infer.worker.runner.models.rotary import head_dim_of
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, sample_logits
+from hetero_infer.worker.runner.staging import StagingArea
 from hetero_infer.worker.runner.step_handle import DeviceStep, DoneStep
 
 log = logging.getLogger(__name__)
@@ -80,6 +79,7 @@ class TorchExecutor:
         pin = self.device.type == "cuda"
         self._host_tokens = [torch.empty(config.max_num_seqs, dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self._flip = 0
+        self.staging = StagingArea(self.device)  # an eager step's integer inputs: one copy (none on the CPU)
         torch.manual_seed(config.seed)
         model = load_model(hf_config, folder, load_format=config.load_format, device=self.device, dtype=self.dtype,
                            max_positions=max_model_len, seed=config.seed)
@@ -185,27 +185,21 @@ class TorchExecutor:
         """Hidden states [T, hidden] of all tokens of `token_lists`, run as fresh prompts in one step over a
         temporary KV cache (the engine's cache is untouched)."""
         batch = StepBatch.fresh_prompts([len(t) for t in token_lists], self.block_size)
-        input_ids = self._h2d(torch.tensor([t for ids in token_lists for t in ids], dtype=torch.long))
+        ids = [t for tokens in token_lists for t in tokens]
+        input_ids, staged = self.staging.pack(lambda pack: (pack.put(ids), self.backend.stage(batch, pack)))
         kv = self._new_kv_cache(batch.num_blocks)
-        return self.model(input_ids, self.backend, self.backend.prepare(batch), _layer_caches(kv))
-
-    def _h2d(self, t: np.ndarray | torch.Tensor) -> torch.Tensor:
-        return to_device(t, self.device)
+        return self.model(input_ids, self.backend, self.backend.metadata(staged), _layer_caches(kv))
 
     # -- one step -----------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
         """Run the model on the scheduled tokens; return float32 logits for sequences that sample."""
-        if sched.block_copies:
-            src = self._h2d(torch.tensor([s for s, _ in sched.block_copies]))
-            dst = self._h2d(torch.tensor([d for _, d in sched.block_copies]))
-            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
         if self.thread_governor is not None:
             self.thread_governor.tick()  # fewer threads while other processes hold our cores
         step = step_inputs(sched, self.block_size)
         runner = self.decode_runner
         if runner is not None and runner.accepts_step(step):  # every row a decode, and every row samples
-            hidden = runner.run_step(step, self._prev_tokens, self._prev_rows)
+            hidden = runner.run_step(step, self._prev_tokens, self._prev_rows, self._copy_blocks)
             return self.model.compute_logits(hidden[: len(step.token_ids)]).float()
         input_ids, meta, logits_index = self._prepare(step)
         if self.cpu_decode is not None and self.cpu_decode.accepts(input_ids.shape[0], logits_index.shape[0]):
@@ -216,16 +210,29 @@ class TorchExecutor:
             hidden = hidden[logits_index]
         return self.model.compute_logits(hidden).float()
 
-    def prepare(self, sched: SchedulerOutput):
-        """(input ids, the backend's metadata, rows whose logits are sampled) of the step."""
-        return self._prepare(step_inputs(sched, self.block_size))
-
     def _prepare(self, step: StepInputs):
-        input_ids = self._h2d(step.token_ids)
-        if step.placeholders:  # tokens the previous step sampled: taken from its output, on the device
+        """(input ids, the backend's metadata, rows whose logits are sampled) of an eager step, its block copies
+        done: every integer input packed into the staging area and copied to the device at once (on the CPU
+        they are used where they are), then the device work that reads them."""
+        prev = None
+        if step.placeholders:
             rows, prev = placeholder_rows(step, self._prev_tokens, self._prev_rows)
-            input_ids[self._h2d(torch.tensor(rows))] = self._prev_tokens[self._h2d(torch.tensor(prev))]
-        return input_ids, self.backend.prepare(step.batch), self._h2d(step.logits_index)
+
+        def fill(pack):  # the patch's third row: room for the tokens gathered, so nothing is allocated for them
+            return (pack.put(step.token_ids), pack.put([rows, prev, prev]) if prev else None,
+                    pack.put(step.block_copies) if step.block_copies else None,
+                    self.backend.stage(step.batch, pack), pack.put(step.logits_index))
+
+        input_ids, patch, copies, staged, logits_index = self.staging.pack(fill)
+        if copies is not None:
+            self._copy_blocks(copies[:, 0], copies[:, 1])
+        if patch is not None:  # tokens the previous step sampled: taken from its output, on the device
+            input_ids.index_copy_(0, patch[0], torch.index_select(self._prev_tokens, 0, patch[1], out=patch[2]))
+        return input_ids, self.backend.metadata(staged), logits_index
+
+    def _copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """KV blocks `src` copied onto `dst` (device index tensors), every layer, keys and values."""
+        self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
     @torch.inference_mode()
     def execute_async(self, sched: SchedulerOutput, sampling: list[SamplingRow] | None) -> DoneStep | DeviceStep:

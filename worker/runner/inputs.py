@@ -3,7 +3,7 @@ positions and KV-cache slots, and the rows whose logits are sampled."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,6 +19,8 @@ class StepInputs:
     logits_index: np.ndarray  # [S] int64: rows of the flattened step whose logits are sampled (each sequence's last)
     # (row, seq_id) of every PLACEHOLDER in token_ids: a token the previous step sampled, still on the device
     placeholders: list[tuple[int, int]]
+    # (source, destination) KV blocks copied before the step runs (copy-on-write of a shared last block)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
 
 def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
@@ -48,7 +50,8 @@ def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
         if item.samples:
             logits_index.append(row - 1)
     batch = StepBatch(spans, np.array(pos, dtype=np.int64), np.array(slots, dtype=np.int64), bs)
-    return StepInputs(np.array(tokens, dtype=np.int64), batch, np.array(logits_index, dtype=np.int64), placeholders)
+    return StepInputs(np.array(tokens, dtype=np.int64), batch, np.array(logits_index, dtype=np.int64), placeholders,
+                      sched.block_copies)
 
 
 def placeholder_rows(step: StepInputs, prev_tokens, prev_rows: dict[int, int]) -> tuple[list[int], list[int]]:

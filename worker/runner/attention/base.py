@@ -3,8 +3,8 @@
 A backend runs everything of a decoder layer that has more than one implementation: rotary embedding,
 the KV-cache write and paged attention (`attention`), and the elementwise ops around them (`rms_norm`,
 `silu_and_mul`). The executor picks one backend when it builds the model and asks it, once per step, for
-the metadata of that step (`prepare`); the model hands backend and metadata to its layers, which never ask
-which backend runs.
+the metadata of that step (`stage`, then `metadata` once the step's inputs are on their way to the device: see
+staging.py); the model hands backend and metadata to its layers, which never ask which backend runs.
 
 Batch layout: decode rows first (one per sequence), then prefill chunks, as the scheduler orders them.
 """
@@ -16,6 +16,8 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
+
+from hetero_infer.worker.runner.staging import pad_tables, to_device  # noqa: F401  (re-exported)
 
 M = TypeVar("M")
 KVCache = tuple[torch.Tensor, torch.Tensor]  # one layer's (k_cache, v_cache), each [num_blocks, block_size, KVH, D]
@@ -67,8 +69,19 @@ class AttentionBackend(Protocol[M]):
 
     name: str
 
+    def stage(self, batch: StepBatch, pack) -> object:
+        """The step's integer inputs put into `pack` (a `staging.Pack` or `DirectPack`: host writes only, no
+        device work, since the pack's one copy has not been queued yet); what `metadata` takes."""
+        ...
+
+    def metadata(self, staged) -> M:
+        """The step's metadata from `stage`'s result, once the pack's copy is queued (device work on its views
+        is allowed here); every layer of the step reads it."""
+        ...
+
     def prepare(self, batch: StepBatch) -> M:
-        """The step's metadata, on the backend's device; every layer of the step reads it."""
+        """`metadata(stage(batch, ...))` with each array copied on its own: for batches outside the engine's
+        steps (calibration, tests)."""
         ...
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, meta: M,
@@ -85,20 +98,3 @@ class AttentionBackend(Protocol[M]):
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for gate_up = [gate | up] of shape [T, 2N]."""
         ...
-
-
-def pad_tables(tables: list[list[int]]) -> np.ndarray:
-    """Block tables as one zero-padded int32 array [len(tables), longest]."""
-    width = max(len(t) for t in tables)
-    out = np.zeros((len(tables), width), dtype=np.int32)
-    for i, t in enumerate(tables):
-        out[i, : len(t)] = t
-    return out
-
-
-def to_device(array: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host array as a tensor on `device`; on CUDA copied from pinned memory without blocking the host."""
-    t = torch.from_numpy(array) if isinstance(array, np.ndarray) else array
-    if device.type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)

@@ -50,6 +50,12 @@ class CpuBackend:
             context_lens=torch.from_numpy(np.add(batch.positions, 1, dtype=np.int32)),
         )
 
+    def stage(self, batch: StepBatch, pack) -> CpuAttentionMetadata:
+        return self.prepare(batch)  # host arrays, read in place by the C kernels: nothing to stage
+
+    def metadata(self, staged: CpuAttentionMetadata) -> CpuAttentionMetadata:
+        return staged
+
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
                   meta: CpuAttentionMetadata, scale: float) -> torch.Tensor:
         k_cache, v_cache = kv_cache

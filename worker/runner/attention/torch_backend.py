@@ -13,8 +13,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hetero_infer.worker.runner.attention.base import KVCache, StepBatch, pad_tables, to_device
+from hetero_infer.worker.runner.attention.base import KVCache, StepBatch
 from hetero_infer.worker.runner.models.rotary import RotaryEmbedding
+from hetero_infer.worker.runner.staging import DirectPack
 
 
 @dataclass(frozen=True)
@@ -36,34 +37,58 @@ class TorchAttentionMetadata:
     prefill_chunks: tuple[PrefillChunk, ...]
 
 
+@dataclass(frozen=True)
+class _Staged:
+    """A step's staged inputs (`stage`); `metadata` derives the gather indices, mask and rotary rows from them."""
+
+    slot_mapping: torch.Tensor
+    positions: torch.Tensor
+    block_size: int
+    decode_tables: torch.Tensor | None  # [Bd, max_blocks] int32
+    decode_lens: torch.Tensor | None  # [Bd] int32
+    decode_max_len: int
+    prefill_chunks: tuple[PrefillChunk, ...]
+
+
 class TorchBackend:
     name = "torch"
 
     def __init__(self, rope: RotaryEmbedding, device: torch.device) -> None:
         self.rope, self.device = rope, torch.device(device)
 
-    def prepare(self, batch: StepBatch) -> TorchAttentionMetadata:
-        dev, bs = self.device, batch.block_size
+    def stage(self, batch: StepBatch, pack) -> _Staged:
+        bs = batch.block_size
         decodes = [s for s in batch.spans if not s.is_prefill]
-        gather_index = mask = None
+        table = lens = None
         if decodes:
-            table = to_device(pad_tables([s.block_table for s in decodes]), dev)
-            lens = to_device(torch.tensor([s.end for s in decodes], dtype=torch.int32), dev)
-            lmax = max(s.end for s in decodes)
-            gather_index = (table.long()[:, :, None] * bs + torch.arange(bs, device=dev)).flatten(1)[:, :lmax]
-            mask = (torch.arange(lmax, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+            table = pack.table([s.block_table for s in decodes])
+            lens = pack.put([s.end for s in decodes], np.int32)
         chunks, row = [], len(decodes)
         for s in batch.spans[len(decodes):]:
             gather = None
             if s.start > 0:  # a cached prefix: attend over the whole context in the cache
-                table = np.asarray(s.block_table, dtype=np.int64)
+                table_p = np.asarray(s.block_table, dtype=np.int64)
                 allp = np.arange(s.end, dtype=np.int64)
-                gather = to_device(table[allp // bs] * bs + allp % bs, dev)
+                gather = pack.put(table_p[allp // bs] * bs + allp % bs)
             chunks.append(PrefillChunk(row, s.num_tokens, s.end, gather))
             row += s.num_tokens
-        cos, sin = self.rope.at(to_device(batch.positions, dev))
-        return TorchAttentionMetadata(to_device(batch.slot_mapping, dev), cos, sin, len(decodes), gather_index, mask,
-                                      tuple(chunks))
+        lmax = max((s.end for s in decodes), default=0)
+        return _Staged(pack.put(batch.slot_mapping), pack.put(batch.positions), bs, table, lens, lmax, tuple(chunks))
+
+    def metadata(self, staged: _Staged) -> TorchAttentionMetadata:
+        dev, bs, lmax = self.device, staged.block_size, staged.decode_max_len
+        gather_index = mask = None
+        if staged.decode_tables is not None:
+            gather_index = (staged.decode_tables.long()[:, :, None] * bs
+                            + torch.arange(bs, device=dev)).flatten(1)[:, :lmax]
+            mask = (torch.arange(lmax, device=dev)[None, :] < staged.decode_lens[:, None])[:, None, None, :]
+        cos, sin = self.rope.at(staged.positions)
+        num_decodes = 0 if staged.decode_tables is None else staged.decode_tables.shape[0]
+        return TorchAttentionMetadata(staged.slot_mapping, cos, sin, num_decodes, gather_index, mask,
+                                      staged.prefill_chunks)
+
+    def prepare(self, batch: StepBatch) -> TorchAttentionMetadata:
+        return self.metadata(self.stage(batch, DirectPack(self.device)))
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
                   meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:

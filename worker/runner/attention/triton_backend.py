@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from hetero_infer import kernels
-from hetero_infer.worker.runner.attention.base import KVCache, StepBatch, pad_tables, to_device
+from hetero_infer.worker.runner.attention.base import KVCache, StepBatch
 from hetero_infer.worker.runner.models.rotary import RotaryEmbedding
+from hetero_infer.worker.runner.staging import DirectPack
 
 
 @dataclass(frozen=True)
@@ -30,22 +31,25 @@ class TritonBackend:
     def __init__(self, rope: RotaryEmbedding, device: torch.device) -> None:
         self.rope, self.device = rope, torch.device(device)
 
-    def prepare(self, batch: StepBatch) -> TritonAttentionMetadata:
-        dev = self.device
+    def stage(self, batch: StepBatch, pack) -> TritonAttentionMetadata:
         decodes = [s for s in batch.spans if not s.is_prefill]
         prefills = batch.spans[len(decodes):]
         tensors = {}
         if decodes:
-            tensors["decode_block_tables"] = to_device(pad_tables([s.block_table for s in decodes]), dev)
-            tensors["decode_context_lens"] = to_device(torch.tensor([s.end for s in decodes], dtype=torch.int32), dev)
+            tensors["decode_block_tables"] = pack.table([s.block_table for s in decodes])
+            tensors["decode_context_lens"] = pack.put([s.end for s in decodes], np.int32)
         if prefills:
-            cu_q = np.cumsum([0] + [s.num_tokens for s in prefills]).astype(np.int32)
-            tensors["prefill_block_tables"] = to_device(pad_tables([s.block_table for s in prefills]), dev)
-            tensors["prefill_cu_seqlens_q"] = to_device(cu_q, dev)
-            tensors["prefill_context_lens"] = to_device(torch.tensor([s.end for s in prefills], dtype=torch.int32),
-                                                        dev)
-        return TritonAttentionMetadata(to_device(batch.slot_mapping, dev), to_device(batch.positions, dev),
-                                       len(decodes), **tensors)
+            tensors["prefill_block_tables"] = pack.table([s.block_table for s in prefills])
+            tensors["prefill_cu_seqlens_q"] = pack.put(np.cumsum([0] + [s.num_tokens for s in prefills]), np.int32)
+            tensors["prefill_context_lens"] = pack.put([s.end for s in prefills], np.int32)
+        return TritonAttentionMetadata(pack.put(batch.slot_mapping), pack.put(batch.positions), len(decodes),
+                                       **tensors)
+
+    def metadata(self, staged: TritonAttentionMetadata) -> TritonAttentionMetadata:
+        return staged  # the kernels read the staged views as they are
+
+    def prepare(self, batch: StepBatch) -> TritonAttentionMetadata:
+        return self.stage(batch, DirectPack(self.device))
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
                   meta: TritonAttentionMetadata, scale: float) -> torch.Tensor:
