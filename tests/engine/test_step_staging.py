@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -126,7 +128,7 @@ def same(a, b) -> bool:
     if a is None or b is None:
         return a is None and b is None
     if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
     return a == b
 
 
@@ -141,7 +143,7 @@ class StandInExecutor:
         self.copied: list[tuple[list[int], list[int]]] = []
 
     def _copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        self.copied.append((src.tolist(), dst.tolist()) if src.device.type != "meta" else (src.shape, dst.shape))
+        self.copied.append((src, dst))  # views of the staging: read before the next step is packed
 
 
 def rope_tables(positions: int = 64, dim: int = 8) -> RotaryEmbedding:
@@ -150,13 +152,15 @@ def rope_tables(positions: int = 64, dim: int = 8) -> RotaryEmbedding:
     return RotaryEmbedding(cos, sin, torch.cat((cos[:, : dim // 2], sin[:, : dim // 2]), -1))
 
 
-def check_step(ex: StandInExecutor, step: StepInputs, prev_rows: dict[int, int], backend_name: str) -> None:
-    prev_tokens = ex._prev_tokens
-    input_ids, meta, logits_index = ex._prepare(step)
+def check_step(ex: StandInExecutor, step: StepInputs, prev_rows: dict[int, int], backend_name: str,
+               prepared=None) -> None:
+    prev_tokens = ex._prev_tokens.cpu()
+    input_ids, meta, logits_index = prepared or ex._prepare(step)
     assert same(input_ids, old_input_ids(step, prev_tokens, prev_rows))
     assert same(logits_index, torch.tensor(step.logits_index))
     if step.block_copies:
-        assert ex.copied[-1] == ([s for s, _ in step.block_copies], [d for _, d in step.block_copies])
+        src, dst = ex.copied[-1]
+        assert (src.tolist(), dst.tolist()) == ([s for s, _ in step.block_copies], [d for _, d in step.block_copies])
     if backend_name == "triton":
         for name, want in old_triton_metadata(step).items():
             assert same(getattr(meta, name), want), name
@@ -312,3 +316,61 @@ def test_engine_with_staged_inputs_matches_hf(tiny_model, arch):
     assert ex.staging.copies == len(steps_run) > 0 and ex.staging.grows >= 1
     assert engine.scheduler.num_preemptions_total > 0
     assert engine.block_manager.num_free_blocks == 24
+
+
+@pytest.mark.gpu
+@settings(max_examples=20, deadline=None)
+@given(batch=st.lists(steps(), min_size=1, max_size=4))
+def test_cuda_step_packing_neither_allocates_nor_synchronises(batch):
+    """On CUDA: pinned staging, one copy, no device memory allocated and no synchronisation while a step is
+    packed (torch's sync debug mode raises on any), and the views hold what the old code built."""
+    cuda = torch.device("cuda")
+    staging = StagingArea(cuda, nbytes=1 << 16)
+    assert staging.uploader.host_arrays is not None and staging.uploader._host[0].is_pinned()
+    prev_tokens = torch.randint(0, 5000, (PREV,), device=cuda)
+    for step, prev_rows in batch:
+        ex = StandInExecutor(TritonBackend(None, cuda), staging, prev_tokens, prev_rows)
+        torch.cuda.synchronize()
+        allocations = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+        copies = staging.copies
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            prepared = ex._prepare(step)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert torch.cuda.memory_stats().get("allocation.all.allocated", 0) == allocations
+        assert staging.copies == copies + 1
+        check_step(ex, step, prev_rows, "triton", prepared)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "enforce-eager"])
+def test_cuda_engine_steps_copy_once_and_synchronise_only_in_result(eager):
+    """The engine on CUDA (the tiny Qwen3 shape, dummy weights, token ids): every greedy step is launched with no
+    synchronisation (sync debug mode "error" around `execute_async`) and one host-to-device copy (the staging's
+    or the decode runner's); prefills in chunks, decodes in graphs (or eager)."""
+    from hetero_infer import LLM
+
+    shape = Path(__file__).resolve().parents[2] / "benchmarks" / "shapes" / "tiny-qwen3"
+    llm = LLM(str(shape), load_format="dummy", skip_tokenizer_init=True, device="cuda", dtype="bfloat16",
+              max_num_blocks=256, max_num_seqs=16, max_num_batched_tokens=64, enforce_eager=eager)
+    ex = llm.engine.executor
+    launched = []
+    launch = ex.execute_async
+
+    def checked_launch(sched, sampling):
+        before = ex.staging.copies + ex.decode_runner.uploader.copies
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            handle = launch(sched, sampling)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        launched.append(ex.staging.copies + ex.decode_runner.uploader.copies - before)
+        return handle
+    ex.execute_async = checked_launch
+    prompts = [[(7 * i + 13 * j) % 4000 + 10 for j in range(n)] for i, n in enumerate([5, 70, 33, 1, 120, 17])]
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(temperature=0, max_tokens=12,
+                                                                                 ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 12 for o in outs)
+    assert launched and set(launched) == {1}
+    assert ex.decode_runner.num_steps > 0 and ex.staging.grows == 0  # 64 KiB holds a 64-token step
