@@ -30,6 +30,7 @@ from hetero_infer.router.index import PrefixIndex
 from hetero_infer.router.metrics import RouterMetrics
 from hetero_infer.router.pool import Worker, WorkerPool
 from hetero_infer.router.prompt import request_hashes
+from hetero_infer.router.scale import ScaleFromZero
 from hetero_infer.router.tokenizer_source import MODES, WorkersTokenizer, load_tokenizer, source_of
 
 logger = logging.getLogger("hetero_infer.router")
@@ -68,6 +69,7 @@ class Router:
         self._rr = 0
         self.session: aiohttp.ClientSession | None = None
         self._tokenizer_task: asyncio.Task | None = None
+        self.scaler: ScaleFromZero | None = None  # --scale-target (cli.add_scale_from_zero)
         self._set_tokenizer_mode("folder" if tokenizer is not None else "text")
 
     def _set_tokenizer_mode(self, mode: str) -> None:
@@ -171,12 +173,17 @@ class Router:
                       {"Retry-After": str(self.options.retry_after_s)})
 
     async def _hold(self, tried: set[str], deadline: float) -> list[Worker]:
+        # Only reached with no ready worker at all (_route): with --scale-target, ask for one at once.
         self.metrics.held.inc()
         self.metrics.held_total.inc()
+        if self.scaler is not None:
+            self.scaler.held_started()
         start = time.monotonic()
         try:
             return await self.pool.wait_ready(tried, deadline)
         finally:
+            if self.scaler is not None:
+                self.scaler.held_ended()
             self.metrics.held.dec()
             self.metrics.hold_seconds.observe(time.monotonic() - start)
 

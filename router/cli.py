@@ -15,9 +15,10 @@ from aiohttp import web
 
 from hetero_infer.contracts.options import add_config_flag, add_flags, load_options
 from hetero_infer.contracts.router_options import ENV_PREFIX, HELP, RouterOptions
-from hetero_infer.router.app import build, make_runner
+from hetero_infer.router.app import Router, build, make_runner
 from hetero_infer.router.discovery import Discovery
 from hetero_infer.router.pool import WorkerPool
+from hetero_infer.router.scale import ScaleFromZero
 
 logger = logging.getLogger("hetero_infer.router")
 
@@ -53,9 +54,29 @@ def add_discovery(app: web.Application, pool: WorkerPool, options: RouterOptions
     return discovery
 
 
+def add_scale_from_zero(app: web.Application, router: Router, options: RouterOptions) -> ScaleFromZero | None:
+    """With --scale-target: a request held while no worker is ready asks for one replica at once (scale.py)."""
+    if not options.scale_target:
+        return None
+    scaler = ScaleFromZero(options.scale_target, options.namespace,
+                           on_result=lambda result: router.metrics.scale_from_zero.labels(result).inc())
+
+    async def start_scaler(_: web.Application) -> None:
+        await scaler.start()
+
+    async def stop_scaler(_: web.Application) -> None:
+        await scaler.stop()
+
+    router.scaler = scaler
+    app.on_startup.append(start_scaler)
+    app.on_cleanup.insert(0, stop_scaler)
+    return scaler
+
+
 async def serve(options: RouterOptions) -> None:
     router, app = build(options)
     add_discovery(app, router.pool, options)
+    add_scale_from_zero(app, router, options)
     runner = make_runner(app, options.shutdown_grace_s)
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port)

@@ -13,9 +13,9 @@ the set (not ready, terminating, or gone) leaves the pool at once. Workers given
 touched. A worker that left keeps its (not ready) entry in the pool, so requests still open to it can
 report their failure to the pool; it is polled again if it comes back.
 
-Credentials: in a pod, the service account's token (read anew for every request, it is rotated) and CA;
-elsewhere the kubeconfig ($KUBECONFIG or ~/.kube/config, through the `kubernetes` package). The router
-needs get/list/watch on endpointslices in its namespace only (the operator's Role grants exactly that).
+Credentials: kube_api.py (the service account in a pod, else the kubeconfig). The router needs get/list/watch
+on endpointslices in its namespace (the operator's Role grants that, and with scale from zero the scale of its
+one InferenceDeployment: scale.py).
 """
 
 from __future__ import annotations
@@ -23,21 +23,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import ssl
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 
+from hetero_infer.router.kube_api import ApiAccess, api_access, in_cluster_namespace
 from hetero_infer.router.pool import Worker, WorkerPool
 
 logger = logging.getLogger("hetero_infer.router.discovery")
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEFAULT_PORT_NAME = "http"
 WATCH_TIMEOUT_SECONDS = 300
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # one watch event is one JSON line; a slice holds up to 1000 endpoints
@@ -127,56 +124,6 @@ class Membership:
 
 
 # -- the API server ---------------------------------------------------------------------------------------
-
-@dataclass
-class ApiAccess:
-    """Where the API server is and how to authenticate, re-read per request (rotated tokens)."""
-
-    host: str
-    authorization: Callable[[], str | None]
-    ssl: ssl.SSLContext | bool | None = None
-
-    def headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "hetero-infer-router"}
-        token = self.authorization()
-        if token:
-            headers["Authorization"] = token
-        return headers
-
-
-def in_cluster_namespace() -> str | None:
-    try:
-        with open(os.path.join(SERVICE_ACCOUNT_DIR, "namespace")) as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
-def api_access() -> ApiAccess:
-    """In a pod: the service account; elsewhere the kubeconfig (needs the `kubernetes` package)."""
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    token_path = os.path.join(SERVICE_ACCOUNT_DIR, "token")
-    if host and os.path.exists(token_path):
-        def bearer() -> str:
-            with open(token_path) as f:
-                return "Bearer " + f.read().strip()
-
-        context = ssl.create_default_context(cafile=os.path.join(SERVICE_ACCOUNT_DIR, "ca.crt"))
-        server = f"[{host}]" if ":" in host else host
-        return ApiAccess(f"https://{server}:{port}", bearer, context)
-    from hetero_infer.operator import kube
-
-    cfg = kube.load_configuration()
-    context: ssl.SSLContext | bool | None = None
-    if cfg.host.startswith("https"):
-        if not cfg.verify_ssl:
-            context = False
-        else:
-            context = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
-            if cfg.cert_file:
-                context.load_cert_chain(cfg.cert_file, cfg.key_file)
-    return ApiAccess(cfg.host.rstrip("/"), lambda: kube.authorization_header(cfg), context)
-
 
 class WatchGone(Exception):
     """The resourceVersion is too old (410): list again."""

@@ -24,6 +24,10 @@ class RouterMetrics:
         self.held = Gauge("hetero_infer_router_requests_held", "requests waiting for a ready worker", registry=r)
         self.held_total = Counter("hetero_infer_router_held_requests", "requests that had to wait for a worker",
                                   registry=r)
+        self.scale_from_zero = Counter("hetero_infer_router_scale_from_zero",
+                                       "--scale-target: asks for a replica while requests were held, by result: "
+                                       "scaled (0 -> 1), already (it had replicas), error (retried later)",
+                                       ["result"], registry=r)
         self.hold_seconds = Histogram("hetero_infer_router_hold_seconds", "time requests waited for a ready worker",
                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("hetero_infer_router_upstream_ttft_seconds",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -9,6 +10,7 @@ from hetero_infer.contracts import cors
 from hetero_infer.contracts.options import InvalidOption
 
 ENV_PREFIX = "HETERO_INFER_ROUTER_"
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a Kubernetes object name (DNS subdomain)
 TEXT_BYTES_PER_TOKEN = 4  # about, for English text: sizes the text-chunk memory from a pool's tokens
 
 HELP = {
@@ -37,9 +39,12 @@ HELP = {
     "text_chunk_bytes": "without a tokenizer: bytes of prompt text per hashed chunk (default 64)",
     "discover_service": "in a cluster: take the workers from the EndpointSlices of this Service (watched, ready "
     "endpoints only), besides any --worker",
-    "namespace": "the namespace of --discover-service (default: the pod's own, else 'default')",
+    "namespace": "the namespace of --discover-service and --scale-target (default: the pod's own, else 'default')",
     "discover_port": "the EndpointSlice port (name or number) the workers serve on (default: the one named http, "
     "else the first)",
+    "scale_target": "in a cluster: the InferenceDeployment (in --namespace) to scale from 0 to 1 replica, through "
+    "its scale subresource, as soon as a request is held while no worker is ready (scale from zero without "
+    "waiting for the operator's next pass; never lowers, never above 1)",
     "api_key": "a key the router's clients must present (`Authorization: Bearer <key>`) on /v1/* (repeatable; "
     "the environment variable takes one); their requests then go to the workers with --worker-api-key instead. "
     "Without it the router checks nothing and passes each client's Authorization header to the workers",
@@ -72,6 +77,7 @@ class RouterOptions:
     discover_service: str | None = None
     namespace: str | None = None
     discover_port: str | None = None
+    scale_target: str | None = None
     worker_api_key: str | None = field(default=None, repr=False)  # never printed
     api_key: list[str] = field(default_factory=list, repr=False)  # never printed
     shutdown_grace_s: float = 60.0
@@ -107,6 +113,9 @@ class RouterOptions:
                                      self.allow_credentials):
             name, why = bad
             raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: {why}")
+        if self.scale_target is not None and not _DNS_NAME.fullmatch(self.scale_target):
+            raise InvalidOption("scale_target", f"invalid router option scale_target={self.scale_target!r}: must be "
+                                "an InferenceDeployment's name (lower-case letters, digits, '-' and '.')")
         for url in self.worker:
             if not url.startswith(("http://", "https://")):
                 raise InvalidOption("worker", f"invalid router option worker={url!r}: must be an http(s) URL")

@@ -27,11 +27,12 @@ replicas, and never before the history spans the window (e.g. right after the op
 started).
 
 Scale to zero (minReplicas 0, only with the router, which holds requests while no worker is ready):
-at 0 replicas, any request the routers hold scales to 1 at once (`ScaledFromZero`), else it stays at 0;
-with replicas, the rules above run with a floor of 1, and the size goes to 0 only once the whole
-`scaleToZeroAfterSeconds` passed without activity (a request running, waiting or held, or a change
-in the routers' routed-requests count) and with every ready pod and the routers answering (missing
-data never scales to zero).
+at 0 replicas, any request the routers hold scales to 1 (`ScaledFromZero`; a router with --scale-target has
+usually done so already, through the scale subresource, before the pass), else it stays at 0; with replicas,
+the rules above run with a floor of 1, and the size goes to 0 only once the whole `scaleToZeroAfterSeconds`
+passed without activity (a request running, waiting or held, a change in the routers' routed-requests count,
+or the size having come up from zero since the last pass) and with every ready pod and the routers answering
+(missing data never scales to zero).
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ class History:
     last_scale_time: float | None = None
     last_active: float | None = None  # scale to zero: when activity was last seen (None: not yet looked)
     last_routed: float | None = None  # the routers' routed count at the last pass
+    last_replicas: int | None = None  # scale to zero: spec.replicas at the last pass
 
     def record(self, now: float, replicas: int, keep_seconds: float) -> History:
         kept = tuple((t, r) for t, r in self.recommendations if t > now - keep_seconds)
@@ -250,7 +252,14 @@ def _describe(s: SignalRecommendation) -> str:
 
 
 def _busy(history: History, obs: Observation) -> bool | None:
-    """Whether anything is going on; None when it cannot be told (missing data never scales to zero)."""
+    """Whether anything is going on; None when it cannot be told (missing data never scales to zero).
+
+    A size that came up from zero since the last pass is activity: the router asks for the first replica the
+    moment it holds a request (router/scale.py), possibly between two passes that both see nothing held (the
+    client gave up while the worker loaded); without this the idle time would run from before the scale-up and
+    the new replica could be taken away at once."""
+    if history.last_replicas == 0 and obs.current_replicas > 0:
+        return True
     r = obs.router
     if r is None or obs.unanswered:
         return None
@@ -267,7 +276,7 @@ def decide(history: History, obs: Observation, policy: Policy, now: float) -> De
         return _decide(history, obs, policy, now)
     busy = _busy(history, obs)
     last_active = now if busy is not False or history.last_active is None else history.last_active
-    history = replace(history, last_active=last_active,
+    history = replace(history, last_active=last_active, last_replicas=obs.current_replicas,
                       last_routed=obs.router.routed if obs.router is not None else history.last_routed)
     current = obs.current_replicas
     held = obs.router.held if obs.router is not None else None

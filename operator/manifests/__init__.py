@@ -96,8 +96,10 @@ class Children:
     inference_pool: dict[str, Any] | None = None
 
     def all(self) -> list[dict[str, Any]]:
+        # The worker Deployment first: a size change (the autoscaler's, or a router scaling from zero) reaches
+        # the pods before the other children are read and compared.
         router = self.router.all() if self.router is not None else []
-        return [m for m in (*router, self.deployment, self.service, self.pdb, self.hpa, self.inference_pool)
+        return [m for m in (self.deployment, *router, self.service, self.pdb, self.hpa, self.inference_pool)
                 if m is not None]
 
 
@@ -126,7 +128,7 @@ def router_children(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults)
         deployment=router_deployment(owner, spec, defaults),
         workers_service=workers_service(owner),
         service_account=router_service_account(owner),
-        role=router_role(owner),
+        role=router_role(owner, spec),
         role_binding=router_role_binding(owner),
         pdb=router_pdb(owner),
     )

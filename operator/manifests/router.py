@@ -32,11 +32,18 @@ API_KEY_ENV = "HETERO_INFER_ROUTER_API_KEY"  # RouterOptions.api_key: what the r
 WORKER_API_KEY_ENV = "HETERO_INFER_ROUTER_WORKER_API_KEY"  # RouterOptions.worker_api_key (spec.apiKey)
 
 
+def scales_from_zero(spec: InferenceSpec) -> bool:
+    """minReplicas 0 under the operator's autoscaler: the router asks for the first replica itself
+    (--scale-target), through the scale subresource its Role lets it get and patch (rbac.py)."""
+    return spec.router.enabled and spec.autoscaling.by_operator and spec.autoscaling.min_replicas == 0
+
+
 def router_args(owner: Owner, spec: InferenceSpec) -> list[str]:
     """The `hetero-infer router ...` command line, rendered from the RouterOptions it parses: workers discovered
     from the worker Service's EndpointSlices. spec.router.cors and .tokenizer only where they differ from the
     router's defaults: a spec without them (or with the defaults written out, as the API server fills them)
-    renders the same Deployment as before they existed, so it does not roll."""
+    renders the same Deployment as before they existed, so it does not roll. --scale-target only with scale to
+zero (scales_from_zero)."""
     r, cors = spec.router, spec.router.cors
     return ["router", *to_flags(RouterOptions, {
         "host": "0.0.0.0",
@@ -44,6 +51,7 @@ def router_args(owner: Owner, spec: InferenceSpec) -> list[str]:
         "policy": r.policy,
         "discover_service": workers_service_name(owner.name),
         "namespace": owner.namespace,
+        "scale_target": owner.name if scales_from_zero(spec) else None,
         "hold_timeout_s": r.hold_timeout_seconds,
         "shutdown_grace_s": r.hold_timeout_seconds,
         "block_size": spec.engine.block_size,

@@ -2,6 +2,10 @@
 handlers of `hetero-infer operator`) against the KMock API emulator, the router app with EndpointSlice
 discovery as `hetero-infer router --discover-service` builds it, and the test playing the Deployment controller
 and kubelet with an in-process worker (the process version: test_scale_from_zero.py, marked slow).
+
+The router here has no `--scale-target`: the operator's pass on its held-requests gauge is what scales from
+zero (the fallback when a router cannot write the scale; the router's own write: test_scale_from_zero_kmock.py
+in tests/operator).
 """
 
 from __future__ import annotations

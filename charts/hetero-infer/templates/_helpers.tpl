@@ -85,6 +85,10 @@ app.kubernetes.io/component: worker
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]
+# ... and, for a router that scales its model from zero, the scale of that InferenceDeployment.
+- apiGroups: ["hetero-infer.io"]
+  resources: ["inferencedeployments/scale"]
+  verbs: ["get", "patch"]
 # spec.router.inferencePool (Gateway API Inference Extension).
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
