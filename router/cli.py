@@ -17,6 +17,7 @@ from hetero_infer.contracts.options import add_config_flag, add_flags, load_opti
 from hetero_infer.contracts.router_options import ENV_PREFIX, HELP, RouterOptions
 from hetero_infer.router.app import Router, build, make_runner
 from hetero_infer.router.discovery import Discovery
+from hetero_infer.router.drain import Drain
 from hetero_infer.router.pool import WorkerPool
 from hetero_infer.router.scale import ScaleFromZero
 
@@ -77,6 +78,8 @@ async def serve(options: RouterOptions) -> None:
     router, app = build(options)
     add_discovery(app, router.pool, options)
     add_scale_from_zero(app, router, options)
+    drain = Drain()
+    drain.install(app)
     runner = make_runner(app, options.shutdown_grace_s)
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port)
@@ -93,7 +96,7 @@ async def serve(options: RouterOptions) -> None:
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await drain.run(runner, options.shutdown_grace_s)
 
 
 def main(argv: list[str] | None = None) -> int:
