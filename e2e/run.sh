@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
 # End-to-end suite on a kind cluster: build and load the images, install Prometheus,
-# prometheus-adapter (pinned chart versions) and the hetero-infer chart, then for each autoscaling
-# mode, "hpa" (examples/hpa.yaml) and "operator" (the operator scrapes the workers itself): deploy a
-# mock-executor InferenceDeployment, send OpenAI requests through its Service, push load until it
-# scales up, wait until the added pods are Ready, stop the load, wait until the queue drains and it
-# scales back down; deleting it removes its children (no finalizer); tear everything down.
+# prometheus-adapter (pinned chart versions) and the hetero-infer chart, then:
+# - for each autoscaling mode, "hpa" (examples/hpa.yaml) and "operator" (the operator scrapes the workers
+#   itself; the same pod resources and mock step latency as hpa.yaml): deploy a mock-executor
+#   InferenceDeployment, send OpenAI requests through its Service, push load until it scales up, wait until
+#   the added pods are Ready, stop the load, wait until the queue drains and it scales back down; deleting it
+#   removes its children (no finalizer);
+# - the router and scale to zero (examples/router.yaml, minReplicas 0, scaleToZeroAfterSeconds shortened):
+#   idle, it scales to zero workers; a request held by the router is answered once a worker starts (timed);
+#   a load of long streams runs through the router while the routers and the workers roll
+#   (`kubectl rollout restart`): no request fails, no stream is cut; an operator upgrade (a new image tag)
+#   restarts no router; idle again, it scales back to zero;
+# - a model from a local Hub: e2e/local_hub.py (the model-source tests' Hub server, a private repository
+#   holding a tiny random-weight llama) on the host, reached from the pods at the kind network's gateway;
+#   spec.model.url hf://..., HF_ENDPOINT and HF_TOKEN from the credentials Secret; the init container
+#   fetches it, the worker (torch executor, CPU) answers a chat completion;
+# then tear everything down.
 #
-# Needs: docker (running), kind, kubectl, helm, network access for base images and charts.
+# Needs: docker (running), kind, kubectl, helm, network access for base images and charts, and a Python with
+# the project's dev dependencies (torch, transformers, aiohttp) for the local Hub.
 # `pytest e2e` skips with the reason when one of them is missing (as on the development machines).
 # Usage: e2e/run.sh            (from anywhere; `pytest e2e` runs it too)
 # Environment:
 #   CLUSTER_NAME   kind cluster name                       (default hetero-infer-e2e)
 #   KEEP_CLUSTER   1: leave the cluster running at the end  (default 0)
 #   SKIP_BUILD     1: reuse images already built            (default 0)
-#   HELM, KUBECTL, KIND, DOCKER   binaries to use           (default: from PATH)
+#   HELM, KUBECTL, KIND, DOCKER, PYTHON   binaries to use   (default: from PATH; PYTHON: python3)
+#   HUB_PORT       the local Hub's port on the host         (default 18765)
 #   PROMETHEUS_CHART_VERSION, ADAPTER_CHART_VERSION
 #                  prometheus-community chart versions      (default: the tested pins below)
 set -euo pipefail
@@ -26,6 +39,8 @@ HELM="${HELM:-helm}"
 KUBECTL="${KUBECTL:-kubectl}"
 KIND="${KIND:-kind}"
 DOCKER="${DOCKER:-docker}"
+PYTHON="${PYTHON:-python3}"
+HUB_PORT="${HUB_PORT:-18765}"
 
 SYSTEM_NS="hetero-infer-system"
 APP_NS="e2e"
@@ -37,6 +52,11 @@ PROMETHEUS_CHART_VERSION="${PROMETHEUS_CHART_VERSION:-27.19.0}"
 ADAPTER_CHART_VERSION="${ADAPTER_CHART_VERSION:-4.14.1}"
 INFD="mock-autoscaled"
 INFD_OPERATOR="mock-operator-scaled"
+INFD_ROUTER="router-demo"
+INFD_HUB="hub-tiny"
+HUB_REPO="e2e/tiny-llama"
+HUB_TOKEN="hf_e2e_token"
+HUB_PID=""
 ADAPTER_RULES="hetero-infer-adapter-rules"
 KUBE_CONTEXT="kind-${CLUSTER_NAME}"
 
@@ -61,10 +81,14 @@ wait_until() {
 
 cleanup() {
   local rc=$?
+  if [[ -n "${HUB_PID}" ]]; then
+    kill "${HUB_PID}" 2> /dev/null || true
+  fi
   if ((rc != 0)); then
     log "diagnostics (exit code ${rc})"
     k get infd,deploy,hpa,pods -A -o wide || true
-    k describe infd -n "${APP_NS}" "${INFD}" || true
+    k describe infd -n "${APP_NS}" || true
+    k get events -n "${APP_NS}" --sort-by=.lastTimestamp | tail -n 50 || true
     k logs -n "${SYSTEM_NS}" -l app.kubernetes.io/component=operator --tail=200 || true
   fi
   if [[ "${KEEP_CLUSTER}" != "1" ]]; then
@@ -74,7 +98,7 @@ cleanup() {
   exit "${rc}"
 }
 
-for tool in "${DOCKER}" "${KIND}" "${KUBECTL}" "${HELM}"; do
+for tool in "${DOCKER}" "${KIND}" "${KUBECTL}" "${HELM}" "${PYTHON}"; do
   command -v "${tool}" > /dev/null || fail "${tool} not found"
 done
 "${DOCKER}" info > /dev/null 2>&1 || fail "the Docker daemon is not reachable"
@@ -255,9 +279,16 @@ spec:
   model:
     name: mock-smollm2
   executor: mock
-  replicas: 1
+  # As examples/hpa.yaml: pods small enough that three fit the node, and steps slow enough that a queue builds.
+  # No spec.replicas: the autoscaler owns it.
+  resources:
+    cpu: 250m
+    memory: 2Gi
   engine:
     maxNumSeqs: 4
+  env:
+    - name: HETERO_INFER_MOCK_STEP_LATENCY_S
+      value: "0.05"
   autoscaling:
     enabled: true
     mode: operator
@@ -275,5 +306,168 @@ echo
 log "deleting the InferenceDeployments removes their children"
 delete_and_check "${INFD}"
 delete_and_check "${INFD_OPERATOR}"
+
+# -- the router, scale to zero, rollouts under load, an operator upgrade --------------------------------------
+
+# scaled_to_zero NAME: spec.replicas 0 and no worker pod left.
+scaled_to_zero() {
+  k get -n "${APP_NS}" "infd/$1" --no-headers || true
+  [[ "$(spec_replicas "$1")" == "0" ]] \
+    && [[ -z "$(k get -n "${APP_NS}" pods -l "hetero-infer.io/inference-deployment=$1,app.kubernetes.io/component=worker" -o name)" ]]
+}
+
+router_available() {
+  local want ready
+  want="$(k get -n "${APP_NS}" "deploy/$1-router" -o jsonpath='{.spec.replicas}')"
+  ready="$(k get -n "${APP_NS}" "deploy/$1-router" -o jsonpath='{.status.availableReplicas}')"
+  [[ -n "${want}" && "${ready}" == "${want}" ]]
+}
+
+# start_stream_load NAME SECONDS: a Job of 6 clients, each sending long streamed completions to NAME's Service
+# one after another for SECONDS; a client exits 1 at the first request that fails, is cut (fewer tokens than
+# asked, no final usage chunk) or lacks data: [DONE]; the Job then fails (backoffLimit 0).
+start_stream_load() {
+  local name="$1" seconds="$2"
+  cat <<YAML | k apply -n "${APP_NS}" -f -
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: e2e-streams-${name}
+spec:
+  parallelism: 6
+  completions: 6
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 100
+      containers:
+        - name: streams
+          image: ${CURL_IMAGE}
+          command: ["/bin/sh", "-c"]
+          args:
+            - |
+              end=\$((\$(date +%s) + ${seconds}))
+              n=0
+              while [ "\$(date +%s)" -lt "\$end" ]; do
+                out="\$(curl -sSfN --max-time 600 "http://${name}.${APP_NS}.svc/v1/completions" \\
+                  -H 'Content-Type: application/json' \\
+                  -d '{"model": "mock-smollm2", "prompt": "roll", "max_tokens": 100, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}}')" \\
+                  || { echo "request \$n failed"; exit 1; }
+                echo "\$out" | grep -q '"completion_tokens":100' || { echo "request \$n cut: \$(echo "\$out" | tail -c 300)"; exit 1; }
+                echo "\$out" | grep -q 'data: \[DONE\]' || { echo "request \$n: no [DONE]"; exit 1; }
+                n=\$((n + 1))
+              done
+              echo "\$n streams complete"
+YAML
+}
+
+# stream_load_finished NAME: every client of the Job ended, or one failed (backoffLimit 0 ends the Job then).
+stream_load_finished() {
+  local succeeded failed
+  succeeded="$(k get -n "${APP_NS}" "job/e2e-streams-$1" -o jsonpath='{.status.succeeded}')"
+  failed="$(k get -n "${APP_NS}" "job/e2e-streams-$1" -o jsonpath='{.status.failed}')"
+  ((${succeeded:-0} + ${failed:-0} >= 6 || ${failed:-0} > 0))
+}
+
+# stream_load_passed NAME: the Job finished and every client's streams were complete.
+stream_load_passed() {
+  local job="e2e-streams-$1" succeeded
+  wait_until "the stream load through $1 to finish" 900 stream_load_finished "$1"
+  k logs -n "${APP_NS}" -l "job-name=${job}" --prefix --tail=3 || true
+  succeeded="$(k get -n "${APP_NS}" "job/${job}" -o jsonpath='{.status.succeeded}')"
+  [[ "${succeeded}" == "6" ]] || fail "the stream load through $1 lost requests (${succeeded:-0} of 6 clients passed)"
+  k delete -n "${APP_NS}" "job/${job}" --wait=true
+}
+
+log "the router and scale to zero (examples/router.yaml, ${INFD_ROUTER})"
+k apply -n "${APP_NS}" -f "${ROOT}/examples/router.yaml"
+# Idle for 30 s instead of the example's 10 minutes, so the suite sees the scale-down to zero; mock steps of
+# 50 ms, so a stream of 100 tokens lasts 5 s and the rollouts below happen while streams run.
+k patch -n "${APP_NS}" "infd/${INFD_ROUTER}" --type merge -p '{"spec": {"autoscaling": {"scaleToZeroAfterSeconds": 30},
+  "env": [{"name": "HETERO_INFER_MOCK_STEP_LATENCY_S", "value": "0.05"}]}}'
+wait_until "the routers of ${INFD_ROUTER} to be available" 600 router_available "${INFD_ROUTER}"
+k get -n "${APP_NS}" deploy,svc,pdb -l "hetero-infer.io/inference-deployment=${INFD_ROUTER}"
+[[ "$(k get -n "${APP_NS}" "deploy/${INFD_ROUTER}-router" -o jsonpath='{.spec.replicas}')" == "2" ]] \
+  || fail "the router does not run 2 replicas by default"
+k get -n "${APP_NS}" "pdb/${INFD_ROUTER}-router" > /dev/null || fail "the router has no PodDisruptionBudget"
+wait_until "${INFD_ROUTER} to scale to zero workers" 600 scaled_to_zero "${INFD_ROUTER}"
+
+log "a request at zero workers is held by the router and answered once a worker is up"
+ROUTER_URL="http://${INFD_ROUTER}.${APP_NS}.svc/v1"
+started=${SECONDS}
+reply="$(k run -n "${APP_NS}" e2e-from-zero --rm -i --restart=Never --quiet --image="${CURL_IMAGE}" -- \
+  curl -sSf --max-time 600 "${ROUTER_URL}/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "mock-smollm2", "max_tokens": 8, "messages": [{"role": "user", "content": "Hello"}]}')"
+grep -q '"choices"' <<< "${reply}" || fail "the request held at zero workers got no completion: ${reply}"
+log "ok: answered from zero workers in $((SECONDS - started)) s (held by the router while a worker started)"
+wait_until "${INFD_ROUTER} to run its worker" 300 all_ready "${INFD_ROUTER}"
+
+log "rolling the routers and the workers under a load of long streams: no request fails, no stream is cut"
+start_stream_load "${INFD_ROUTER}" 240
+sleep 20
+k rollout restart -n "${APP_NS}" "deploy/${INFD_ROUTER}-router"
+k rollout status -n "${APP_NS}" "deploy/${INFD_ROUTER}-router" --timeout=10m
+k rollout restart -n "${APP_NS}" "deploy/${INFD_ROUTER}"
+k rollout status -n "${APP_NS}" "deploy/${INFD_ROUTER}" --timeout=10m
+stream_load_passed "${INFD_ROUTER}"
+
+log "an operator upgrade (a new operator image tag) restarts no router"
+router_generation="$(k get -n "${APP_NS}" "deploy/${INFD_ROUTER}-router" -o jsonpath='{.metadata.generation}')"
+"${DOCKER}" tag "${OPERATOR_IMAGE_REPO}:${OPERATOR_IMAGE_TAG}" "${OPERATOR_IMAGE_REPO}:${OPERATOR_IMAGE_TAG}-upgrade"
+"${KIND}" load docker-image --name "${CLUSTER_NAME}" "${OPERATOR_IMAGE_REPO}:${OPERATOR_IMAGE_TAG}-upgrade"
+h upgrade hetero-infer "${ROOT}/charts/hetero-infer" --namespace "${SYSTEM_NS}" --reuse-values \
+  --set image.tag="${OPERATOR_IMAGE_TAG}-upgrade" --wait --timeout 5m
+k rollout status -n "${SYSTEM_NS}" deploy -l app.kubernetes.io/component=operator --timeout=5m
+sleep 30  # a resync of the new operator (resyncSeconds 15) has passed
+[[ "$(k get -n "${APP_NS}" "deploy/${INFD_ROUTER}-router" -o jsonpath='{.metadata.generation}')" == "${router_generation}" ]] \
+  || fail "the operator upgrade changed the router Deployment (it would restart every router)"
+
+wait_until "${INFD_ROUTER} to scale back to zero when idle" 600 scaled_to_zero "${INFD_ROUTER}"
+delete_and_check "${INFD_ROUTER}"
+
+# -- a model from a local Hub ---------------------------------------------------------------------------------
+
+log "a model from a local Hub (${HUB_REPO}, private, on the host) through spec.model.url hf://"
+gateway="$("${DOCKER}" network inspect kind -f '{{range .IPAM.Config}}{{.Gateway}} {{end}}' \
+  | tr ' ' '\n' | grep -E '^[0-9]+(\.[0-9]+){3}$' | head -n 1)"
+[[ -n "${gateway}" ]] || fail "no IPv4 gateway on the kind network"
+hub_log="$(mktemp)"
+"${PYTHON}" "${ROOT}/e2e/local_hub.py" --host 0.0.0.0 --port "${HUB_PORT}" --repo "${HUB_REPO}" \
+  --token "${HUB_TOKEN}" > "${hub_log}" 2>&1 &
+HUB_PID=$!
+hub_up() { grep -q "local hub serving" "${hub_log}"; }
+wait_until "the local Hub to serve ${HUB_REPO}" 300 hub_up
+k create secret generic -n "${APP_NS}" local-hub --from-literal=HF_ENDPOINT="http://${gateway}:${HUB_PORT}" \
+  --from-literal=HF_TOKEN="${HUB_TOKEN}" --dry-run=client -o yaml | k apply -f -
+cat <<YAML | k apply -n "${APP_NS}" -f -
+apiVersion: hetero-infer.io/v1alpha1
+kind: InferenceDeployment
+metadata:
+  name: ${INFD_HUB}
+spec:
+  model:
+    name: ${HUB_REPO}
+    url: hf://${HUB_REPO}
+    credentialsSecret: local-hub
+    downloadSize: 1Gi
+  executor: torch
+  replicas: 1
+  resources:
+    cpu: 500m
+    memory: 2Gi
+YAML
+k wait -n "${APP_NS}" "infd/${INFD_HUB}" --for=condition=Ready --timeout=10m
+fetched="$(k get -n "${APP_NS}" pods -l "hetero-infer.io/inference-deployment=${INFD_HUB},app.kubernetes.io/component=worker" \
+  -o jsonpath='{.items[0].status.initContainerStatuses[0].state.terminated.exitCode}')"
+[[ "${fetched}" == "0" ]] || fail "the fetch-model init container did not succeed (exit code: ${fetched:-none})"
+reply="$(k run -n "${APP_NS}" e2e-hub-chat --rm -i --restart=Never --quiet --image="${CURL_IMAGE}" -- \
+  curl -sSf --retry 10 --retry-all-errors "http://${INFD_HUB}.${APP_NS}.svc/v1/chat/completions" \
+  -H 'Content-Type: application/json' \
+  -d "{\"model\": \"${HUB_REPO}\", \"max_tokens\": 8, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}")"
+grep -q '"choices"' <<< "${reply}" || fail "the Hub model's chat completion has no choices: ${reply}"
+delete_and_check "${INFD_HUB}"
 
 log "e2e passed"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,5 +40,7 @@ def test_kind_end_to_end() -> None:
     reason = missing_prerequisite()
     if reason:
         pytest.skip(reason)
-    proc = subprocess.run(["bash", str(SCRIPT)], timeout=TIMEOUT_S)
+    # The local Hub (e2e/local_hub.py) runs on this interpreter, which has the project's dev dependencies.
+    env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)}
+    proc = subprocess.run(["bash", str(SCRIPT)], timeout=TIMEOUT_S, env=env)
     assert proc.returncode == 0, f"{SCRIPT} failed with exit code {proc.returncode} (its output is above)"

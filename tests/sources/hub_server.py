@@ -134,7 +134,8 @@ class LocalHub:
         return web.Response(status=206 if start else 200, body=content[start:], headers=headers)
 
     # -- lifecycle ----------------------------------------------------------------------------------
-    def start(self, port: int = 0) -> LocalHub:
+    def start(self, port: int = 0, host: str = "127.0.0.1") -> LocalHub:
+        """Serve on `host`:`port` (0: a free one); `url` names the address it bound."""
         app = web.Application(middlewares=[self._record])
         app.router.add_get("/api/models/{org}/{name}/revision/{rev}", self.info)
         app.router.add_get("/api/models/{org}/{name}/tree/{rev}", self.tree)
@@ -145,9 +146,9 @@ class LocalHub:
             self._loop = asyncio.new_event_loop()
             self._runner = web.AppRunner(app, access_log=None)
             self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", port)
+            site = web.TCPSite(self._runner, host, port)
             self._loop.run_until_complete(site.start())
-            self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+            self.url = f"http://{host}:{self._runner.addresses[0][1]}"
             started.set()
             self._loop.run_forever()
 
