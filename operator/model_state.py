@@ -26,7 +26,7 @@ _PROGRESS = re.compile(r"(\d+(?:\.\d+)? [kMG]?B) of (\d+(?:\.\d+)? [kMG]?B) \((\
 _STARTING = re.compile(r"downloading \S+: (\d+) file\(s\), (\d+(?:\.\d+)? [kMG]?B) into")
 # The fetch command's log format: "TIME LEVEL LOGGER: MESSAGE"
 _LOG_ERROR = re.compile(r"\b(?:ERROR|CRITICAL) [\w.]+: (.*)$")
-_NO_SPACE = re.compile(r"no space left on device|\[errno 28\]|enospc|disk quota exceeded|ephemeral.storage",
+_NO_SPACE = re.compile(r"no space left on device|\[errno 28\]|enospc|disk quota exceeded|ephemeral.(?:local.)?storage",
                        re.IGNORECASE)
 _UNAUTHORIZED = re.compile(r"access denied|not authorized|unauthorized|forbidden|no aws credentials|http 40[13]\b|"
                            r"invalidaccesskeyid|signaturedoesnotmatch", re.IGNORECASE)
