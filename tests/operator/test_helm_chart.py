@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from crd_validation import validate as validate_custom_resource
 from hetero_infer.operator import constants as c
 from hetero_infer.operator import kube
 from hetero_infer.operator.cli import build_parser
+from hetero_infer.operator.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "hetero-infer"
@@ -261,6 +264,14 @@ def test_notes_render(helm_bin: Path, tmp_path: Path, sets: list[str]) -> None:
     assert "kubectl apply" in notes and "rel-hetero-infer" in notes
     # A chart upgrade does not upgrade the CRD: the notes give the command that does.
     assert "helm show crds" in notes and "kubectl apply --server-side" in notes
+    # The InferenceDeployments the notes show (SmolLM2; Llama-3.1-8B-Instruct from the Hub into a shared cache)
+    # are accepted by the CRD and the operator.
+    shown = [yaml.safe_load(textwrap.dedent(doc)) for doc in re.findall(r"<<YAML\n(.*?)\n\s*YAML", notes, re.S)]
+    assert [d["metadata"]["name"] for d in shown] == ["smollm2", "llama-8b"]
+    for doc in shown:
+        assert validate_custom_resource(yaml.safe_load((CHART / "crds" / f"{c.CRD_NAME}.yaml").read_text()), doc) == []
+        parse_spec(doc["spec"], name=doc["metadata"]["name"])
+    assert shown[1]["spec"]["model"]["cache"] and shown[1]["spec"]["model"]["credentialsSecret"] == "hf-token"
     if "prometheusAdapter.enabled=true" in sets:
         assert "custom.metrics.k8s.io" in notes and "the namespaces a, b" in notes
     if "peering.enabled=false" in sets:
