@@ -414,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", help="hf://ORG/NAME[@REVISION], ORG/NAME or s3://BUCKET/PREFIX")
     parser.add_argument("--progress-interval", type=float, default=DEFAULT_INTERVAL_S,
                         help="seconds between progress lines when stderr is not a terminal")
+    parser.add_argument("--gguf-dtype", choices=("float32", "bfloat16"), default=None,
+                        help="convert a .gguf model once into a Hugging Face folder of this dtype (in "
+                             "HETERO_INFER_MODEL_CACHE; needs the worker's dependencies) and print that folder")
     parser.add_argument("--link", type=Path, default=None,
                         help="then point this path (a relative symlink, replaced atomically) at the model's folder: "
                              "the operator's download Job marks a complete cache folder with it")
@@ -425,6 +428,10 @@ def main(argv: list[str] | None = None) -> int:
     except ModelSourceError as exc:
         logger.error("%s", exc)
         return 1
+    if args.gguf_dtype and folder.is_file() and folder.suffix.lower() == ".gguf":
+        from hetero_infer.worker.runner.loader import convert_gguf  # torch: only here, only for a GGUF
+
+        folder = convert_gguf(folder, dtype=args.gguf_dtype)
     if args.link is not None:
         link_model(args.link, folder)
     print(folder)

@@ -40,6 +40,7 @@ class ModelState:
     phase: str  # Pending | Downloading | Ready | Failed
     reason: str  # the ModelReady condition's reason: the phase, or for Failed the kind of failure
     message: str
+    source: str = ""  # what is downloaded (spec.model.url, or the GGUF converted): status.model.url
 
     @property
     def ready(self) -> bool:

@@ -9,6 +9,7 @@ so the caller can retry with backoff.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,6 +28,7 @@ from hetero_infer.operator.manifests import (
     download_job,
     endpoint,
     fetch_job_name,
+    fetch_source,
     router_name,
     selector_string,
     stale_optional_children,
@@ -151,9 +153,9 @@ def _job_pods(client: kube.Client, job: Mapping[str, Any]) -> tuple[list[dict[st
 
 def sync_cache(client: kube.Client, owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults,
                workers: Mapping[str, Any] | None, outcome: Outcome, record: Recorder) -> CacheStep:
-    """spec.model.cache: the claim (when the operator creates it) and the url's download Job; `workers` is the live
-    worker Deployment, whose annotation says which cache folder its pods read."""
-    url, ns = spec.model.url or "", owner.namespace
+    """spec.model.cache: the claim (when the operator creates it) and the model's download Job; `workers` is the
+    live worker Deployment, whose annotation says which cache folder its pods read."""
+    url, ns = fetch_source(spec, defaults).name, owner.namespace
     key = cache_key(url)
     annotations = ((workers or {}).get("metadata") or {}).get("annotations") or {}
     served = annotations.get(c.MODEL_CACHE_KEY_ANNOTATION) if workers and owned_by(workers, owner.uid) else None
@@ -171,7 +173,7 @@ def sync_cache(client: kube.Client, owner: Owner, spec: InferenceSpec, defaults:
                                                       outcome, record)
         # A failed Job's pods say why (their termination messages); a complete one's are of no interest.
         pods, log = _job_pods(client, job) if job is not None and not _job_done(job, "Complete") else ([], "")
-        state = model_state(url, job, pods, log, claim_missing)
+        state = dataclasses.replace(model_state(url, job, pods, log, claim_missing), source=url)
     except kube.ApiError as e:
         outcome.errors.append(f"model cache for {url}: {e}")
         return CacheStep(None, served)
@@ -269,7 +271,8 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
         except kube.ApiError as e:
             outcome.errors.append(f"Deployment {ns}/{name}: {e}")
             return _finish(client, record, body, spec, owner, outcome, live, set(), None, previous, now)
-        cache = sync_cache(client, owner, spec, defaults or WorkerDefaults(), workers_live, outcome, record)
+        defaults = defaults or WorkerDefaults()
+        cache = sync_cache(client, owner, spec, defaults, workers_live, outcome, record)
     wanted = children(owner, spec, defaults, cache.cached if cache else None)
     if wanted.deployment is None and workers_live is not None and owned_by(workers_live, uid):
         live["Deployment", name] = workers_live  # an earlier Deployment serves on until the model is in the cache
@@ -321,7 +324,7 @@ def _model_event(record: Recorder, previous: Mapping[str, Any], spec: InferenceS
     if state is None:
         return
     before = next((cd for cd in previous.get("conditions") or [] if cd.get("type") == c.COND_MODEL_READY), None)
-    event = transition_event(previous.get("model"), before, spec.model.url or "", state)
+    event = transition_event(previous.get("model"), before, state.source, state)
     if event is not None:
         record(*event)
 

@@ -349,13 +349,15 @@ def _parse_model(r: Reader, raw: Any) -> ModelSpec:
         r.bad(p, f"give at most one of path, pvc, hostPath and url (got {', '.join(given)})")
     secret = r.string(m, "credentialsSecret", p, pattern=DNS1123_SUBDOMAIN, what="a Secret's name")
     size = r.quantity(m, "downloadSize", p) or DEFAULT_DOWNLOAD_SIZE
-    cache = _parse_cache(r, m.get("cache"), raw_url)
+    gguf = next((f for f in (path, pvc.sub_path if pvc else None) if f and f.lower().endswith(".gguf")), None)
+    cache = _parse_cache(r, m.get("cache"), raw_url, gguf)
     return ModelSpec(name=name, path=path, pvc=pvc, host_path=host_path, url=url, credentials_secret=secret,
                      download_size=size, cache=cache)
 
 
-def _parse_cache(r: Reader, raw: Any, url: str | None) -> CacheSpec | None:
-    """spec.model.cache: claimName, or size (and storageClassName) for a claim the operator creates."""
+def _parse_cache(r: Reader, raw: Any, url: str | None, gguf: str | None) -> CacheSpec | None:
+    """spec.model.cache: claimName, or size (and storageClassName) for a claim the operator creates; for an hf:// or
+    s3:// url, or a .gguf file (`gguf`, in the image or on a claim) that the download Job converts once."""
     if raw is None:
         return None
     p = "spec.model.cache"
@@ -369,9 +371,10 @@ def _parse_cache(r: Reader, raw: Any, url: str | None) -> CacheSpec | None:
                  "the operator creates, not both")
     elif ca.get("claimName") is not None and ca.get("storageClassName") is not None:
         r.bad(f"{p}.storageClassName", "applies to a claim the operator creates (with size), not to claimName")
-    if not (url or "").startswith(CACHE_URL_SCHEMES):
+    if not (url or "").startswith(CACHE_URL_SCHEMES) and gguf is None:
         r.bad(p, "needs spec.model.url hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX (what the download Job "
-                 f"fetches), got {'url ' + repr(url) if url else 'no url'}")
+                 "fetches), or a .gguf file (path, or pvc/pvc:// with a subPath) that it converts once, got "
+                 f"{'url ' + repr(url) if url else 'neither'}")
     if len(r.problems) > before:
         return None
     return CacheSpec(claim_name=claim, size=size, storage_class_name=storage_class)

@@ -256,7 +256,7 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
     elif previous.get("router") is not None:
         status["router"] = None  # the router was turned off: remove its numbers
     if model_c is not None and observed.model is not None:
-        status["model"] = {"url": spec.model.url, "phase": observed.model.phase}
+        status["model"] = {"url": observed.model.source or spec.model.url, "phase": observed.model.phase}
     elif spec.model.cache is None and previous.get("model") is not None:
         status["model"] = None  # the cache was turned off
     if observed.generation is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetero_infer.operator import constants as c
-from hetero_infer.operator.manifests.cache import cache_claim, download_job
+from hetero_infer.operator.manifests.cache import FetchSource, cache_claim, download_job, fetch_source
 from hetero_infer.operator.manifests.common import (
     WORKER_UID,
     Owner,
@@ -61,7 +61,8 @@ from hetero_infer.operator.spec import InferenceSpec
 __all__ = [
     "CACHE_DIR", "DISCOVERY_RULES", "INFERENCE_POOL_API_VERSION", "MODEL_MOUNT", "PRESTOP_SLEEP_SECONDS",
     "ROUTER_CPU", "ROUTER_MEMORY", "SHUTDOWN_GRACE_SECONDS", "TERMINATION_GRACE_SECONDS", "WORKER_UID", "Children",
-    "cache_claim", "cache_claim_name", "cache_key", "cached_model_path", "download_job", "fetch_job_name",
+    "FetchSource", "cache_claim", "cache_claim_name", "cache_key", "cached_model_path", "download_job",
+    "fetch_job_name", "fetch_source",
     "Owner", "RouterChildren", "WorkerDefaults", "children", "command_line", "common_labels", "deployment",
     "endpoint", "horizontal_pod_autoscaler", "inference_pool", "model_path", "owner_reference",
     "pod_disruption_budget", "quantity", "rollout_strategy", "router_args", "router_child_names",

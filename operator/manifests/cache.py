@@ -9,6 +9,7 @@ retries with exponential back-off (10 s, 20 s, ... capped at 6 min) up to FETCH_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from hetero_infer.operator import constants as c
@@ -33,6 +34,33 @@ from hetero_infer.operator.spec import InferenceSpec
 
 FETCH_BACKOFF_LIMIT = 6  # Kubernetes' default, stated: about 10 minutes of retries before the Job fails
 CACHE_ACCESS_MODES = ["ReadWriteMany"]  # one download, every worker on any node reads it
+SOURCE_MOUNT = "/source"  # a GGUF's claim, read-only, in the download Job
+
+
+@dataclass(frozen=True)
+class FetchSource:
+    """What the download Job fetches into the cache: `name` keys the cache folder (common.cache_key) and is what
+    status.model.url shows; `argument` is `hetero-infer fetch`'s; a GGUF is converted into `gguf_dtype`, from
+    the image or from the claim `claim` (mounted at SOURCE_MOUNT)."""
+
+    name: str
+    argument: str
+    gguf_dtype: str | None = None
+    claim: str | None = None
+
+
+def fetch_source(spec: InferenceSpec, defaults: WorkerDefaults) -> FetchSource:
+    """spec.model's source with a cache: its hf:// or s3:// url, else its .gguf file (spec.py allows no other),
+    converted once into bfloat16 for GPU workers (half float32's size; what they compute in) or float32 on CPU."""
+    m = spec.model
+    if m.url is not None:
+        return FetchSource(m.url, m.url)
+    dtype = "bfloat16" if spec.resources.gpus > 0 else "float32"
+    if m.pvc is not None and m.pvc.sub_path:
+        return FetchSource(f"pvc://{m.pvc.claim_name}/{m.pvc.sub_path} as {dtype}",
+                           f"{SOURCE_MOUNT}/{m.pvc.sub_path}", dtype, m.pvc.claim_name)
+    assert m.path is not None, "spec.py allows a cache only with a url or a .gguf file"
+    return FetchSource(f"{worker_image(spec, defaults)}:{m.path} as {dtype}", m.path, dtype)
 
 
 def cache_claim(owner: Owner, spec: InferenceSpec) -> dict[str, Any] | None:
@@ -53,13 +81,20 @@ def cache_claim(owner: Owner, spec: InferenceSpec) -> dict[str, Any] | None:
 
 
 def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, claim: str) -> dict[str, Any]:
-    """The Job that downloads spec.model.url into its folder of the cache claim `claim`."""
-    url = spec.model.url
-    assert url is not None and spec.model.cache is not None, "a download Job needs spec.model.url and .cache"
-    key = cache_key(url)
-    container = fetch_container(spec, worker_image(spec, defaults), defaults, container_security(), cached=key)
+    """The Job that fetches the model (fetch_source) into its folder of the cache claim `claim`."""
+    assert spec.model.cache is not None, "a download Job needs spec.model.cache"
+    source = fetch_source(spec, defaults)
+    key = cache_key(source.name)
+    options = ("--gguf-dtype", source.gguf_dtype) if source.gguf_dtype else ()
+    container = fetch_container(spec, worker_image(spec, defaults), defaults, container_security(), cached=key,
+                                source=source.argument, options=options)
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}},
+                                     {"name": "model", "persistentVolumeClaim": {"claimName": claim}}]
+    if source.claim is not None:
+        volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}})
+        container["volumeMounts"].append({"name": "source", "mountPath": SOURCE_MOUNT, "readOnly": True})
     meta = metadata(owner, fetch_job_name(owner, key), c.COMPONENT_MODEL_CACHE)
-    meta["annotations"] = {c.MODEL_URL_ANNOTATION: url, c.MODEL_CACHE_KEY_ANNOTATION: key}
+    meta["annotations"] = {c.MODEL_URL_ANNOTATION: source.name, c.MODEL_CACHE_KEY_ANNOTATION: key}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -71,8 +106,7 @@ def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cl
                 "spec": {
                     "restartPolicy": "Never",
                     "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {}},
-                                {"name": "model", "persistentVolumeClaim": {"claimName": claim}}],
+                    "volumes": volumes,
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "securityContext": pod_security(),
@@ -83,4 +117,5 @@ def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cl
     }
 
 
-__all__ = ["CACHE_ACCESS_MODES", "FETCH_BACKOFF_LIMIT", "MODEL_MOUNT", "cache_claim", "cache_key", "download_job"]
+__all__ = ["CACHE_ACCESS_MODES", "FETCH_BACKOFF_LIMIT", "MODEL_MOUNT", "SOURCE_MOUNT", "FetchSource", "cache_claim",
+           "cache_key", "download_job", "fetch_source"]

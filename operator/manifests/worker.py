@@ -170,11 +170,13 @@ def credentials(spec: InferenceSpec) -> list[dict[str, Any]] | None:
 
 
 def fetch_container(spec: InferenceSpec, image: str, defaults: WorkerDefaults,
-                    security: dict[str, Any], cached: str | None = None) -> dict[str, Any]:
+                    security: dict[str, Any], cached: str | None = None, source: str | None = None,
+                    options: tuple[str, ...] = ()) -> dict[str, Any]:
     """The container that downloads spec.model.url: the init container that fills the pod's model volume before
     the worker starts (an init container has no probes: a long download is never killed as a slow start; a
     failed one is retried by the kubelet with back-off), or, with `cached` (a cache folder), the download Job's,
-    which fills that folder of the cache volume and links the model at cached_model_path."""
+    which fills that folder of the cache volume and links the model at cached_model_path (`source`: what it
+    fetches, spec.model.url by default; `options`: more of `hetero-infer fetch`'s)."""
     root = f"{MODEL_MOUNT}/{cached}" if cached else MODEL_MOUNT
     link = ["--link", cached_model_path(cached)] if cached else []
     requests = {"cpu": "250m", "memory": "512Mi"}
@@ -184,7 +186,7 @@ def fetch_container(spec: InferenceSpec, image: str, defaults: WorkerDefaults,
         "name": "fetch-model",
         "image": image,
         "imagePullPolicy": defaults.image_pull_policy,
-        "command": ["hetero-infer", "fetch", spec.model.url, *link],
+        "command": ["hetero-infer", "fetch", source or spec.model.url, *link, *options],
         # spec.env too: a Hub mirror (HF_ENDPOINT) or an S3 endpoint set there is where the model comes from
         "env": _with_user_env([{"name": "HOME", "value": "/tmp"}, *_download_env(root),
                                {"name": "PYTHONUNBUFFERED", "value": "1"}], spec),

@@ -95,6 +95,14 @@ def test_model_caches_are_accepted_by_schema_and_operator(crd: dict[str, Any], c
                                       else None, storage_class_name=cache.get("storageClassName"))
 
 
+@pytest.mark.parametrize("model", [{"path": "/opt/models/llama.Q4_K_M.gguf"}, {"url": "pvc://weights/llama.GGUF"},
+                                   {"pvc": {"claimName": "weights", "subPath": "gguf/llama.Q8_0.gguf"}}])
+def test_a_gguf_file_may_be_converted_into_a_cache(crd: dict[str, Any], model: dict[str, Any]) -> None:
+    obj = with_spec(model={"name": "m", **model, "cache": {"size": "20Gi"}})
+    assert validate(crd, obj) == []
+    assert parse_spec(obj["spec"], name="ok").model.cache == s.CacheSpec(size="20Gi")
+
+
 def test_the_gpu_example_gives_its_replicas_a_volume_they_can_all_mount() -> None:
     docs = list(yaml.safe_load_all((ROOT / "examples" / "gpu.yaml").read_text()))
     infd = next(d for d in docs if d["kind"] == c.KIND)
@@ -169,6 +177,10 @@ BAD = {
     "model cache without a url": (with_spec(model={"name": "m", "cache": {"size": "50Gi"}}), "cache"),
     "model cache of a pvc:// url": (with_spec(model={"name": "m", "url": "pvc://weights/m", "cache": {"size": "5Gi"}}),
                                     "cache"),
+    "model cache of a folder on a claim": (with_spec(model={"name": "m", "pvc": {"claimName": "w", "subPath": "llama"},
+                                                         "cache": {"size": "5Gi"}}), "cache"),
+    "model cache of a folder in the image": (with_spec(model={"name": "m", "path": "/models/llama",
+                                                           "cache": {"size": "5Gi"}}), "cache"),
     "model cache with neither claim nor size": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {}}),
                                                 "claimName"),
     "model cache with both claim and size": (with_spec(model={"name": "m", "url": "hf://o/n",

@@ -26,6 +26,7 @@ from hetero_infer.operator.manifests import (
     children,
     download_job,
     fetch_job_name,
+    fetch_source,
 )
 from hetero_infer.operator.model_state import (
     DOWNLOAD_FAILED,
@@ -239,3 +240,52 @@ def test_the_download_job_fills_the_folder_the_workers_serve(hub, tmp_path: Path
                                            WorkerDefaults(), "s"), cache, {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_wrong"})
     line = error_line(refused.stderr)
     assert refused.returncode == 1 and failure_reason(line) == UNAUTHORIZED and "hf_wrong" not in refused.stderr
+
+
+# -- a GGUF converted once into the cache ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("gpus", "dtype"), [(1, "bfloat16"), (0, "float32")])
+def test_a_gguf_on_a_claim_is_converted_once_by_the_job(gpus: int, dtype: str) -> None:
+    raw = {"model": {"name": "m", "pvc": {"claimName": "weights", "subPath": "gguf/m.Q4_0.gguf"},
+                     "cache": {"size": "20Gi"}}, "resources": {"gpus": gpus}}
+    spec = parse_spec(raw, "llama-8b")
+    key = cache_key(fetch_source(spec, WorkerDefaults()).name)
+    job = download_job(OWNER, spec, WorkerDefaults(), "llama-8b-model-cache")
+    kubernetes_validate.validate(strip_none(job), K8S_VERSIONS[-1], strict=True)
+    (fetch,) = job["spec"]["template"]["spec"]["containers"]
+    assert fetch["command"] == ["hetero-infer", "fetch", "/source/gguf/m.Q4_0.gguf", "--link", f"/models/{key}/model",
+                                "--gguf-dtype", dtype]
+    assert {"name": "source", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in \
+        job["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "source", "mountPath": "/source", "readOnly": True} in fetch["volumeMounts"]
+    pod = children(OWNER, spec, cached=key).deployment["spec"]["template"]["spec"]
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    assert claims == ["llama-8b-model-cache"]  # the workers read the converted folder, not the GGUF's claim
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--model") + 1] == f"/models/{key}/model"
+    other = parse_spec({**raw, "resources": {"gpus": 1 - gpus}}, "llama-8b")
+    assert cache_key(fetch_source(other, WorkerDefaults()).name) != key  # each dtype is its own folder
+
+
+@pytest.mark.slow
+def test_the_job_converts_a_gguf_once_into_bfloat16(tmp_path: Path) -> None:
+    """The Job's command for a GPU target on the default model's GGUF (about two minutes: a real conversion)."""
+    from safetensors import safe_open
+
+    from hetero_infer.worker.runner.loader import default_model_gguf
+
+    spec = parse_spec({"model": {"name": "m", "path": str(default_model_gguf()), "cache": {"size": "2Gi"}},
+                       "resources": {"gpus": 1}}, "smol")
+    job = download_job(OWNER, spec, WorkerDefaults(), "c")
+    cache = tmp_path / "claim"
+    done = run_job_command(job, cache, {})
+    assert done.returncode == 0, done.stderr[-2000:]
+    key = cache_key(fetch_source(spec, WorkerDefaults()).name)
+    served = cache / key / "model"
+    assert (served / "config.json").is_file() and (served / ".complete").is_file()
+    with safe_open(str(served / "model.safetensors"), framework="pt") as f:
+        name = next(iter(f.keys()))
+        assert f.get_slice(name).get_dtype() == "BF16"
+    again = run_job_command(job, cache, {})  # a second run (a retried Job) finds the conversion
+    assert again.returncode == 0 and "converting" not in again.stderr

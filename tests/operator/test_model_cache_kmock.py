@@ -221,3 +221,20 @@ async def test_an_existing_claim_is_waited_for_and_never_created(kmock: Any, ope
     job = await wait_for(lambda: live(kmock, JOBS, job_name("s3://models/llama/8b")), what="the Job")
     assert {"name": "model", "persistentVolumeClaim": {"claimName": "shared-models"}} in \
         job["spec"]["template"]["spec"]["volumes"]
+
+
+async def test_a_gguf_on_a_claim_is_converted_once_for_gpu_workers(kmock: Any, operator: Any) -> None:
+    await operator()
+    body = infd(model={"name": "llama", "url": "pvc://weights/llama.Q4_K_M.gguf", "cache": {"size": "20Gi"}},
+                replicas=2, resources={"gpus": 1})
+    await create(kmock, body)
+    name = fetch_job_name(Owner("smol", NS, ""), cache_key("pvc://weights/llama.Q4_K_M.gguf as bfloat16"))
+    job = await wait_for(lambda: live(kmock, JOBS, name), what="the conversion Job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--gguf-dtype", "bfloat16"]
+    await wait_for(lambda: (live(kmock, INFD).get("status") or {}).get("model") == {
+        "url": "pvc://weights/llama.Q4_K_M.gguf as bfloat16", "phase": "Pending"}, what="status.model")
+    assert live(kmock, DEPLOYMENTS) is None
+    await job_status(kmock, name, COMPLETE)
+    dep = await wait_for(lambda: live(kmock, DEPLOYMENTS), what="the workers")
+    assert [v["persistentVolumeClaim"]["claimName"] for v in dep["spec"]["template"]["spec"]["volumes"]
+            if "persistentVolumeClaim" in v] == ["smol-model-cache"]

@@ -134,10 +134,11 @@ def content_key(path: Path) -> str:
     return key
 
 
-def convert_gguf(gguf: Path, name: str | None = None) -> Path:
-    """Dequantize a GGUF file once into a cached float32 HF folder keyed by the file's content; return the
-    folder. Progress goes to the log (hetero_infer.progress)."""
-    key = content_key(gguf)
+def convert_gguf(gguf: Path, name: str | None = None, dtype: str = "float32") -> Path:
+    """Dequantize a GGUF file once into a cached HF folder of `dtype` (float32; bfloat16 for the GPU targets the
+    operator's download Job converts for, half the size) keyed by the file's content; return the folder.
+    Progress goes to the log (hetero_infer.progress)."""
+    key = content_key(gguf) + ("" if dtype == "float32" else f"-{dtype}")  # float32 folders keep their names
     for done in sorted(model_cache_dir().glob(f"*-{key}")):  # the same content, converted under any name
         if (done / ".complete").is_file():
             return done
@@ -145,10 +146,10 @@ def convert_gguf(gguf: Path, name: str | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    logger.info("converting %s once into %s (float32 safetensors)", gguf, out)
+    logger.info("converting %s once into %s (%s safetensors)", gguf, out, dtype)
     with Progress(f"converting {gguf.name}") as progress:
         progress.set_step("dequantizing weights (1/3)")
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
         progress.set_step("tokenizer (2/3)")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         progress.set_step("writing safetensors (3/3)")
