@@ -24,7 +24,7 @@ from hetero_infer.worker.server.ids import new_id
 from hetero_infer.worker.server.logs import ACCESS_LOGGER, CLIENT_CLOSED, CLIENT_CLOSED_KEY, log_access
 from hetero_infer.worker.server.metrics import CONTENT_TYPE
 from hetero_infer.worker.server.openapi import build_openapi
-from hetero_infer.worker.server.state import STATE_KEY, ServerState, get_state
+from hetero_infer.worker.server.state import DRAINING, STATE_KEY, ServerState, get_state
 from hetero_infer.worker.server.timeouts import (
     GUARD_KEY,
     ConnectionGuard,
@@ -137,6 +137,15 @@ async def get_model(request: web.Request) -> web.Response:
 OPENAPI_KEY = web.AppKey("openapi", bytes)
 
 
+async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
+    """While draining, every answer (the 503s for new requests included) says `Connection: close`: a client that
+    keeps its connection alive (every SDK) then retries on a new connection, which the Service sends to another pod,
+    instead of asking this one again on the same connection until its retries run out."""
+    if get_state(request).phase == DRAINING:  # aiohttp runs this hook after it computed the headers: set both
+        response.force_close()
+        response.headers["Connection"] = "close"
+
+
 def create_app(state: ServerState) -> web.Application:
     options = state.options
     guard = ConnectionGuard(options.header_timeout_s)  # installed on the runner's server by `serve`
@@ -150,6 +159,7 @@ def create_app(state: ServerState) -> web.Application:
                      body_timeout_middleware(options.body_timeout_s)],
     )
     cors.install(app, policy)
+    app.on_response_prepare.append(close_when_draining)
     app[STATE_KEY] = state
     app[GUARD_KEY] = guard
     app[OPENAPI_KEY] = json.dumps(build_openapi(auth=bool(state.api_keys))).encode()
