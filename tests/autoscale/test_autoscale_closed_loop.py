@@ -94,6 +94,7 @@ def check_no_flapping(trajectory: Trajectory) -> None:
     assert all(t >= trajectory.phase("removed")["start"] for t, _, _ in downs), changes(trajectory.samples)
 
 
+@pytest.mark.slow  # the whole closed loop on real processes (~40 s); the KMock tests cover each decision
 async def test_closed_loop_spike_then_no_load() -> None:
     policy = SHORT_POLICY
     trajectory = await run_scenario(short_phases(policy), policy, INTERVAL)

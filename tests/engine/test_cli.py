@@ -44,6 +44,7 @@ def test_bench_runs_small_workload_beside_transformers(tiny_model, tmp_path):
     assert "| hetero-infer | float32 | 15 |" in proc.stdout
 
 
+@pytest.mark.slow  # bench on quantized weights beside transformers (~90 s); test_bench_runs_small_workload_beside_transformers covers the command
 def test_bench_names_quantized_weights_and_compares_them_with_the_peer(tiny_model, tmp_path):
     folder, _ = tiny_model("llama")
     out = tmp_path / "bench.json"

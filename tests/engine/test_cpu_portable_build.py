@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).parent
 
 
+@pytest.mark.slow  # a second build of the CPU kernels and their whole test file (~100 s); the docker suite builds them too
 def test_portable_build_passes_the_kernel_tests(tmp_path):
     env = {**os.environ, "HETERO_INFER_CPU_MARCH": "x86-64-v2", "HETERO_INFER_CACHE": str(tmp_path)}
     probe = subprocess.run(

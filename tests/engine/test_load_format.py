@@ -213,6 +213,7 @@ def test_cli_bad_load_format_is_refused_at_parse_time():
     assert "Traceback" not in flag.stderr + env.stderr
 
 
+@pytest.mark.slow  # two CLI processes on a shape folder (~80 s); LLM(load_format="dummy") is checked against transformers by the default suite
 def test_cli_generate_and_bench_on_a_shape_folder(tmp_path):
     """The shipped tiny shape, token ids only: generate prints token ids; bench runs ours and transformers'
     generate on the same dummy weights (the config file and the environment set the options here)."""

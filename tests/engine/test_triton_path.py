@@ -21,7 +21,7 @@ print(json.dumps([o.outputs[0].token_ids for o in outs]))
 """
 
 
-@pytest.mark.parametrize("arch", ["llama3-tied", "qwen3"])
+@pytest.mark.parametrize("arch", [pytest.param("llama3-tied", marks=pytest.mark.slow), "qwen3"])  # ~20 s more
 def test_kernel_path_matches_hf(tiny_model, arch):
     folder, hf = tiny_model(arch)
     # chunked prefill (budget 16) over a cached prefix, plus decodes of different lengths

@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow  # the kernel benchmark script end to end (~35 s)
 def test_kernels_bench_smoke(tmp_path):
     out = tmp_path / "bench.json"
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")

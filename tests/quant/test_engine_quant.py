@@ -43,7 +43,7 @@ def dequantized_hf(hf, llm):
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", [pytest.param("llama", marks=pytest.mark.slow), "qwen2"])  # llama: ~110 s more
 def test_quantized_engine_matches_hf_with_dequantized_weights(tiny_model, arch, method):
     folder, hf = tiny_model(arch)
     batch = prompts([3, 17, 40, 1], seed=1)
@@ -91,7 +91,7 @@ def test_profile_run_covers_the_largest_step(tiny_model):
     torch.testing.assert_close(hidden[128:172], hidden[256:300])
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", [pytest.param("int8", marks=pytest.mark.slow), "int4"])  # int8: ~50 s more
 def test_auto_dtype_of_quantized_models_on_cpu_runs_the_cpu_gemm(tiny_model, method):
     """`--dtype auto` stays float32 on the CPU, except for W8A16/W4A16 models where the CPU has their bfloat16
     GEMM: there the activations are bfloat16 and every projection runs it (not the slow float32 reference)."""

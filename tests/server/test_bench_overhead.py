@@ -39,6 +39,7 @@ def test_baseline_checkout_is_what_the_baseline_server_imports(tmp_path) -> None
     assert out.stdout.strip() == os.path.join(folder, "hetero_infer", "worker", "server", "app.py")
 
 
+@pytest.mark.slow  # the whole overhead benchmark (~40 s)
 def test_benchmark_runs_end_to_end_and_counts_its_rounds(capsys) -> None:
     """The whole command, tiny: a table with every path, and the rounds probed for CPU speed."""
     import gc

@@ -167,6 +167,7 @@ def test_shutdown_leaves_no_child_process() -> None:
     assert not _alive(child)
 
 
+@pytest.mark.slow  # a server process killed with its engine child (~30 s)
 def test_killed_server_takes_the_engine_child_along() -> None:
     s = ServerProcess("--engine-process", "--max-model-len", "512")
     child = _engine_pid(s)
@@ -227,6 +228,7 @@ def _engine() -> LLMEngine:
     return _ENGINE[0]
 
 
+@pytest.mark.slow  # an engine process started for its log format (~30 s)
 def test_engine_process_logs_in_the_servers_format() -> None:
     """The child's records (loading, failures) reach the server's stderr as the server's own do: JSON lines, at
     the server's level (info by default; Python's default, warning, would drop this one)."""
@@ -262,6 +264,7 @@ async def test_a_request_reaches_the_engine_before_the_loop_turns() -> None:
         engine.shutdown()
 
 
+@pytest.mark.slow  # a stalled engine process (~40 s)
 async def test_loop_stays_responsive_when_the_engine_does_not_read_its_commands() -> None:
     """Commands the engine process has not read yet wait in the server, not in a blocking write: a stopped (or
     very slow) engine with more pending prompt bytes than its pipe holds must not freeze the event loop."""

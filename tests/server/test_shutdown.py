@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import aiohttp
+import pytest
 from server_proc import ServerProcess, http
 
 DEADLINE_S = 60.0  # generous: each condition below is met within a second or two on a quiet machine
@@ -70,6 +71,7 @@ async def test_sigterm_drains_in_flight_requests() -> None:
         s.stop()
 
 
+@pytest.mark.slow  # waits out a whole grace period (~40 s); test_sigterm_drains_in_flight_requests stays in the default suite
 async def test_grace_period_expires() -> None:
     s = ServerProcess("--mock-step-latency-s", "0.05", "--shutdown-grace", "0.5")
     try:
