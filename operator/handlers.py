@@ -214,7 +214,7 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
             return
         if owner["metadata"].get("deletionTimestamp"):
             return
-        if event.get("type") == "DELETED":
+        if event.get("type") == "DELETED" and body.get("kind") != "Job":  # old revisions' Jobs are deleted on purpose
             kind = body.get("kind") or "child"
             event_recorder(owner)("Normal", "Restoring", f"{kind} {namespace}/{body['metadata']['name']} "
                                                          "was deleted; recreating it")

@@ -29,6 +29,7 @@ from hetero_infer.operator.manifests.worker import (
     fetch_container,
     pod_security,
     worker_image,
+    worker_memory,
 )
 from hetero_infer.operator.spec import InferenceSpec
 
@@ -90,6 +91,9 @@ def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cl
                                 source=source.argument, options=options)
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}},
                                      {"name": "model", "persistentVolumeClaim": {"claimName": claim}}]
+    if source.gguf_dtype:  # the conversion holds the whole model in memory, as the worker does: the worker's room
+        memory = worker_memory(spec)
+        container["resources"] = {"requests": {"cpu": "1", "memory": memory}, "limits": {"memory": memory}}
     if source.claim is not None:
         volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}})
         container["volumeMounts"].append({"name": "source", "mountPath": SOURCE_MOUNT, "readOnly": True})

@@ -118,10 +118,14 @@ def _volumes(owner: Owner, spec: InferenceSpec) -> tuple[list[dict[str, Any]], l
     return volumes, mounts
 
 
+def worker_memory(spec: InferenceSpec) -> str:
+    return spec.resources.memory or DEFAULT_MEMORY[spec.resources.gpus > 0]
+
+
 def _resources(spec: InferenceSpec) -> dict[str, Any]:
     gpu = spec.resources.gpus > 0
     cpu = spec.resources.cpu or DEFAULT_CPU[gpu]
-    memory = spec.resources.memory or DEFAULT_MEMORY[gpu]
+    memory = worker_memory(spec)
     requests: dict[str, Any] = {"cpu": cpu, "memory": memory}
     if downloads_per_pod(spec):
         requests["ephemeral-storage"] = spec.model.download_size

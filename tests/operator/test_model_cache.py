@@ -259,6 +259,8 @@ def test_a_gguf_on_a_claim_is_converted_once_by_the_job(gpus: int, dtype: str) -
     assert {"name": "source", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in \
         job["spec"]["template"]["spec"]["volumes"]
     assert {"name": "source", "mountPath": "/source", "readOnly": True} in fetch["volumeMounts"]
+    memory = "24Gi" if gpus else "4Gi"  # the worker's: the conversion holds the whole model, as the worker does
+    assert fetch["resources"] == {"requests": {"cpu": "1", "memory": memory}, "limits": {"memory": memory}}
     pod = children(OWNER, spec, cached=key).deployment["spec"]["template"]["spec"]
     claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
     assert claims == ["llama-8b-model-cache"]  # the workers read the converted folder, not the GGUF's claim
