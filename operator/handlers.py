@@ -200,6 +200,8 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
             # tasks started from resource handlers.
             memo.loops.start_periodic(lambda: options.resync_seconds, memo.resync)
             memo.loops.observe(event.get("type"), copy.deepcopy(dict(body)))
+        if event.get("type") == "DELETED":
+            _passes.pop((body.get("metadata") or {}).get("uid") or "", None)  # a pass still running keeps its own
 
     def child_changed(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
                       **_: Any) -> None:

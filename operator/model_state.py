@@ -11,6 +11,7 @@ the message is that line. The fetcher redacts secrets from what it logs, so none
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -124,6 +125,11 @@ def model_state(url: str, job: Mapping[str, Any] | None, pods: Sequence[Mapping[
                 claim_missing: str | None = None) -> ModelState:
     """The phase of `url`'s download from its Job (None: not created yet), the Job's pods and the running pod's
     log tail; `claim_missing` names a cache claim that does not exist."""
+    return dataclasses.replace(_phase(url, job, pods, log, claim_missing), source=url)
+
+
+def _phase(url: str, job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]], log: str,
+           claim_missing: str | None) -> ModelState:
     if claim_missing is not None:
         return ModelState(PENDING, PENDING, f"waiting for the PersistentVolumeClaim {claim_missing} "
                                             "(spec.model.cache.claimName): it does not exist")

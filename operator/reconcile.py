@@ -9,7 +9,6 @@ so the caller can retry with backoff.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -119,7 +118,7 @@ FETCH_LOG_LINES = 40  # of the running download pod's log, for its last progress
 @dataclass
 class CacheStep:
     """Where spec.model.cache stands after a pass: the download's state (None: not read, an API error) and the
-    cache folder the workers serve from (the url's once it is in the cache, else the one they serve now)."""
+    cache folder the workers serve from (the model's once it is in the cache, else the one they serve now)."""
 
     state: ModelState | None
     cached: str | None
@@ -155,8 +154,8 @@ def sync_cache(client: kube.Client, owner: Owner, spec: InferenceSpec, defaults:
                workers: Mapping[str, Any] | None, outcome: Outcome, record: Recorder) -> CacheStep:
     """spec.model.cache: the claim (when the operator creates it) and the model's download Job; `workers` is the
     live worker Deployment, whose annotation says which cache folder its pods read."""
-    url, ns = fetch_source(spec, defaults).name, owner.namespace
-    key = cache_key(url)
+    source, ns = fetch_source(spec, defaults).name, owner.namespace
+    key = cache_key(source)
     annotations = ((workers or {}).get("metadata") or {}).get("annotations") or {}
     served = annotations.get(c.MODEL_CACHE_KEY_ANNOTATION) if workers and owned_by(workers, owner.uid) else None
     claim = cache_claim_name(owner, spec)
@@ -173,9 +172,9 @@ def sync_cache(client: kube.Client, owner: Owner, spec: InferenceSpec, defaults:
                                                       outcome, record)
         # A failed Job's pods say why (their termination messages); a complete one's are of no interest.
         pods, log = _job_pods(client, job) if job is not None and not _job_done(job, "Complete") else ([], "")
-        state = dataclasses.replace(model_state(url, job, pods, log, claim_missing), source=url)
+        state = model_state(source, job, pods, log, claim_missing)
     except kube.ApiError as e:
-        outcome.errors.append(f"model cache for {url}: {e}")
+        outcome.errors.append(f"model cache for {source}: {e}")
         return CacheStep(None, served)
     stale = fetch_job_name(owner, served) if state.ready and served and served != key else None
     return CacheStep(state, key if state.ready else served, stale)
@@ -320,18 +319,16 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
                    {router_name(name)} if wanted.router else set(), cache.state if cache else None, previous, now)
 
 
-def _model_event(record: Recorder, previous: Mapping[str, Any], spec: InferenceSpec, state: ModelState | None) -> None:
-    if state is None:
-        return
+def _model_event(record: Recorder, previous: Mapping[str, Any], state: ModelState) -> None:
     before = next((cd for cd in previous.get("conditions") or [] if cd.get("type") == c.COND_MODEL_READY), None)
     event = transition_event(previous.get("model"), before, state.source, state)
     if event is not None:
         record(*event)
 
 
-def _finish(client: kube.Client, record: Recorder, body: Mapping[str, Any], spec: InferenceSpec, owner: Owner, outcome: Outcome,
-            live: Mapping[tuple[str, str], dict[str, Any] | None], routers: set[str], model: ModelState | None,
-            previous: Mapping[str, Any], now: str) -> Outcome:
+def _finish(client: kube.Client, record: Recorder, body: Mapping[str, Any], spec: InferenceSpec, owner: Owner,
+            outcome: Outcome, live: Mapping[tuple[str, str], dict[str, Any] | None], routers: set[str],
+            model: ModelState | None, previous: Mapping[str, Any], now: str) -> Outcome:
     """The status from what the pass saw, written when it changed."""
     name, generation = owner.name, _identity(body)[3]
     conflicts = [r.detail for r in outcome.results if r.action == "conflict"]
@@ -361,5 +358,5 @@ def _finish(client: kube.Client, record: Recorder, body: Mapping[str, Any], spec
     outcome.status = current(previous)
     if status_changed(previous, outcome.status) and write_status(client, body, current) is not None and model:
         # An event for the model's transition as written: of passes that race, only the one that wrote it posts.
-        _model_event(record, over[-1], spec, model)
+        _model_event(record, over[-1], model)
     return outcome
