@@ -102,3 +102,17 @@ async def test_prompt_tokens_details_can_be_turned_off(no_details_url: str) -> N
     model = (await client.models.list()).data[0].id
     r = await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert r.usage is not None and r.usage.prompt_tokens_details is None
+
+
+def test_cached_tokens_in_a_whole_response(server: ServerProcess, model_name: str) -> None:
+    """Not streamed: the second request's prompt is served from the cache, and its usage says so (the same number
+    a stream's usage chunk gives and the counter adds)."""
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    prompt = f"a whole response {next(_fresh)} " + "cache me " * 60
+    client.completions.create(model=model_name, prompt=prompt, max_tokens=2)
+    before = server.metrics()
+    again = client.completions.create(model=model_name, prompt=prompt, max_tokens=2)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < again.usage.prompt_tokens and cached % 16 == 0, cached
+    assert server.metrics()["vllm:prompt_tokens_cached_total"] - before.get("vllm:prompt_tokens_cached_total", 0) \
+        == cached

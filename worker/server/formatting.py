@@ -97,12 +97,17 @@ class Formatter(ABC):
         return {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
                 "choices": [], "usage": self.usage()}
 
+    def note_cached(self, delta: RequestDelta) -> None:
+        """Record a request's cached prompt tokens from its first delta (as first admitted, as the metrics do):
+        streamed or not, usage says the same."""
+        self.cached_tokens.setdefault(delta.request_id, delta.num_cached_tokens)
+
     def chunks(self, deltas: list[RequestDelta]) -> list[str]:
         """Stream chunks (JSON text) for what is new in `deltas` (one chunk per choice that changed)."""
         chunks = []
-        cached = self.cached_tokens
+        note_cached = self.note_cached
         for delta in deltas:
-            cached.setdefault(delta.request_id, delta.num_cached_tokens)  # as first admitted
+            note_cached(delta)
             base = self.prompt_index[delta.request_id] * self.n
             for i, d in enumerate(delta.samples):
                 idx = base + i
@@ -121,9 +126,9 @@ class Formatter(ABC):
         return chunks
 
     def response(self, outputs: list[RequestOutput]) -> dict[str, Any]:
-        """The whole (non-streamed) response from the requests' cumulative outputs."""
+        """The whole (non-streamed) response from the requests' cumulative outputs (their deltas went through
+        `note_cached`)."""
         found = [(self.prompt_index[out.request_id] * self.n + c.index, c) for out in outputs for c in out.outputs]
-        self.cached_tokens = {out.request_id: out.num_cached_tokens for out in outputs}
         choices = []
         for idx, c in sorted(found, key=lambda x: x[0]):
             self.completion_tokens[idx] = len(c.token_ids)
