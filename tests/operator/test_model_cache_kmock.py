@@ -101,6 +101,13 @@ async def test_one_download_job_fills_the_cache_before_any_worker_starts(kmock: 
     await wait_for(lambda: model_reason(kmock) == "Downloading", what="ModelReady Downloading")
     assert "1.5 GB of 16.1 GB (9%)" in condition(kmock, c.COND_MODEL_READY)["message"]
     assert live(kmock, INFD)["status"]["model"] == {"url": URL, "phase": "Downloading"}
+    rsp = await kmock.get(f"/apis/{c.API_VERSION}/namespaces/{NS}/{c.PLURAL}",
+                          headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
+    table = await rsp.json()  # what `kubectl get infd -o wide` prints, by the CRD's printer columns
+    names = [col["name"] for col in table["columnDefinitions"]]
+    (row,) = table["rows"]
+    assert row["cells"][names.index("Download")] == "Downloading"
+    assert row["cells"][names.index("Status")] == "ModelDownloading"
     assert live(kmock, DEPLOYMENTS) is None, "a worker started before the model was in the cache"
     assert not [p for (res, _, n), p in kmock.objects.items() if res == PODS and not n.startswith("smol-fetch")]
 
