@@ -130,6 +130,7 @@ log "installing the hetero-infer chart"
 h upgrade --install hetero-infer "${ROOT}/charts/hetero-infer" --namespace "${SYSTEM_NS}" \
   --set image.repository="${OPERATOR_IMAGE_REPO}" --set image.tag="${OPERATOR_IMAGE_TAG}" \
   --set image.pullPolicy=Never --set workerImage.cpu="${WORKER_IMAGE}" --set workerImage.pullPolicy=Never \
+  --set routerImage="${OPERATOR_IMAGE_REPO}:${OPERATOR_IMAGE_TAG}" \
   --set prometheusAdapter.enabled=true --set prometheusAdapter.configMapName="${ADAPTER_RULES}" \
   --set resyncSeconds=15 --wait --timeout 5m
 h upgrade --install prometheus-adapter prometheus-community/prometheus-adapter --version "${ADAPTER_CHART_VERSION}" \

@@ -117,6 +117,17 @@ def test_the_router_example_as_patched_scales_to_zero_with_slow_mock_steps() -> 
     assert {"name": "HETERO_INFER_MOCK_STEP_LATENCY_S", "value": "0.05"} in spec["env"]
 
 
+def test_the_routers_run_the_loaded_operator_image_pinned_across_the_upgrade() -> None:
+    """The chart's routerImage defaults to a published image kind cannot pull; the upgrade step changes only the
+    operator's tag, so an unchanged router Deployment is what the chart promises, not an accident."""
+    install = SCRIPT[SCRIPT.index("h upgrade --install hetero-infer"):]
+    install = install[:install.index("--wait")]
+    assert '--set routerImage="${OPERATOR_IMAGE_REPO}:${OPERATOR_IMAGE_TAG}"' in install
+    upgrade = SCRIPT[SCRIPT.index("h upgrade hetero-infer"):]
+    upgrade = upgrade[:upgrade.index("--wait")]
+    assert "--reuse-values" in upgrade and "routerImage" not in upgrade and "image.tag=" in upgrade
+
+
 def test_the_hub_model_resource_fetches_through_its_secret() -> None:
     spec = resource(GLOBALS["INFD_HUB"])["spec"]
     assert spec["model"]["url"] == f"hf://{GLOBALS['HUB_REPO']}" and spec["model"]["credentialsSecret"] == "local-hub"
