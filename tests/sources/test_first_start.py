@@ -97,3 +97,30 @@ def test_mock_executor_answers_to_mock(mock_server):
     assert rsp.status == 200 and rsp.json()["model"] == "mock"
     assert http("POST", mock_server.base_url + "/completions",
                 {"model": DEFAULT_MODEL_NAME, "prompt": "hi", "max_tokens": 3}).status == 404
+
+
+@pytest.mark.parametrize(("dtype", "device", "expected"), [
+    ("bfloat16", "cpu", "bfloat16"), ("float16", "cpu", "float32"), ("float32", "cpu", "float32"),
+    ("auto", "cpu", "float32"), ("auto", "auto", "float32")])  # this machine has no CUDA: auto is the CPU
+def test_a_gguf_is_converted_into_the_engines_dtype(dtype, device, expected, tmp_path, monkeypatch):
+    """A bfloat16 engine (a GPU's default) gets a bfloat16 conversion: half the disk of float32, whose copy of an
+    8B model (32 GB) would not fit a pod's ephemeral storage."""
+    import hetero_infer.worker.runner.loader as loader
+
+    assert loader.gguf_dtype(EngineConfig(dtype=dtype, device=device)) == expected
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    asked = []
+    monkeypatch.setattr(loader, "convert_gguf", lambda path, name=None, dtype="float32": asked.append(dtype) or tmp_path)
+    loader.resolve_engine_model(EngineConfig(model=str(gguf), dtype=dtype, device=device))
+    loader.pin_model(EngineConfig(model=str(gguf), dtype=dtype, device=device, executor="mock"))
+    assert asked == [expected, expected]
+
+
+def test_a_cuda_engine_in_auto_dtype_converts_into_bfloat16(monkeypatch):
+    import hetero_infer.worker.runner.executor as executor
+    import hetero_infer.worker.runner.loader as loader
+
+    monkeypatch.setattr(executor.torch.cuda, "is_available", lambda: True)
+    assert loader.gguf_dtype(EngineConfig(dtype="auto", device="cuda")) == "bfloat16"
+    assert loader.gguf_dtype(EngineConfig(dtype="float32", device="cuda")) == "float32"

@@ -23,7 +23,7 @@ from hetero_infer.worker.core.request_check import EngineLimits, check_request
 from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
-from hetero_infer.worker.runner.loader import load_hf_config, resolve_model, served_name
+from hetero_infer.worker.runner.loader import load_hf_config, resolve_engine_model, served_name
 from hetero_infer.worker.runner.sampler import SamplingRow, _has_penalties, make_generator, takes_argmax
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
 
@@ -84,7 +84,7 @@ class Request:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        folder, name = resolve_model(config.model, config.load_format)
+        folder, name = resolve_engine_model(config)
         self.model_name = served_name(config, name)
         hf_config = load_hf_config(folder)
         self.max_model_len = _max_model_len(config, hf_config)

@@ -416,7 +416,7 @@ def load_parent_tokenizer(config: EngineConfig) -> Any:
     """The server's own tokenizer, as the engine builds it (same folder, same generation EOS ids); None with
     `skip_tokenizer_init`."""
     from hetero_infer.contracts.tokenizer import load_tokenizer
-    from hetero_infer.worker.runner.loader import resolve_model
+    from hetero_infer.worker.runner.loader import resolve_engine_model
 
-    folder, _ = resolve_model(config.model, config.load_format)
+    folder, _ = resolve_engine_model(config)
     return load_tokenizer(folder, config.skip_tokenizer_init)

@@ -55,11 +55,29 @@ def default_model_gguf() -> Path:
     return path
 
 
-def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") -> tuple[Path, str]:
+def gguf_dtype(config: EngineConfig) -> str:
+    """What a .gguf is dequantized into for `config`'s engine: bfloat16 where the engine runs in bfloat16 (a GPU's
+    default: half the disk, and no float32 copy of an 8B model, 32 GB, in every pod), else float32 (exact on the
+    CPU). Loading either gives the engine the same bfloat16 weights: both round the same float32 values."""
+    if config.dtype != "auto":
+        return "bfloat16" if config.dtype == "bfloat16" else "float32"
+    from hetero_infer.worker.runner.executor import resolve_device
+
+    return "bfloat16" if resolve_device(config.device).type == "cuda" else "float32"
+
+
+def resolve_engine_model(config: EngineConfig) -> tuple[Path, str]:
+    """resolve_model for what `config`'s engine loads (a .gguf converted into its dtype: gguf_dtype)."""
+    return resolve_model(config.model, config.load_format, gguf_dtype(config))
+
+
+def resolve_model(model: str | os.PathLike | None, load_format: str = "auto",
+                  gguf_dtype: str = "float32") -> tuple[Path, str]:
     """Return (HF folder with config.json + safetensors, display name) for a model argument: a local folder or
-    .gguf file, or a remote reference (hf://, a bare ORG/NAME, s3://) fetched once into a cache
-    (hetero_infer.model_source). `load_format` "gguf" insists on a .gguf file, "safetensors" on a folder;
-    "dummy" needs only the folder's config.json (its weights, if any, are never read)."""
+    .gguf file (converted once into `gguf_dtype` safetensors), or a remote reference (hf://, a bare ORG/NAME,
+    s3://) fetched once into a cache (hetero_infer.model_source). `load_format` "gguf" insists on a .gguf file,
+    "safetensors" on a folder; "dummy" needs only the folder's config.json (its weights, if any, are never
+    read)."""
     if model is None:
         if os.environ.get(DEFAULT_MODEL_ENV):
             folder = Path(os.environ[DEFAULT_MODEL_ENV]).expanduser()
@@ -67,7 +85,7 @@ def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") ->
                 raise FileNotFoundError(f"{DEFAULT_MODEL_ENV}={folder} has no config.json: not a Hugging Face model folder")
             return folder, DEFAULT_MODEL_NAME
         gguf = default_model_gguf()
-        return convert_gguf(gguf, name=DEFAULT_MODEL_NAME), DEFAULT_MODEL_NAME
+        return convert_gguf(gguf, name=DEFAULT_MODEL_NAME, dtype=gguf_dtype), DEFAULT_MODEL_NAME
     path, name = fetch_model(model, weights=load_format != "dummy")
     is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
     if load_format == "gguf" and not is_gguf:
@@ -75,7 +93,7 @@ def resolve_model(model: str | os.PathLike | None, load_format: str = "auto") ->
     if load_format == "safetensors" and is_gguf:
         raise ValueError(f"load_format=safetensors needs a Hugging Face folder, got the GGUF file {model}")
     if is_gguf:
-        return convert_gguf(path), name
+        return convert_gguf(path, dtype=gguf_dtype), name
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model folder")
@@ -96,7 +114,7 @@ def pin_model(config: EngineConfig) -> EngineConfig:
     """`config` with its model resolved (downloaded, converted) into a local folder and its served name fixed, so
     that what starts from it (the engine process, the server's tokenizer) finds the model without fetching it
     again."""
-    folder, name = resolve_model(config.model, config.load_format)
+    folder, name = resolve_engine_model(config)
     load_format = "auto" if config.load_format == "gguf" else config.load_format  # the GGUF is a folder now
     return dataclasses.replace(config, model=str(folder), served_model_name=served_name(config, name),
                                load_format=load_format)
