@@ -190,3 +190,60 @@ def test_a_failed_step_ends_its_requests_with_an_error(mock_engine: LLMEngine, m
                                                                                    for c in out.outputs]
     assert rid == f"fail-{mode}" and finished and "injected" in error and reasons == ["error", "error"]
     assert not mock_engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+async def test_text_that_cannot_be_made_fails_only_its_own_request(mode: str) -> None:
+    """The frontend makes the text; one request whose text raises ends with an error and is aborted in the
+    engine (its KV blocks freed), while the other requests of the same hand-over go on and the engine stays
+    healthy (in process mode a raise in the hand-over declared the whole engine dead)."""
+    from hetero_infer.worker.frontend.client import RequestFailedError
+    from hetero_infer.worker.frontend.process import EngineProcess, ProcessEngineClient
+
+    class Ends:
+        def __init__(self) -> None:
+            self.reasons: dict[int, str] = {}
+
+        def observe_request(self, timing: Any, now: float, reason: str) -> None:
+            self.reasons[timing.prompt_tokens] = reason
+
+    ends = Ends()
+    config = EngineConfig(executor="mock", max_model_len=256, max_num_blocks=64, mock_step_latency_s=0.005)
+    if mode == "thread":
+        client: Any = InprocEngineClient(LLMEngine(config), stream_interval=0.01, timing_sink=ends)
+    else:
+        core = EngineProcess(config, 0.01)
+        core.start()
+        await asyncio.get_running_loop().run_in_executor(None, core.wait_ready)
+        client = ProcessEngineClient(core, stream_interval=0.01, tokenizer=LLMEngine(config).tokenizer,
+                                     timing_sink=ends)
+    client.start()
+    fill = client.detokenizer.fill
+
+    def fill_or_raise(delta: RequestDelta) -> None:
+        if delta.request_id == "bad" and any(s.token_ids for s in delta.samples):
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
+        fill(delta)
+
+    client.detokenizer.fill = fill_or_raise
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    try:  # told apart in the timing sink by their prompt lengths
+        bad = client.submit([EngineRequest("bad", None, [5, 6, 7, 9], SamplingParams(max_tokens=250, ignore_eos=True))])
+        good = client.submit([EngineRequest("good", None, [5, 6, 8], params)])
+        with pytest.raises(RequestFailedError, match="injected"):
+            while await asyncio.wait_for(bad.next(), 30):
+                pass
+        last = None
+        while out := await asyncio.wait_for(good.next(), 30):
+            last = out
+        assert last[0].finished and len(last[0].outputs[0].token_ids) == 60 and last[0].outputs[0].text
+        assert client.healthy
+        for _ in range(100):  # the abort reached the engine: nothing runs or waits there any more
+            if client.stats().num_running == 0 and client.stats().num_waiting == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert client.stats().num_running == 0 and client.stats().num_waiting == 0
+        assert ends.reasons == {4: "abort", 3: "length"}  # aborted, not run to its 250 tokens
+        assert not client.detokenizer._requests
+    finally:
+        client.shutdown()

@@ -142,13 +142,17 @@ class EngineClient(ABC):
             rid = delta.request_id
             stream = streams.get(rid)
             if stream is not None:  # else aborted meanwhile
-                fill_text(delta)
-                if delta.finished:
-                    del streams[rid]
-                if delta.error:
-                    stream._fail(RequestFailedError(delta.error))
+                try:
+                    fill_text(delta)
+                except Exception as exc:  # this request's text only: the other deltas of the hand-over go on
+                    self._on_text_error(stream, rid, exc)
                 else:
-                    stream._add(delta)
+                    if delta.finished:
+                        del streams[rid]
+                    if delta.error:
+                        stream._fail(RequestFailedError(delta.error))
+                    else:
+                        stream._add(delta)
             timing = timings.get(rid)
             if timing is not None:
                 reason = record_delta(timing, delta)
@@ -167,6 +171,14 @@ class EngineClient(ABC):
                 self.timing_sink.observe_request(timing, now, reason)
             except Exception:  # metrics must never break serving
                 logger.exception("timing sink failed")
+
+    def _on_text_error(self, stream: OutputStream, rid: str, exc: Exception) -> None:
+        """A request whose text could not be made fails alone (its stream, and its siblings aborted in the engine,
+        their KV blocks freed), as a failed step of its own would."""
+        logger.error("could not make the text of request %s", rid, exc_info=exc)
+        self.detokenizer.drop(rid)
+        self.abort(stream)  # (a finished request is no longer in the engine: its abort is a no-op there)
+        stream._fail(RequestFailedError(f"detokenization failed: {type(exc).__name__}: {exc}"))
 
     def _on_rejected(self, rejected: list[tuple[str, Exception]]) -> None:
         for rid, exc in rejected:
