@@ -14,7 +14,7 @@
 # - a model from a local Hub: e2e/local_hub.py (the model-source tests' Hub server, a private repository
 #   holding a tiny random-weight llama) on the host, reached from the pods at the kind network's gateway;
 #   spec.model.url hf://..., HF_ENDPOINT and HF_TOKEN from the credentials Secret; the init container
-#   fetches it, the worker (torch executor, CPU) answers a chat completion;
+#   fetches it, the worker (torch executor, CPU) answers a completion;
 # then tear everything down.
 #
 # Needs: docker (running), kind, kubectl, helm, network access for base images and charts, and a Python with
@@ -464,11 +464,12 @@ k wait -n "${APP_NS}" "infd/${INFD_HUB}" --for=condition=Ready --timeout=10m
 fetched="$(k get -n "${APP_NS}" pods -l "hetero-infer.io/inference-deployment=${INFD_HUB},app.kubernetes.io/component=worker" \
   -o jsonpath='{.items[0].status.initContainerStatuses[0].state.terminated.exitCode}')"
 [[ "${fetched}" == "0" ]] || fail "the fetch-model init container did not succeed (exit code: ${fetched:-none})"
-reply="$(k run -n "${APP_NS}" e2e-hub-chat --rm -i --restart=Never --quiet --image="${CURL_IMAGE}" -- \
-  curl -sSf --retry 10 --retry-all-errors "http://${INFD_HUB}.${APP_NS}.svc/v1/chat/completions" \
+# A completion, not a chat: the tiny model carries the default model's tokenizer files but no chat template.
+reply="$(k run -n "${APP_NS}" e2e-hub-completion --rm -i --restart=Never --quiet --image="${CURL_IMAGE}" -- \
+  curl -sSf --retry 10 --retry-all-errors "http://${INFD_HUB}.${APP_NS}.svc/v1/completions" \
   -H 'Content-Type: application/json' \
-  -d "{\"model\": \"${HUB_REPO}\", \"max_tokens\": 8, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}")"
-grep -q '"choices"' <<< "${reply}" || fail "the Hub model's chat completion has no choices: ${reply}"
+  -d "{\"model\": \"${HUB_REPO}\", \"max_tokens\": 8, \"ignore_eos\": true, \"prompt\": \"Hello\"}")"
+grep -q '"completion_tokens":8' <<< "${reply}" || fail "the Hub model's completion is not 8 tokens: ${reply}"
 delete_and_check "${INFD_HUB}"
 
 log "e2e passed"
