@@ -35,6 +35,8 @@ def check_allowed_hosts(values: list[str]) -> str | None:
             return "must be non-empty host names"
         if any(c in v for c in "/ @:"):
             return f"{v!r} is not a host name (no scheme, path or port)"
+        if "*" in v and v.strip() != "*":  # Starlette's *.example.com would otherwise never match anything
+            return f"{v!r}: only * alone is a wildcard; write a domain and its subdomains as .example.com"
     return None
 
 

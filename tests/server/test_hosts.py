@@ -98,7 +98,7 @@ def test_host_name() -> None:
     assert host_name("a:b") == "a:b"  # not a port: left whole (and not a name anyone allows)
 
 
-@pytest.mark.parametrize("value", ["", "http://x.example", "x.example:80", "x.example/path"])
+@pytest.mark.parametrize("value", ["", "http://x.example", "x.example:80", "x.example/path", "*.example.com", "llm*"])
 def test_bad_allowed_hosts(value: str) -> None:
     with pytest.raises(InvalidOption) as exc:
         ServerOptions(allowed_hosts=[value])
