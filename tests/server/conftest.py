@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from inproc_server import inproc_server
 from server_proc import ServerProcess, http
+
+from hetero_infer.worker.config import EngineConfig
+from hetero_infer.worker.core.engine import LLMEngine
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +32,17 @@ def sampling_server() -> Iterator[ServerProcess]:
     s = ServerProcess("--max-model-len", "512", "--mock-logits")
     yield s
     assert s.stop() == 0, s.log()
+
+
+@pytest.fixture(scope="module")
+def inproc_engine() -> LLMEngine:
+    """A mock-executor engine (256-token context) for the in-process servers of one test module."""
+    return LLMEngine(EngineConfig(executor="mock", max_model_len=256))
+
+
+@pytest.fixture
+async def inproc(inproc_engine: LLMEngine, request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, LLMEngine]]:
+    """(base URL, engine) of the app in this process around `inproc_engine`; parametrize it indirectly with
+    ServerOptions fields."""
+    async with inproc_server(inproc_engine, **getattr(request, "param", {})) as url:
+        yield url, inproc_engine

@@ -4,32 +4,18 @@ foreign origins refused before anything runs, JSON bodies only, preflights answe
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
 import pytest
-from inproc_server import inproc_server
 
 from hetero_infer.options import InvalidOption
-from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.server.options import ServerOptions
 
 BODY = json.dumps({"prompt": "hello", "max_tokens": 2})
 EVIL = "http://evil.example"
 APP = "https://app.example"
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[LLMEngine]:
-    yield LLMEngine(EngineConfig(executor="mock", max_model_len=256))
-
-
-@pytest.fixture
-async def served(engine: LLMEngine, request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, LLMEngine]]:
-    async with inproc_server(engine, **getattr(request, "param", {})) as url:
-        yield url, engine
 
 
 async def _post(url: str, headers: dict[str, str], body: str = BODY, path: str = "/v1/completions") -> tuple[
@@ -44,9 +30,9 @@ def _generated(engine: LLMEngine) -> int:
     return engine.stats().prompt_tokens_total
 
 
-async def test_cross_site_text_plain_starts_nothing(served: tuple[str, LLMEngine]) -> None:
+async def test_cross_site_text_plain_starts_nothing(inproc: tuple[str, LLMEngine]) -> None:
     """A page on another site can make a browser POST `text/plain` (no preflight) with its Origin: refused."""
-    url, engine = served
+    url, engine = inproc
     before = _generated(engine)
     for content_type in ("text/plain", "application/json", "application/x-www-form-urlencoded"):
         status, headers, body = await _post(url, {"Origin": EVIL, "Content-Type": content_type})
@@ -58,8 +44,8 @@ async def test_cross_site_text_plain_starts_nothing(served: tuple[str, LLMEngine
     assert _generated(engine) == before  # nothing reached the engine
 
 
-async def test_json_content_type_required(served: tuple[str, LLMEngine]) -> None:
-    url, engine = served
+async def test_json_content_type_required(inproc: tuple[str, LLMEngine]) -> None:
+    url, engine = inproc
     before = _generated(engine)
     for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
         status, _, body = await _post(url, {"Content-Type": content_type})
@@ -74,8 +60,8 @@ async def test_json_content_type_required(served: tuple[str, LLMEngine]) -> None
         assert status == 200, (headers, body)
 
 
-async def test_cors_off_by_default(served: tuple[str, LLMEngine]) -> None:
-    url, _ = served
+async def test_cors_off_by_default(inproc: tuple[str, LLMEngine]) -> None:
+    url, _ = inproc
     async with aiohttp.ClientSession() as session:
         async with session.options(url + "/v1/completions", headers={
                 "Origin": APP, "Access-Control-Request-Method": "POST"}) as r:
@@ -89,10 +75,10 @@ async def test_cors_off_by_default(served: tuple[str, LLMEngine]) -> None:
     assert status == 200
 
 
-@pytest.mark.parametrize("served", [{"allowed_origins": [APP], "allowed_methods": ["GET", "POST"],
+@pytest.mark.parametrize("inproc", [{"allowed_origins": [APP], "allowed_methods": ["GET", "POST"],
                                      "allowed_headers": ["Content-Type", "Authorization"]}], indirect=True)
-async def test_allowed_origin_preflight_and_responses(served: tuple[str, LLMEngine]) -> None:
-    url, _ = served
+async def test_allowed_origin_preflight_and_responses(inproc: tuple[str, LLMEngine]) -> None:
+    url, _ = inproc
     async with aiohttp.ClientSession() as session:
         async with session.options(url + "/v1/chat/completions", headers={
                 "Origin": APP, "Access-Control-Request-Method": "POST",
@@ -122,9 +108,9 @@ async def test_allowed_origin_preflight_and_responses(served: tuple[str, LLMEngi
             assert r.status == 403
 
 
-@pytest.mark.parametrize("served", [{"allowed_origins": ["*"]}], indirect=True)
-async def test_any_origin(served: tuple[str, LLMEngine]) -> None:
-    url, _ = served
+@pytest.mark.parametrize("inproc", [{"allowed_origins": ["*"]}], indirect=True)
+async def test_any_origin(inproc: tuple[str, LLMEngine]) -> None:
+    url, _ = inproc
     status, headers, _ = await _post(url, {"Origin": EVIL, "Content-Type": "application/json"})
     assert status == 200 and headers["Access-Control-Allow-Origin"] == "*"
     status, _, _ = await _post(url, {"Origin": EVIL, "Content-Type": "text/plain"})

@@ -5,30 +5,16 @@ In-process around a real mock-executor engine, over real sockets; the policy its
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
-from inproc_server import inproc_server
 
 from hetero_infer.contracts.hosts import HostPolicy, host_name
 from hetero_infer.options import InvalidOption
-from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.server.options import ServerOptions
 
 BODY = {"prompt": "hello", "max_tokens": 2}
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[LLMEngine]:
-    yield LLMEngine(EngineConfig(executor="mock", max_model_len=256))
-
-
-@pytest.fixture
-async def served(engine: LLMEngine, request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, LLMEngine]]:
-    async with inproc_server(engine, **getattr(request, "param", {})) as url:
-        yield url, engine
 
 
 async def _post(url: str, host: str, origin: str | None = None, auth: str | None = None) -> tuple[int, dict]:
@@ -42,8 +28,8 @@ async def _post(url: str, host: str, origin: str | None = None, auth: str | None
         return r.status, await r.json(content_type=None)
 
 
-async def test_a_rebound_name_is_refused_on_loopback(served: tuple[str, LLMEngine]) -> None:
-    url, engine = served
+async def test_a_rebound_name_is_refused_on_loopback(inproc: tuple[str, LLMEngine]) -> None:
+    url, engine = inproc
     before = engine.stats().prompt_tokens_total
     status, body = await _post(url, "evil.example:3400", "http://evil.example:3400")  # the page's own origin
     assert status == 403 and body["error"]["code"] == "host_not_allowed", body
@@ -59,18 +45,18 @@ async def test_a_rebound_name_is_refused_on_loopback(served: tuple[str, LLMEngin
         assert status == 200, (host, body)
 
 
-@pytest.mark.parametrize("served", [{"allowed_hosts": ["llm.internal", ".corp.example"]}], indirect=True)
-async def test_allowed_hosts_add_names(served: tuple[str, LLMEngine]) -> None:
-    url, _ = served
+@pytest.mark.parametrize("inproc", [{"allowed_hosts": ["llm.internal", ".corp.example"]}], indirect=True)
+async def test_allowed_hosts_add_names(inproc: tuple[str, LLMEngine]) -> None:
+    url, _ = inproc
     for host, ok in (("llm.internal:3000", True), ("corp.example", True), ("a.b.corp.example", True),
                      ("xcorp.example", False), ("evil.example", False), ("localhost", True)):
         status, _ = await _post(url, host)
         assert (status == 200) == ok, host
 
 
-@pytest.mark.parametrize("served", [{"api_key": ["k1"]}], indirect=True)
-async def test_with_an_api_key_any_name_is_answered(served: tuple[str, LLMEngine]) -> None:
-    url, _ = served
+@pytest.mark.parametrize("inproc", [{"api_key": ["k1"]}], indirect=True)
+async def test_with_an_api_key_any_name_is_answered(inproc: tuple[str, LLMEngine]) -> None:
+    url, _ = inproc
     assert (await _post(url, "evil.example:3400", auth="k1"))[0] == 200
     assert (await _post(url, "evil.example:3400"))[0] == 401  # and the key is what keeps a page out
 

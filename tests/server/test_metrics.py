@@ -7,15 +7,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
+from inproc_server import inproc_server
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess, http, parse_metrics
 
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.options import ServerOptions
-from hetero_infer.worker.server.state import ServerState
 
 GAUGES = [
     "hetero_infer_kv_cache_usage_ratio", "hetero_infer_num_requests_waiting", "hetero_infer_num_requests_running",
@@ -157,15 +154,8 @@ def real_engine() -> LLMEngine:
 
 @pytest.fixture
 async def real_url(real_engine: LLMEngine) -> AsyncIterator[str]:
-    state = ServerState(ServerOptions(access_log=False))
-    server = TestServer(create_app(state))
-    await server.start_server()
-    client = state.start_engine(real_engine, max_num_seqs=real_engine.config.max_num_seqs)
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        client.shutdown()
-        await server.close()
+    async with inproc_server(real_engine) as url:
+        yield url
 
 
 async def test_real_model_token_counters_match_usage(real_url: str) -> None:
