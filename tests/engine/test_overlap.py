@@ -8,7 +8,8 @@ the host, which applies them while the device runs N+1.
   chunked prefill, prefix caching, preemption, and aborts.
 - A stop costs at most the one step already in flight: its token is dropped and every KV block comes back.
 - The torch executor with the overlap forced on the CPU (the CUDA control flow: PLACEHOLDER inputs patched from
-  the previous step's tokens where the logits are) is token-identical to Hugging Face.
+  the previous step's tokens where the logits are), with its inputs staged as on CUDA or not, is token-identical
+  to Hugging Face.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from test_hf_equivalence import hf_greedy, random_prompts
 from hetero_infer import LLM, SamplingParams
 from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
+from hetero_infer.worker.runner.attention.torch_backend import TorchBackend
+from hetero_infer.worker.runner.staging import StagingArea
 
 
 def mock_llm(async_scheduling: bool, **overrides) -> LLM:
@@ -146,16 +149,24 @@ def test_abort_while_a_step_is_in_flight_frees_everything():
     assert engine.block_manager.num_free_blocks == 32 and not engine.scheduler.has_unfinished()
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["cpu-inputs", "staged-inputs"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_torch_executor_with_the_overlap_forced_matches_hf(tiny_model, arch):
+def test_torch_executor_with_the_overlap_forced_matches_hf(tiny_model, arch, staged):
     """The CUDA control flow on the CPU: the sampled tokens stay a tensor, the next step's PLACEHOLDER inputs are
-    patched from it, results read from the host buffers; chunked prefill and preemption included."""
+    patched from it, results read from the host buffers; chunked prefill and preemption included. `staged`: the
+    CUDA path's inputs too, the PyTorch reference backend's, every step's packed and copied once through the
+    staging area (worker/runner/staging.py; grown from too small a start)."""
     folder, hf = tiny_model(arch)
     llm = LLM(str(folder), device="cpu", dtype="float32", block_size=4, max_num_blocks=24, max_num_batched_tokens=32,
               memory_threshold=1.0)
     ex, engine = llm.engine.executor, llm.engine
     assert not ex.overlaps and not engine._overlap  # on the CPU the executor is synchronous
+    assert not ex.staging.staged  # and uses its inputs where they are
     ex.overlaps = engine._overlap = True
+    if staged:
+        ex.backend = TorchBackend(ex.model.rotary_embedding(ex.dtype, ex.device), ex.device)
+        ex.cpu_decode = None  # the fused C decode step reads the CPU backend's metadata
+        ex.staging = StagingArea(ex.device, staged=True, nbytes=128)
     patched = []
     prepare = ex._prepare
 
@@ -168,5 +179,6 @@ def test_torch_executor_with_the_overlap_forced_matches_hf(tiny_model, arch):
                                                                                  ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p) for p in prompts]
     assert sum(patched) > 0  # steps did read tokens their host had not seen yet
+    assert ex.staging.copies == (len(patched) if staged else 0) and (ex.staging.grows >= 1) == staged
     assert engine.scheduler.num_preemptions_total > 0
     assert engine.block_manager.num_free_blocks == 24
