@@ -7,7 +7,8 @@ views. No device tensor is allocated for them and nothing waits for the device.
   engine's order has always passed) and one device buffer. The CUDA-graph decode runner lays its own static
   inputs out in one.
 - `StagingArea`: an `Uploader` filled in order by a `Pack` (every array at the next aligned offset), grown when
-  a step needs more room than it has (rare: sized by the profiling step, the largest there is).
+  a step needs more room than it has (rare: 64 KiB to start, and where the KV pool is sized from the memory
+  profile, the profiling step, the largest there is, grows it at start-up).
 - `DirectPack`: the same interface with no staging: each array is a tensor on its own (on the CPU a view of the
   host array: nothing is copied there, since the host is the device), for code that prepares one batch outside
   the engine's steps (calibration, tests).
