@@ -69,3 +69,22 @@ def test_keys_never_logged_and_access_log_is_structured(keyed: ServerProcess) ->
     assert rec["method"] == "GET" and rec["path"] == "/v1/models" and rec["status"] == 200
     assert isinstance(rec["duration_ms"], float) and rec["level"] == "info" and "ts" in rec
     assert any(r["status"] == 401 for r in access)
+
+
+def test_probes_are_logged_when_their_answer_changes(keyed: ServerProcess) -> None:
+    """Kubelets and load balancers poll /healthz and /readyz every second: one access line per change of answer
+    (503 loading -> 200 ready), not one per poll; other requests get theirs every time."""
+    for _ in range(5):
+        assert http("GET", keyed.url + "/healthz").status == 200
+        assert http("GET", keyed.url + "/readyz").status == 200
+        assert http("GET", keyed.url + "/openapi.json", headers={"X-Request-Id": "probe-log-mark"}).status == 200
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        access = [r for r in keyed.records() if r.get("logger") == "hetero_infer.access"]
+        if sum(r.get("request_id") == "probe-log-mark" for r in access) == 5:
+            break
+        time.sleep(0.02)
+    assert sum(r.get("request_id") == "probe-log-mark" for r in access) == 5
+    for path in ("/healthz", "/readyz"):
+        statuses = [r["status"] for r in access if r["path"] == path]
+        assert statuses.count(200) == 1 and all(a != b for a, b in zip(statuses, statuses[1:])), (path, statuses)

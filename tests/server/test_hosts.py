@@ -17,8 +17,11 @@ from hetero_infer.worker.server.options import ServerOptions
 BODY = {"prompt": "hello", "max_tokens": 2}
 
 
-async def _post(url: str, host: str, origin: str | None = None, auth: str | None = None) -> tuple[int, dict]:
+async def _post(url: str, host: str, origin: str | None = None, auth: str | None = None,
+                forwarded_host: str | None = None) -> tuple[int, dict]:
     headers = {"Host": host, "Content-Type": "application/json"}
+    if forwarded_host is not None:
+        headers["X-Forwarded-Host"] = forwarded_host
     if origin is not None:
         headers["Origin"] = origin
     if auth is not None:
@@ -43,6 +46,13 @@ async def test_a_rebound_name_is_refused_on_loopback(inproc: tuple[str, LLMEngin
                  "10.0.0.7"):
         status, body = await _post(url, host, f"http://{host}")
         assert status == 200, (host, body)
+
+
+async def test_x_forwarded_host_is_not_trusted(inproc: tuple[str, LLMEngine]) -> None:
+    """Only the Host the request is addressed to counts: X-Forwarded-Host is whatever the sender wrote."""
+    url, _ = inproc
+    assert (await _post(url, "evil.example:3400", forwarded_host="localhost"))[0] == 403
+    assert (await _post(url, "localhost", forwarded_host="evil.example"))[0] == 200
 
 
 @pytest.mark.parametrize("inproc", [{"allowed_hosts": ["llm.internal", ".corp.example"]}], indirect=True)
