@@ -91,6 +91,9 @@ class Fleet:
         problems = [f"{p} (after {self._phase(started)})" for started, p in load.problems()]
         assert not problems, f"{len(problems)} of {len(load.outcomes)} requests failed:\n" + "\n".join(problems[:20])
         assert len(load.outcomes) >= min_requests, len(load.outcomes)
+        streams = sum(o.kind == "stream" for o in load.outcomes)
+        print(f"{len(load.outcomes)} requests ({streams} streamed), none failed; stopped: "
+              + ", ".join(f"{s.name} in {s.seconds:.1f} s" for s in self.stopped))  # shown with -s
         for s in self.stopped:
             assert not s.killed, f"{s.name} outlived its grace period ({s.seconds:.1f} s after SIGTERM):\n{s.log_tail}"
             assert s.exit_code == 0, f"{s.name} exited with {s.exit_code}:\n{s.log_tail}"
