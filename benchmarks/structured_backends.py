@@ -15,8 +15,8 @@ from functools import partial
 
 import torch
 
+from hetero_infer.contracts.tokenizer import Tokenizer
 from hetero_infer.worker.runner.loader import resolve_model
-from hetero_infer.worker.tokenizer import Tokenizer
 
 SCHEMAS = {
     "flat": ({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},

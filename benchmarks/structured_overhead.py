@@ -18,12 +18,12 @@ import time
 
 import torch
 
+from hetero_infer.contracts.tokenizer import Tokenizer
 from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.worker.runner import sampler as current
 from hetero_infer.worker.runner.loader import resolve_model
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
 from hetero_infer.worker.structured.mask import apply_grammar_masks
-from hetero_infer.worker.tokenizer import Tokenizer
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "tags": {"type": "array", "items": {"type": "string"}}},

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from hetero_infer.block_hashes import BlockReport
+from hetero_infer.contracts.block_hashes import BlockReport
 
 
 @dataclass(eq=False)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from hetero_infer.block_hashes import HASH_NAME, BlockReport
+from hetero_infer.contracts.block_hashes import HASH_NAME, BlockReport
 from hetero_infer.router.index import PrefixIndex
 from hetero_infer.router.policies import EndpointState
 

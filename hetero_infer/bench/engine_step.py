@@ -30,7 +30,7 @@ def measure(running: int, device_ms: float, steps: int) -> dict[str, float]:
     """One configuration, in this process (whatever `hetero_infer` it imports)."""
     import random
 
-    from hetero_infer.worker.config import EngineConfig
+    from hetero_infer.contracts.engine_options import EngineConfig
     from hetero_infer.worker.core.engine import LLMEngine
     from hetero_infer.worker.core.sampling_params import SamplingParams
 

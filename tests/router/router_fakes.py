@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from hetero_infer.block_hashes import BlockLog
+from hetero_infer.contracts.block_hashes import BlockLog
+from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.router.app import Router, create_app, make_runner
-from hetero_infer.router.options import RouterOptions
 
 
 @dataclass

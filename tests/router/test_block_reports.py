@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_infer.block_hashes import BlockLog, block_hashes
+from hetero_infer.contracts.block_hashes import BlockLog, block_hashes
 from hetero_infer.router.index import PrefixIndex
 from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.sequence import Sequence

@@ -13,11 +13,11 @@ import pytest
 from aiohttp.test_utils import TestServer
 from router_fakes import start_router, wait_for
 
-from hetero_infer.router.options import RouterOptions
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.router_options import RouterOptions
+from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.options import ServerOptions
 from hetero_infer.worker.server.state import ServerState
 
 BLOCK = 16

@@ -1,4 +1,4 @@
-"""The block-hash chain (`hetero_infer.block_hashes`, shared by the workers' block manager and the router): equal
+"""The block-hash chain (`hetero_infer.contracts.block_hashes`, shared by the workers' block manager and the router): equal
 prefixes give equal hashes, in every process."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hetero_infer.block_hashes import extend_chain
+from hetero_infer.contracts.block_hashes import extend_chain
 from hetero_infer.router.hashing import block_hashes, chain_hash, text_block_hashes
 
 tokens = st.lists(st.integers(0, 2**31 - 1), max_size=80)

@@ -9,7 +9,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_infer.block_hashes import BlockLog, BlockReport
+from hetero_infer.contracts.block_hashes import BlockLog, BlockReport
 from hetero_infer.router.index import PrefixIndex
 
 WORKERS = ("w0", "w1", "w2")

@@ -19,8 +19,8 @@ from test_placement_replay import ideal, workload
 from worker_thread import real_workers
 
 from hetero_infer.contracts.block_hashes import block_hashes
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.contracts.router_options import RouterOptions
-from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 
 BLOCK = 16

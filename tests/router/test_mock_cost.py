@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hetero_infer import LLM, SamplingParams
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.runner import mock_executor
 
 PROMPT = list(range(1000, 1200))  # 200 tokens: 12 full blocks of 16

@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from router_fakes import FakeWorker, start_router, wait_for
 
-from hetero_infer.block_hashes import BlockLog
+from hetero_infer.contracts.block_hashes import BlockLog
+from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.router.hashing import block_hashes
-from hetero_infer.router.options import RouterOptions
 
 
 @contextlib.asynccontextmanager

@@ -14,12 +14,12 @@ import pytest
 from router_fakes import start_router, wait_for
 from worker_thread import real_workers
 
-from hetero_infer.options import InvalidOption
+from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.options import InvalidOption
+from hetero_infer.contracts.router_options import RouterOptions
+from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.router.cli import resolve_options
-from hetero_infer.router.options import RouterOptions
-from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.server.options import ServerOptions
 
 APP = "https://app.example"
 EVIL = "http://evil.example"

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from router_fakes import start_router, wait_for
 from worker_thread import ThreadedWorker, real_workers
 
+from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.router.discovery import Membership
-from hetero_infer.router.options import RouterOptions
 from hetero_infer.router.prompt import prompt_token_ids, request_hashes
 from hetero_infer.router.tokenizer_source import FILES_PATH, fetch_and_load
-from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 
 BLOCK = 16

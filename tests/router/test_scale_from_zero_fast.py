@@ -21,11 +21,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.manifests import workers_service_name
 from hetero_infer.router.app import build, make_runner
 from hetero_infer.router.cli import add_discovery
-from hetero_infer.router.options import RouterOptions
 
 for folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "operator"):
     if str(folder) not in sys.path:

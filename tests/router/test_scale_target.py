@@ -22,10 +22,10 @@ import yaml
 from aiohttp import web
 from router_fakes import FakeWorker, wait_for
 
+from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.operator import constants as c
 from hetero_infer.router.app import build, make_runner
 from hetero_infer.router.cli import add_scale_from_zero, resolve_options
-from hetero_infer.router.options import RouterOptions
 from hetero_infer.router.scale import ScaleFromZero, scale_path, scale_up_patch
 
 NS, NAME, TOKEN = "models", "smol", "router-sa-token"

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from worker_thread import real_workers
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.server import tokenizer_files
 

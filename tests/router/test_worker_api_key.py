@@ -9,8 +9,8 @@ import pytest
 from router_fakes import start_router, wait_for
 from worker_thread import real_workers
 
-from hetero_infer.router.options import RouterOptions
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.worker.core.engine import LLMEngine
 
 KEY = "sk-worker-secret"

@@ -14,9 +14,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.options import ServerOptions
 from hetero_infer.worker.server.state import ServerState
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero_infer.worker.tokenizer import Tokenizer
+from hetero_infer.contracts.tokenizer import Tokenizer
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

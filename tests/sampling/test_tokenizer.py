@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero_infer.worker.tokenizer import Tokenizer
+from hetero_infer.contracts.tokenizer import Tokenizer
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello!"}],

@@ -5,7 +5,7 @@ hash chained over its parent's hash and its token ids, so a later prompt with th
 prefix reuses it. Freed blocks keep their hash and sit in an LRU free list until a fresh
 allocation evicts them (oldest first).
 
-Hashes are `hetero_infer.block_hashes.chain_hash` (the same in every process), and the manager keeps the net
+Hashes are `hetero_infer.contracts.block_hashes.chain_hash` (the same in every process), and the manager keeps the net
 change of its cache's hashes since the last `take_cache_changes()`: what a worker reports to the router
 (docs/router.md). At most one entry per hash, so it stays bounded (2 x blocks) when nobody takes it.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from hetero_infer.block_hashes import extend_chain
+from hetero_infer.contracts.block_hashes import extend_chain
 from hetero_infer.worker.core.sequence import Sequence
 
 

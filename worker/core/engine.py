@@ -14,8 +14,8 @@ from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.contracts.tokenizer import eos_token_ids, load_tokenizer
-from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
 from hetero_infer.worker.core.outputs import OutputAccumulator, RequestDelta, RequestOutput, SampleDelta
