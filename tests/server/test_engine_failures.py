@@ -91,6 +91,40 @@ async def test_failed_step_fails_only_its_requests(served: tuple[str, ServerStat
     assert engine.stats().kv_cache_usage == 0
 
 
+async def test_a_bug_mid_stream_ends_the_stream_cleanly(served: tuple[str, ServerState, LLMEngine],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception while a stream is being written (its headers are out) ends it with an error event and
+    [DONE], as engine errors do, and aborts its request; a second response (status line and headers) written
+    into the chunked body made it unreadable for every HTTP client."""
+    from hetero_infer.worker.server import completions
+
+    url, state, engine = served
+    real_chunk = completions.CompletionFormatter._chunk
+    calls = {"n": 0}
+
+    def buggy_chunk(self: Any, idx: int, d: Any, ch: Any) -> str:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyError("injected formatter bug")
+        return real_chunk(self, idx, d, ch)
+
+    monkeypatch.setattr(completions.CompletionFormatter, "_chunk", buggy_chunk)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
+        async with session.post(url + "/v1/completions", json={"prompt": "victim", "max_tokens": 100,
+                                                               "ignore_eos": True, "stream": True}) as stream:
+            assert stream.status == 200
+            events = await _stream_events(stream)
+        assert events[-1] == "[DONE]" and len(events) >= 3, events
+        err = json.loads(events[-2])["error"]
+        assert err["code"] == "internal_error" and err["type"] == "server_error"
+        assert "injected" not in err["message"]  # internals stay in the log
+        monkeypatch.setattr(completions.CompletionFormatter, "_chunk", real_chunk)
+        status, body = await _post(session, url + "/v1/completions", {"prompt": "survivor", "max_tokens": 5})
+        assert status == 200 and body["usage"]["completion_tokens"] == 5
+    assert state.engine.num_open_requests == 0
+    assert engine.stats().kv_cache_usage == 0
+
+
 async def test_broken_engine_turns_readyz_red(served: tuple[str, ServerState, LLMEngine],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     url, state, engine = served

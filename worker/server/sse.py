@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from hetero_infer.worker.frontend.stream import OutputStream
-from hetero_infer.worker.server.errors import STREAM_ERRORS, as_api_error
+from hetero_infer.worker.server.errors import STREAM_ERRORS, APIError, as_api_error
 from hetero_infer.worker.server.formatting import Formatter, dumps
 from hetero_infer.worker.server.logs import CLIENT_CLOSED_KEY
 
@@ -73,6 +73,10 @@ async def stream_events(request: web.Request, stream: OutputStream, fmt: Formatt
     except ConnectionError:  # client went away; the caller's `finally` aborts the requests
         request[CLIENT_CLOSED_KEY] = True  # logged and counted as 499
         logger.info("client disconnected mid-stream", extra={"request_id": request.get("request_id")})
+    except Exception:  # a bug of ours: the response is prepared, so the error middleware can send no other
+        logger.exception("stream failed", extra={"request_id": request.get("request_id")})
+        err = APIError(500, "internal server error", code="internal_error")
+        await resp.write_eof(b"data: " + dumps(err.body()).encode() + b"\n\n" + DONE)
     finally:
         headers_timer.cancel()
     return resp
