@@ -156,3 +156,36 @@ def test_a_schema_that_compiles_too_long_is_a_400_and_holds_nothing(timeout_serv
     r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "pick"}], max_tokens=4,
                                        extra_body={"guided_choice": ["a", "b"]})
     assert r.choices[0].message.content in ("a", "b")
+
+
+@pytest.mark.parametrize("outcome", ["timeout", "constraint"])
+async def test_a_waiter_that_gave_up_leaves_no_error_in_the_log(outcome: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The thread client's wait for a shared compile (`GrammarCache.prepare`'s future, here one the test settles):
+    a request that stopped waiting (past --grammar-compile-timeout, or its client gone) and a compile that ends
+    later in CompileTimeout or ConstraintError must not leave asyncio's "Future exception was never retrieved"
+    ERROR in the server's log (one per grammar 400)."""
+    import asyncio
+    import concurrent.futures
+    import gc
+
+    from hetero_infer.worker.config import EngineConfig
+    from hetero_infer.worker.core.engine import LLMEngine
+    from hetero_infer.worker.frontend.inproc import InprocEngineClient
+    from hetero_infer.worker.structured.compiler import CompileTimeout
+    from hetero_infer.worker.structured.spec import ConstraintError, GrammarSpec
+
+    engine = LLMEngine(EngineConfig(executor="mock", max_model_len=256))
+    shared: concurrent.futures.Future[None] = concurrent.futures.Future()
+    engine.grammars.prepare = lambda spec, deadline: shared
+    client = InprocEngineClient(engine)
+    client.start()
+    try:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(client.prepare_grammar(GrammarSpec("regex", "a+"), time.monotonic() + 0.05), 0.05)
+        shared.set_exception(CompileTimeout("late") if outcome == "timeout" else ConstraintError("late"))
+        await asyncio.sleep(0.05)
+        gc.collect()
+        await asyncio.sleep(0.05)
+    finally:
+        client.shutdown()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

@@ -66,6 +66,11 @@ class _ThreadLink:
             self.client._on_outputs(outputs)
 
 
+def _read_outcome(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class InprocEngineClient(EngineClient):
     """Runs an `LLMEngine` on its own thread and exposes it to asyncio code."""
 
@@ -124,8 +129,11 @@ class InprocEngineClient(EngineClient):
     async def prepare_grammar(self, spec: GrammarSpec, deadline: float) -> None:
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
-        # shielded: a waiter that gives up must not cancel the compile that other requests may share
-        await asyncio.shield(asyncio.wrap_future(self.engine.grammars.prepare(spec, deadline)))
+        # shielded: a waiter that gives up must not cancel the compile that other requests may share; its outcome
+        # is then read by nobody (asyncio would log an ERROR for the exception of a compile that fails later)
+        outcome = asyncio.wrap_future(self.engine.grammars.prepare(spec, deadline))
+        outcome.add_done_callback(_read_outcome)
+        await asyncio.shield(outcome)
 
     def _on_dead(self, error: BaseException) -> None:
         super()._on_dead(error)
