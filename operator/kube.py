@@ -122,7 +122,8 @@ class Client(Protocol):
 
     def delete(self, kind: Kind, namespace: str, name: str) -> bool: ...
 
-    # Used with spec.model.cache only (the download Job's pods and the running one's progress).
+    # Used only while a model is downloaded: the download Job's pods (spec.model.cache) or, a url without a cache,
+    # the worker pods, and the downloading one's progress.
     def list(self, kind: Kind, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
 
     def log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str: ...

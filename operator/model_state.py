@@ -7,6 +7,12 @@ bytes done of the total), Ready (the Job completed) and Failed (the Job gave up 
 failure's reason comes from the failed pod's termination message (the fetch's one-line error, its log's tail
 with terminationMessagePolicy FallbackToLogsOnError): NotFound, Unauthorized, NoSpace, else DownloadFailed, and
 the message is that line. The fetcher redacts secrets from what it logs, so none reach the status or events.
+
+Without a cache each worker pod downloads spec.model.url in its init container `fetch-model` (`init_state`): the
+same phases from those containers' states, as the kubelet reports them. Ready once a pod's init container
+exited 0 (or its worker started), Downloading while one runs (its log's last progress line), Failed while one
+failed last (its termination message, classified as above; the kubelet retries it with back-off, so a later
+attempt can still succeed), else Pending (no pod yet, or none has started downloading).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 PENDING, DOWNLOADING, READY, FAILED = "Pending", "Downloading", "Ready", "Failed"
 NOT_FOUND, UNAUTHORIZED, NO_SPACE, DOWNLOAD_FAILED = "NotFound", "Unauthorized", "NoSpace", "DownloadFailed"
 MAX_MESSAGE = 600
+FETCH_CONTAINER = "fetch-model"  # the container that downloads (manifests/worker.py fetch_container)
 
 # hetero_infer.progress.progress_line: "LABEL: 12.0 MB of 48.0 MB (25%), 3.0 MB/s, 4 s"
 _PROGRESS = re.compile(r"(\d+(?:\.\d+)? [kMG]?B) of (\d+(?:\.\d+)? [kMG]?B) \((\d+)%\)(?:, (\d+(?:\.\d+)? [kMG]?B/s))?")
@@ -89,15 +96,22 @@ def _created(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("creationTimestamp") or "")
 
 
+def _container_status(pod: Mapping[str, Any], key: str = "containerStatuses", name: str | None = None
+                      ) -> Mapping[str, Any]:
+    """A container's status from the pod's `key` list: the one called `name`, else the first."""
+    statuses = [s for s in (pod.get("status") or {}).get(key) or [] if name is None or s.get("name") == name]
+    return statuses[0] if statuses else {}
+
+
 def _container_state(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    return (statuses[0].get("state") or {}) if statuses else {}
+    return _container_status(pod).get("state") or {}
 
 
-def _pod_failure(pod: Mapping[str, Any]) -> str:
-    """Why a failed pod failed: its termination message's error line, else the kubelet's reason."""
+def _pod_failure(pod: Mapping[str, Any], terminated: Mapping[str, Any] | None = None) -> str:
+    """Why a failed pod (or its container that ended as `terminated`) failed: the termination message's error
+    line, else the kubelet's reason."""
     status = pod.get("status") or {}
-    terminated = _container_state(pod).get("terminated") or {}
+    terminated = _container_state(pod).get("terminated") or {} if terminated is None else terminated
     line = error_line(str(terminated.get("message") or ""))
     if line:
         return line
@@ -106,9 +120,10 @@ def _pod_failure(pod: Mapping[str, Any]) -> str:
     return f"{why}: {detail}" if detail else str(why)
 
 
-def _waiting(pod: Mapping[str, Any]) -> str:
-    """Why a pod has not started: the container's waiting reason, else the scheduler's."""
-    waiting = _container_state(pod).get("waiting") or {}
+def _waiting(pod: Mapping[str, Any], state: Mapping[str, Any] | None = None) -> str:
+    """Why a pod (or the container in `state`) has not started: the container's waiting reason, else the
+    scheduler's."""
+    waiting = (_container_state(pod) if state is None else state).get("waiting") or {}
     if waiting.get("reason"):
         return f"{waiting['reason']}: {waiting['message']}" if waiting.get("message") else str(waiting["reason"])
     for cond in (pod.get("status") or {}).get("conditions") or []:
@@ -161,6 +176,86 @@ def _phase(url: str, job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, 
     if retrying:
         return ModelState(PENDING, PENDING, _clip(f"waiting to retry {url}{retrying}"))
     return ModelState(PENDING, PENDING, f"waiting for the download Job {name} to start its pod")
+
+
+def _fetch_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return _container_status(pod, "initContainerStatuses", FETCH_CONTAINER)
+
+
+def _fetches(pod: Mapping[str, Any], url: str) -> bool:
+    """Whether the pod's init container downloads `url` (in a rollout to another url, the old pods fetched theirs)."""
+    return any(ct.get("name") == FETCH_CONTAINER and url in (ct.get("command") or [])
+               for ct in (pod.get("spec") or {}).get("initContainers") or [])
+
+
+def _fetched(pod: Mapping[str, Any]) -> bool:
+    """The init container exited 0, or the worker container (which starts only after it) has run."""
+    if (((_fetch_status(pod).get("state") or {}).get("terminated") or {}).get("exitCode")) == 0:
+        return True
+    worker = _container_status(pod)
+    return any(k in (worker.get("state") or {}) for k in ("running", "terminated")) or \
+        "terminated" in (worker.get("lastState") or {})
+
+
+def _fetch_failure(pod: Mapping[str, Any]) -> str | None:
+    """Why the pod's last download attempt failed (None: none did): the init container's termination with a
+    non-zero exit code, now or as its last state while it backs off, or the pod's eviction."""
+    init = _fetch_status(pod)
+    state = init.get("state") or {}
+    for terminated in (state.get("terminated"), (init.get("lastState") or {}).get("terminated")):
+        if terminated and terminated.get("exitCode") != 0:
+            return _pod_failure(pod, terminated)
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") == "CrashLoopBackOff":
+        return _waiting(pod, state)
+    if (pod.get("status") or {}).get("phase") == "Failed":
+        return _pod_failure(pod, {})
+    return None
+
+
+def _downloaders(url: str, pods: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], bool,
+                                                                           list[Mapping[str, Any]]]:
+    """The pods that download `url` (oldest first), whether one has it, and those whose init container runs."""
+    mine = sorted((p for p in pods if _fetches(p, url)), key=_created)
+    running = [p for p in mine if "running" in (_fetch_status(p).get("state") or {})]
+    return mine, any(_fetched(p) for p in mine), running
+
+
+def fetching_pod(url: str, pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """The worker pod whose fetch-model log `init_state` reads progress from (None: a pod has the model, or none
+    downloads it now)."""
+    _, done, running = _downloaders(url, pods)
+    return None if done or not running else str(running[-1]["metadata"]["name"])
+
+
+def init_state(url: str, pods: Sequence[Mapping[str, Any]], log: str = "") -> ModelState:
+    """Without spec.model.cache: the phase of `url`'s download by the worker pods' init containers (module
+    docstring), from the pods and the log tail of `fetching_pod`'s init container."""
+    return dataclasses.replace(_init_phase(url, pods, log), source=url)
+
+
+def _init_phase(url: str, pods: Sequence[Mapping[str, Any]], log: str) -> ModelState:
+    mine, done, running = _downloaders(url, pods)
+    if done:
+        return ModelState(READY, READY, f"a worker pod downloaded {url}")
+    if running:
+        pod = running[-1]
+        progress = download_progress(log)
+        before = _fetch_failure(pod)
+        retrying = f" (after {int(_fetch_status(pod).get('restartCount') or 0)} failed attempt(s): {before})" \
+            if before else ""
+        return ModelState(DOWNLOADING, DOWNLOADING, _clip(
+            f"downloading {url}" + (f": {progress}" if progress else "") + retrying))
+    failed = [(p, line) for p in mine if (line := _fetch_failure(p))]
+    if failed:
+        pod, line = failed[-1]
+        return ModelState(FAILED, failure_reason(line), _clip(
+            f"{line} (pod {pod['metadata']['name']}, init container {FETCH_CONTAINER}; the kubelet retries it with "
+            "back-off)"))
+    if mine:
+        return ModelState(PENDING, PENDING, _clip(f"the worker pod for {url} is not downloading yet: "
+                                                  f"{_waiting(mine[-1], _fetch_status(mine[-1]).get('state') or {})}"))
+    return ModelState(PENDING, PENDING, f"waiting for a worker pod to download {url}")
 
 
 EVENTS = {PENDING: ("Normal", "ModelPending"), DOWNLOADING: ("Normal", "ModelDownloading"),

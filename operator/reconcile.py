@@ -32,7 +32,15 @@ from hetero_infer.operator.manifests import (
     selector_string,
     stale_optional_children,
 )
-from hetero_infer.operator.model_state import ModelState, model_state, transition_event
+from hetero_infer.operator.manifests.worker import downloads_per_pod
+from hetero_infer.operator.model_state import (
+    FETCH_CONTAINER,
+    ModelState,
+    fetching_pod,
+    init_state,
+    model_state,
+    transition_event,
+)
 from hetero_infer.operator.spec import InferenceSpec, SpecError, parse_spec
 from hetero_infer.operator.status import Observed, compute_status, invalid_spec_status, status_changed
 
@@ -112,7 +120,16 @@ def record_result(record: Recorder, ns: str, result: ChildResult) -> None:
         record("Warning", "ChildConflict", result.detail)
 
 
-FETCH_LOG_LINES = 40  # of the running download pod's log, for its last progress line
+FETCH_LOG_LINES = 40  # of the running download container's log, for its last progress line
+
+
+def _fetch_log(client: kube.Client, ns: str, pod: str) -> str:
+    """The download container's last log lines ("" when it has none yet, or the pod just went: the phase says
+    enough)."""
+    try:
+        return client.log(ns, pod, FETCH_CONTAINER, FETCH_LOG_LINES)
+    except kube.ApiError:
+        return ""
 
 
 @dataclass
@@ -141,13 +158,7 @@ def _job_pods(client: kube.Client, job: Mapping[str, Any]) -> tuple[list[dict[st
     pods = client.list(kube.POD, ns, ",".join(f"{k}={v}" for k, v in sorted(labels.items())))
     running = sorted((p for p in pods if (p.get("status") or {}).get("phase") == "Running"),
                      key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
-    log = ""
-    if running:
-        try:
-            log = client.log(ns, running[-1]["metadata"]["name"], "fetch-model", FETCH_LOG_LINES)
-        except kube.ApiError:  # no log yet, or the pod just went: the phase says enough
-            log = ""
-    return pods, log
+    return pods, _fetch_log(client, ns, running[-1]["metadata"]["name"]) if running else ""
 
 
 def sync_cache(client: kube.Client, owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults,
@@ -178,6 +189,21 @@ def sync_cache(client: kube.Client, owner: Owner, spec: InferenceSpec, defaults:
         return CacheStep(None, served)
     stale = fetch_job_name(owner, served) if state.ready and served and served != key else None
     return CacheStep(state, key if state.ready else served, stale)
+
+
+def pod_downloads(client: kube.Client, owner: Owner, spec: InferenceSpec, outcome: Outcome) -> ModelState | None:
+    """Without spec.model.cache: how far the worker pods' init containers got with spec.model.url, from the pods
+    and the downloading one's log (None: an API error, in `outcome`)."""
+    url, ns = spec.model.url, owner.namespace
+    assert url is not None
+    try:
+        pods = client.list(kube.POD, ns, selector_string(owner.name))
+        fetching = fetching_pod(url, pods)
+        log = _fetch_log(client, ns, fetching) if fetching else ""
+    except kube.ApiError as e:
+        outcome.errors.append(f"worker pods of {ns}/{owner.name} (downloading {url}): {e}")
+        return None
+    return init_state(url, pods, log)
 
 
 def _ensure_job(client: kube.Client, desired: Mapping[str, Any], owner: Owner, outcome: Outcome,
@@ -315,8 +341,9 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
         except kube.ApiError as e:
             outcome.errors.append(f"HorizontalPodAutoscaler {ns}/{name}: {e}")
 
+    model = cache.state if cache else pod_downloads(client, owner, spec, outcome) if downloads_per_pod(spec) else None
     return _finish(client, record, body, spec, owner, outcome, live,
-                   {router_name(name)} if wanted.router else set(), cache.state if cache else None, previous, now)
+                   {router_name(name)} if wanted.router else set(), model, previous, now)
 
 
 def _model_event(record: Recorder, previous: Mapping[str, Any], state: ModelState) -> None:

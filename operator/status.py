@@ -28,6 +28,7 @@ from typing import Any
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.autoscale.decision import SIGNALS, Decision
 from hetero_infer.operator.diff import parse_quantity
+from hetero_infer.operator.manifests.worker import downloads_per_pod
 from hetero_infer.operator.model_state import FAILED, ModelState
 from hetero_infer.operator.spec import InferenceSpec
 
@@ -42,7 +43,8 @@ class Observed:
     hpa: Mapping[str, Any] | None = None
     problems: list[str] = field(default_factory=list)  # reconcile-level problems (conflicts, API errors)
     problem_reason: str = "ReconcileFailed"
-    model: ModelState | None = None  # with spec.model.cache: the download of spec.model.url
+    # the download of spec.model.url: the Job's with spec.model.cache, else the worker pods' init containers
+    model: ModelState | None = None
 
 
 def _cond(ctype: str, status: str, reason: str, message: str) -> dict[str, Any]:
@@ -171,6 +173,10 @@ def _with_router(spec: InferenceSpec, dep: Mapping[str, Any] | None, ready_c: di
     return router_c, ready_c, prog_c, degraded
 
 
+def _model_condition(state: ModelState) -> dict[str, Any]:
+    return _cond(c.COND_MODEL_READY, "True" if state.ready else "False", state.reason, state.message)
+
+
 def _with_model(spec: InferenceSpec, observed: Observed, ready_c: dict[str, Any], prog_c: dict[str, Any],
                 degraded: dict[str, Any] | None) -> tuple[dict, dict, dict, dict | None]:
     """ModelReady (spec.model.cache), and Ready, Progressing and Degraded while the model is not in the cache: with
@@ -178,7 +184,7 @@ def _with_model(spec: InferenceSpec, observed: Observed, ready_c: dict[str, Any]
     an earlier revision, Progressing says the new one downloads, and a failed download is Degraded."""
     state = observed.model
     assert state is not None
-    model_c = _cond(c.COND_MODEL_READY, "True" if state.ready else "False", state.reason, state.message)
+    model_c = _model_condition(state)
     if state.ready:
         return model_c, ready_c, prog_c, degraded
     first = observed.deployment is None
@@ -232,6 +238,8 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
     model_c = router_c = None
     if spec.model.cache is not None and observed.model is not None:
         model_c, ready_c, prog_c, degraded = _with_model(spec, observed, ready_c, prog_c, degraded)
+    elif observed.model is not None:  # each pod downloads: the workers' own conditions say the rest
+        model_c = _model_condition(observed.model)
     if spec.router.enabled:
         router_c, ready_c, prog_c, degraded = _with_router(spec, observed.router, ready_c, prog_c, degraded)
     if observed.problems:
@@ -241,8 +249,8 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
     conditions = [cond for cond in (model_c, router_c, ready_c, prog_c, degraded) if cond is not None]
     if not spec.autoscaling.by_operator:
         conditions.append(_scaling_condition(spec, observed.hpa))
-    drop = (() if spec.router.enabled else (c.COND_ROUTER_READY,)) + (
-        () if spec.model.cache is not None else (c.COND_MODEL_READY,))
+    downloads = spec.model.cache is not None or downloads_per_pod(spec)
+    drop = (() if spec.router.enabled else (c.COND_ROUTER_READY,)) + (() if downloads else (c.COND_MODEL_READY,))
 
     status: dict[str, Any] = {
         "replicas": int(dep_status.get("replicas") or 0),
@@ -257,8 +265,8 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
         status["router"] = None  # the router was turned off: remove its numbers
     if model_c is not None and observed.model is not None:
         status["model"] = {"url": observed.model.source or spec.model.url, "phase": observed.model.phase}
-    elif spec.model.cache is None and previous.get("model") is not None:
-        status["model"] = None  # the cache was turned off
+    elif not downloads and previous.get("model") is not None:
+        status["model"] = None  # the model is no longer downloaded (a path, a claim)
     if observed.generation is not None:
         status["observedGeneration"] = observed.generation
     if spec.autoscaling.by_operator:
