@@ -189,3 +189,36 @@ async def test_a_waiter_that_gave_up_leaves_no_error_in_the_log(outcome: str, ca
     finally:
         client.shutdown()
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+async def test_a_full_server_refuses_before_compiling() -> None:
+    """Admission comes first: at capacity a constrained request gets its 429 at once and starts no compile (it
+    took a compile thread for up to --grammar-compile-timeout, then got the 429 anyway); admitted, it counts as
+    waiting while its grammar compiles (vLLM's WAITING_FOR_FSM), so a drain waits for it."""
+    import asyncio
+
+    import aiohttp
+    from inproc_server import inproc_server
+
+    from hetero_infer.worker.config import EngineConfig
+    from hetero_infer.worker.core.engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(executor="mock", max_model_len=256, max_num_seqs=1, mock_step_latency_s=0.01))
+    compiles = []
+    real_prepare = engine.grammars.prepare
+    engine.grammars.prepare = lambda spec, deadline: compiles.append(spec) or real_prepare(spec, deadline)
+    body = {"prompt": "x", "max_tokens": 3, "response_format": schema_format({"type": "object"})}
+    async with inproc_server(engine, max_queue_len=0) as url, aiohttp.ClientSession() as session:
+        long = await session.post(url + "/v1/completions", json={"prompt": "hold", "max_tokens": 200,
+                                                                 "ignore_eos": True, "stream": True})
+        await long.content.readline()  # it runs: the one sequence slot is taken
+        async with session.post(url + "/v1/completions", json=body) as r:
+            assert r.status == 429, await r.text()
+        assert compiles == []
+        long.close()
+        for _ in range(100):
+            async with session.post(url + "/v1/completions", json=body) as r:
+                if r.status != 429:
+                    break
+            await asyncio.sleep(0.05)
+        assert r.status == 200 and len(compiles) == 1

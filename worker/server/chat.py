@@ -44,10 +44,10 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     state.check_serving()
     prompt = await chat_prompt(state, req)
     params = [request_sampling_params(state, req, prompt)]
-    await prepare_grammar(state, req, params[0])
     fmt = ChatFormatter(state, req, [prompt])
     return await generate(request, state, [prompt], params, fmt, arrival, req.stream,
-                          bool(req.stream_options and req.stream_options.include_usage))
+                          bool(req.stream_options and req.stream_options.include_usage),
+                          lambda: prepare_grammar(state, req, params[0]))
 
 
 def chat_template(state: ServerState) -> str | None:

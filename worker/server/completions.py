@@ -25,10 +25,10 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     prompts = await completion_prompts(state, req)
     params = [request_sampling_params(state, req, p, "prompt" if len(prompts) == 1 else f"prompt.{i}")
               for i, p in enumerate(prompts)]
-    await prepare_grammar(state, req, params[0])  # one constraint for all the prompts
     fmt = CompletionFormatter(state, req, prompts)
     return await generate(request, state, prompts, params, fmt, arrival, req.stream,
-                          bool(req.stream_options and req.stream_options.include_usage))
+                          bool(req.stream_options and req.stream_options.include_usage),
+                          lambda: prepare_grammar(state, req, params[0]))  # one constraint for all the prompts
 
 
 class CompletionFormatter(Formatter):

@@ -5,6 +5,7 @@ gone, cancelled), so that the KV blocks are freed at once."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -21,13 +22,17 @@ from hetero_infer.worker.server.state import ServerState
 
 
 async def generate(request: web.Request, state: ServerState, prompts: list[Prompt], params: list[SamplingParams],
-                   fmt: Formatter, arrival: float, stream: bool, include_usage: bool) -> web.StreamResponse:
+                   fmt: Formatter, arrival: float, stream: bool, include_usage: bool,
+                   prepare: Callable[[], Awaitable[None]] | None = None) -> web.StreamResponse:
+    """`prepare`: awaited once the request is admitted, before it reaches the engine (its grammar's compile)."""
     num_seqs = sum(max(p.n, p.best_of or 0) for p in params)  # best_of: every sample runs
     base = new_id()
     engine_requests = [EngineRequest(f"{base}-{i}", p.text, p.token_ids, sp, sp.max_tokens)  # checked already
                        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
     fmt.bind([r.request_id for r in engine_requests])
     with state.admit(num_seqs):  # 429/503 beyond capacity; counts the request for the drain
+        if prepare is not None:  # admitted first: a full server refuses before any compile; waiting meanwhile
+            await prepare()
         outputs = state.engine.submit(engine_requests, arrival)
         loop = asyncio.get_running_loop()
         timeout_s = state.options.request_timeout
