@@ -242,7 +242,7 @@ class TorchExecutor:
         tokens, sampled = sample_logits(self.sampler, logits, sampling)
         if not self.overlaps:
             return DoneStep(tokens.tolist(), sampled)
-        tokens = tokens.to(self.device, non_blocking=True)  # the host sampler's (argmax's are there already)
+        tokens = tokens.to(self.device, non_blocking=True)  # the host sampler's (on-device ones are there)
         self._prev_tokens = tokens
         self._prev_rows = {s.seq.seq_id: i for i, s in enumerate(r for r in sched.scheduled if r.samples)}
         if sampled is not None:

@@ -4,15 +4,19 @@ logprobs.
 Processing order follows vLLM: penalties -> min_tokens -> logit_bias -> structured-output mask ->
 temperature -> top-k -> top-p -> min-p -> sample. Random rows use the exponential race (argmax of probs / Exp(1) noise), so
 a seeded row's token depends only on its own logits and generator, never on the batch.
+Rows that need nothing but their own parameters (`samples_on_device`) are sampled by `Sampler.sample_on_device`
+with the same recipe and nothing read back to the host, so a CUDA step keeps its tokens on the device.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.worker.runner.staging import to_device
 from hetero_infer.worker.structured.mask import apply_grammar_masks
 from hetero_infer.worker.structured.matcher import GrammarState
 
@@ -84,23 +88,17 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [len(rows), vocab], got {tuple(logits.shape)} for {len(rows)} rows")
-        num_rows, vocab = logits.shape
-        device = logits.device
         raw = logits.float()
 
-        x = process_logits(raw, rows)
-        tokens = torch.empty(num_rows, dtype=torch.long, device=device)
-        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
-        if greedy:
-            tokens[_index(greedy, device)] = _argmax(_take_rows(x, greedy))
-        filtered = [i for i, r in enumerate(rows) if not r.params.greedy and _has_top_k_or_p(r.params, vocab)]
-        plain = [i for i, r in enumerate(rows) if not r.params.greedy and not _has_top_k_or_p(r.params, vocab)]
-        if filtered:
-            tokens[_index(filtered, device)] = _sample_filtered(x, rows, filtered)
-        if plain:
-            tokens[_index(plain, device)] = _sample_plain(x, rows, plain)
-
+        tokens = _sample_tokens(process_logits(raw, rows), rows, on_device=False)
         return _collect(raw, tokens, rows, self.all_logprobs)
+
+    def sample_on_device(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """The tokens `__call__` samples for rows that all `samples_on_device`, as a tensor where the logits are,
+        with no host round trip (nothing read back, the parameters copied from pinned memory without blocking).
+        Seeded rows get exactly `__call__`'s tokens, their generators advanced alike; unseeded rows draw from
+        the same distribution (the global generator's draws have another shape: see `_sample_filtered`)."""
+        return _sample_tokens(logits.float(), rows, on_device=True)
 
     def argmax(self, logits: torch.Tensor) -> list[int]:
         """Each row's token where every row `takes_argmax` (and the sampler fills no logprobs unless asked):
@@ -118,7 +116,14 @@ def takes_argmax(params: SamplingParams, num_output_tokens: int, grammar: Gramma
     """True where a row's token is the first maximum of its raw logits and nothing else is computed for it:
     greedy, no logprobs, and nothing `process_logits` applies (penalties, a min_tokens mask, logit_bias, a
     grammar)."""
-    return (params.greedy and params.logprobs is None and grammar is None and not params.logit_bias
+    return params.greedy and samples_on_device(params, num_output_tokens, grammar)
+
+
+def samples_on_device(params: SamplingParams, num_output_tokens: int, grammar: GrammarState | None) -> bool:
+    """True where a row's token needs no host data but its own parameters (`Sampler.sample_on_device`):
+    greedy or temperature with top-k/top-p/min-p, seeded or not, no logprobs, and nothing `process_logits`
+    applies (penalties, a min_tokens mask, logit_bias, a grammar)."""
+    return (params.logprobs is None and grammar is None and not params.logit_bias
             and num_output_tokens >= params.min_tokens and not _has_penalties(params))
 
 
@@ -166,8 +171,31 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
     return x.max(dim=-1).indices
 
 
+def _sample_tokens(x: torch.Tensor, rows: list[SamplingRow], on_device: bool) -> torch.Tensor:
+    """Each row's token from its processed logits `x`: argmax for greedy rows, else the exponential race over
+    its temperature/top-k/top-p/min-p distribution. `on_device`: nothing is read back to the host."""
+    vocab, device = x.shape[1], x.device
+    tokens = torch.empty(x.shape[0], dtype=torch.long, device=device)
+    greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+    if greedy:
+        tokens[_index(greedy, device)] = _argmax(_take_rows(x, greedy))
+    filtered = [i for i, r in enumerate(rows) if not r.params.greedy and _has_top_k_or_p(r.params, vocab)]
+    plain = [i for i, r in enumerate(rows) if not r.params.greedy and not _has_top_k_or_p(r.params, vocab)]
+    if filtered:
+        tokens[_index(filtered, device)] = _sample_filtered(x, rows, filtered, on_device)
+    if plain:
+        tokens[_index(plain, device)] = _sample_plain(x, rows, plain)
+    return tokens
+
+
+def _tensor(values: list, dtype: np.dtype, device: torch.device) -> torch.Tensor:
+    """Host values as a tensor on `device` without synchronising (on CUDA from pinned memory, non-blocking;
+    `torch.tensor(values, device=...)` waits for the stream)."""
+    return to_device(np.asarray(values, dtype=dtype), device)
+
+
 def _index(idx: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(idx, dtype=torch.long, device=device)
+    return _tensor(idx, np.int64, device)
 
 
 def _take_rows(x: torch.Tensor, idx: list[int]) -> torch.Tensor:
@@ -178,7 +206,7 @@ def _take_rows(x: torch.Tensor, idx: list[int]) -> torch.Tensor:
 
 
 def _column(values: list[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+    return _tensor(values, np.float32, device).unsqueeze(1)
 
 
 def _apply_penalties(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:
@@ -270,8 +298,12 @@ def _sample_plain(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> t
     return rel.div_(noise).max(dim=-1).indices
 
 
-def _sample_filtered(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> torch.Tensor:
-    """Rows with top-k and/or top-p: sample among each row's largest logits only."""
+def _sample_filtered(x: torch.Tensor, rows: list[SamplingRow], idx: list[int],
+                     on_device: bool = False) -> torch.Tensor:
+    """Rows with top-k and/or top-p: sample among each row's largest logits only. `on_device`: one pass, as
+    wide as the widest nucleus can be (the whole vocab where a row has top-p without top-k), so no row's
+    overflow is read back; a wider pass keeps the same tokens (the candidates are the same sorted prefix, the
+    seeded noise is the full vocab's) and only the global generator's draws change shape."""
     device, vocab = x.device, x.shape[1]
     params = [rows[i].params for i in idx]
     # Top-p without top-k normalises by the whole row's mass (relative to the row max).
@@ -292,6 +324,8 @@ def _sample_filtered(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -
     out = torch.empty(len(idx), dtype=torch.long, device=device)
     pending = list(range(len(idx)))
     width = max([_CANDIDATES] + [p.top_k for p in params if 0 < p.top_k < vocab])
+    if on_device and no_k and any(params[j].top_p < 1.0 for j in no_k):
+        width = vocab
     while pending:
         width = min(width, vocab)
         tokens, overflow = _sample_candidates(x, rows, idx, pending, width, mass, seeded, seeded_row)
@@ -324,7 +358,7 @@ def _sample_candidates(
     inv_t = _column([1.0 / p.temperature for p in params], device)
     rel = (vals - vals[:, :1]).mul_(inv_t).exp_()  # probabilities relative to the most likely token
     has_k = [0 < p.top_k < vocab for p in params]
-    k = torch.tensor([p.top_k if h else width for p, h in zip(params, has_k, strict=True)], device=device)
+    k = _index([p.top_k if h else width for p, h in zip(params, has_k, strict=True)], device)
     keep = torch.arange(width, device=device).unsqueeze(0) < k.unsqueeze(1)
 
     overflow: set[int] = set()
@@ -333,12 +367,12 @@ def _sample_candidates(
         cums = rel.masked_fill(~keep, 0.0).cumsum(dim=-1)
         total = cums.gather(1, (k - 1).unsqueeze(1))  # mass of the top-k tokens
         if not all(has_k):
-            has_k_col = torch.tensor(has_k, device=device).unsqueeze(1)
+            has_k_col = _tensor(has_k, np.bool_, device).unsqueeze(1)
             total = torch.where(has_k_col, total, mass[_index(pos, device)])
         limit = _column(top_p, device) * total
         exclusive = torch.cat([torch.zeros_like(cums[:, :1]), cums[:, :-1]], dim=1)
         keep &= exclusive < limit
-        if width < vocab:
+        if width < vocab and not all(has_k):  # a top-k row's nucleus is inside its top k
             short = (cums[:, -1] < limit.squeeze(1)).tolist()
             overflow = {j for j, h, sh in zip(pos, has_k, short, strict=True) if sh and not h}
     min_p = [p.min_p for p in params]
@@ -390,10 +424,14 @@ def sample_logits(sampler: Sampler, logits: torch.Tensor,
                   rows: list[SamplingRow] | None) -> tuple[torch.Tensor, list[SampledToken] | None]:
     """A step's tokens from its logits, one row per sequence that samples. `rows` None: every row takes the
     first maximum of its logits (`takes_argmax`, the usual all-greedy step): the tokens stay a tensor where the
-    logits are, with no host round trip. Else each row's logits processors (on a copy), then the sampler
+    logits are, with no host round trip; so do they where every row `samples_on_device` (temperature,
+    top-k/top-p/min-p, seeds) and the sampler fills no logprobs unless asked. Else each row's logits processors (on a copy), then the sampler
     (which reads its results on the host): the tokens as a tensor there and every row's `SampledToken`."""
     if rows is None:
         return sampler.argmax_tokens(logits), None
+    if not sampler.all_logprobs and all(samples_on_device(r.params, len(r.output_token_ids), r.grammar)
+                                        and not r.params.logits_processors for r in rows):
+        return sampler.sample_on_device(logits, rows), None
     if any(r.params.logits_processors for r in rows):
         logits = logits.clone()
         for i, r in enumerate(rows):
