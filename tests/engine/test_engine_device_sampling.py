@@ -77,8 +77,6 @@ def test_cuda_sampling_steps_synchronise_only_in_result(eager, monkeypatch):
     """On CUDA, temperature / top-k / top-p / min-p steps (seeded and not) are launched with no synchronisation
     (sync debug mode "error" around `execute_async`), never call the host sampler, return a `DeviceStep`, and a
     seeded request gives the same tokens twice."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     shape = Path(__file__).resolve().parents[2] / "benchmarks" / "shapes" / "tiny-qwen3"
     llm = LLM(str(shape), load_format="dummy", skip_tokenizer_init=True, device="cuda", dtype="bfloat16",
               max_num_blocks=256, max_num_seqs=16, max_num_batched_tokens=64, enforce_eager=eager)
