@@ -49,7 +49,7 @@ def test_device_tokens_equal_the_host_samplers_for_seeded_and_greedy_rows(params
     logits = torch.randn(len(params), vocab, generator=torch.Generator().manual_seed(seed)) * scale
     host_rows, device_rows = _rows(params), _rows(params)
     host = Sampler(all_logprobs=False)(logits, host_rows)
-    tokens = Sampler(all_logprobs=False).sample_on_device(logits, device_rows)
+    tokens = Sampler(all_logprobs=False).sample_on_device(logits, device_rows, one_pass=True)
     assert tokens.dtype == torch.long and tokens.shape == (len(params),)
     for i, p in enumerate(params):
         if p.greedy or p.seed is not None:
@@ -97,7 +97,8 @@ def _filtered_probs(z: np.ndarray, p: SamplingParams) -> np.ndarray:
 
 def test_a_wide_nucleus_takes_one_pass_on_device_and_the_same_tokens(monkeypatch):
     """Flat logits over 3,000 tokens and top-p 0.999: the host's first 256-wide pass overflows and retries wider;
-    the device path sorts the whole vocab once (no overflow read back) and picks the same seeded tokens."""
+    the one-pass path (the default off the CPU) sorts the whole vocab once (no overflow read back) and picks the
+    same seeded tokens."""
     passes = []
     candidates = sampler_module._sample_candidates
     monkeypatch.setattr(sampler_module, "_sample_candidates",
@@ -107,9 +108,12 @@ def test_a_wide_nucleus_takes_one_pass_on_device_and_the_same_tokens(monkeypatch
     params = [SamplingParams(temperature=1.0, top_p=0.999, seed=s) for s in range(4)]
     host = [t.token_id for t in Sampler(all_logprobs=False)(logits, _rows(params))]
     host_passes, passes[:] = list(passes), []
-    tokens = Sampler(all_logprobs=False).sample_on_device(logits, _rows(params)).tolist()
+    tokens = Sampler(all_logprobs=False).sample_on_device(logits, _rows(params), one_pass=True).tolist()
     assert host_passes[0] == sampler_module._CANDIDATES and len(host_passes) >= 2
     assert passes == [3000] and tokens == host
+    passes.clear()  # the default on the CPU (the read-back costs nothing there): the host's passes
+    assert Sampler(all_logprobs=False).sample_on_device(logits, _rows(params)).tolist() == host
+    assert passes == host_passes
 
 
 def test_which_rows_sample_on_device():
