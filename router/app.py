@@ -21,7 +21,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from hetero_infer.contracts import cors
+from hetero_infer.contracts import cors, hosts
 from hetero_infer.contracts.auth import api_key_middleware
 from hetero_infer.contracts.errors import APIError
 from hetero_infer.contracts.router_options import RouterOptions
@@ -294,9 +294,10 @@ def create_app(router: Router) -> web.Application:
     opts = router.options
     policy = cors.CorsPolicy.from_options(opts.allowed_origins, opts.allowed_methods, opts.allowed_headers,
                                           opts.allow_credentials)
+    host_policy = hosts.HostPolicy.from_options(opts.allowed_hosts, opts.host, bool(opts.api_key))
     app = web.Application(client_max_size=64 * 1024 * 1024,
-                          middlewares=[api_error_middleware, cors.cors_middleware(policy),
-                                       api_key_middleware(opts.api_key, ("/v1/",))])
+                          middlewares=[api_error_middleware, hosts.host_middleware(host_policy),
+                                       cors.cors_middleware(policy), api_key_middleware(opts.api_key, ("/v1/",))])
     cors.install(app, policy)
     app.router.add_get("/healthz", router.healthz)
     app.router.add_get("/readyz", router.readyz)

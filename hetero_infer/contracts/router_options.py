@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hetero_infer.contracts import cors
+from hetero_infer.contracts import cors, hosts
 from hetero_infer.contracts.options import InvalidOption
 
 ENV_PREFIX = "HETERO_INFER_ROUTER_"
@@ -51,6 +51,7 @@ HELP = {
     "shutdown_grace_s": "on SIGTERM: seconds the router still finishes what it holds and streams (default 60)",
     "worker_api_key": "the workers' --api-key, sent only on the router's own requests (block reports, "
     "GET /v1/cache/blocks; the tokenizer, GET /v1/tokenizer/files); clients' requests carry their own Authorization header",
+    "allowed_hosts": hosts.HELP,  # the same guard as the workers' (contracts/hosts.py)
     **cors.HELP,  # answered at the router, the same as the workers' options (worker/server/cors.py)
     "log_level": "debug, info, warning or error (default info)",
 }
@@ -81,6 +82,7 @@ class RouterOptions:
     worker_api_key: str | None = field(default=None, repr=False)  # never printed
     api_key: list[str] = field(default_factory=list, repr=False)  # never printed
     shutdown_grace_s: float = 60.0
+    allowed_hosts: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)
     allowed_methods: list[str] = field(default_factory=lambda: ["*"])
     allowed_headers: list[str] = field(default_factory=lambda: ["*"])
@@ -113,6 +115,8 @@ class RouterOptions:
                                      self.allow_credentials):
             name, why = bad
             raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: {why}")
+        if why := hosts.check_allowed_hosts(self.allowed_hosts):
+            raise InvalidOption("allowed_hosts", f"invalid router option allowed_hosts={self.allowed_hosts!r}: {why}")
         if self.scale_target is not None and not _DNS_NAME.fullmatch(self.scale_target):
             raise InvalidOption("scale_target", f"invalid router option scale_target={self.scale_target!r}: must be "
                                 "an InferenceDeployment's name (lower-case letters, digits, '-' and '.')")
