@@ -66,7 +66,7 @@ class RequestDelta:
     step_times: list[float]
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
-    num_cached_tokens: int = 0  # prompt tokens the prefix cache served when it was (last) admitted
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served when it was (last) admitted; merged: the first
 
     @property
     def num_new_tokens(self) -> int:
@@ -95,11 +95,11 @@ class RequestDelta:
         self.finished = later.finished
         self.error = later.error
         self.step_times += later.step_times
-        if self.first_scheduled_time is None:
+        if self.first_scheduled_time is None:  # the count of the first admission, as vLLM reports it
             self.first_scheduled_time = later.first_scheduled_time
+            self.num_cached_tokens = later.num_cached_tokens
         if self.first_token_time is None:
             self.first_token_time = later.first_token_time
-        self.num_cached_tokens = later.num_cached_tokens
 
     def __reduce__(self) -> tuple:
         return RequestDelta, (self.request_id, self.samples, self.finished, self.error, self.step_times,
@@ -141,8 +141,9 @@ class OutputAccumulator:
             s.stop_reason = d.stop_reason
         out.finished = delta.finished
         out.error = delta.error
-        out.num_cached_tokens = delta.num_cached_tokens
         if delta.first_scheduled_time is not None:
+            if "first_scheduled_time" not in out.metrics:  # the count of the first admission, as vLLM reports it
+                out.num_cached_tokens = delta.num_cached_tokens
             out.metrics.setdefault("first_scheduled_time", delta.first_scheduled_time)
         if delta.first_token_time is not None:
             out.metrics.setdefault("first_token_time", delta.first_token_time)
@@ -159,4 +160,4 @@ class OutputAccumulator:
             [CompletionOutput(s.index, s.text, list(s.token_ids), s.cumulative_logprob,
                               None if s.logprobs is None else list(s.logprobs), s.finish_reason, s.stop_reason)
              for s in out.outputs],
-            out.finished, dict(out.metrics), out.error)
+            out.finished, dict(out.metrics), out.error, out.num_cached_tokens)
