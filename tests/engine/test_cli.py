@@ -14,6 +14,7 @@ def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+@pytest.mark.slow  # the default model through `generate` (~27 s); tests/server/test_readme_main_job.py has it answer Paris through `serve`
 def test_generate_default_model_says_paris():
     proc = run("generate", "--prompt", "The capital of France is", "--max-tokens", "12", "--temperature", "0")
     assert proc.returncode == 0, proc.stderr

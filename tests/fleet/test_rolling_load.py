@@ -125,6 +125,7 @@ async def routers_see(routers: list[CliProcess], ready: int) -> None:
     raise AssertionError(f"routers see {counts} ready workers, not {ready}")
 
 
+@pytest.mark.slow  # three server processes, about a minute of wall time; the default suite keeps the drains it rests on (test_router_keepalive_drain, tests/server/test_shutdown)
 async def test_a_worker_rollout_under_load_cuts_no_stream(fleet: Fleet) -> None:
     """The default suite's variant: one worker replaced by a new one (maxSurge 1) under 6 users of 2 s streams."""
     (old, new), (router,) = await fleet.start(workers=2, routers=1)

@@ -116,6 +116,7 @@ def _merge(chunks: list[dict]) -> dict:
     return merged
 
 
+@pytest.mark.slow  # two servers side by side (~25 s)
 async def test_outputs_identical_between_thread_and_process_modes() -> None:
     got = {}
     for flag in ("--engine-process", "--no-engine-process"):
