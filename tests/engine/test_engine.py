@@ -8,7 +8,7 @@ import random
 import pytest
 
 from hetero_infer import LLM, SamplingParams
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.sampling_params import SamplingParams
 

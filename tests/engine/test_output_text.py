@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.sampling_params import SamplingParams

@@ -18,7 +18,7 @@ import pytest
 from test_hf_equivalence import hf_greedy, random_prompts
 
 from hetero_infer import LLM, SamplingParams
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.runner.attention.torch_backend import TorchBackend
 from hetero_infer.worker.runner.staging import StagingArea

@@ -8,7 +8,7 @@ import pytest
 from inproc_server import inproc_server
 from server_proc import ServerProcess, http
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 
 

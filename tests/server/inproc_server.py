@@ -9,8 +9,8 @@ from typing import Any
 
 from aiohttp.test_utils import TestServer
 
+from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.options import ServerOptions
 from hetero_infer.worker.server.state import ServerState
 
 

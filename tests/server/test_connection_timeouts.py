@@ -16,8 +16,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 from server_proc import ServerProcess
 
+from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.options import ServerOptions
 from hetero_infer.worker.server.state import ServerState
 from hetero_infer.worker.server.timeouts import GUARD_KEY
 

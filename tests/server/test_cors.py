@@ -9,9 +9,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hetero_infer.options import InvalidOption
+from hetero_infer.contracts.options import InvalidOption
+from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.server.options import ServerOptions
 
 BODY = json.dumps({"prompt": "hello", "max_tokens": 2})
 EVIL = "http://evil.example"

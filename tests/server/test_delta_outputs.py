@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.busy_loop import EngineRequest
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
 from hetero_infer.worker.core.engine import LLMEngine

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from server_proc import ServerProcess, http
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.request_check import EngineLimits, check_request
 from hetero_infer.worker.core.sampling_params import SamplingParams

@@ -168,7 +168,7 @@ async def test_a_waiter_that_gave_up_leaves_no_error_in_the_log(outcome: str, ca
     import concurrent.futures
     import gc
 
-    from hetero_infer.worker.config import EngineConfig
+    from hetero_infer.contracts.engine_options import EngineConfig
     from hetero_infer.worker.core.engine import LLMEngine
     from hetero_infer.worker.frontend.inproc import InprocEngineClient
     from hetero_infer.worker.structured.compiler import CompileTimeout
@@ -200,7 +200,7 @@ async def test_a_full_server_refuses_before_compiling() -> None:
     import aiohttp
     from inproc_server import inproc_server
 
-    from hetero_infer.worker.config import EngineConfig
+    from hetero_infer.contracts.engine_options import EngineConfig
     from hetero_infer.worker.core.engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(executor="mock", max_model_len=256, max_num_seqs=1, mock_step_latency_s=0.01))

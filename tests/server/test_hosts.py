@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 
 from hetero_infer.contracts.hosts import HostPolicy, host_name
-from hetero_infer.options import InvalidOption
+from hetero_infer.contracts.options import InvalidOption
+from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.server.options import ServerOptions
 
 BODY = {"prompt": "hello", "max_tokens": 2}
 

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from hetero_infer.contracts.protocol import ChatCompletionRequest, CompletionRequest
+from hetero_infer.contracts.tokenizer import Tokenizer
 from hetero_infer.worker.core.outputs import CompletionOutput, RequestDelta, RequestOutput, SampleDelta
 from hetero_infer.worker.runner.loader import resolve_model
 from hetero_infer.worker.server.chat import ChatFormatter
 from hetero_infer.worker.server.completions import CompletionFormatter
 from hetero_infer.worker.server.prompts import Prompt
-from hetero_infer.worker.server.protocol import ChatCompletionRequest, CompletionRequest
-from hetero_infer.worker.tokenizer import Tokenizer
 
 TEXT = "héllo 日本 🙂 ok"  # 2-, 3- and 4-byte characters; the tokenizer splits some of them over tokens
 

@@ -11,7 +11,7 @@ from inproc_server import inproc_server
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess, http, parse_metrics
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 
 GAUGES = [

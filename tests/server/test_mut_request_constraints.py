@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from hetero_infer.contracts.protocol import ChatCompletionRequest, CompletionRequest
 from hetero_infer.worker.core.request_check import EngineLimits
 from hetero_infer.worker.server.errors import APIError
 from hetero_infer.worker.server.prompts import Prompt, request_sampling_params
-from hetero_infer.worker.server.protocol import ChatCompletionRequest, CompletionRequest
 
 VOCAB = 1000
 MAX_MODEL_LEN = 64

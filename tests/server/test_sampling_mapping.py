@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hetero_infer.contracts.protocol import ChatCompletionRequest, CompletionRequest
 from hetero_infer.worker.core.request_check import EngineLimits
 from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.worker.server.errors import APIError
@@ -26,7 +27,6 @@ from hetero_infer.worker.server.prompts import (
     parse_request,
     request_sampling_params,
 )
-from hetero_infer.worker.server.protocol import ChatCompletionRequest, CompletionRequest
 
 MAX_MODEL_LEN = 512
 VOCAB = 1000

@@ -19,11 +19,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.server import sse
 from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.options import ServerOptions
 from hetero_infer.worker.server.state import ServerState
 
 DEADLINE_S = 30.0  # generous: what is awaited happens within milliseconds on a quiet machine

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.busy_loop import EngineRequest
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.sampling_params import SamplingParams

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
+from hetero_infer.contracts.protocol import ChatCompletionRequest
 from hetero_infer.worker.core.outputs import CompletionOutput, RequestDelta, RequestOutput, SampleDelta
 from hetero_infer.worker.server.chat import ChatFormatter
 from hetero_infer.worker.server.prompts import Prompt
-from hetero_infer.worker.server.protocol import ChatCompletionRequest
 from hetero_infer.worker.server.tools.parsers import (
     Extraction,
     HermesParser,

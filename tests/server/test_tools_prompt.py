@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from hetero_infer.contracts.protocol import ChatCompletionRequest
+from hetero_infer.contracts.tokenizer import Tokenizer
 from hetero_infer.worker.runner.loader import resolve_model
 from hetero_infer.worker.server.chat import chat_prompt
-from hetero_infer.worker.server.protocol import ChatCompletionRequest
-from hetero_infer.worker.tokenizer import Tokenizer
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}

@@ -9,7 +9,7 @@ import json
 import pytest
 from server_proc import ServerProcess, http
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.busy_loop import EngineRequest
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.request_check import EngineLimits, ParamNames, RequestError, check_request

@@ -15,11 +15,11 @@ from aiohttp.test_utils import TestServer
 from server_proc import ServerProcess, http
 from transformers import AutoTokenizer
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.runner.loader import resolve_model
 from hetero_infer.worker.server.app import create_app
-from hetero_infer.worker.server.options import ServerOptions
 from hetero_infer.worker.server.state import ServerState
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour, ça va?"}]

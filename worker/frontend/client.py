@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from hetero_infer.block_hashes import BlockLog
+from hetero_infer.contracts.block_hashes import BlockLog
 from hetero_infer.worker.core.busy_loop import ABORT, ADD, Command, EngineOutputs, EngineRequest
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer
 from hetero_infer.worker.frontend.stream import OutputStream

@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Sequence as Seq
 from typing import Any
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.outputs import RequestOutput
 from hetero_infer.worker.core.sampling_params import SamplingParams

@@ -31,7 +31,7 @@ import signal
 import threading
 from typing import Any
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.busy_loop import SHUTDOWN, Command, EngineOutputs, run_busy_loop
 from hetero_infer.worker.core.request_check import EngineLimits
 from hetero_infer.worker.frontend.client import EngineClient, EngineDeadError

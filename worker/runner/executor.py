@@ -6,11 +6,11 @@ import logging
 
 import torch
 
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.kernels.cpu import decode_step as cpu_decode_step
 from hetero_infer.kernels.cpu import linear as cpu_linear
 from hetero_infer.kernels.cpu import native as cpu_native
 from hetero_infer.kernels.cpu import threads as cpu_threads
-from hetero_infer.worker.config import EngineConfig
 from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.quant.quantize import quantize_model, weight_bytes
 from hetero_infer.worker.runner.attention import StepBatch, select_backend

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hetero_infer.worker.config import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, sample_logits

@@ -12,6 +12,8 @@ from typing import Any
 from aiohttp import web
 from jinja2 import TemplateError
 
+from hetero_infer.contracts.chat_prompt import chat_template_inputs
+from hetero_infer.contracts.protocol import ChatCompletionRequest, NamedToolChoice
 from hetero_infer.worker.core.outputs import CompletionOutput, SampleDelta
 from hetero_infer.worker.server.errors import bad_request
 from hetero_infer.worker.server.formatting import Choice, Formatter, dumps, json_reason, json_str
@@ -24,7 +26,6 @@ from hetero_infer.worker.server.prompts import (
     parse_body,
     request_sampling_params,
 )
-from hetero_infer.worker.server.protocol import ChatCompletionRequest, NamedToolChoice
 from hetero_infer.worker.server.state import ServerState, get_state
 from hetero_infer.worker.server.structured import prepare_grammar
 from hetero_infer.worker.server.tools.constraint import constrained_calls
@@ -33,7 +34,6 @@ from hetero_infer.worker.server.tools.parsers import (
     ToolParser,
     parser_for_template,
 )
-from hetero_infer.worker.server.tools.prompt import chat_template_inputs
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:

@@ -7,11 +7,11 @@ from typing import Any
 
 from aiohttp import web
 
+from hetero_infer.contracts.protocol import CompletionRequest
 from hetero_infer.worker.core.outputs import CompletionOutput, SampleDelta
 from hetero_infer.worker.server.formatting import Choice, Formatter, dumps, json_reason, json_str
 from hetero_infer.worker.server.generate import generate
 from hetero_infer.worker.server.prompts import Prompt, completion_prompts, parse_body, request_sampling_params
-from hetero_infer.worker.server.protocol import CompletionRequest
 from hetero_infer.worker.server.state import get_state
 from hetero_infer.worker.server.structured import prepare_grammar
 

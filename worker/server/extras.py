@@ -15,10 +15,10 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hetero_infer import __version__
+from hetero_infer.contracts.protocol import INT64_MAX, ChatCompletionRequest, _invalid, _Strict
 from hetero_infer.worker.server.chat import chat_prompt
 from hetero_infer.worker.server.errors import bad_request
 from hetero_infer.worker.server.prompts import TOKENIZE_INLINE_MAX_CHARS, off_loop_if, parse_body
-from hetero_infer.worker.server.protocol import INT64_MAX, ChatCompletionRequest, _invalid, _Strict
 from hetero_infer.worker.server.state import FAILED, LOADING, ServerState, get_state
 
 

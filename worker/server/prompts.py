@@ -12,14 +12,14 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from hetero_infer.worker.core.request_check import ParamNames, RequestError, check_request
-from hetero_infer.worker.core.sampling_params import SamplingParams
-from hetero_infer.worker.server.errors import bad_request, from_request_error
-from hetero_infer.worker.server.protocol import (
+from hetero_infer.contracts.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     describe_validation_error,
 )
+from hetero_infer.worker.core.request_check import ParamNames, RequestError, check_request
+from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.worker.server.errors import bad_request, from_request_error
 from hetero_infer.worker.server.structured import structured_outputs
 
 logger = logging.getLogger("hetero_infer.server")

@@ -10,11 +10,11 @@ from typing import Any
 
 from aiohttp import web
 
+from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.worker.core.request_check import EngineLimits
 from hetero_infer.worker.frontend.client import EngineClient
 from hetero_infer.worker.server.errors import APIError, overloaded, unavailable
 from hetero_infer.worker.server.metrics import ServerMetrics
-from hetero_infer.worker.server.options import ServerOptions
 
 LOADING, READY, DRAINING, FAILED = "loading", "ready", "draining", "failed"
 

@@ -62,7 +62,7 @@ def files_digest(files: dict[str, str]) -> str:
 
 
 def render(tokenizer: Any, model: str) -> bytes:
-    """The answer's body for `tokenizer` (a hetero_infer.worker.tokenizer.Tokenizer)."""
+    """The answer's body for `tokenizer` (a hetero_infer.contracts.tokenizer.Tokenizer)."""
     with tempfile.TemporaryDirectory(prefix="hetero-infer-tokenizer-") as tmp:
         tokenizer.hf.save_pretrained(tmp)
         files, skipped = collect_files(Path(tmp))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hetero_infer.worker.server.protocol import ChatCompletionRequest, NamedToolChoice, Tool
+from hetero_infer.contracts.protocol import ChatCompletionRequest, NamedToolChoice, Tool
 from hetero_infer.worker.server.tools.parsers import ParsedCall
 
 EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
