@@ -6,13 +6,9 @@ headers."""
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any
-
 import aiohttp
 import pytest
-from router_fakes import start_router, wait_for
-from worker_thread import real_workers
+from worker_thread import one_routed_worker
 
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.contracts.options import InvalidOption
@@ -31,25 +27,12 @@ def engine() -> LLMEngine:
     return LLMEngine(EngineConfig(executor="mock", max_model_len=128, max_num_seqs=2))
 
 
-@contextlib.asynccontextmanager
-async def routed(engine: LLMEngine, **cors: Any):
-    """A worker with CORS off (its defaults) behind a router with these CORS options."""
-    async with real_workers([engine]) as workers:
-        router, runner, url = await start_router(RouterOptions(worker=workers, health_interval_s=0.02,
-                                                               tokenizer="none", **cors))
-        try:
-            await wait_for(lambda: len(router.pool.ready()) == 1, what="the worker ready")
-            yield url
-        finally:
-            await runner.cleanup()
-
-
 def prompts(engine: LLMEngine) -> int:
     return engine.stats().prompt_tokens_total
 
 
 async def test_foreign_origins_are_refused_at_the_router_by_default(engine: LLMEngine) -> None:
-    async with routed(engine) as url, aiohttp.ClientSession() as s:
+    async with one_routed_worker(engine) as url, aiohttp.ClientSession() as s:
         before = prompts(engine)
         for origin in (APP, EVIL, "null"):
             async with s.post(url + "/v1/completions", json=COMPLETION, headers={"Origin": origin}) as r:
@@ -68,7 +51,7 @@ async def test_foreign_origins_are_refused_at_the_router_by_default(engine: LLME
 
 
 async def test_allowed_origins_get_preflights_and_readable_answers(engine: LLMEngine) -> None:
-    async with routed(engine, allowed_origins=[APP], allowed_methods=["GET", "POST"],
+    async with one_routed_worker(engine, allowed_origins=[APP], allowed_methods=["GET", "POST"],
                       allowed_headers=["Content-Type", "Authorization"], allow_credentials=True) as url, \
             aiohttp.ClientSession() as s:
         async with s.options(url + "/v1/chat/completions", headers={
@@ -103,7 +86,7 @@ async def test_allowed_origins_get_preflights_and_readable_answers(engine: LLMEn
 
 
 async def test_any_origin(engine: LLMEngine) -> None:
-    async with routed(engine, allowed_origins=["*"]) as url, aiohttp.ClientSession() as s:
+    async with one_routed_worker(engine, allowed_origins=["*"]) as url, aiohttp.ClientSession() as s:
         async with s.post(url + "/v1/completions", json=COMPLETION, headers={"Origin": EVIL}) as r:
             assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == "*"
 

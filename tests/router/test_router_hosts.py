@@ -5,13 +5,11 @@ HTTP with a real worker (mock executor) behind it."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import aiohttp
 import pytest
-from router_fakes import start_router, wait_for
-from worker_thread import real_workers
+from worker_thread import one_routed_worker
 
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.contracts.options import InvalidOption
@@ -27,18 +25,6 @@ def engine() -> LLMEngine:
     return LLMEngine(EngineConfig(executor="mock", max_model_len=128, max_num_seqs=2))
 
 
-@contextlib.asynccontextmanager
-async def routed(engine: LLMEngine, **options: Any):
-    async with real_workers([engine]) as workers:
-        router, runner, url = await start_router(RouterOptions(worker=workers, health_interval_s=0.02,
-                                                               tokenizer="none", **options))
-        try:
-            await wait_for(lambda: len(router.pool.ready()) == 1, what="the worker ready")
-            yield url
-        finally:
-            await runner.cleanup()
-
-
 async def _status(url: str, host: str, path: str = "/v1/completions", auth: str | None = None) -> tuple[int, Any]:
     headers = {"Host": host, **({"Authorization": f"Bearer {auth}"} if auth else {})}
     async with aiohttp.ClientSession() as s:
@@ -50,7 +36,7 @@ async def _status(url: str, host: str, path: str = "/v1/completions", auth: str 
 
 
 async def test_a_rebound_name_is_refused_and_routes_nothing(engine: LLMEngine) -> None:
-    async with routed(engine) as url:
+    async with one_routed_worker(engine) as url:
         before = engine.stats().prompt_tokens_total
         status, body = await _status(url, "evil.example:3000")
         assert status == 403 and body["error"]["code"] == "host_not_allowed", body
@@ -62,10 +48,10 @@ async def test_a_rebound_name_is_refused_and_routes_nothing(engine: LLMEngine) -
 
 
 async def test_allowed_hosts_and_api_keys_open_names(engine: LLMEngine) -> None:
-    async with routed(engine, allowed_hosts=[".corp.example"]) as url:
+    async with one_routed_worker(engine, allowed_hosts=[".corp.example"]) as url:
         assert (await _status(url, "llm.corp.example"))[0] == 200
         assert (await _status(url, "evil.example"))[0] == 403
-    async with routed(engine, api_key=["k-router"]) as url:  # a rebinding page has no key
+    async with one_routed_worker(engine, api_key=["k-router"]) as url:  # a rebinding page has no key
         assert (await _status(url, "evil.example", auth="k-router"))[0] == 200
 
 

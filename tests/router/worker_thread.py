@@ -39,6 +39,24 @@ async def real_workers(engines: list[LLMEngine], **options: Any):
             await s.close()
 
 
+@contextlib.asynccontextmanager
+async def one_routed_worker(engine: LLMEngine, **router_options: Any):
+    """A worker (default options) behind a router with these options, on this event loop, once the router sees
+    the worker ready; yields the router's base URL."""
+    from router_fakes import start_router, wait_for
+
+    from hetero_infer.contracts.router_options import RouterOptions
+
+    async with real_workers([engine]) as workers:
+        router, runner, url = await start_router(RouterOptions(worker=workers, health_interval_s=0.02,
+                                                               tokenizer="none", **router_options))
+        try:
+            await wait_for(lambda: len(router.pool.ready()) == 1, what="the worker ready")
+            yield url
+        finally:
+            await runner.cleanup()
+
+
 class ThreadedWorker:
     def __init__(self, engine: LLMEngine, **server_options: Any) -> None:
         self.loop = asyncio.new_event_loop()
