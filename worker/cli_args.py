@@ -23,7 +23,9 @@ _HELP = {
     "max_num_blocks": "KV-cache blocks in the pool (default: sized from memory)",
     "max_num_seqs": "most sequences running in one step",
     "max_model_len": "longest prompt + output (default: the model's context length)",
-    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes)",
+    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes); default from the device as vLLM "
+    "chooses it: 2048 on the CPU; GPUs of at least 70 GiB but not A100: 8192 serving, 16384 offline; other GPUs "
+    "2048 / 8192",
     "memory_threshold": "KV usage above which no new request is admitted",
     "gpu_memory_utilization": "fraction of GPU memory for weights, activations and KV cache",
     "enable_prefix_caching": "reuse KV blocks of identical prompt prefixes",

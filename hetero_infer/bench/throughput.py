@@ -134,7 +134,7 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
     from hetero_infer.worker.core.engine import LLMEngine
     from hetero_infer.worker.core.sampling_params import SamplingParams
 
-    engine = LLMEngine(config)
+    engine = LLMEngine(config, offline=True)
     _warm_up(engine)
     hf = engine.executor.model.config if hasattr(engine.executor, "model") else None
     for i, (p, n) in enumerate(zip(prompts, outputs)):

@@ -30,7 +30,8 @@ class EngineConfig:
     max_num_blocks: int | None = None  # None: sized from memory (CPU: 1 GiB of KV; CUDA: gpu_memory_utilization)
     max_num_seqs: int = 256
     max_model_len: int | None = None  # None: the model's context length
-    max_num_batched_tokens: int = 2048
+    # None: from the device, as vLLM chooses it (`batch_token_budget`)
+    max_num_batched_tokens: int | None = None
     memory_threshold: float = 0.9
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
@@ -77,7 +78,7 @@ class EngineConfig:
             bad("max_num_seqs", "must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             bad("max_model_len", "must be >= 1")
-        if self.max_num_batched_tokens < 1:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             bad("max_num_batched_tokens", "must be >= 1")
         if not 0.0 < self.memory_threshold <= 1.0:
             bad("memory_threshold", "must be in (0, 1]")
@@ -101,3 +102,19 @@ class EngineConfig:
             raise ValueError(f"unknown engine option(s): {', '.join(sorted(unknown))}")
         return cls(**values)
 
+
+
+GIB = 1 << 30
+
+
+def batch_token_budget(device_type: str, total_memory: int = 0, device_name: str = "", offline: bool = False) -> int:
+    """The default `max_num_batched_tokens`: vLLM's choice (`EngineArgs.get_batch_defaults`), so a user moving from
+    it gets the same step budget. GPUs with at least 70 GiB (H100, H200, MI300X) but not the A100, whose throughput
+    falls with the larger budget (vLLM PR #17885): 16384 for offline generation (`LLM`, benchmarks), 8192 for a
+    server, where one step's length is every stream's inter-token gap; other GPUs 8192 / 2048; the CPU (and the mock
+    executor) 2048, where a longer step only delays the decodes beside a prefill chunk."""
+    if device_type == "cuda":
+        if total_memory >= 70 * GIB and "a100" not in device_name.lower():
+            return 16384 if offline else 8192
+        return 8192 if offline else 2048
+    return 2048

@@ -14,7 +14,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.engine_options import EngineConfig, batch_token_budget
 from hetero_infer.contracts.tokenizer import eos_token_ids, load_tokenizer
 from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
@@ -81,8 +81,25 @@ class Request:
         return all(s.is_finished for s in self.seqs)
 
 
+def with_batch_budget(config: EngineConfig, offline: bool = False) -> EngineConfig:
+    """`config` with `max_num_batched_tokens` chosen for its device when it is unset (`batch_token_budget`)."""
+    if config.max_num_batched_tokens is not None:
+        return config
+    if config.executor == "mock":
+        budget = batch_token_budget("cpu")
+    else:
+        from hetero_infer.worker.runner.executor import device_description
+
+        budget = batch_token_budget(*device_description(config.device), offline=offline)
+    return replace(config, max_num_batched_tokens=budget)
+
+
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    """`offline`: generation for a caller that waits for whole results (`LLM`, benchmarks) rather than a server's
+    streams; only the default step budget depends on it (`batch_token_budget`)."""
+
+    def __init__(self, config: EngineConfig, *, offline: bool = False) -> None:
+        config = with_batch_budget(config, offline)
         self.config = config
         folder, name = resolve_engine_model(config)
         self.model_name = served_name(config, name)

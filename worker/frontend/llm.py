@@ -22,7 +22,7 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
-        self.engine = LLMEngine(EngineConfig.from_dict({"model": model, **kwargs}))
+        self.engine = LLMEngine(EngineConfig.from_dict({"model": model, **kwargs}), offline=True)
         self._ids = itertools.count()
 
     def get_tokenizer(self):

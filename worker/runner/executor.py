@@ -37,6 +37,15 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+def device_description(device: str) -> tuple[str, int, str]:
+    """(type, total memory in bytes, name) of the device `device` resolves to (memory and name: CUDA only)."""
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return dev.type, 0, ""
+    props = torch.cuda.get_device_properties(dev)
+    return dev.type, props.total_memory, props.name
+
+
 def resolve_dtype(dtype: str, hf_config, device: torch.device, quantization: str | None = None) -> torch.dtype:
     """"auto": float32 on the CPU (exact against float32 references), but bfloat16 for weight-only quantized
     models where the CPU has their bfloat16 GEMM (W8A16/W4A16 take 16-bit activations; in float32 they would
