@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from . import _backend as B
+from . import tuned
 from ._backend import next_pow2
 
 LOG2E = 1.4426950408889634
@@ -225,13 +226,17 @@ def plan_decode_splits(
     return splits, partition
 
 
-def _decode_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
+def _decode_config(head_dim: int, dtype: torch.dtype, device: torch.device, *, group: int = 1, page: int = 16,
+                   batch: int = 1) -> dict:
+    """A fresh dict: BLOCK_N, num_warps, num_stages (and MIN_PARTITION or other keys where the device's tuned
+    table, kernels/tuned.py, has an entry for this shape; the built-in values below fill the rest)."""
     if not B.compiled(device):
         return {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
     if dtype == torch.float32:  # FMA dot: small tiles or it spills
-        return {"BLOCK_N": 16, "num_warps": 8, "num_stages": 2}
-    block_n = 64 if head_dim <= 128 else 32
-    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
+        cfg = {"BLOCK_N": 16, "num_warps": 8, "num_stages": 2}
+    else:
+        cfg = {"BLOCK_N": 64 if head_dim <= 128 else 32, "num_warps": 4, "num_stages": 3}
+    return {**cfg, **(tuned.lookup("decode", tuned.shape_key(head_dim, group, dtype, page), batch, device) or {})}
 
 
 def paged_attention_decode(
@@ -245,7 +250,7 @@ def paged_attention_decode(
     group = h // kvh
     if b_sz == 0:
         return out
-    cfg = _decode_config(d, q.dtype, q.device)
+    cfg = _decode_config(d, q.dtype, q.device, group=group, page=page, batch=b_sz)
     cfg.update(config or {})
     block_n = cfg["BLOCK_N"]
     max_len = max_context_len if max_context_len is not None else block_tables.shape[1] * page
@@ -380,16 +385,21 @@ def _prefill_kernel(
         )
 
 
-def _prefill_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
+def _prefill_config(head_dim: int, dtype: torch.dtype, device: torch.device, *, group: int = 1, page: int = 16,
+                    tokens: int = 2048) -> dict:
+    """A fresh dict: BLOCK_M, BLOCK_N, num_warps, num_stages, from the device's tuned table where it has an
+    entry for this shape (kernels/tuned.py), else the built-in values below."""
     if not B.compiled(device):
         return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
     if dtype == torch.float32:  # FMA dot: small tiles or it spills
-        return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 2}
-    if head_dim <= 64:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    if head_dim <= 128:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-    return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 2}
+    elif head_dim <= 64:
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    elif head_dim <= 128:
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    else:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
+    return {**cfg, **(tuned.lookup("prefill", tuned.shape_key(head_dim, group, dtype, page), tokens, device) or {})}
 
 
 def paged_attention_prefill(
@@ -403,7 +413,7 @@ def paged_attention_prefill(
     kvh = k_cache.shape[2]
     if t == 0 or num_seqs == 0:
         return out
-    cfg = _prefill_config(d, q.dtype, q.device)
+    cfg = _prefill_config(d, q.dtype, q.device, group=h // kvh, page=k_cache.shape[1], tokens=t)
     cfg.update(config or {})
     bm = cfg["BLOCK_M"]
     cu = cu_seqlens_q.to(torch.int32)
