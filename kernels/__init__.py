@@ -13,7 +13,8 @@ set before the first kernel call); the test-suite does this.
 
 Primitives (see docs/kernels.md for the math, layouts and numbers):
 
-* KV cache and attention: :func:`write_kv_cache`, :func:`paged_attention_decode`,
+* KV cache and attention: :func:`write_kv_cache`, :func:`rotary_and_write_kv` (q/k norm, rotary and KV
+  write fused), :func:`paged_attention_decode`,
   :func:`paged_attention_prefill`.
 * Layers: :func:`rms_norm` (fused residual add), :func:`rotary_embedding` with
   :func:`compute_cos_sin_cache` (default / linear / llama3 scaling), :func:`silu_and_mul`.
@@ -25,7 +26,13 @@ Primitives (see docs/kernels.md for the math, layouts and numbers):
 
 from . import reference
 from ._backend import BACKENDS, get_backend, interpret_mode, set_backend, triton_available, use_backend
-from .attention import MAX_HEAD_DIM, paged_attention_decode, paged_attention_prefill, write_kv_cache
+from .attention import (
+    MAX_HEAD_DIM,
+    paged_attention_decode,
+    paged_attention_prefill,
+    rotary_and_write_kv,
+    write_kv_cache,
+)
 from .ops import compute_cos_sin_cache, compute_inv_freq, rms_norm, rotary_embedding, silu_and_mul
 from .quant import (
     INT4_GROUP_SIZES,
@@ -52,6 +59,7 @@ __all__ = [
     "int8_matmul",
     "interpret_mode",
     "paged_attention_decode",
+    "rotary_and_write_kv",
     "paged_attention_prefill",
     "quantize_int4",
     "quantize_int8",

@@ -19,7 +19,7 @@ from ._backend import (
     use_triton,
 )
 
-__all__ = ["write_kv_cache", "paged_attention_decode", "paged_attention_prefill", "MAX_HEAD_DIM"]
+__all__ = ["write_kv_cache", "rotary_and_write_kv", "paged_attention_decode", "paged_attention_prefill", "MAX_HEAD_DIM"]
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 #: Largest head dimension the Triton attention kernels take (the reference takes any).
@@ -228,3 +228,84 @@ def paged_attention_prefill(
     return reference.paged_attention_prefill(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out, sliding_window=sliding_window
     )
+
+
+def rotary_and_write_kv(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    q_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One layer's new tokens made ready for attention, in one kernel: optionally RMS-normalise each q and k
+    head (Qwen3's q_norm / k_norm: ``q_norm_weight`` and ``k_norm_weight`` ``[head_dim]``, together), rotate q
+    and k (:func:`rotary_embedding`), and write the rotated k and v to their cache slots
+    (:func:`write_kv_cache`). Returns the rotated q (``q_out`` if given, else a new ``[T, H, D]`` tensor).
+
+    Equal to :func:`rms_norm` per head, then :func:`rotary_embedding`, then :func:`write_kv_cache`, with the
+    same rounding points (the norm's sum of squares may be added in another order).
+    """
+    from .ops import rms_norm, rotary_embedding
+
+    check_tensor("positions", positions, ndim=1, dtypes=INDEX_DTYPES)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x, ndim=3, dtypes=FLOAT_DTYPES, last_contiguous=True)
+    _check_caches(k_cache, v_cache)
+    check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES, last_contiguous=True)
+    check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=INDEX_DTYPES)
+    device = check_same_device(positions=positions, q=q, k=k, v=v, cos_sin_cache=cos_sin_cache, k_cache=k_cache,
+                               v_cache=v_cache, slot_mapping=slot_mapping, q_norm_weight=q_norm_weight,
+                               k_norm_weight=k_norm_weight)
+    t, h, d = q.shape
+    if k.shape != v.shape or k.shape[0] != t or k.shape[2] != d:
+        raise ValueError(f"k and v must be [T, KVH, D] with q's T and D; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype or k_cache.dtype != q.dtype:
+        raise TypeError(f"q, k, v and the cache must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}, "
+                        f"{k_cache.dtype}")
+    _check_heads(h, d, k_cache)
+    if k.shape[1] != k_cache.shape[2]:
+        raise ValueError(f"k has {k.shape[1]} heads but the cache {k_cache.shape[2]}")
+    if positions.shape[0] != t or slot_mapping.shape[0] != t:
+        raise ValueError(f"positions ({positions.shape[0]}) and slot_mapping ({slot_mapping.shape[0]}) need one "
+                         f"entry per token ({t})")
+    rot = cos_sin_cache.shape[1]
+    if rot % 2 or rot == 0 or rot > d:
+        raise ValueError(f"cos_sin_cache width {rot} must be even and <= head_dim {d}")
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("q_norm_weight and k_norm_weight go together")
+    for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        if w is not None:
+            check_tensor(name, w, ndim=1, dtypes=FLOAT_DTYPES)
+            if w.shape[0] != d:
+                raise ValueError(f"{name} has {w.shape[0]} elements for head_dim {d}")
+    check_out(q_out, q.shape, q.dtype, device, name="q_out")
+    if q_out is None:
+        q_out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    if use_triton(q, k_cache, slot_mapping):
+        _check_triton_head_dim(d)
+        from . import _triton_fused
+
+        _triton_fused.rotary_and_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, q_out,
+                                          q_norm_weight, k_norm_weight, eps)
+        return q_out
+    with _reference():
+        if q_norm_weight is not None:
+            q, k = rms_norm(q, q_norm_weight, eps), rms_norm(k, k_norm_weight, eps)
+        q_rot, k_rot = rotary_embedding(positions, q, k, cos_sin_cache, q_out=q_out)
+        write_kv_cache(k_rot, v, k_cache, v_cache, slot_mapping)
+    return q_out
+
+
+def _reference():
+    from ._backend import use_backend
+
+    return use_backend("reference")

@@ -21,6 +21,7 @@ from hetero_infer.worker.runner.staging import pad_tables, to_device  # noqa: F4
 
 M = TypeVar("M")
 KVCache = tuple[torch.Tensor, torch.Tensor]  # one layer's (k_cache, v_cache), each [num_blocks, block_size, KVH, D]
+QKNorm = tuple[torch.Tensor, torch.Tensor, float]  # per-head RMSNorm of q and k before rotary (Qwen3): weights, eps
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,10 @@ class AttentionBackend(Protocol[M]):
         ...
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, meta: M,
-                  scale: float) -> torch.Tensor:
-        """q [T, H, D], k/v [T, KVH, D] (unrotated, may be views into the fused qkv output): rotate q and k
-        by their rows' positions, write k and v to their cache slots, return attention output [T, H, D]."""
+                  scale: float, qk_norm: QKNorm | None = None) -> torch.Tensor:
+        """q [T, H, D], k/v [T, KVH, D] (unrotated, may be views into the fused qkv output): with `qk_norm`,
+        RMS-normalise each q and k head first; rotate q and k by their rows' positions, write k and v to their
+        cache slots, return attention output [T, H, D]."""
         ...
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -98,3 +100,13 @@ class AttentionBackend(Protocol[M]):
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for gate_up = [gate | up] of shape [T, 2N]."""
         ...
+
+
+def normed_qk(backend: AttentionBackend, q: torch.Tensor, k: torch.Tensor,
+              qk_norm: QKNorm | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k after `qk_norm`'s per-head RMSNorms (as they are without one): for backends that do not fuse
+    the norms into their rotary."""
+    if qk_norm is None:
+        return q, k
+    q_weight, k_weight, eps = qk_norm
+    return backend.rms_norm(q, q_weight, eps), backend.rms_norm(k, k_weight, eps)

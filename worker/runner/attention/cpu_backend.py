@@ -15,7 +15,7 @@ import torch
 from hetero_infer.kernels.cpu import ops as cpu_ops
 from hetero_infer.kernels.cpu import paged_attention as cpu_paged_attention
 from hetero_infer.worker.runner.attention import torch_backend
-from hetero_infer.worker.runner.attention.base import KVCache, StepBatch, pad_tables
+from hetero_infer.worker.runner.attention.base import KVCache, QKNorm, StepBatch, normed_qk, pad_tables
 from hetero_infer.worker.runner.models.rotary import RotaryEmbedding
 
 
@@ -57,7 +57,8 @@ class CpuBackend:
         return staged
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
-                  meta: CpuAttentionMetadata, scale: float) -> torch.Tensor:
+                  meta: CpuAttentionMetadata, scale: float, qk_norm: QKNorm | None = None) -> torch.Tensor:
+        q, k = normed_qk(self, q, k, qk_norm)
         k_cache, v_cache = kv_cache
         cpu_ops.rope_and_cache(q, k, v, meta.positions, self.rope.cos, self.rope.sin, k_cache, v_cache,
                                meta.slot_mapping)  # q and k rotated in place

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hetero_infer.worker.runner.attention.base import KVCache, StepBatch
+from hetero_infer.worker.runner.attention.base import KVCache, QKNorm, StepBatch, normed_qk
 from hetero_infer.worker.runner.models.rotary import RotaryEmbedding
 from hetero_infer.worker.runner.staging import DirectPack
 
@@ -91,7 +91,8 @@ class TorchBackend:
         return self.metadata(self.stage(batch, DirectPack(self.device)))
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
-                  meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+                  meta: TorchAttentionMetadata, scale: float, qk_norm: QKNorm | None = None) -> torch.Tensor:
+        q, k = normed_qk(self, q, k, qk_norm)
         q = self.rope.apply(q, meta.cos, meta.sin)
         k = self.rope.apply(k, meta.cos, meta.sin)
         v = v.contiguous()

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from hetero_infer import kernels
-from hetero_infer.worker.runner.attention.base import KVCache, StepBatch
+from hetero_infer.worker.runner.attention.base import KVCache, QKNorm, StepBatch
 from hetero_infer.worker.runner.models.rotary import RotaryEmbedding
 from hetero_infer.worker.runner.staging import DirectPack
 
@@ -52,10 +52,12 @@ class TritonBackend:
         return self.stage(batch, DirectPack(self.device))
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
-                  meta: TritonAttentionMetadata, scale: float) -> torch.Tensor:
+                  meta: TritonAttentionMetadata, scale: float, qk_norm: QKNorm | None = None) -> torch.Tensor:
         k_cache, v_cache = kv_cache
-        q, k = kernels.rotary_embedding(meta.positions, q, k, self.rope.cos_sin_cache)
-        kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        q_weight, k_weight, eps = qk_norm or (None, None, 0.0)
+        # the q/k norms, rotary and the KV write in one kernel (four unfused)
+        q = kernels.rotary_and_write_kv(meta.positions, q, k, v, self.rope.cos_sin_cache, k_cache, v_cache,
+                                        meta.slot_mapping, q_norm_weight=q_weight, k_norm_weight=k_weight, eps=eps)
         out = torch.empty_like(q)
         nd = meta.num_decode_tokens
         if nd:

@@ -54,9 +54,8 @@ class Attention(nn.Module):
         q = qkv[:, :hq].view(t, self.num_heads, self.head_dim)
         k = qkv[:, hq : hq + hk].view(t, self.num_kv_heads, self.head_dim)
         v = qkv[:, hq + hk :].view(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q, backend), self.k_norm(k, backend)
-        o = backend.attention(q, k, v, kv_cache, meta, self.scale)
+        qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else None
+        o = backend.attention(q, k, v, kv_cache, meta, self.scale, qk_norm)
         return self.o_proj(o.reshape(t, hq))
 
 
