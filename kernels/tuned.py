@@ -138,11 +138,15 @@ def lookup(kernel: str, key: str, size: int, device: torch.device) -> dict | Non
     """The tuned entry for ``kernel`` at ``key`` nearest ``size`` on ``device`` (a CUDA device), or None.
 
     Cached: the environment and the files are read on the first lookup (``clear_cache`` to re-read). The
-    returned dict is shared: copy it before changing it."""
-    return find(_tables(device_name(device)), kernel, key, int(size))
+    returned dict is shared: copy it before changing it. None without a CUDA device to name (the ahead-of-time
+    compile check builds the GPU kernels on a machine that has none: they get the defaults)."""
+    name = device_name(device)
+    return None if name is None else find(_tables(name), kernel, key, int(size))
 
 
-def device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str | None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
     return torch.cuda.get_device_name(device.index if device.index is not None else torch.cuda.current_device())
 
 
