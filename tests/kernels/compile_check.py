@@ -80,6 +80,7 @@ def _scenarios(quick: bool = False) -> None:
     B.compiled = lambda device: True
     B.num_sms = lambda device: 132
     from hetero_infer.kernels import _triton_attention as A
+    from hetero_infer.kernels import _triton_fused as F
     from hetero_infer.kernels import _triton_ops as O
     from hetero_infer.kernels import _triton_quant as Q
 
@@ -98,6 +99,12 @@ def _scenarios(quick: bool = False) -> None:
             A.paged_attention_prefill(qp, kc, kc, bt, cu, lens, 0.1, qp, None)
             A.paged_attention_prefill(qp, kc, kc, bt, cu, lens, 0.1, qp, 128)
             A.write_kv_cache(qp[:, :kvh], qp[:, :kvh], kc, kc, torch.zeros(5, dtype=torch.int64))
+            pos5, kv5 = torch.zeros(5, dtype=torch.int64), qp[:, :kvh]
+            wd = torch.empty(d, dtype=dt)  # with Qwen3's q/k norms; without; partial rotary
+            F.rotary_and_write_kv(pos5, qp, kv5, kv5, torch.empty(10, d), kc, kc, pos5, qp, wd, wd, 1e-6)
+            if not quick:
+                F.rotary_and_write_kv(pos5, qp, kv5, kv5, torch.empty(10, d), kc, kc, pos5, qp, None, None, 1e-6)
+                F.rotary_and_write_kv(pos5, qp, kv5, kv5, torch.empty(10, d // 2), kc, kc, pos5, qp, wd, wd, 1e-6)
         x = torch.empty(4, 4096, dtype=dt)
         O.rms_norm(x, torch.empty(4096, dtype=dt), 1e-6, x, x, x)
         O.rms_norm(x[:, :128], torch.empty(128, dtype=torch.float32), 1e-6, None, x[:, :128], None)
