@@ -46,13 +46,15 @@ MORE_PROMPTS = [
 
 
 def tiny_config(arch: str):
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     vocab = 49152  # the default tokenizer's vocabulary
     if arch == "llama":
         return LlamaConfig(vocab_size=vocab, tie_word_embeddings=False, **TINY)
     if arch == "qwen2":  # qkv bias, tied embeddings
         return Qwen2Config(vocab_size=vocab, tie_word_embeddings=True, use_sliding_window=False, **TINY)
+    if arch == "qwen3":  # per-head q/k RMSNorm (the fused rotary/KV-write kernel's norm path)
+        return Qwen3Config(vocab_size=vocab, tie_word_embeddings=True, use_sliding_window=False, head_dim=32, **TINY)
     raise KeyError(arch)
 
 
