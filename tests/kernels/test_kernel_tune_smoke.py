@@ -1,0 +1,94 @@
+"""benchmarks/tune_kernels.py end to end on tiny shapes in Triton's interpreter (--smoke): the search, the
+reference check that skips wrong or uncompilable configs, the budget, and the table it writes (which the loader,
+kernels/tuned.py, must accept)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetero_infer.kernels import tuned
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def tk(monkeypatch):
+    spec = importlib.util.spec_from_file_location("tune_kernels", ROOT / "benchmarks" / "tune_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "tune_kernels", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smoke_run_writes_a_table_the_loader_reads(tk, tmp_path, monkeypatch, capsys) -> None:
+    # The interpreter's times mean nothing: a stand-in clock makes BLOCK_N 32 and MIN_PARTITION 32 the fastest,
+    # so the search's choice is known; the kernels themselves run (and are checked) for real.
+    launched: list = []
+    launch = tk.launch
+    monkeypatch.setattr(tk, "launch", lambda case, x, config: launched.append(config or {}) or launch(case, x, config))
+
+    def clock(self, fn) -> float:
+        fn()
+        cfg = launched[-1]
+        return 100.0 - 30 * (cfg.get("BLOCK_N") == 32) - 10 * (cfg.get("MIN_PARTITION") == 32)
+
+    monkeypatch.setattr(tk.Timer, "__call__", clock)
+    monkeypatch.setenv(tuned.ENV_VAR, "/somewhere/else.json")  # switched off during the run, restored after
+    assert tk.main(["--smoke", "--out", str(tmp_path / "k.json"), "--json", str(tmp_path / "r.json")]) == 0
+    assert os.environ[tuned.ENV_VAR] == "/somewhere/else.json"
+    table = tuned.load_file(tmp_path / "k.json")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [(b["kernel"], b["size"]) for b in report["buckets"]] == [("decode", 1), ("decode", 2), ("prefill", 12)]
+    assert all(b["builtin_us"] == [100.0] * len(b["cases"]) for b in report["buckets"])
+    assert len(report["rows"]) == 3 and not report["stopped_by_budget"]
+    decode = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "MIN_PARTITION": 32}  # batch 1 and 2 split the KV
+    assert table["kernels"] == {
+        "decode": {"d32-g2-bfloat16-p16": {"1": decode, "2": decode}},
+        "prefill": {"d32-g2-bfloat16-p16": {"12": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}}}}
+    assert report["buckets"][0]["confirm"]["ratio"] == pytest.approx(0.6)
+    out = capsys.readouterr().out
+    assert "| decode tiny 4/2 d32 | b1 ctx 40 | 100.0 | " in out and "| 1.67x |" in out
+
+
+def test_wrong_and_uncompilable_configs_are_reported_and_skipped(tk, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(tk, "grid", lambda kernel, smoke: {"BLOCK_N": (16, 24, 32), "num_warps": (4,),
+                                                             "num_stages": (1,), "MIN_PARTITION": (32,)})
+    launch = tk.launch
+
+    def corrupting(case, x, config):  # BLOCK_N 32 "computes" a wrong answer
+        launch(case, x, config)
+        if config and config.get("BLOCK_N") == 32:
+            x.out.add_(0.5)
+
+    monkeypatch.setattr(tk, "launch", corrupting)
+    assert tk.main(["--smoke", "--only", "decode", "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    for b in report["buckets"]:
+        errors = {t["config"]["BLOCK_N"]: t["error"] for t in b["tried"] if "error" in t}
+        assert errors[32].startswith("wrong: relative error")
+        assert 24 in errors and not errors[24].startswith("wrong")  # arange of 24: does not compile
+        assert b["best"] is None or b["best"]["BLOCK_N"] == 16
+    assert "skip decode" in capsys.readouterr().out
+
+
+def test_budget_stops_the_search(tk, tmp_path) -> None:
+    assert tk.main(["--smoke", "--budget-s", "0", "--out", str(tmp_path / "k.json"),
+                    "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["stopped_by_budget"] and report["buckets"] == []
+    assert tuned.load_file(tmp_path / "k.json")["kernels"] == {}
+
+
+def test_refuses_without_cuda_unless_smoke(tk, capsys) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs the real thing")
+    assert tk.main(["--budget-s", "1"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
