@@ -204,17 +204,22 @@ def _warm_up(engine) -> None:
 def _decode_floor(hf, dtype: torch.dtype, sched, peaks) -> float:
     """Lower bound on one decode step's time: max(matmul FLOPs / peak, bytes read / bandwidth)."""
     flops_peak, bandwidth = peaks
+    flops, weight_bytes, kv_bytes = decode_step_cost(hf, dtype, [s.seq.num_computed_tokens + 1 for s in sched.scheduled])
+    return max(flops / flops_peak, (weight_bytes + kv_bytes) / bandwidth)
+
+
+def decode_step_cost(hf, dtype: torch.dtype, contexts: list[int]) -> tuple[float, int, int]:
+    """(FLOPs, weight bytes, K/V bytes) of one decode step of sequences at these context lengths (the new token
+    included): every weight read once (the tied LM head counted once), every cached K/V read once."""
     elem = torch.empty((), dtype=dtype).element_size()
     d, layers = hf.hidden_size, hf.num_hidden_layers
     hd = getattr(hf, "head_dim", None) or d // hf.num_attention_heads
     q, kv = hf.num_attention_heads * hd, hf.num_key_value_heads * hd
     per_layer = d * (q + 2 * kv) + q * d + 3 * d * hf.intermediate_size
     weights = layers * per_layer + d * hf.vocab_size
-    batch = len(sched.scheduled)
-    context = sum(s.seq.num_computed_tokens + 1 for s in sched.scheduled)
-    flops = 2 * weights * batch + 4 * layers * q * context
-    kv_bytes = 2 * layers * kv * context * elem
-    return max(flops / flops_peak, (weights * elem + kv_bytes) / bandwidth)
+    context = sum(contexts)
+    flops = 2 * weights * len(contexts) + 4 * layers * q * context
+    return flops, weights * elem, 2 * layers * kv * context * elem
 
 
 # -- peers -------------------------------------------------------------------------------
