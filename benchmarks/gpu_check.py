@@ -1,17 +1,23 @@
-"""The project's GPU check: one run of at most ~8 minutes on a bare H100/H200 (torch, Triton, transformers and
-nothing else installed, no network, 64 MiB of files carried).
+"""The project's GPU check on a bare H100/H200 (torch, Triton, transformers and nothing else installed, no
+network, 64 MiB of files carried), in phases that can be run in one call or split over two of ~5.5 minutes each.
 
-    python benchmarks/gpu_check.py prepare          # here, with network: wheels + the default model's tokenizer
-    bash benchmarks/gpu_check.sh OUT                # there: everything below, one table, OUT/gpu_check.json
+    python benchmarks/gpu_check.py prepare                                      # here, with network
+    bash benchmarks/gpu_check.sh OUT --phases suite,tune --budget-s 330         # there, call 1
+    bash benchmarks/gpu_check.sh OUT --phases bench,profile,peers --budget-s 330   # there, call 2
 
-Phases, in priority order under one deadline (each phase in a process of its own, with its own timeout, its log
-under OUT; a phase that no longer fits is skipped and said so):
-1. the `-m gpu` suite: every kernel case on CUDA (xdist workers), then the engine on CUDA (tests/gpu);
-2. nano-vllm's workload (256 requests, prompts 100-1024, outputs 100-1024, greedy, token ids) on the Qwen3-0.6B
-   shape (its real 151,936-token vocabulary), dummy bf16 weights; transformers' continuous batching beside it;
-3. one request (128-token prompt, 512 new tokens) on the same shape, beside transformers `generate`;
-4. the Llama-3-8B shape (16 GB of bf16 weights, decode bound by memory bandwidth): one request and a batch of
-   64, beside transformers `generate`; decode weight bytes/s against the copy bandwidth measured in the run.
+Phases, always in this order under one deadline (each phase in a process of its own, with its own timeout, its
+log under OUT; a phase that no longer fits is skipped and said so); estimates from the H100 runs so far:
+1. suite (~3-4 min): the `-m gpu` suite, every kernel case on CUDA (xdist workers), then the engine on CUDA;
+2. tune (~2.5 min): benchmarks/tune_kernels.py sweeps the attention kernels' launch configs on the shapes below
+   (OUT/tune.json, OUT/kernel_configs.json); the bench and profile phases of the same run read its table
+   (HETERO_INFER_KERNEL_CONFIGS), a later call reads the one given by --kernel-configs, or the shipped one;
+3. bench (~2.5 min): ours on nano-vllm's workload (256 requests, prompts 100-1024, outputs 100-1024, greedy,
+   token ids) on the Qwen3-0.6B shape (its real 151,936-token vocabulary), dummy bf16 weights; one request
+   (128-token prompt, 512 new tokens) on the same shape; the Llama-3-8B shape (16 GB of bf16 weights, decode
+   bound by memory bandwidth), one request and a batch of 64, decode weight bytes/s against the copy bandwidth;
+4. profile (~1.5 min): benchmarks/profile_step.py, torch.profiler over steady decode steps of 256 requests
+   (~1,000-token contexts) on the Qwen3-0.6B shape, with CUDA graphs and eager (OUT/profile.json);
+5. peers (what is left, at most ~3 min): transformers on the bench workloads, quickest first.
 
 Peers run on the same GPU, same workload, same dtype, from the same config.json with random weights; a peer that
 does not finish inside its timeout is reported as such (not as a number).
@@ -160,7 +166,53 @@ def peer(folder: str, which: str, out_json: str, *workload: str) -> None:
     print(f"PEER {r.system}: {r.output_tokens} tokens in {r.seconds:.2f} s = {r.tokens_per_s:.1f} tok/s")
 
 
-def check(out: Path, budget_s: float, suite: bool, benches: bool) -> int:
+PHASES = ("suite", "tune", "bench", "profile", "peers")  # the order they run in
+TUNE_SEARCH_S = 100  # tune_kernels.py's own deadline (compiles and timings); the phase adds start-up and inputs
+W1 = dict(requests=1, min_prompt=128, max_prompt=128, min_output=512, max_output=512)
+W64 = dict(requests=64, min_prompt=128, max_prompt=128, min_output=128, max_output=128)
+BENCH_PLAN = [  # (name, shape, workload, ours' extra flags, peer, peer timeout)
+    ("qwen3-nano", "qwen3-0.6b", NANO, (), "hf-cb", 60),
+    ("qwen3-one", "qwen3-0.6b", W1, ("--gpu-memory-utilization", "0.3"), "hf-generate", 40),
+    ("llama8b-one", "llama-3-8b", {**W1, "min_output": 256, "max_output": 256}, (), "hf-generate", 40),
+    ("llama8b-64", "llama-3-8b", W64, (), "hf-generate", 40),
+]
+
+
+def parse_phases(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = sorted(set(names) - set(PHASES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown phase(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"known: {', '.join(PHASES)}")
+    return [p for p in PHASES if p in names]
+
+
+def tune_cmd(out: Path, search_s: float) -> list[str]:
+    return [sys.executable, str(ROOT / "benchmarks" / "tune_kernels.py"), "--out", str(out / "kernel_configs.json"),
+            "--json", str(out / "tune.json"), "--budget-s", f"{search_s:.0f}"]
+
+
+def profile_cmd(out: Path, modes: str) -> list[str]:
+    return [sys.executable, str(ROOT / "benchmarks" / "profile_step.py"), "--json", str(out / "profile.json"),
+            "--modes", modes]
+
+
+def kernel_configs_source(out: Path, tune_rec: dict | None, given: Path | None) -> tuple[dict, dict]:
+    """(env for the bench and profile phases, what the summary says about it): this run's tuned table, else the
+    one given, else nothing set (the shipped table of the device, if any, or the built-in configs)."""
+    tuned_file = out / "kernel_configs.json"
+    if tune_rec is not None and tune_rec.get("status") == "ok" and tuned_file.is_file():
+        path = tuned_file
+    elif given is not None:
+        path = given
+    else:
+        return {}, {"source": "shipped table or built-in (kernels/configs/)"}
+    table = json.loads(path.read_text())
+    entries = sum(len(sizes) for shapes in table.get("kernels", {}).values() for sizes in shapes.values())
+    return {"HETERO_INFER_KERNEL_CONFIGS": str(path.resolve())}, {"source": str(path), "entries": entries}
+
+
+def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     run = Run(out, budget_s)
     import torch
@@ -171,14 +223,14 @@ def check(out: Path, budget_s: float, suite: bool, benches: bool) -> int:
            "transformers": transformers.__version__, "python": sys.version.split()[0],
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     env["git"] = os.environ.get("GPU_CHECK_COMMIT") or _head()
-    print("env:", json.dumps(env), flush=True)
-    t = time.monotonic()
-    os.environ["HETERO_INFER_DEFAULT_MODEL_DIR"] = str(stand_in_default_model(Path("/tmp/gpucheck/default-model")))
-    print(f"default-model stand-in in {time.monotonic() - t:.1f} s", flush=True)
-    pytest = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE",
-              "--durations=15", "-W", "ignore"]
-    results: dict = {"env": env, "benches": {}}
-    if suite:
+    print("env:", json.dumps(env), "phases:", ",".join(phases), flush=True)
+    results: dict = {"env": env, "phases_asked": phases, "benches": {}}
+    if "suite" in phases:
+        t = time.monotonic()
+        os.environ["HETERO_INFER_DEFAULT_MODEL_DIR"] = str(stand_in_default_model(Path("/tmp/gpucheck/default-model")))
+        print(f"default-model stand-in in {time.monotonic() - t:.1f} s", flush=True)
+        pytest = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE",
+                  "--durations=15", "-W", "ignore"]
         workers = str(min(12, max(2, (os.cpu_count() or 4) - 2)))
         run.phase("suite-kernels", [*pytest, "tests/kernels", "-n", workers, "--timeout", "120",
                                     f"--junitxml={out}/kernels.xml"], 40, 150, env={"OMP_NUM_THREADS": "1"})
@@ -186,25 +238,32 @@ def check(out: Path, budget_s: float, suite: bool, benches: bool) -> int:
         # transformers' references), so a few workers; the tests that read the free memory share one (xdist_group)
         run.phase("suite-engine", [*pytest, "tests", "--ignore=tests/kernels", "-n", "4", "--dist", "loadgroup",
                                    "-rP", "--timeout", "150", f"--junitxml={out}/engine.xml"], 40, 170)
-    if benches:
-        w1 = dict(requests=1, min_prompt=128, max_prompt=128, min_output=512, max_output=512)
-        w64 = dict(requests=64, min_prompt=128, max_prompt=128, min_output=128, max_output=128)
-        plan = [  # (name, shape, workload, ours' extra flags, peer, peer timeout)
-            ("qwen3-nano", "qwen3-0.6b", NANO, (), "hf-cb", 60),
-            ("qwen3-one", "qwen3-0.6b", w1, ("--gpu-memory-utilization", "0.3"), "hf-generate", 40),
-            ("llama8b-one", "llama-3-8b", {**w1, "min_output": 256, "max_output": 256}, (), "hf-generate", 40),
-            ("llama8b-64", "llama-3-8b", w64, (), "hf-generate", 40),
-        ]
-        for name, shape, wl, extra, _, _ in plan:  # ours first: a peer that runs long takes no number of ours
+    tune_rec = None
+    if "tune" in phases:
+        search = min(TUNE_SEARCH_S, run.left() - 50)
+        tune_rec = run.phase("tune", tune_cmd(out, max(search, 10)), 60, search + 50)
+        if (out / "tune.json").is_file():
+            results["tune"] = json.loads((out / "tune.json").read_text())
+    kernel_env, results["kernel_configs"] = kernel_configs_source(out, tune_rec, kernel_configs)
+    print("kernel configs:", json.dumps(results["kernel_configs"]), flush=True)
+    if "bench" in phases:
+        for name, shape, wl, extra, _, _ in BENCH_PLAN:  # ours first: a peer that runs long takes no number of ours
             ours_json = out / f"{name}.json"
-            rec = run.phase(name, bench_cmd(shape, ours_json, extra=extra, **wl), 30, 120)
+            rec = run.phase(name, bench_cmd(shape, ours_json, extra=extra, **wl), 30, 120, env=kernel_env)
             entry = results["benches"][name] = {"shape": shape, "workload": wl, "ours": rec["status"]}
             if ours_json.is_file():
                 entry["ours_report"] = json.loads(ours_json.read_text())
-        for name, shape, wl, _, peer_name, peer_timeout in sorted(plan, key=lambda p: p[5]):  # quickest first
+    if "profile" in phases:
+        modes = "graphs,eager" if run.left() >= 150 else "graphs"  # eager names the kernels a graph hides
+        run.phase("profile", profile_cmd(out, modes), 60, 150, env=kernel_env)
+        if (out / "profile.json").is_file():
+            results["profile"] = json.loads((out / "profile.json").read_text())
+    if "peers" in phases:
+        for name, shape, wl, _, peer_name, peer_timeout in sorted(BENCH_PLAN, key=lambda p: p[5]):  # quickest first
             peer_json = out / f"{name}-peer.json"
             prec = run.phase(f"{name}-peer", peer_cmd(shape, peer_json, peer_name, **wl), 20, peer_timeout)
-            results["benches"][name]["peer"] = json.loads(peer_json.read_text()) if peer_json.is_file() else {
+            entry = results["benches"].setdefault(name, {"shape": shape, "workload": wl, "ours": "not run"})
+            entry["peer"] = json.loads(peer_json.read_text()) if peer_json.is_file() else {
                 "system": peer_name, "status": prec["status"]}
     results["phases"] = run.phases
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
@@ -219,8 +278,20 @@ def summary(results: dict) -> str:
              f"transformers {e['transformers']}",
              "", "| phase | status | seconds |", "|---|---|---|"]
     lines += [f"| {p['phase']} | {p['status']} | {p.get('seconds', '-')} |" for p in results["phases"]]
-    lines += ["", "| workload | hetero-infer tok/s | ms/token (1 request) | decode weight GB/s vs copy | peer | peer tok/s "
-              "| ours/peer |", "|---|---|---|---|---|---|---|"]
+    tune = results.get("tune")
+    if tune:
+        stopped = ", stopped by its budget" if tune.get("stopped_by_budget") else ""
+        lines += ["", f"Tuned attention configs ({tune.get('seconds', '?')} s{stopped}; copy bandwidth "
+                      f"{tune.get('copy_gbs', 0):.0f} GB/s; built-in vs best, each checked against the reference):",
+                  "", "| " + " | ".join(tune["header"]) + " |", "|" + "|".join("---" for _ in tune["header"]) + "|"]
+        lines += ["| " + " | ".join(map(str, row)) + " |" for row in tune["rows"]]
+    if "kernel_configs" in results:
+        kc = results["kernel_configs"]
+        lines += ["", f"Kernel configs of the bench and profile phases: {kc['source']}"
+                      + (f" ({kc['entries']} entries)" if "entries" in kc else "")]
+    if results["benches"]:
+        lines += ["", "| workload | hetero-infer tok/s | ms/token (1 request) | decode weight GB/s vs copy | peer "
+                      "| peer tok/s | ours/peer |", "|---|---|---|---|---|---|---|"]
     for name, b in results["benches"].items():
         rep = b.get("ours_report", {})
         ours = next((r for r in rep.get("results", []) if r["system"].startswith("hetero-infer")), None)
@@ -233,7 +304,30 @@ def summary(results: dict) -> str:
                      f"{f'{vs_copy:.2f}' if vs_copy else '-'} | {p.get('system', '-')} | "
                      f"{f'{ptok:.0f}' if ptok else p.get('status', '-')} | "
                      f"{f'{tok_s / ptok:.2f}x' if tok_s and ptok else '-'} |")
+    lines += profile_summary(results.get("profile"))
     return "\n".join(lines)
+
+
+def profile_summary(profile: dict | None) -> list[str]:
+    """One row per profiled mode: where a steady decode step's time goes, against its roofline floor."""
+    if not profile:
+        return []
+
+    def pct(x):
+        return f"{100 * x:.0f}%" if x is not None else "-"
+
+    lines = ["", "Steady decode step (benchmarks/profile_step.py; floor: weights + K/V bytes at the copy bandwidth):",
+             "", "| mode | batch, mean context | step wall µs | device busy µs | device idle µs | floor µs "
+                 "| step vs floor | decode attention vs K/V floor | matmuls vs weights floor | top groups (µs) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in profile.get("reports", []):
+        s, f, vs = r["summary"], r["floor"], r["vs_floor"]
+        top = ", ".join(f"{g['group']} {g['us']:.0f}" for g in r["groups"][:4])
+        lines.append(f"| {r['mode']} | {f['batch']}, {f['mean_context']:.0f} | {s['wall_us']:.0f} | "
+                     f"{s['device_busy_us']:.0f} | {s['device_idle_us']:.0f} | {f['floor_us']:.0f} | "
+                     f"{pct(vs['step_wall'])} | {pct(vs['attention_decode'])} | {pct(vs['matmul'])} | {top} |")
+    lines += [f"| {mode} | failed | | | | | | | | |" for mode in profile.get("failed", [])]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,9 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--python-version", default="3.12")
     pc = sub.add_parser("check", help="run the check (on the GPU machine)")
     pc.add_argument("out", type=Path)
-    pc.add_argument("--budget-s", type=float, default=470)
-    pc.add_argument("--no-suite", dest="suite", action="store_false")
-    pc.add_argument("--no-bench", dest="benches", action="store_false")
+    pc.add_argument("--budget-s", type=float, default=470, help="the deadline of the whole call (default 470)")
+    pc.add_argument("--phases", type=parse_phases, default=list(PHASES),
+                    help=f"comma-separated, run in this order whatever the order given: {','.join(PHASES)} (all)")
+    pc.add_argument("--kernel-configs", type=Path,
+                    help="a tuned table (an earlier call's OUT/kernel_configs.json) for the bench and profile "
+                         "phases, when this call does not tune")
     pe = sub.add_parser("peer")
     pe.add_argument("args", nargs="+")
     a = p.parse_args(argv)
@@ -255,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "peer":
         peer(*a.args)
         return 0
-    return check(a.out, a.budget_s, a.suite, a.benches)
+    return check(a.out, a.budget_s, a.phases, a.kernel_configs)
 
 
 if __name__ == "__main__":

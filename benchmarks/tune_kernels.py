@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         tuned.clear_cache()
 
 
-def _main(argv: list[str] | None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="the tuned table (kernels/tuned.py's format)")
     ap.add_argument("--json", type=Path, help="every timing and failure")
@@ -382,7 +382,11 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--only", choices=["decode", "prefill"], help="one kernel only")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in Triton's interpreter (checks the script)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def _main(argv: list[str] | None) -> int:
+    a = build_parser().parse_args(argv)
     t0 = time.monotonic()
     if a.smoke:
         from hetero_infer import kernels

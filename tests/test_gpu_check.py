@@ -5,6 +5,7 @@ renamed flag fails here, not in a 15-minute GPU lease), and its shapes exist."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -57,3 +58,113 @@ def test_summary_table_names_every_phase_and_the_ratio() -> None:
     table = gc.summary(results)
     assert "| suite-kernels | ok | 10.0 |" in table and "| qwen3-one-peer | rc=timeout | 40.0 |" in table
     assert "| qwen3-one | 500 | 2.00 | 0.50 | hf | 100 | 5.00x |" in table
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop(name, None)
+    return module
+
+
+def test_tune_and_profile_commands_parse_with_their_scripts_parsers(tmp_path) -> None:
+    gc = _gpu_check()
+    cmd = gc.tune_cmd(tmp_path, 100)
+    args = _load("tune_kernels").build_parser().parse_args(cmd[2:])
+    assert (args.out, args.json, args.budget_s) == (tmp_path / "kernel_configs.json", tmp_path / "tune.json", 100)
+    cmd = gc.profile_cmd(tmp_path, "graphs")
+    args = _load("profile_step").build_parser().parse_args(cmd[2:])
+    assert (args.json, args.modes, args.load_format) == (tmp_path / "profile.json", "graphs", "dummy")
+
+
+def test_phases_parse_into_their_fixed_order() -> None:
+    import argparse
+
+    import pytest
+
+    gc = _gpu_check()
+    assert gc.parse_phases("peers,bench, tune") == ["tune", "bench", "peers"]
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown phase.*suit"):
+        gc.parse_phases("suit,bench")
+    with pytest.raises(argparse.ArgumentTypeError):
+        gc.parse_phases(",")
+
+
+def _fake_run(gc, monkeypatch, tmp_path, seconds: dict[str, float]):
+    """check() with every phase's process replaced by a stand-in that writes what the real one would and takes
+    `seconds[phase]` of a fake clock; returns the phases started, their commands and environments."""
+    import torch
+
+    clock = [0.0]
+    started = []
+    monkeypatch.setattr(gc.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(gc, "stand_in_default_model", lambda dest: dest)
+    monkeypatch.setenv("GPU_CHECK_COMMIT", "abc1234")
+    monkeypatch.delenv("HETERO_INFER_DEFAULT_MODEL_DIR", raising=False)
+
+    def phase(self, name, cmd, need_s, timeout_s, env=None):
+        rec = {"phase": name, "cmd": " ".join(cmd)}
+        if self.left() < need_s:
+            rec["status"] = "skipped"
+            self.phases.append(rec)
+            return rec
+        started.append((name, cmd, dict(env or {}), min(timeout_s, self.left())))
+        out = self.out
+        if name == "tune":
+            (out / "kernel_configs.json").write_text(json.dumps(
+                {"device": "NVIDIA H100 80GB HBM3", "kernels": {"decode": {"d128-g2-bfloat16-p16": {"1": {}, "256": {}}}}}))
+            (out / "tune.json").write_text(json.dumps({"seconds": 90, "copy_gbs": 2900, "stopped_by_budget": True,
+                                                       "header": ["shape", "case"], "rows": [["decode q", "b256"]]}))
+        if name == "profile":
+            f = {"batch": 256, "mean_context": 1000, "floor_us": 5000.0}
+            (out / "profile.json").write_text(json.dumps({"failed": ["eager"], "reports": [{
+                "mode": "graphs", "floor": f, "vs_floor": {"step_wall": 0.5, "attention_decode": 0.25, "matmul": 0.9},
+                "summary": {"wall_us": 10000.0, "device_busy_us": 8000.0, "device_idle_us": 2000.0},
+                "groups": [{"group": "matmul", "us": 4000.0}, {"group": "attention decode", "us": 3000.0}]}]}))
+        clock[0] += seconds.get(name, 10.0)
+        rec.update(status="ok", seconds=seconds.get(name, 10.0))
+        self.phases.append(rec)
+        return rec
+
+    monkeypatch.setattr(gc.Run, "phase", phase)
+    return started
+
+
+def test_call_one_runs_the_suite_then_tunes_within_the_budget(tmp_path, monkeypatch, capsys) -> None:
+    gc = _gpu_check()
+    started = _fake_run(gc, monkeypatch, tmp_path, {"suite-kernels": 90, "suite-engine": 150})
+    assert gc.main(["check", str(tmp_path), "--phases", "tune,suite", "--budget-s", "330"]) == 0
+    assert [s[0] for s in started] == ["suite-kernels", "suite-engine", "tune"]
+    tune_cmd, tune_timeout = started[2][1], started[2][3]
+    budget = float(tune_cmd[tune_cmd.index("--budget-s") + 1])
+    assert budget == 330 - 240 - 50 and tune_timeout == budget + 50  # the search fits what is left
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert results["kernel_configs"] == {"source": str(tmp_path / "kernel_configs.json"), "entries": 2}
+    out = capsys.readouterr().out
+    assert "Tuned attention configs (90 s, stopped by its budget" in out and "| decode q | b256 |" in out
+
+
+def test_call_two_benches_and_profiles_with_the_tuned_table(tmp_path, monkeypatch, capsys) -> None:
+    gc = _gpu_check()
+    table = tmp_path / "from-call-1.json"
+    table.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "kernels": {}}))
+    started = _fake_run(gc, monkeypatch, tmp_path, {"qwen3-nano": 60})
+    assert gc.main(["check", str(tmp_path / "out"), "--phases", "bench,profile,peers", "--budget-s", "330",
+                    "--kernel-configs", str(table)]) == 0
+    names = [s[0] for s in started]
+    assert names[:6] == ["qwen3-nano", "qwen3-one", "llama8b-one", "llama8b-64", "profile", "qwen3-one-peer"]
+    assert "suite-kernels" not in names and "tune" not in names
+    for name, _cmd, env, _ in started:  # ours (bench, profile) read the tuned table; the peers do not care
+        if not name.endswith("-peer"):
+            assert env == {"HETERO_INFER_KERNEL_CONFIGS": str(table.resolve())}, name
+    profile_cmd = started[4][1]
+    assert profile_cmd[profile_cmd.index("--modes") + 1] == "graphs,eager"
+    out = capsys.readouterr().out
+    assert f"Kernel configs of the bench and profile phases: {table} (0 entries)" in out
+    assert "| graphs | 256, 1000 | 10000 | 8000 | 2000 | 5000 | 50% | 25% | 90% | matmul 4000, attention decode 3000 |" in out
+    assert "| eager | failed |" in out
