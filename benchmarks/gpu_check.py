@@ -197,9 +197,12 @@ def profile_cmd(out: Path, modes: str) -> list[str]:
             "--modes", modes]
 
 
-def kernel_configs_source(out: Path, tune_rec: dict | None, given: Path | None) -> tuple[dict, dict]:
+def kernel_configs_source(out: Path, tune_rec: dict | None, given: Path | None, device: str) -> tuple[dict, dict]:
     """(env for the bench and profile phases, what the summary says about it): this run's tuned table, else the
-    one given, else nothing set (the shipped table of the device, if any, or the built-in configs)."""
+    one given if it was tuned on this kind of device, else nothing set (the device's shipped table, if any, or the
+    built-in configs). A call that landed on another kind of GPU than the call that tuned still runs."""
+    from hetero_infer.kernels import tuned
+
     tuned_file = out / "kernel_configs.json"
     if tune_rec is not None and tune_rec.get("status") == "ok" and tuned_file.is_file():
         path = tuned_file
@@ -207,7 +210,9 @@ def kernel_configs_source(out: Path, tune_rec: dict | None, given: Path | None) 
         path = given
     else:
         return {}, {"source": "shipped table or built-in (kernels/configs/)"}
-    table = json.loads(path.read_text())
+    table = tuned.load_file(path)
+    if tuned.device_file_name(table.get("device", device)) != tuned.device_file_name(device):
+        return {}, {"source": f"shipped table or built-in: {path} was tuned on {table['device']}, not {device}"}
     entries = sum(len(sizes) for shapes in table.get("kernels", {}).values() for sizes in shapes.values())
     return {"HETERO_INFER_KERNEL_CONFIGS": str(path.resolve())}, {"source": str(path), "entries": entries}
 
@@ -244,7 +249,7 @@ def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | 
         tune_rec = run.phase("tune", tune_cmd(out, max(search, 10)), 60, search + 50)
         if (out / "tune.json").is_file():
             results["tune"] = json.loads((out / "tune.json").read_text())
-    kernel_env, results["kernel_configs"] = kernel_configs_source(out, tune_rec, kernel_configs)
+    kernel_env, results["kernel_configs"] = kernel_configs_source(out, tune_rec, kernel_configs, env["device"])
     print("kernel configs:", json.dumps(results["kernel_configs"]), flush=True)
     if "bench" in phases:
         for name, shape, wl, extra, _, _ in BENCH_PLAN:  # ours first: a peer that runs long takes no number of ours

@@ -168,3 +168,16 @@ def test_call_two_benches_and_profiles_with_the_tuned_table(tmp_path, monkeypatc
     assert f"Kernel configs of the bench and profile phases: {table} (0 entries)" in out
     assert "| graphs | 256, 1000 | 10000 | 8000 | 2000 | 5000 | 50% | 25% | 90% | matmul 4000, attention decode 3000 |" in out
     assert "| eager | failed |" in out
+
+
+def test_a_table_tuned_on_another_gpu_is_not_used(tmp_path, monkeypatch, capsys) -> None:
+    gc = _gpu_check()
+    table = tmp_path / "h100.json"
+    table.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "kernels": {}}))
+    started = _fake_run(gc, monkeypatch, tmp_path, {})
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    assert gc.main(["check", str(tmp_path / "out"), "--phases", "bench", "--kernel-configs", str(table)]) == 0
+    assert all(env == {} for _, _, env, _ in started)
+    assert f"{table} was tuned on NVIDIA H100 80GB HBM3, not NVIDIA H200" in capsys.readouterr().out
