@@ -226,10 +226,11 @@ def plan_decode_splits(
     return splits, partition
 
 
-def _decode_config(head_dim: int, dtype: torch.dtype, device: torch.device, *, group: int = 1, page: int = 16,
-                   batch: int = 1) -> dict:
+def _decode_config(head_dim: int, dtype: torch.dtype, device: torch.device, *, group: int, page: int,
+                   batch: int) -> dict:
     """A fresh dict: BLOCK_N, num_warps, num_stages (and MIN_PARTITION or other keys where the device's tuned
-    table, kernels/tuned.py, has an entry for this shape; the built-in values below fill the rest)."""
+    table, kernels/tuned.py, has an entry for this shape; the built-in values below fill the rest). The shape's
+    group, page and batch are required: a default would look up another shape's entry without a word."""
     if not B.compiled(device):
         return {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
     if dtype == torch.float32:  # FMA dot: small tiles or it spills
@@ -385,8 +386,8 @@ def _prefill_kernel(
         )
 
 
-def _prefill_config(head_dim: int, dtype: torch.dtype, device: torch.device, *, group: int = 1, page: int = 16,
-                    tokens: int = 2048) -> dict:
+def _prefill_config(head_dim: int, dtype: torch.dtype, device: torch.device, *, group: int, page: int,
+                    tokens: int) -> dict:
     """A fresh dict: BLOCK_M, BLOCK_N, num_warps, num_stages, from the device's tuned table where it has an
     entry for this shape (kernels/tuned.py), else the built-in values below."""
     if not B.compiled(device):

@@ -201,3 +201,25 @@ def test_tuned_decode_and_prefill_configs_are_used_and_correct_on_cuda(tmp_path,
         assert torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2)
     finally:
         tuned.clear_cache()
+
+
+def test_the_wrappers_ask_for_their_own_shape(monkeypatch) -> None:
+    """paged_attention_decode / _prefill look up the config of the shape they run: GQA group, page, batch, tokens."""
+    asked = []
+    decode_config, prefill_config = A._decode_config, A._prefill_config
+    monkeypatch.setattr(A, "_decode_config", lambda *a, **k: asked.append(("decode", a[0], k)) or decode_config(*a, **k))
+    monkeypatch.setattr(A, "_prefill_config", lambda *a, **k: asked.append(("prefill", a[0], k)) or prefill_config(*a, **k))
+    g = torch.Generator().manual_seed(0)
+    kc, vc = torch.randn(2, 12, 8, 2, 32, generator=g)  # 12 blocks of 8 tokens, 2 KV heads, head dim 32
+    bt = torch.arange(12, dtype=torch.int32).view(3, 4)
+    lens = torch.tensor([5, 20, 30], dtype=torch.int32)
+    q = torch.randn(3, 6, 32, generator=g)  # 6 query heads: group 3
+    out = A.paged_attention_decode(q, kc, vc, bt, lens, 0.2, torch.empty_like(q))
+    torch.testing.assert_close(out, reference.paged_attention_decode(q, kc, vc, bt, lens, 0.2))
+    qp = torch.randn(7, 6, 32, generator=g)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    plens = torch.tensor([3, 9], dtype=torch.int32)
+    out = A.paged_attention_prefill(qp, kc, vc, bt[:2], cu, plens, 0.2, torch.empty_like(qp))
+    torch.testing.assert_close(out, reference.paged_attention_prefill(qp, kc, vc, bt[:2], cu, plens, 0.2))
+    assert asked == [("decode", 32, {"group": 3, "page": 8, "batch": 3}),
+                     ("prefill", 32, {"group": 3, "page": 8, "tokens": 7})]
