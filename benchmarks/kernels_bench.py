@@ -8,6 +8,10 @@ What it measures (results as Markdown tables on stdout, and JSON with ``--json``
   bf16, 16-token blocks scattered at random) at 1k / 4k / 16k context for several batch
   sizes: time, achieved bandwidth (K/V bytes read once + q/out) and its share of the copy
   bandwidth; PyTorch SDPA over contiguous (unpaged) K/V as a baseline;
+* the decode's split plan under CUDA-graph block tables (40,960 tokens wide) on the
+  nano-vllm workload's Qwen3-0.6B shape (256 ragged sequences of 600-2,000 tokens) and
+  small batches of long contexts: the old plan (one partition size from the table's
+  width) against the new (splits from the batch, partitions per sequence);
 * prefill attention over paged KV: TFLOP/s, against SDPA (flash) on contiguous K/V;
 * W8A16 / W4A16 matmuls against the bf16 matmul (cuBLAS through torch) at decode batch
   sizes M = 1..256 for the Llama-3-8B projection shapes;
@@ -195,6 +199,7 @@ def bench_decode(timer: Timer, device, copy_gbs: float, smoke: bool) -> None:
         "decode",
     )
 
+    bench_decode_plan(timer, device, copy_gbs, smoke)
     if smoke:
         return
     # GQA ratios at 4k context
@@ -209,6 +214,84 @@ def bench_decode(timer: Timer, device, copy_gbs: float, smoke: bool) -> None:
         rows.append([f"{h}/{kvh_}", h // kvh_, us, gbs, 100 * gbs / copy_gbs])
     table("Decode at 4k context, batch 16, by GQA ratio", ["heads q/kv", "ratio", "time µs", "GB/s", "% of copy BW"],
           rows, "decode_gqa")
+
+
+def _paged_ragged(lens: list[int], kvh: int, d: int, bs: int, width: int, dtype, device):
+    """A paged cache holding ``lens`` tokens per sequence in scattered blocks, tables ``width`` blocks wide
+    (a CUDA graph's: max_model_len / block size), zeros past each sequence's blocks."""
+    need = [math.ceil(n / bs) for n in lens]
+    num_blocks = sum(need) + 1
+    k_cache = torch.randn(num_blocks, bs, kvh, d, device=device, dtype=dtype)
+    v_cache = torch.randn(num_blocks, bs, kvh, d, device=device, dtype=dtype)
+    perm = torch.randperm(num_blocks - 1, device=device).to(torch.int32)
+    table = torch.zeros(len(lens), width, dtype=torch.int32, device=device)
+    used = 0
+    for b, n in enumerate(need):
+        table[b, :n] = perm[used : used + n]
+        used += n
+    return k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32, device=device)
+
+
+def _old_plan(batch: int, kvh: int, max_len: int, device, block_n: int, min_partition: int) -> tuple[int, int]:
+    """The split plan before per-sequence partitions: (splits, one partition size) from a host bound on the
+    contexts, the block tables' width when the caller gave none (the engine never did)."""
+    from hetero_infer.kernels import _backend as B
+
+    def cdiv(a: int, b: int) -> int:
+        return -(-a // b)
+
+    programs, target = batch * kvh, 2 * B.num_sms(device)
+    splits = 1 if programs >= target or max_len <= min_partition else min(cdiv(target, programs),
+                                                                         cdiv(max_len, min_partition))
+    partition = cdiv(cdiv(max_len, splits), block_n) * block_n
+    return cdiv(max_len, partition), partition
+
+
+def bench_decode_plan(timer: Timer, device, copy_gbs: float, smoke: bool) -> None:
+    """The split plan where the engine runs decode: CUDA-graph tables max_model_len wide (40,960 tokens for
+    Qwen3), the nano-vllm workload's shape (Qwen3-0.6B: 16 query / 8 KV heads of 128, bf16, 16-token blocks;
+    256 sequences of 600-2,000 tokens) and the small batches of its tail, old plan (one partition size from the
+    table's width) against the new (splits from the batch, each sequence's partition from its own length),
+    the new one with the preallocated workspace the engine passes."""
+    from hetero_infer.kernels import _triton_attention as A
+
+    dtype, bs = torch.bfloat16, 16
+    if smoke:
+        h, kvh, d, width = 4, 2, 32, 16
+        cases = [("ragged", [20, 150, 90, 200]), ("one long", [200])]
+    else:
+        h, kvh, d, width = 16, 8, 128, 40960 // bs
+        gen = torch.Generator().manual_seed(0)
+        nano = torch.randint(600, 2001, (256,), generator=gen).tolist()
+        cases = [("nano 256 x 600-2000", nano), ("nano 64 x 600-2000", nano[:64]), ("16 x 1500", [1500] * 16),
+                 ("4 x 1500", [1500] * 4), ("1 x 1500", [1500]), ("1 x 8000", [8000]), ("4 x 8000", [8000] * 4)]
+    workspace = kernels.decode_workspace(h, kvh, d, bs, dtype, device)
+    rows = []
+    for name, lens in cases:
+        k_cache, v_cache, table_, ctx = _paged_ragged(lens, kvh, d, bs, width, dtype, device)
+        q = torch.randn(len(lens), h, d, device=device, dtype=dtype)
+        out = torch.empty_like(q)
+        cfg = A._decode_settings(d, dtype, device, None, group=h // kvh, page=bs, batch=len(lens))
+        old_splits, old_partition = _old_plan(len(lens), kvh, width * bs, device, cfg["BLOCK_N"],
+                                              cfg["MIN_PARTITION"])
+        new_splits = A._plan(cfg, len(lens), kvh, device, width * bs)
+        ref = reference.paged_attention_decode(q, k_cache, v_cache, table_, ctx, d**-0.5)
+        nbytes = sum(lens) * kvh * d * 2 * k_cache.element_size() + 2 * q.numel() * q.element_size()
+        for plan, run in (
+            (f"old: {old_splits} x {old_partition}", lambda: A.paged_attention_decode(
+                q, k_cache, v_cache, table_, ctx, d**-0.5, out, num_splits=old_splits,
+                config={"PARTITION": old_partition})),
+            (f"new: {new_splits} per sequence", lambda: kernels.paged_attention_decode(
+                q, k_cache, v_cache, table_, ctx, d**-0.5, out, workspace=workspace)),
+        ):
+            run()
+            err = rel_err(out, ref)
+            us = timer(run)
+            gbs = nbytes / us / 1e3
+            rows.append([name, plan, us, gbs, 100 * gbs / copy_gbs, f"{err:.1e}"])
+    table(f"Decode split plan under CUDA-graph tables ({width * bs} tokens wide; bf16, {h} q / {kvh} KV heads, "
+          f"head_dim {d}, block {bs})", ["batch x context", "plan (splits x partition)", "time µs", "GB/s",
+                                         "% of copy BW", "rel err"], rows, "decode_plan")
 
 
 def bench_prefill(timer: Timer, device, smoke: bool) -> None:

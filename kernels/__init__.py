@@ -28,6 +28,7 @@ from . import reference
 from ._backend import BACKENDS, get_backend, interpret_mode, set_backend, triton_available, use_backend
 from .attention import (
     MAX_HEAD_DIM,
+    decode_workspace,
     paged_attention_decode,
     paged_attention_prefill,
     rotary_and_write_kv,
@@ -52,6 +53,7 @@ __all__ = [
     "MAX_HEAD_DIM",
     "compute_cos_sin_cache",
     "compute_inv_freq",
+    "decode_workspace",
     "dequantize_int4",
     "dequantize_int8",
     "get_backend",

@@ -25,6 +25,8 @@ from ._backend import next_pow2
 LOG2E = 1.4426950408889634
 #: Shortest KV partition (tokens) of the split-KV decode on a GPU.
 MIN_PARTITION = 256
+#: Most KV splits per sequence (the reduce holds splits x head_dim partials in registers).
+MAX_SPLITS = 64
 
 
 @triton.jit
@@ -92,44 +94,57 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping) -> None:
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr,
     out_ptr, po_ptr, pm_ptr, pl_ptr,
-    scale_log2, partition_size, window, num_splits,
+    scale_log2, fixed_partition, min_partition, window, num_splits,
     s_qb, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_btb, s_ob, s_oh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    """One program per (sequence, KV head, KV partition); it serves all GROUP query heads
-    of that KV head, so each K/V byte is read once per partition."""
+    """One program per (sequence, KV head, KV split); it serves all GROUP query heads
+    of that KV head, so each K/V byte is read once per split.
+
+    The grid has ``num_splits`` splits for every sequence; each sequence cuts its own KV
+    span (its context, or its window) into ``min(num_splits, cdiv(span, min_partition))``
+    partitions of whole BLOCK_N tiles, from its length on the device. Splits past the
+    span's end store an empty partial (m = -inf, l = 0, acc = 0), which the reduce weighs
+    as zero. ``fixed_partition`` > 0 replaces the per-sequence partition with one size for
+    every sequence, the last split taking the rest (the plan before per-sequence
+    partitions; the benchmark compares them)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     num_heads = tl.num_programs(1) * GROUP
 
     ctx = tl.load(lens_ptr + b)
-    start = sp * partition_size
-    # the last partition takes whatever is left, so a too-small planning bound (or a CUDA
-    # graph replayed with longer contexts than it was captured with) stays correct
-    end = tl.where(sp == num_splits - 1, ctx, tl.minimum(start + partition_size, ctx))
-    lo = start
+    lo_seq = 0
     if USE_WINDOW:
         # query position ctx-1 sees kv positions > ctx-1-window
-        lo = tl.maximum(start, ctx - window)
+        lo_seq = tl.maximum(ctx - window, 0)
+    if fixed_partition > 0:
+        start = sp * fixed_partition
+        end = tl.where(sp == num_splits - 1, ctx, tl.minimum(start + fixed_partition, ctx))
+        lo = tl.maximum(start, lo_seq)
+    else:
+        span = ctx - lo_seq
+        parts = tl.maximum(tl.minimum(num_splits, tl.cdiv(span, min_partition)), 1)
+        partition = tl.cdiv(tl.cdiv(span, parts), BLOCK_N) * BLOCK_N
+        lo = lo_seq + sp * partition
+        end = tl.minimum(lo + partition, ctx)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_g
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     q = tl.load(
         q_ptr + b.to(tl.int64) * s_qb + heads[:, None] * s_qh + offs_d[None, :],
         mask=g_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
-
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     offs_n0 = tl.arange(0, BLOCK_N)
     bt_row = bt_ptr + b.to(tl.int64) * s_btb
     k_head = k_ptr + kvh.to(tl.int64) * s_kh
@@ -204,26 +219,27 @@ def _decode_reduce_kernel(
 
 
 def plan_decode_splits(
-    batch: int, num_kv_heads: int, max_len: int, device: torch.device, block_n: int, min_partition: int | None = None
-) -> tuple[int, int]:
-    """(num_splits, partition_size) for the split-KV decode.
+    batch: int, num_kv_heads: int, device: torch.device, *, max_len: int | None = None, min_partition: int = 1,
+    target_programs: int | None = None, max_splits: int = MAX_SPLITS,
+) -> int:
+    """Splits of the KV length in the decode's grid ``(batch, KV heads, splits)``.
 
-    Split the KV length only when (batch x KV heads) programs cannot fill the GPU, into
-    partitions of at least 256 tokens (a multiple of ``block_n``).
+    Planned from the batch, not from the contexts: when batch x KV heads programs cannot
+    fill the GPU (``target_programs``, default two per SM) every sequence gets up to
+    ``cdiv(target, programs)`` splits (at most ``max_splits``), each sequence cutting its
+    own context into partitions on the device (:func:`_decode_kernel`). ``max_len``, a
+    host-side bound on the contexts where one is known (a ``max_context_len`` hint, the
+    block tables' width), caps the splits at ``cdiv(max_len, min_partition)``: a wide
+    table (CUDA graphs: max_model_len) only makes the cap loose, never the partitions long.
     """
-    max_len = max(int(max_len), 1)
-    programs = batch * num_kv_heads
-    target = 2 * B.num_sms(device)
-    if min_partition is None:
-        min_partition = MIN_PARTITION if B.compiled(device) else 4 * block_n
-    min_partition = max(min_partition, block_n)
-    if programs >= target or max_len <= min_partition:
-        splits = 1
-    else:
-        splits = min(triton.cdiv(target, programs), triton.cdiv(max_len, min_partition))
-    partition = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
-    splits = triton.cdiv(max_len, partition)
-    return splits, partition
+    programs = max(batch * num_kv_heads, 1)
+    target = target_programs if target_programs is not None else 2 * B.num_sms(device)
+    if programs >= target:
+        return 1
+    splits = min(triton.cdiv(target, programs), max(int(max_splits), 1))
+    if max_len is not None:
+        splits = min(splits, triton.cdiv(max(int(max_len), 1), max(int(min_partition), 1)))
+    return max(splits, 1)
 
 
 def _decode_config(head_dim: int, dtype: torch.dtype, device: torch.device, *, group: int, page: int,
@@ -240,47 +256,104 @@ def _decode_config(head_dim: int, dtype: torch.dtype, device: torch.device, *, g
     return {**cfg, **(tuned.lookup("decode", tuned.shape_key(head_dim, group, dtype, page), batch, device) or {})}
 
 
+def _decode_settings(head_dim: int, dtype: torch.dtype, device: torch.device, config: dict | None, *, group: int,
+                     page: int, batch: int) -> dict:
+    """The decode's configuration in force: the built-in (or tuned) config, then the caller's overrides."""
+    cfg = _decode_config(head_dim, dtype, device, group=group, page=page, batch=batch)
+    cfg.update(config or {})
+    default_mp = MIN_PARTITION if B.compiled(device) else 4 * cfg["BLOCK_N"]
+    cfg["MIN_PARTITION"] = max(int(cfg.get("MIN_PARTITION") or default_mp), cfg["BLOCK_N"])
+    return cfg
+
+
+def _plan(cfg: dict, batch: int, num_kv_heads: int, device: torch.device, max_len: int | None) -> int:
+    return plan_decode_splits(
+        batch, num_kv_heads, device, max_len=max_len, min_partition=cfg["MIN_PARTITION"],
+        target_programs=cfg.get("TARGET_PROGRAMS"), max_splits=cfg.get("MAX_SPLITS", MAX_SPLITS),
+    )
+
+
+def _partials_numel(rows: int, block_d: int) -> int:
+    """Float32 elements of the partials of ``rows`` (sequence, head, split) rows: acc [BLOCK_D], m, l."""
+    return rows * (block_d + 2)
+
+
+#: Largest batch :func:`decode_workspace_numel` plans for (a plan past it that would not fit is lowered).
+WORKSPACE_MAX_BATCH = 1024
+
+
+def decode_workspace_numel(
+    num_heads: int, num_kv_heads: int, head_dim: int, page: int, dtype: torch.dtype, device: torch.device,
+    config: dict | None = None,
+) -> int:
+    """Float32 elements of a workspace that holds the split partials of the decode at every batch size.
+
+    Splits happen only while batch x KV heads is below the target number of programs, so
+    the largest batch x splits is bounded (below 2 x target / KV heads with the built-in
+    target) whatever the engine's max_num_seqs; batches are planned with their own (tuned)
+    configs, up to WORKSPACE_MAX_BATCH."""
+    block_d = next_pow2(head_dim)
+    group = num_heads // num_kv_heads
+    most = 0
+    for batch in range(1, WORKSPACE_MAX_BATCH + 1):
+        cfg = _decode_settings(head_dim, dtype, device, config, group=group, page=page, batch=batch)
+        splits = _plan(cfg, batch, num_kv_heads, device, None)
+        if splits > 1:
+            most = max(most, _partials_numel(batch * num_heads * splits, block_d))
+    return most
+
+
 def paged_attention_decode(
     q, k_cache, v_cache, block_tables, context_lens, scale, out,
-    sliding_window=None, max_context_len=None, *, num_splits=None, config=None,
+    sliding_window=None, max_context_len=None, *, num_splits=None, config=None, workspace=None,
 ):
-    """``config`` (tuning/tests) overrides BLOCK_N, num_warps, num_stages, MIN_PARTITION."""
+    """``config`` (tuning/tests) overrides BLOCK_N, num_warps, num_stages, MIN_PARTITION, TARGET_PROGRAMS,
+    MAX_SPLITS; PARTITION (benchmark only) sets one partition size for every sequence instead of each
+    sequence's own, the plan before per-sequence partitions. ``workspace``: a float32 tensor for the split
+    partials (:func:`decode_workspace_numel` elements hold every batch); without it they are allocated per
+    call. A planned split count that does not fit a given workspace is lowered to what fits (any count is
+    correct); an explicit ``num_splits`` that does not fit raises ValueError."""
     b_sz, h, d = q.shape
     kvh = k_cache.shape[2]
     page = k_cache.shape[1]
     group = h // kvh
     if b_sz == 0:
         return out
-    cfg = _decode_config(d, q.dtype, q.device, group=group, page=page, batch=b_sz)
-    cfg.update(config or {})
-    block_n = cfg["BLOCK_N"]
-    max_len = max_context_len if max_context_len is not None else block_tables.shape[1] * page
+    cfg = _decode_settings(d, q.dtype, q.device, config, group=group, page=page, batch=b_sz)
+    block_d = next_pow2(d)
     if num_splits is None:
-        splits, partition = plan_decode_splits(b_sz, kvh, max_len, q.device, block_n, cfg.get("MIN_PARTITION"))
+        bound = max_context_len if max_context_len is not None else block_tables.shape[1] * page
+        splits = _plan(cfg, b_sz, kvh, q.device, bound)
     else:
         splits = max(1, int(num_splits))
-        partition = triton.cdiv(triton.cdiv(max(int(max_len), 1), splits), block_n) * block_n
-        splits = triton.cdiv(max(int(max_len), 1), partition)
-    block_d = next_pow2(d)
-    dot_f32 = not B.compiled(q.device) or q.dtype == torch.float32
-    window = int(sliding_window) if sliding_window else 0
+    fixed_partition = int(cfg.get("PARTITION", 0))
+    if splits > 1 and workspace is not None:
+        fits = workspace.numel() // _partials_numel(b_sz * h, block_d)
+        if fits < splits and num_splits is not None:
+            raise ValueError(f"the decode workspace holds {fits} splits of this batch, not the {splits} asked for")
+        splits = min(splits, max(fits, 1))
     split = splits > 1
     if split:
-        po = torch.empty((b_sz, h, splits, block_d), dtype=torch.float32, device=q.device)
-        pm = torch.empty((b_sz, h, splits), dtype=torch.float32, device=q.device)
-        pl = torch.empty((b_sz, h, splits), dtype=torch.float32, device=q.device)
+        rows = b_sz * h * splits
+        if workspace is None:
+            workspace = torch.empty(_partials_numel(rows, block_d), dtype=torch.float32, device=q.device)
+        po = workspace[: rows * block_d]
+        pm = workspace[rows * block_d : rows * (block_d + 1)]
+        pl = workspace[rows * (block_d + 1) : rows * (block_d + 2)]
     else:
         po = pm = pl = out  # unused
+    dot_f32 = not B.compiled(q.device) or q.dtype == torch.float32
+    window = int(sliding_window) if sliding_window else 0
     _decode_kernel[(b_sz, kvh, splits)](
         q, k_cache, v_cache, block_tables, context_lens,
         out, po, pm, pl,
-        float(scale) * LOG2E, partition, window, splits,
+        float(scale) * LOG2E, fixed_partition, cfg["MIN_PARTITION"], window, splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, BLOCK_G=max(16, next_pow2(group)),
-        HEAD_DIM=d, BLOCK_D=block_d, PAGE=page, BLOCK_N=block_n,
+        HEAD_DIM=d, BLOCK_D=block_d, PAGE=page, BLOCK_N=cfg["BLOCK_N"],
         SPLIT=split, USE_WINDOW=window > 0, DOT_F32=dot_f32,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

@@ -19,7 +19,10 @@ from ._backend import (
     use_triton,
 )
 
-__all__ = ["write_kv_cache", "rotary_and_write_kv", "paged_attention_decode", "paged_attention_prefill", "MAX_HEAD_DIM"]
+__all__ = [
+    "write_kv_cache", "rotary_and_write_kv", "paged_attention_decode", "decode_workspace", "paged_attention_prefill",
+    "MAX_HEAD_DIM",
+]
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 #: Largest head dimension the Triton attention kernels take (the reference takes any).
@@ -99,6 +102,7 @@ def paged_attention_decode(
     *,
     sliding_window: int | None = None,
     max_context_len: int | None = None,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention: one query token per sequence over its paged KV.
 
@@ -113,15 +117,21 @@ def paged_attention_decode(
         out: optional ``[B, H, head_dim]`` output (q's dtype).
         sliding_window: if set, a query at position p sees keys at positions
             ``> p - sliding_window`` only (Mistral-style).
-        max_context_len: optional host-side bound on ``context_lens`` used to plan how
-            the KV length is split across programs (without it: ``max_blocks *
-            block_size``). Only a hint: a smaller bound stays correct (the last partition
-            takes the rest) but may be slower. Under CUDA graphs leave it out (or pass a
-            fixed bound) so the captured launch fits every replay.
+        max_context_len: optional host-side bound on ``context_lens``; it only caps how
+            many ways a context may be split (without it: ``max_blocks * block_size``).
+            Any value is correct: each sequence partitions its own context on the device.
+            Under CUDA graphs leave it out (or pass a fixed bound) so the captured launch
+            fits every replay.
+        workspace: optional float32 buffer for the split partials, from
+            :func:`decode_workspace` (allocated once and reused, e.g. by an engine and its
+            CUDA graphs); without it the Triton path allocates one per call when it splits.
+            The reference path ignores it.
 
     Returns ``out``. The Triton kernel runs one program per (sequence, KV head, KV
-    partition) serving all query heads of the group, splitting long contexts across
-    programs (flash-decoding) and combining the partitions in a second small kernel.
+    split) serving all query heads of the group. When batch x KV heads cannot fill the
+    GPU, each sequence's context is cut into up to S partitions (flash-decoding; S from
+    the batch, each sequence's partition from its own length, on the device), combined in
+    a second small kernel.
     """
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES, last_contiguous=True)
     _check_caches(k_cache, v_cache)
@@ -144,6 +154,11 @@ def paged_attention_decode(
     check_out(out, q.shape, q.dtype, device)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if workspace is not None:
+        check_tensor("workspace", workspace, ndim=1, dtypes=(torch.float32,))
+        check_same_device(q=q, workspace=workspace)
+        if not workspace.is_contiguous():
+            raise ValueError("workspace must be contiguous")
     if sliding_window is not None and sliding_window <= 0:
         sliding_window = None
     if use_triton(q, k_cache, block_tables, context_lens):
@@ -151,11 +166,36 @@ def paged_attention_decode(
         from . import _triton_attention
 
         return _triton_attention.paged_attention_decode(
-            q, k_cache, v_cache, block_tables, context_lens, scale, out, sliding_window, max_context_len
+            q, k_cache, v_cache, block_tables, context_lens, scale, out, sliding_window, max_context_len,
+            workspace=workspace,
         )
     return reference.paged_attention_decode(
         q, k_cache, v_cache, block_tables, context_lens, scale, out, sliding_window=sliding_window
     )
+
+
+def decode_workspace(
+    num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
+    """A float32 workspace for :func:`paged_attention_decode`'s split partials at every batch size.
+
+    Allocate it once (per attention shape) and pass it to every call: the decode then
+    allocates nothing. Small: the decode splits only batches too small to fill the GPU
+    (about 0.5 MiB for 16 query / 8 KV heads of 128 on an H100). Empty where the reference
+    path runs (it needs none).
+    """
+    device = torch.device(device)
+    probe = torch.empty(0, device=device)
+    if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ValueError(f"number of query heads ({num_heads}) must be a positive multiple of the KV heads "
+                         f"({num_kv_heads})")
+    if not use_triton(probe):
+        return probe
+    _check_triton_head_dim(head_dim)
+    from . import _triton_attention
+
+    numel = _triton_attention.decode_workspace_numel(num_heads, num_kv_heads, head_dim, block_size, dtype, device)
+    return torch.empty(numel, dtype=torch.float32, device=device)
 
 
 def paged_attention_prefill(

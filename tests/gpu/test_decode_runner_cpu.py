@@ -38,6 +38,11 @@ def test_decode_buckets():
     assert decode_buckets(1) == [1]
     assert decode_buckets(8) == [1, 2, 4, 8]
     assert decode_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
+    # finer steps where padding rows cost GEMM work: at most 1/8 padding from 129 rows on, 20 graphs for 256
+    big = decode_buckets(256)
+    assert big[:7] == [1, 2, 4, 8, 16, 32, 48] and big[-1] == 256 and len(big) == 20
+    assert all(next(b for b in big if b >= n) - n <= n / 8 for n in range(129, 257))
+    assert decode_buckets(200)[-2:] == [192, 200] and decode_buckets(512)[-2:] == [480, 512]
 
 
 @pytest.mark.timeout(900)

@@ -18,6 +18,7 @@ from kernel_testing import (
 
 from hetero_infer import kernels
 from hetero_infer.kernels import reference
+from hetero_infer.kernels._backend import next_pow2
 
 gpu = pytest.mark.gpu
 
@@ -110,14 +111,187 @@ def test_decode_split_counts(num_splits, hint, dtype, device, triton_backend):
 
 
 def test_decode_split_planning(device):
-    from hetero_infer.kernels._triton_attention import plan_decode_splits
+    from hetero_infer.kernels._backend import num_sms
+    from hetero_infer.kernels._triton_attention import MAX_SPLITS, plan_decode_splits
 
-    # plenty of (sequence, head) programs: no split
-    assert plan_decode_splits(256, 8, 4096, device, 64) == (1, 4096)
-    for batch, heads, max_len in [(1, 8, 16384), (4, 2, 1000), (2, 1, 50), (1, 1, 1)]:
-        splits, part = plan_decode_splits(batch, heads, max_len, device, 16)
-        assert splits >= 1 and part % 16 == 0
-        assert splits * part >= max_len and (splits - 1) * part < max(max_len, 1)
+    target = 2 * num_sms(device)  # the device's SMs; a nominal 8 in the interpreter
+    # plenty of (sequence, KV head) programs: no split, whatever the contexts
+    assert plan_decode_splits(target, 8, device, max_len=40960, min_partition=256) == 1
+    assert plan_decode_splits(target // 8, 8, device, max_len=10**6, min_partition=256) == 1
+    for batch, heads in [(1, 8), (1, 1), (3, 2), (target // 8 - 1, 8)]:
+        want = min(-(-target // (batch * heads)), MAX_SPLITS)
+        # from the batch alone: a CUDA graph's table (max_model_len wide) plans what a tight table plans
+        for max_len in (None, 40960, 131072, want * 256):
+            assert plan_decode_splits(batch, heads, device, max_len=max_len, min_partition=256) == want, max_len
+        # a host bound below the splits' reach caps them (never below one)
+        assert plan_decode_splits(batch, heads, device, max_len=300, min_partition=256) == min(want, 2)
+        assert plan_decode_splits(batch, heads, device, max_len=0, min_partition=256) == 1
+    # the tuner's knobs
+    assert plan_decode_splits(4, 2, device, target_programs=64, max_splits=64) == 8
+    assert plan_decode_splits(1, 1, device, target_programs=1000, max_splits=5) == 5
+    assert plan_decode_splits(64, 2, device, target_programs=64) == 1
+
+
+def test_decode_plan_ignores_the_table_width(device, triton_backend):
+    """The wrapper plans the same grid for a tight table and for one max_model_len wide (a CUDA graph's)."""
+    from hetero_infer.kernels import _triton_attention as A
+
+    lens = [1, 300]
+    batch = make_paged_kv(lens, 2, 16, 16, torch.float32, device)
+    q = randn(2, 4, 16, dtype=torch.float32, device=device)
+    wide = torch.zeros(2, 2560, dtype=batch.block_tables.dtype, device=device)
+    wide[:, : batch.block_tables.shape[1]] = batch.block_tables
+    grids = []
+    real = A._decode_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    A._decode_kernel = Recorder()
+    try:
+        for table in (batch.block_tables[:, : -(-max(lens) // 16)], wide):
+            A.paged_attention_decode(q, batch.k_cache, batch.v_cache, table, batch.context_lens, 0.3, torch.empty_like(q))
+    finally:
+        A._decode_kernel = real
+    assert grids[0] == grids[1] and grids[0][2] > 1, grids
+
+
+# Ragged contexts: a one-token sequence, around one block (16), a few tiles, many tiles; 0 is a padding row.
+RAGGED = [1, 15, 16, 17, 300, 2000, 0]
+
+
+def _ragged(dtype, device, width=None, d=16):
+    batch = make_paged_kv([max(n, 1) for n in RAGGED], 2, d, 16, dtype, device)
+    batch.context_lens = torch.tensor(RAGGED, dtype=batch.block_tables.dtype, device=device)
+    if width is not None:  # a CUDA graph's table: max_model_len wide, zeros (block 0) past each sequence's blocks
+        table = torch.zeros(len(RAGGED), width, dtype=batch.block_tables.dtype, device=device)
+        table[:, : batch.block_tables.shape[1]] = batch.block_tables
+        batch.block_tables = table
+    return batch, randn(len(RAGGED), 4, d, dtype=dtype, device=device)
+
+
+# 64-token tiles keep the interpreter quick over 2,000 tokens; the 16-token ones are covered above
+@pytest.mark.parametrize(
+    "width,num_splits,window,config",
+    [
+        # 40,960 tokens wide, the plan from the batch (7 x 2 programs against 64: 5 splits), 32-token tiles
+        pytest.param(2560, None, None, {"TARGET_PROGRAMS": 64, "BLOCK_N": 32}, id="graph-table"),
+        pytest.param(None, 8, None, {"BLOCK_N": 64, "MIN_PARTITION": 64}, id="8-splits"),
+        pytest.param(2560, 8, 100, {"BLOCK_N": 64, "MIN_PARTITION": 64}, id="window-8-splits"),
+    ],
+)
+def test_decode_ragged_contexts(width, num_splits, window, config, device, triton_backend):
+    """Contexts from 0 to 2,000 tokens in one batch, each cut into its own partitions (most splits of the short
+    ones empty); float32, so a token dropped or read twice at any partition's edge (1 in 2,000) shows."""
+    from hetero_infer.kernels import _triton_attention
+
+    batch, q = _ragged(torch.float32, device, width)
+    out = poison(torch.empty_like(q))
+    _triton_attention.paged_attention_decode(
+        q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.3, out, window,
+        num_splits=num_splits, config=config,
+    )
+    assert_close(out, _decode_oracle(q, batch, 0.3, window), torch.float32, what="ragged decode")
+    assert torch.all(out[-1] == 0), "a context-0 (padding) row must give zeros"
+
+
+def _partials(workspace, b, h, splits, d):
+    """The float32 partials (acc, m, l) of a split decode, as the kernel lays them out in its workspace."""
+    rows, bd = b * h * splits, d
+    return (workspace[: rows * bd].view(b, h, splits, bd), workspace[rows * bd : rows * (bd + 1)].view(b, h, splits),
+            workspace[rows * (bd + 1) : rows * (bd + 2)].view(b, h, splits))
+
+
+@pytest.mark.parametrize("window", [None, 100])
+def test_decode_partitions_follow_each_context(window, device, triton_backend):
+    """White box: with q = 0 every score is 0, so a split's l is the number of tokens it attended. 8 splits,
+    MIN_PARTITION 64, 64-token tiles: each context (or window) is cut into min(8, cdiv(span, 64)) partitions of
+    cdiv(span / parts) rounded up to 64 tokens, the rest empty (m = -inf, l = 0, acc = 0); a 40,960-token table
+    changes nothing."""
+    from hetero_infer.kernels import _triton_attention
+
+    batch, _ = _ragged(torch.float32, device, width=2560)
+    q = torch.zeros(len(RAGGED), 4, 16, dtype=torch.float32, device=device)
+    splits, out = 8, poison(torch.empty_like(q))
+    workspace = poison(torch.empty(len(RAGGED) * 4 * splits * 18, dtype=torch.float32, device=device))
+    _triton_attention.paged_attention_decode(
+        q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.3, out, window,
+        num_splits=splits, config={"BLOCK_N": 64, "MIN_PARTITION": 64}, workspace=workspace,
+    )
+    acc, m, sums = _partials(workspace.cpu(), len(RAGGED), 4, splits, 16)
+    if window is None:
+        want = {1: [1], 15: [15], 16: [16], 17: [17], 300: [64, 64, 64, 64, 44], 2000: [256] * 7 + [208], 0: []}
+    else:  # the window's span: 100 tokens -> 2 partitions of 64 and 36
+        want = {1: [1], 15: [15], 16: [16], 17: [17], 300: [64, 36], 2000: [64, 36], 0: []}
+    for b, n in enumerate(RAGGED):
+        counts = want[n] + [0] * (splits - len(want[n]))
+        assert sums[b].tolist() == [counts] * 4, (n, sums[b, 0].tolist())
+        assert torch.all(torch.where(sums[b] > 0, m[b] == 0, m[b] == float("-inf"))), n
+        assert torch.all(acc[b][sums[b] == 0] == 0), n
+        # each split's acc is the sum of its tokens' values
+        _, v = dense_kv(batch, b)
+        lo = 0 if window is None else max(n - window, 0)
+        for sp, c in enumerate(counts):
+            want_acc = v[lo : lo + c].sum(0).repeat_interleave(2, dim=0)  # [KVH, D] -> [H, D] (group 2)
+            assert torch.allclose(acc[b, :, sp].double(), want_acc, atol=1e-4), (n, sp)
+            lo += c
+    assert torch.all(out[RAGGED.index(0)] == 0)
+
+
+def test_decode_workspace_equals_allocating(device, triton_backend):
+    """A preallocated workspace (kernels.decode_workspace, poisoned) gives bit-identical outputs to the
+    allocating path at every batch size the interpreter's plan splits; one too small lowers the splits (still
+    correct); an explicit split count that does not fit is an error."""
+    from hetero_infer.kernels import _triton_attention
+
+    h, kvh, d, dtype = 4, 2, 16, torch.bfloat16
+    workspace = kernels.decode_workspace(h, kvh, d, 16, dtype, device)
+    assert workspace.dtype == torch.float32 and workspace.numel() > 0
+    poison(workspace)
+    for lens in ([400], [5, 300, 17, 130, 0]):  # 7 and 2 splits
+        batch = make_paged_kv([max(n, 1) for n in lens], kvh, d, 16, dtype, device)
+        batch.context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+        q = randn(len(lens), h, d, dtype=dtype, device=device)
+        args = (q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.3)
+        want = kernels.paged_attention_decode(*args)
+        got = kernels.paged_attention_decode(*args, workspace=workspace)
+        assert torch.equal(got, want), lens
+        assert_close(got, _decode_oracle(q, batch, 0.3), dtype, what="decode with a workspace")
+    small = torch.empty(1 * h * 2 * 18, dtype=torch.float32, device=device)  # two splits of one sequence
+    batch = make_paged_kv([400], kvh, d, 16, dtype, device)
+    q = randn(1, h, d, dtype=dtype, device=device)
+    args = (q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.3)
+    got = kernels.paged_attention_decode(*args, workspace=poison(small))
+    assert_close(got, _decode_oracle(q, batch, 0.3), dtype, what="decode with a small workspace")
+    with pytest.raises(ValueError, match="workspace holds 2 splits"):
+        _triton_attention.paged_attention_decode(*args, torch.empty_like(q), num_splits=3, workspace=small)
+    with pytest.raises(TypeError, match="workspace"):
+        kernels.paged_attention_decode(*args, workspace=small.double())
+
+
+def test_decode_workspace_holds_every_batch(monkeypatch):
+    """The workspace's size bounds every batch's partials on an H100-like device (132 SMs) and stays small."""
+    from hetero_infer.kernels import _backend as B
+    from hetero_infer.kernels import _triton_attention as A
+
+    monkeypatch.setattr(B, "compiled", lambda device: True)
+    monkeypatch.setattr(B, "num_sms", lambda device: 132)
+    monkeypatch.setattr(A.tuned, "lookup", lambda *a: None)  # the built-in configs
+    cpu = torch.device("cpu")
+    for h, kvh, d in [(16, 8, 128), (32, 8, 128), (8, 1, 256), (9, 3, 64)]:
+        numel = A.decode_workspace_numel(h, kvh, d, 16, torch.bfloat16, cpu)
+        cfg = A._decode_settings(d, torch.bfloat16, cpu, None, group=h // kvh, page=16, batch=1)
+        splits = {b: A._plan(cfg, b, kvh, cpu, None) for b in range(1, 1025)}
+        assert max(b * h * s * (next_pow2(d) + 2) for b, s in splits.items() if s > 1) == numel
+        assert numel * 4 < 8 << 20, (h, kvh, d, numel)
+    # the nano-vllm shape: 0.5 MiB (at most 64 sequences x splits: 32 sequences, 2 splits)
+    assert A.decode_workspace_numel(16, 8, 128, 16, torch.bfloat16, cpu) == 64 * 16 * 130
+    # a tuned table that splits more at some batch gets a workspace that holds it
+    monkeypatch.setattr(A.tuned, "lookup", lambda kernel, key, batch, device: {"TARGET_PROGRAMS": 4096}
+                        if batch == 100 else None)
+    assert A.decode_workspace_numel(16, 8, 128, 16, torch.bfloat16, cpu) == 100 * 16 * 6 * 130
 
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])

@@ -30,6 +30,10 @@ class TritonBackend:
 
     def __init__(self, rope: RotaryEmbedding, device: torch.device) -> None:
         self.rope, self.device = rope, torch.device(device)
+        # The decode's split partials, one buffer per attention shape for every step and layer (and the CUDA graphs,
+        # which capture it: it is made by the first decode, the profiling step or a bucket's warm-up before its
+        # capture, and never replaced). Sized for every batch: only batches too small to fill the GPU split.
+        self._decode_workspaces: dict[tuple, torch.Tensor] = {}
 
     def stage(self, batch: StepBatch, pack) -> TritonAttentionMetadata:
         decodes = [s for s in batch.spans if not s.is_prefill]
@@ -62,12 +66,21 @@ class TritonBackend:
         nd = meta.num_decode_tokens
         if nd:
             kernels.paged_attention_decode(q[:nd], k_cache, v_cache, meta.decode_block_tables,
-                                           meta.decode_context_lens, scale, out=out[:nd])
+                                           meta.decode_context_lens, scale, out=out[:nd],
+                                           workspace=self.decode_workspace(q, k_cache))
         if nd < q.shape[0]:
             kernels.paged_attention_prefill(q[nd:], k_cache, v_cache, meta.prefill_block_tables,
                                             meta.prefill_cu_seqlens_q, meta.prefill_context_lens, scale,
                                             out=out[nd:])
         return out
+
+    def decode_workspace(self, q: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
+        """The decode workspace of this attention shape (q [B, H, D], the cache's block size and KV heads)."""
+        key = (q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], q.dtype, q.device)
+        ws = self._decode_workspaces.get(key)
+        if ws is None:
+            ws = self._decode_workspaces[key] = kernels.decode_workspace(*key)
+        return ws
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
         return kernels.rms_norm(x, weight, eps, residual)
