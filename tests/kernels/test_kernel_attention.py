@@ -176,8 +176,8 @@ def _ragged(dtype, device, width=None, d=16):
 @pytest.mark.parametrize(
     "width,num_splits,window,config",
     [
-        # 40,960 tokens wide, the plan from the batch (7 x 2 programs against 64: 5 splits), 32-token tiles
-        pytest.param(2560, None, None, {"TARGET_PROGRAMS": 64, "BLOCK_N": 32}, id="graph-table"),
+        # 40,960 tokens wide, the plan from the batch (7 x 2 programs against 64: 5 splits)
+        pytest.param(2560, None, None, {"TARGET_PROGRAMS": 64, "BLOCK_N": 64}, id="graph-table"),
         pytest.param(None, 8, None, {"BLOCK_N": 64, "MIN_PARTITION": 64}, id="8-splits"),
         pytest.param(2560, 8, 100, {"BLOCK_N": 64, "MIN_PARTITION": 64}, id="window-8-splits"),
     ],
@@ -246,11 +246,11 @@ def test_decode_workspace_equals_allocating(device, triton_backend):
     correct); an explicit split count that does not fit is an error."""
     from hetero_infer.kernels import _triton_attention
 
-    h, kvh, d, dtype = 4, 2, 16, torch.bfloat16
+    h, kvh, d, dtype = 4, 2, 16, torch.float16
     workspace = kernels.decode_workspace(h, kvh, d, 16, dtype, device)
     assert workspace.dtype == torch.float32 and workspace.numel() > 0
     poison(workspace)
-    for lens in ([400], [5, 300, 17, 130, 0]):  # 7 and 2 splits
+    for lens in ([5, 100, 17, 0], [250]):  # 2 and 5 splits
         batch = make_paged_kv([max(n, 1) for n in lens], kvh, d, 16, dtype, device)
         batch.context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
         q = randn(len(lens), h, d, dtype=dtype, device=device)
@@ -259,11 +259,9 @@ def test_decode_workspace_equals_allocating(device, triton_backend):
         got = kernels.paged_attention_decode(*args, workspace=workspace)
         assert torch.equal(got, want), lens
         assert_close(got, _decode_oracle(q, batch, 0.3), dtype, what="decode with a workspace")
-    small = torch.empty(1 * h * 2 * 18, dtype=torch.float32, device=device)  # two splits of one sequence
-    batch = make_paged_kv([400], kvh, d, 16, dtype, device)
-    q = randn(1, h, d, dtype=dtype, device=device)
-    args = (q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 0.3)
-    got = kernels.paged_attention_decode(*args, workspace=poison(small))
+    assert not torch.isnan(workspace).all(), "the partials went elsewhere"
+    small = poison(torch.empty(1 * h * 2 * 18, dtype=torch.float32, device=device))  # two splits of one sequence
+    got = kernels.paged_attention_decode(*args, workspace=small)
     assert_close(got, _decode_oracle(q, batch, 0.3), dtype, what="decode with a small workspace")
     with pytest.raises(ValueError, match="workspace holds 2 splits"):
         _triton_attention.paged_attention_decode(*args, torch.empty_like(q), num_splits=3, workspace=small)
