@@ -269,6 +269,19 @@ def test_decode_workspace_equals_allocating(device, triton_backend):
         kernels.paged_attention_decode(*args, workspace=small.double())
 
 
+def test_the_triton_backend_keeps_one_workspace_per_shape(device, triton_backend):
+    """The engine's backend makes a shape's workspace once and hands the same buffer to every later decode."""
+    from hetero_infer.worker.runner.attention.triton_backend import TritonBackend
+
+    backend = TritonBackend(None, device)
+    kc = torch.empty(4, 16, 2, 32, dtype=torch.float16, device=device)
+    first = backend.decode_workspace(torch.empty(3, 4, 32, dtype=torch.float16, device=device), kc)
+    assert first.numel() == kernels.decode_workspace(4, 2, 32, 16, torch.float16, device).numel() > 0
+    assert backend.decode_workspace(torch.empty(7, 4, 32, dtype=torch.float16, device=device), kc) is first
+    other = backend.decode_workspace(torch.empty(3, 8, 32, dtype=torch.float16, device=device), kc)
+    assert other is not first and other.numel() > first.numel()
+
+
 def test_decode_workspace_holds_every_batch(monkeypatch):
     """The workspace's size bounds every batch's partials on an H100-like device (132 SMs) and stays small."""
     from hetero_infer.kernels import _backend as B
