@@ -92,3 +92,25 @@ def test_refuses_without_cuda_unless_smoke(tk, capsys) -> None:
         pytest.skip("a CUDA machine runs the real thing")
     assert tk.main(["--budget-s", "1"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_the_gpu_cases_and_their_order(tk) -> None:
+    """What a GPU run tunes (built without a GPU): the shapes of issue 24's workloads, most used first."""
+    bs = tk.buckets(tk.cases(smoke=False))
+    assert [(b.kernel, b.key, b.size) for b in bs][:5] == [
+        ("decode", "d128-g2-bfloat16-p16", 256), ("decode", "d128-g2-bfloat16-p16", 64),
+        ("decode", "d128-g2-bfloat16-p16", 16), ("decode", "d128-g2-bfloat16-p16", 1),
+        ("decode", "d128-g4-bfloat16-p16", 1)]
+    assert len(bs) == 10 and {b.key for b in bs} == {"d128-g2-bfloat16-p16", "d128-g4-bfloat16-p16"}
+    for b in bs:
+        for c in b.cases:
+            assert c.size == b.size and (c.heads, c.kv_heads) in ((16, 8), (32, 8))
+            if b.kernel == "decode" and b.size > 1:
+                assert len(c.contexts) == b.size and min(c.contexts) >= 600 and max(c.contexts) <= 2000
+            if b.kernel == "prefill":
+                assert sum(c.q_lens) == 2048 and all(ctx >= q for ctx, q in zip(c.contexts, c.q_lens))
+    assert sorted(max(c.contexts) for c in bs[3].cases) == [pytest.approx(1300, abs=700), 16384]
+    assert tk.spills("decode", {"BLOCK_N": 128, "num_warps": 2}) and not tk.spills("decode", {"BLOCK_N": 128,
+                                                                                              "num_warps": 4})
+    assert tk.spills("prefill", {"BLOCK_M": 128, "num_warps": 4}) and not tk.spills("prefill", {"BLOCK_M": 64,
+                                                                                                "num_warps": 4})
