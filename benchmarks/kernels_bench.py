@@ -254,11 +254,12 @@ def bench_decode_plan(timer: Timer, device, copy_gbs: float, smoke: bool) -> Non
     table's width) against the new (splits from the batch, each sequence's partition from its own length),
     the new one with the preallocated workspace the engine passes."""
     from hetero_infer.kernels import _triton_attention as A
+    from hetero_infer.kernels._backend import next_pow2
 
     dtype, bs = torch.bfloat16, 16
     if smoke:
         h, kvh, d, width = 4, 2, 32, 16
-        cases = [("ragged", [20, 150, 90, 200]), ("one long", [200])]
+        cases = [("ragged", [20, 150, 90, 200]), ("one long", [200]), ("full grid", [100] * 8)]
     else:
         h, kvh, d, width = 16, 8, 128, 40960 // bs
         gen = torch.Generator().manual_seed(0)
@@ -277,13 +278,18 @@ def bench_decode_plan(timer: Timer, device, copy_gbs: float, smoke: bool) -> Non
         new_splits = A._plan(cfg, len(lens), kvh, device, width * bs)
         ref = reference.paged_attention_decode(q, k_cache, v_cache, table_, ctx, d**-0.5)
         nbytes = sum(lens) * kvh * d * 2 * k_cache.element_size() + 2 * q.numel() * q.element_size()
-        for plan, run in (
+        plans = [
             (f"old: {old_splits} x {old_partition}", lambda: A.paged_attention_decode(
                 q, k_cache, v_cache, table_, ctx, d**-0.5, out, num_splits=old_splits,
                 config={"PARTITION": old_partition})),
             (f"new: {new_splits} per sequence", lambda: kernels.paged_attention_decode(
                 q, k_cache, v_cache, table_, ctx, d**-0.5, out, workspace=workspace)),
-        ):
+        ]
+        if new_splits == 1:  # a full grid: would 2 splits of the long contexts even out the programs' lengths?
+            extra = torch.empty(len(lens) * h * 2 * (next_pow2(d) + 2), dtype=torch.float32, device=device)
+            plans.append(("new, 2 per sequence (TARGET_PROGRAMS)", lambda: A.paged_attention_decode(
+                q, k_cache, v_cache, table_, ctx, d**-0.5, out, num_splits=2, workspace=extra)))
+        for plan, run in plans:
             run()
             err = rel_err(out, ref)
             us = timer(run)
