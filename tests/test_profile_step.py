@@ -103,6 +103,7 @@ def test_floor_of_the_qwen3_shape_by_hand(ps) -> None:
     text = ps.format_report(rep)
     assert "step at 50% of it" in text and "decode attention at 25% of the K/V floor" in text
     assert "| attention decode | 1 | 2 | 400.0 | 62% |" in text and "| `_decode_kernel` | attention decode |" in text
+    assert "kernels are not in this trace" in text  # 4 kernels a step beside a graph launch: the graph's are hidden
 
 
 def test_a_real_profiler_trace_parses(ps, tmp_path) -> None:
