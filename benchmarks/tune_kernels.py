@@ -8,8 +8,9 @@ table entry (kernel, shape key, batch or token count) form a bucket, tuned toget
 geometric mean of its time over the built-in config's on the bucket's cases.
 
 Search per bucket, bounded: BLOCK_N x num_warps (prefill: BLOCK_M x BLOCK_N x num_warps) at the built-in
-num_stages, then num_stages for the best, then MIN_PARTITION where the decode splits the KV (batch x KV heads
-under two programs per SM); ``--grid full`` tries the whole product instead. Configs known to spill registers
+num_stages, then num_stages for the best; for the decode then TARGET_PROGRAMS (1, 4 or 8 programs per SM under
+which it splits the KV; built-in 2), then MIN_PARTITION where the best splits; ``--grid full`` tries the whole
+product of the tiles and stages first. Configs known to spill registers
 on sm_90 are left out (``spills``); buckets go in ``PRIORITY`` order (what the GPU check's workloads use most
 first). Every config is checked against
 the PyTorch reference (float32) before it is timed, its output poisoned with NaN first; one that fails to
@@ -217,12 +218,15 @@ class Timer:
 
 # -- the search --------------------------------------------------------------------------------------------------
 def grid(kernel: str, smoke: bool) -> dict[str, tuple]:
+    """The values tried. TARGET_PER_SM: the decode's TARGET_PROGRAMS (programs under which it splits the KV) per
+    SM; the built-in is 2."""
     if smoke:
-        return ({"BLOCK_N": (16, 32), "num_warps": (4,), "num_stages": (1,), "MIN_PARTITION": (32,)}
+        return ({"BLOCK_N": (16, 32), "num_warps": (4,), "num_stages": (1,), "TARGET_PER_SM": (4,),
+                 "MIN_PARTITION": (32,)}
                 if kernel == "decode" else
                 {"BLOCK_M": (16,), "BLOCK_N": (16, 32), "num_warps": (4,), "num_stages": (1,)})
     if kernel == "decode":
-        return {"BLOCK_N": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (2, 3, 4),
+        return {"BLOCK_N": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (2, 3, 4), "TARGET_PER_SM": (1, 4, 8),
                 "MIN_PARTITION": (128, 256, 512, 1024)}
     return {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
 
@@ -236,11 +240,13 @@ def spills(kernel: str, cfg: dict) -> bool:
     return cfg.get("BLOCK_M") == 128 and cfg.get("num_warps") == 4
 
 
-def splits_apply(bucket: Bucket, device: torch.device) -> bool:
+def splits(bucket: Bucket, cfg: dict, device: torch.device) -> bool:
+    """Whether the decode splits the KV of some case of the bucket under ``cfg`` (batch x KV heads programs
+    under its TARGET_PROGRAMS): only then does MIN_PARTITION matter."""
     from hetero_infer.kernels import _backend as B
 
-    return bucket.kernel == "decode" and any(len(c.contexts) * c.kv_heads < 2 * B.num_sms(device)
-                                             for c in bucket.cases)
+    target = cfg.get("TARGET_PROGRAMS") or 2 * B.num_sms(device)
+    return bucket.kernel == "decode" and any(len(c.contexts) * c.kv_heads < target for c in bucket.cases)
 
 
 def builtin_config(case: Case, device: torch.device) -> dict:
@@ -261,22 +267,30 @@ class Tuner:
         self.stopped = self.stopped or time.monotonic() > self.deadline
         return self.stopped
 
-    def tune(self, bucket: Bucket, inputs: dict[str, Inputs], base_us: dict[str, float]) -> None:
+    def stages(self, bucket: Bucket) -> list:
+        """The search's stages, each a function of the best config so far giving the changes to try on it."""
+        from hetero_infer.kernels import _backend as B
+
         g = grid(bucket.kernel, self.smoke)
-        base = builtin_config(bucket.cases[0], self.device)
         tiles = ("BLOCK_N", "num_warps") if bucket.kernel == "decode" else ("BLOCK_M", "BLOCK_N", "num_warps")
-        if self.full:
-            names = [*tiles, "num_stages"] + (["MIN_PARTITION"] if splits_apply(bucket, self.device) else [])
-            stages = [[dict(zip(names, values)) for values in itertools.product(*(g[n] for n in names))]]
-        else:
-            stages = [[dict(zip(tiles, values)) for values in itertools.product(*(g[n] for n in tiles))],
-                      [{"num_stages": s} for s in g["num_stages"]]]
-            if splits_apply(bucket, self.device):
-                stages.append([{"MIN_PARTITION": p} for p in g["MIN_PARTITION"]])
+
+        def product(names):
+            return lambda best: [dict(zip(names, values)) for values in itertools.product(*(g[n] for n in names))]
+
+        out = [product([*tiles, "num_stages"])] if self.full else [product(tiles), product(["num_stages"])]
+        if bucket.kernel == "decode":
+            sms = B.num_sms(self.device)
+            out.append(lambda best: [{"TARGET_PROGRAMS": k * sms} for k in g["TARGET_PER_SM"]])
+            out.append(lambda best: [{"MIN_PARTITION": p} for p in g["MIN_PARTITION"]]
+                       if splits(bucket, best, self.device) else [])
+        return out
+
+    def tune(self, bucket: Bucket, inputs: dict[str, Inputs], base_us: dict[str, float]) -> None:
+        base = builtin_config(bucket.cases[0], self.device)
         best, best_score = dict(base), 1.0
-        for stage in stages:
+        for stage in self.stages(bucket):
             start = dict(best)
-            for change in stage:
+            for change in stage(start):
                 cfg = {**start, **change}
                 if (cfg == base or any(t["config"] == cfg for t in bucket.tried) or (not self.smoke and spills(
                         bucket.kernel, cfg)) or self.out_of_time()):

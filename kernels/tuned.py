@@ -133,7 +133,7 @@ def find(tables: tuple[dict, ...], kernel: str, key: str, size: int) -> dict | N
     return None
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=8192)  # the decode workspace is sized over batches 1..1024
 def lookup(kernel: str, key: str, size: int, device: torch.device) -> dict | None:
     """The tuned entry for ``kernel`` at ``key`` nearest ``size`` on ``device`` (a CUDA device), or None.
 

@@ -52,13 +52,16 @@ def test_smoke_run_writes_a_table_the_loader_reads(tk, tmp_path, monkeypatch, ca
         "decode": {"d32-g2-bfloat16-p16": {"1": decode, "2": decode}},
         "prefill": {"d32-g2-bfloat16-p16": {"12": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}}}}
     assert report["buckets"][0]["confirm"]["ratio"] == pytest.approx(0.6)
+    for b in report["buckets"][:2]:  # the decode's split threshold is searched too (4 x 8 nominal SMs)
+        assert any(t["config"].get("TARGET_PROGRAMS") == 32 for t in b["tried"])
     out = capsys.readouterr().out
     assert "| decode tiny 4/2 d32 | b1 ctx 40 | 100.0 | " in out and "| 1.67x |" in out
 
 
 def test_wrong_and_uncompilable_configs_are_reported_and_skipped(tk, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(tk, "grid", lambda kernel, smoke: {"BLOCK_N": (16, 24, 32), "num_warps": (4,),
-                                                             "num_stages": (1,), "MIN_PARTITION": (32,)})
+                                                             "num_stages": (1,), "MIN_PARTITION": (32,),
+                                                             "TARGET_PER_SM": (4,)})
     launch = tk.launch
 
     def corrupting(case, x, config):  # BLOCK_N 32 "computes" a wrong answer
@@ -110,6 +113,11 @@ def test_the_gpu_cases_and_their_order(tk) -> None:
             if b.kernel == "prefill":
                 assert sum(c.q_lens) == 2048 and all(ctx >= q for ctx, q in zip(c.contexts, c.q_lens))
     assert sorted(max(c.contexts) for c in bs[3].cases) == [pytest.approx(1300, abs=700), 16384]
+    import torch
+
+    cpu = torch.device("cpu")  # 8 nominal SMs: the built-in target is 16 programs
+    one = tk.Bucket("decode", "k", 1, [tk.Case("decode", "m", 4, 2, 32, "b1", [100], [1])])
+    assert tk.splits(one, {}, cpu) and not tk.splits(one, {"TARGET_PROGRAMS": 2}, cpu)
     assert tk.spills("decode", {"BLOCK_N": 128, "num_warps": 2}) and not tk.spills("decode", {"BLOCK_N": 128,
                                                                                               "num_warps": 4})
     assert tk.spills("prefill", {"BLOCK_M": 128, "num_warps": 4}) and not tk.spills("prefill", {"BLOCK_M": 64,
