@@ -181,3 +181,13 @@ def test_a_table_tuned_on_another_gpu_is_not_used(tmp_path, monkeypatch, capsys)
     assert gc.main(["check", str(tmp_path / "out"), "--phases", "bench", "--kernel-configs", str(table)]) == 0
     assert all(env == {} for _, _, env, _ in started)
     assert f"{table} was tuned on NVIDIA H100 80GB HBM3, not NVIDIA H200" in capsys.readouterr().out
+
+
+def test_a_missing_or_broken_table_does_not_stop_the_benches(tmp_path, monkeypatch, capsys) -> None:
+    gc = _gpu_check()
+    started = _fake_run(gc, monkeypatch, tmp_path, {})
+    missing = tmp_path / "nope.json"
+    assert gc.main(["check", str(tmp_path / "out"), "--phases", "bench", "--kernel-configs", str(missing)]) == 0
+    assert [s[0] for s in started] == ["qwen3-nano", "qwen3-one", "llama8b-one", "llama8b-64"]
+    assert all(env == {} for _, _, env, _ in started)
+    assert f"shipped table or built-in: kernel config table {missing}: cannot read it" in capsys.readouterr().out
