@@ -2,8 +2,8 @@
 network, 64 MiB of files carried), in phases that can be run in one call or split over two of ~5.5 minutes each.
 
     python benchmarks/gpu_check.py prepare                                      # here, with network
-    bash benchmarks/gpu_check.sh OUT --phases suite,tune --budget-s 330         # there, call 1
-    bash benchmarks/gpu_check.sh OUT --phases bench,profile,peers --budget-s 330   # there, call 2
+    bash benchmarks/gpu_check.sh OUT --phases suite,tune                        # there, call 1
+    bash benchmarks/gpu_check.sh OUT --phases bench,profile,peers --kernel-configs .gpucheck/kernel_configs.json
 
 Phases, always in this order under one deadline (each phase in a process of its own, with its own timeout, its
 log under OUT; a phase that no longer fits is skipped and said so); estimates from the H100 runs so far:
@@ -345,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--python-version", default="3.12")
     pc = sub.add_parser("check", help="run the check (on the GPU machine)")
     pc.add_argument("out", type=Path)
-    pc.add_argument("--budget-s", type=float, default=470, help="the deadline of the whole call (default 470)")
+    pc.add_argument("--budget-s", type=float, default=330,
+                    help="the deadline of the whole call (default 330: one of the GPU session's two calls)")
     pc.add_argument("--phases", type=parse_phases, default=list(PHASES),
                     help=f"comma-separated, run in this order whatever the order given: {','.join(PHASES)} (all)")
     pc.add_argument("--kernel-configs", type=Path,
