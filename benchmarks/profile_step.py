@@ -203,7 +203,7 @@ def profile_mode(config, args) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from hetero_infer.bench.throughput import measure_peaks
+    from hetero_infer.bench.throughput import copy_bandwidth
 
     t0 = time.perf_counter()
     engine = steady_engine(config, args.requests, args.min_prompt, args.max_prompt, 2 * args.steps + args.warm_steps)
@@ -228,18 +228,17 @@ def profile_mode(config, args) -> dict:
         path = Path(args.trace) if args.trace else Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         events = trace_events(json.loads(path.read_text()))
-    hf = engine.executor.model.config
-    dtype = engine.executor.dtype
+    hf, dtype, device = engine.executor.model.config, engine.executor.dtype, engine.executor.device
     del engine
     import gc
 
     gc.collect()
     torch.cuda.empty_cache()
-    copy_bw = measure_peaks(dtype, torch.device("cuda"))[1]
+    copy_bw = copy_bandwidth(device, 1 << 30 if device.type == "cuda" else 64 << 20)
     kernels, groups = kernel_table(events, args.steps, args.top)
     summary = step_summary(events, args.steps, wall_us)
     floor = floors(hf, dtype, contexts, copy_bw)
-    return {"mode": "eager" if config.enforce_eager else "graphs", "device": torch.cuda.get_device_name(),
+    return {"mode": "eager" if config.enforce_eager else "graphs", "device": torch.cuda.get_device_name(device),
             "torch": torch.__version__, "ready_s": round(ready_s, 1), "unprofiled_step_us": unprofiled_us,
             "summary": summary, "floor": floor, "vs_floor": against_floor(summary, groups, floor),
             "groups": groups, "kernels": kernels, "events": len(events)}

@@ -330,15 +330,6 @@ class Tuner:
             bucket.best = best
 
 
-def copy_bandwidth(device: torch.device, nbytes: int) -> float:
-    """Bytes/s of a device-to-device copy (read + write), the median of a few."""
-    from hetero_infer.bench.throughput import _median_time
-
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return 2 * nbytes / _median_time(lambda: dst.copy_(src), device)
-
-
 def run_bucket(tuner: Tuner, bucket: Bucket, device: torch.device, base_us: dict[str, float]) -> None:
     inputs = {c.id: make_inputs(c, device) for c in bucket.cases}
     for c in bucket.cases:  # the built-in config must be right, or nothing here means anything
@@ -434,6 +425,8 @@ def _main(argv: list[str] | None) -> int:
     else:
         device = torch.device("cuda")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
+    from hetero_infer.bench.throughput import copy_bandwidth
+
     copy_gbs = copy_bandwidth(device, 1 << 20 if a.smoke else 1 << 30) / 1e9
     print(f"tune_kernels on {name}: copy bandwidth {copy_gbs:.0f} GB/s, budget {a.budget_s:.0f} s", flush=True)
     models = set(a.models.split(","))

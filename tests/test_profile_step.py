@@ -145,3 +145,26 @@ def test_defaults_are_the_dummy_qwen3_shape_and_it_refuses_without_cuda(ps, caps
         return
     assert ps.main(["--requests", "4"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # ~15 s: an engine build on the CPU
+def test_profile_mode_end_to_end_on_the_cpu(ps, monkeypatch) -> None:
+    """The whole profiling path but the GPU: the engine (tiny Qwen3 shape, real torch executor on the CPU) brought
+    to a steady decode, timed, profiled, its trace parsed and its floor computed (the CUDA calls stubbed)."""
+    from hetero_infer.worker.cli_args import engine_config_from_args
+
+    for name in ("synchronize", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stand-in")
+    args = ps.build_parser().parse_args([
+        "--model", str(ROOT / "benchmarks" / "shapes" / "tiny-qwen3"), "--device", "cpu", "--dtype", "float32",
+        "--max-num-batched-tokens", "32", "--requests", "3", "--min-prompt", "8", "--max-prompt", "12",
+        "--steps", "2", "--warm-steps", "1"])
+    rep = ps.profile_mode(engine_config_from_args(args), args)
+    assert rep["mode"] == "graphs" and rep["device"] == "stand-in" and rep["events"] > 0
+    f = rep["floor"]
+    assert f["batch"] == 3 and 8 + 1 <= f["mean_context"] <= 12 + 1 + 3 + 30
+    # 2 layers of q/k/v 128x(128+64+64), o 128x128, gate/up/down 128x256; the 4096 x 128 head; float32
+    assert f["weight_bytes"] == 4 * (2 * (128 * 256 + 128 * 128 + 3 * 128 * 256) + 4096 * 128)
+    assert rep["summary"]["wall_us"] > 0 and rep["unprofiled_step_us"] > 0 and rep["summary"]["kernels"] == 0
+    assert "### graphs: 3 sequences" in ps.format_report(rep)

@@ -75,11 +75,15 @@ def measure_peaks(dtype: torch.dtype, device: torch.device) -> tuple[float, floa
     n = 4096 if device.type == "cuda" else 1024
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    src = torch.empty(64 << 20 if device.type == "cpu" else 1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
     mm = _median_time(lambda: torch.mm(a, b), device)
-    cp = _median_time(lambda: dst.copy_(src), device)
-    return 2 * n**3 / mm, 2 * src.numel() / cp
+    return 2 * n**3 / mm, copy_bandwidth(device, 64 << 20 if device.type == "cpu" else 1 << 30)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
+    """Bytes/s of a device-to-device copy of `nbytes` (read + write), the median of a few."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / _median_time(lambda: dst.copy_(src), device)
 
 
 class CopyProbe:
