@@ -204,8 +204,8 @@ def kernel_configs_source(out: Path, tune_rec: dict | None, given: Path | None, 
     from hetero_infer.kernels import tuned
 
     tuned_file = out / "kernel_configs.json"
-    if tune_rec is not None and tune_rec.get("status") == "ok" and tuned_file.is_file():
-        path = tuned_file
+    if tune_rec is not None and tuned_file.is_file():  # every entry passed the reference check, even if a bucket
+        path = tuned_file                                # failed (rc=1); a file cut short fails to load below
     elif given is not None:
         path = given
     else:
