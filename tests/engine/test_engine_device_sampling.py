@@ -1,7 +1,8 @@
-"""Temperature / top-k / top-p / min-p steps sampled where the logits are (`Sampler.sample_on_device`): the torch
-executor with the overlap forced on the CPU (the CUDA control flow) never calls the host sampler for them, its
-tokens reach the host through the step handle like argmax's, and seeded requests through `LLM.generate` give
-the tokens of the host path (`samples_on_device` forced off). On CUDA: no synchronisation in `execute_async`."""
+"""Steps sampled where the logits are (`Sampler.sample_on_device`: temperature / top-k / top-p / min-p, penalties,
+min_tokens, logit_bias, logprobs): the torch executor with the overlap forced on the CPU (the CUDA control flow)
+never calls the host sampler for them, its tokens (and logprobs) reach the host through the step handle like
+argmax's, and seeded requests through `LLM.generate` give the tokens and logprobs of the host path
+(`samples_on_device` forced off). On CUDA: no synchronisation in `execute_async`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from test_hf_equivalence import random_prompts
 from hetero_infer import LLM, SamplingParams
 from hetero_infer.worker.runner import sampler as sampler_module
 from hetero_infer.worker.runner.sampler import Sampler
-from hetero_infer.worker.runner.step_handle import DeviceStep
+from hetero_infer.worker.runner.step_handle import DeviceStep, DoneStep
 
 PARAMS = [
     SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=8, ignore_eos=True),
@@ -30,8 +31,8 @@ def _record(ex, monkeypatch, no_sync: bool = False) -> tuple[list[int], list[typ
     (with `no_sync`, each launch runs under CUDA's sync debug mode "error")."""
     host_calls, handles = [], []
     host = Sampler.__call__
-    monkeypatch.setattr(Sampler, "__call__", lambda self, logits, rows: host_calls.append(len(rows)) or host(
-        self, logits, rows))
+    monkeypatch.setattr(Sampler, "__call__", lambda self, logits, rows, pending=None: host_calls.append(len(rows))
+                        or host(self, logits, rows, pending))
     launch = ex.execute_async
 
     def recording_launch(sched, sampling):
@@ -71,6 +72,59 @@ def test_seeded_temperature_steps_skip_the_host_sampler_and_keep_their_tokens(ti
     assert engine.block_manager.num_free_blocks == 64
 
 
+# penalties, min_tokens, logit_bias and logprobs, seeded or greedy, beside plain rows: with the overlap, each step's
+# penalised rows count the previous step's token while it is still on the device (a PLACEHOLDER on the host)
+PROCESSED = [
+    SamplingParams(temperature=0.8, top_p=0.9, seed=21, max_tokens=10, repetition_penalty=1.3, logprobs=3),
+    # two biased favourites, taking turns as the penalties count each one (the newest count from the device)
+    SamplingParams(temperature=0, max_tokens=10, frequency_penalty=2.0, presence_penalty=2.0,
+                   logit_bias={7: 30.0, 8: 30.0}, logprobs=0),
+    SamplingParams(temperature=1.1, top_k=30, seed=22, max_tokens=10, min_tokens=6, logit_bias={7: 4.0, 40: -50.0},
+                   n=2, stop_token_ids=[9]),
+    SamplingParams(temperature=0, max_tokens=10, repetition_penalty=0.8, presence_penalty=-0.5),
+    SamplingParams(temperature=0.7, seed=23, max_tokens=10, ignore_eos=True, logprobs=5),
+    SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+]
+
+
+def test_penalties_and_logprobs_steps_stay_on_device_and_equal_the_host_path(tiny_model, monkeypatch):
+    """Penalties, min_tokens, logit_bias and logprobs with the overlap forced on the CPU: no host sampler call,
+    every step a `DeviceStep`, no step finished before the next is launched for want of its tokens; token ids,
+    logprobs (the numbers) and cumulative logprobs equal to the host sampler's without the overlap (every token
+    on the host before the next step)."""
+    folder, _ = tiny_model("llama")
+    # no prefix caching: a prompt prefilled from cached blocks gets logits a rounding apart (the logprobs show it)
+    llm = LLM(str(folder), device="cpu", dtype="float32", block_size=4, max_num_blocks=96,
+              max_num_batched_tokens=32, memory_threshold=1.0, enable_prefix_caching=False)
+    ex, engine = llm.engine.executor, llm.engine
+    ex.overlaps = engine._overlap = True
+    host_calls, handles = _record(ex, monkeypatch)
+    waits = []
+    sampling_rows = engine._sampling_rows
+    monkeypatch.setattr(engine, "_sampling_rows", lambda rows: (lambda out: waits.append(out[1]) or out)(
+        sampling_rows(rows)))
+    prompts = random_prompts([9, 3, 14, 6, 11, 5], seed=4)
+
+    def run():
+        outputs = llm.generate(prompt_token_ids=prompts, sampling_params=PROCESSED)
+        return [[(c.token_ids, c.logprobs, c.cumulative_logprob) for c in o.outputs] for o in outputs]
+    on_device = run()
+    assert host_calls == [] and handles and set(handles) == {DeviceStep} and not any(waits)
+    # the reference: the host sampler, each step finished before the next is built (the host knows every token)
+    monkeypatch.setattr(sampler_module, "samples_on_device", lambda *args: False)
+    engine._overlap = False
+    handles.clear()
+    on_host = run()
+    assert host_calls and DoneStep in handles  # the host path did run (an all-greedy step still takes argmax's)
+    assert on_device == on_host
+    with_logprobs = [i for i, p in enumerate(PROCESSED) if p.logprobs is not None]
+    assert all(len(on_device[i][0][1]) == len(on_device[i][0][0]) for i in with_logprobs)
+    assert len(on_device[0][0][1][0]) in (3, 4) and on_device[1][0][2] < 0
+    assert set(on_device[1][0][0]) == {7, 8}
+    assert all(len(t) >= 6 for t, _, _ in on_device[2])  # min_tokens
+    assert engine.block_manager.num_free_blocks == 96
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "enforce-eager"])
 def test_cuda_sampling_steps_synchronise_only_in_result(eager, monkeypatch):
@@ -95,3 +149,29 @@ def test_cuda_sampling_steps_synchronise_only_in_result(eager, monkeypatch):
     again = llm.generate(prompt_token_ids=prompts, sampling_params=params)
     seeded = [i for i, p in enumerate(params) if p.seed is not None or p.temperature == 0]
     assert [first[i].outputs[0].token_ids for i in seeded] == [again[i].outputs[0].token_ids for i in seeded]
+
+
+@pytest.mark.gpu
+def test_cuda_penalties_and_logprobs_steps_synchronise_only_in_result(monkeypatch):
+    """On CUDA, steps with penalties, min_tokens, logit_bias and logprobs (seeded, unseeded and greedy, the
+    previous step's tokens counted on the device) launch with no synchronisation (sync debug mode "error"
+    around `execute_async`), never call the host sampler, return a `DeviceStep`, give every logprobs row its
+    numbers, and a seeded or greedy request gives the same tokens and logprobs twice."""
+    shape = Path(__file__).resolve().parents[2] / "benchmarks" / "shapes" / "tiny-qwen3"
+    llm = LLM(str(shape), load_format="dummy", skip_tokenizer_init=True, device="cuda", dtype="bfloat16",
+              max_num_blocks=256, max_num_seqs=16, max_num_batched_tokens=64)
+    ex = llm.engine.executor
+    host_calls, handles = _record(ex, monkeypatch, no_sync=True)
+    prompts = [[(7 * i + 13 * j) % 4000 + 10 for j in range(n)] for i, n in enumerate([5, 70, 33, 1, 120, 17])]
+    first = llm.generate(prompt_token_ids=prompts, sampling_params=PROCESSED)
+    assert host_calls == [] and set(handles) == {DeviceStep}
+    for o, p in zip(first, PROCESSED, strict=True):
+        for c in o.outputs:
+            assert len(c.token_ids) == 10 or c.finish_reason == "stop"
+            if p.logprobs is not None:
+                assert len(c.logprobs) == len(c.token_ids) and all(c.token_ids[k] in c.logprobs[k]
+                                                                   for k in range(len(c.token_ids)))
+    again = llm.generate(prompt_token_ids=prompts, sampling_params=PROCESSED)
+    seeded = [i for i, p in enumerate(PROCESSED) if p.seed is not None or p.temperature == 0]
+    assert [[(c.token_ids, c.logprobs) for c in first[i].outputs] for i in seeded] == \
+        [[(c.token_ids, c.logprobs) for c in again[i].outputs] for i in seeded]

@@ -24,7 +24,7 @@ from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
 from hetero_infer.worker.runner.loader import load_hf_config, resolve_engine_model, served_name
-from hetero_infer.worker.runner.sampler import SamplingRow, _has_penalties, make_generator, takes_argmax
+from hetero_infer.worker.runner.sampler import SamplingRow, make_generator, takes_argmax
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ class LLMEngine:
         """Schedule and launch step N+1, then finish step N: while the device runs N+1, the host takes N's tokens
         (N+1 got them on the device: the scheduler counted a PLACEHOLDER for each). The requests that got new
         tokens (or failed). A step whose sequences need their tokens on the host before the next can be built
-        (grammars, penalties, logits processors) is finished first; so is every step of an executor that does
+        (grammars, logits processors) is finished first; so is every step of an executor that does
         not overlap (or with async_scheduling off), in the call that launched it."""
         touched: list[Request] = []
         prev, self._inflight = self._inflight, None
@@ -300,16 +300,15 @@ class LLMEngine:
 
     def _sampling_rows(self, rows: list[Sequence]) -> tuple[list[SamplingRow] | None, bool]:
         """What the executor's sampler needs for `rows` (None: every row takes its argmax), and whether the host
-        must have these rows' tokens before the next step is built (the next step's grammar masks, penalties or
-        logits processors read them)."""
+        must have these rows' tokens before the next step is built (the next step's grammar masks or logits
+        processors read them; penalties count a token still on the device from there: `PendingTokens`)."""
         if all(takes_argmax(s.sampler_params, s.num_output_tokens, s.grammar) and not s.params.logits_processors
                for s in rows):  # all greedy, nothing to process (the usual step): no SamplingRows either
             return None, False
         eos = self.eos_token_ids
         sampling = [SamplingRow(s.sampler_params, s.token_ids[: s.num_prompt_tokens], s.output_token_ids,
                                 s.generator, eos, s.grammar) for s in rows]
-        feedback = any(s.grammar is not None or s.params.logits_processors or _has_penalties(s.params)
-                       for s in rows)
+        feedback = any(s.grammar is not None or s.params.logits_processors for s in rows)
         return sampling, feedback
 
     def _finish(self, step: _Inflight) -> list[Request]:

@@ -19,7 +19,7 @@ from hetero_infer.worker.runner.cuda_graphs import DecodeRunner
 from hetero_infer.worker.runner.inputs import StepInputs, placeholder_rows, step_inputs
 from hetero_infer.worker.runner.loader import load_model
 from hetero_infer.worker.runner.models.rotary import head_dim_of
-from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, sample_logits
+from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, pending_tokens, sample_logits
 from hetero_infer.worker.runner.staging import StagingArea
 from hetero_infer.worker.runner.step_handle import DeviceStep, DoneStep
 
@@ -84,9 +84,11 @@ class TorchExecutor:
         self._prev_tokens: torch.Tensor | None = None
         self._prev_rows: dict[int, int] = {}
         # the sampled tokens' host buffers (pinned on CUDA): two, alternating, since step N+1's copy may land
-        # before the host has read step N's
+        # before the host has read step N's; a step with logprobs packs them with its tokens into a float64 pair
+        # (`StepSample.pack`), made on the first such step and grown when a step needs more
         pin = self.device.type == "cuda"
         self._host_tokens = [torch.empty(config.max_num_seqs, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self._host_packed = [torch.empty(0, dtype=torch.float64) for _ in range(2)]
         self._flip = 0
         self.staging = StagingArea(self.device)  # an eager step's integer inputs: one copy (none on the CPU)
         torch.manual_seed(config.seed)
@@ -246,24 +248,40 @@ class TorchExecutor:
     @torch.inference_mode()
     def execute_async(self, sched: SchedulerOutput, sampling: list[SamplingRow] | None) -> DoneStep | DeviceStep:
         """Run (CUDA: launch) the step and sample its rows (`sampling`: see `sample_logits`). With `overlaps`
-        the sampled tokens stay where the logits are, for the next step's PLACEHOLDER inputs."""
+        the sampled tokens stay where the logits are, for the next step's PLACEHOLDER inputs (and the penalties'
+        counts of the step after: `pending_tokens`), and reach the host with their logprobs in one copy."""
         logits = self.execute(sched)
-        tokens, sampled = sample_logits(self.sampler, logits, sampling)
+        seq_ids = [item.seq.seq_id for item in sched.scheduled if item.samples]
+        pending = None
+        if sampling is not None and self.overlaps:
+            pending = pending_tokens(sampling, seq_ids, self._prev_tokens, self._prev_rows)
+        sample = sample_logits(self.sampler, logits, sampling, pending)
         if not self.overlaps:
-            return DoneStep(tokens.tolist(), sampled)
-        tokens = tokens.to(self.device, non_blocking=True)  # the host sampler's (on-device ones are there)
+            return DoneStep(*sample.on_host())
+        tokens = sample.tokens.to(self.device, non_blocking=True)  # the host sampler's (on-device ones are there)
         self._prev_tokens = tokens
-        self._prev_rows = {s.seq.seq_id: i for i, s in enumerate(r for r in sched.scheduled if r.samples)}
-        if sampled is not None:
-            return DoneStep([t.token_id for t in sampled], sampled)
-        host = self._host_tokens[self._flip][: tokens.shape[0]]
-        self._flip ^= 1
-        host.copy_(tokens, non_blocking=True)
+        self._prev_rows = {seq_id: i for i, seq_id in enumerate(seq_ids)}
+        if sample.sampled is not None:
+            return DoneStep([t.token_id for t in sample.sampled], sample.sampled)
+        packed = sample.pack()
+        host = self._host_buffer(packed)
+        host.copy_(packed, non_blocking=True)
         event = None
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        return DeviceStep(event, host)
+        return DeviceStep(event, host, tokens.shape[0], sample.logprobs)
+
+    def _host_buffer(self, packed: torch.Tensor) -> torch.Tensor:
+        """The next host buffer (the pair alternates) for `packed`: int64 tokens, or float64 tokens and logprobs."""
+        i, self._flip = self._flip, self._flip ^ 1
+        n = packed.shape[0]
+        if packed.dtype == torch.long:
+            return self._host_tokens[i][:n]
+        if self._host_packed[i].shape[0] < n:  # a step holds the old buffer while its copy may be queued
+            size = max(n, 2 * self._host_packed[i].shape[0])
+            self._host_packed[i] = torch.empty(size, dtype=torch.float64, pin_memory=self.device.type == "cuda")
+        return self._host_packed[i][:n]
 
 
 def _cpu_attention_path(backend) -> str:

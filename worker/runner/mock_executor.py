@@ -19,7 +19,7 @@ import torch
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER
-from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, sample_logits
+from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, pending_tokens, sample_logits
 
 MOCK_DEFAULT_NUM_BLOCKS = 4096
 _FIRST_ORDINARY_TOKEN = 100  # keep clear of special tokens at the start of the vocabulary
@@ -110,8 +110,13 @@ class MockExecutor:
             next_token, last_token = self._next_token, self._last_token
             tokens = [next_token(last_token(seq), len(seq.token_ids), seq.sample_index) for seq in seqs]
         else:
-            token_tensor, sampled = sample_logits(self.sampler, logits, sampling)
-            tokens = token_tensor.tolist()
+            pending = None
+            if sampling is not None:  # tokens of the step in flight, which penalties count
+                last = self._last_tokens
+                pending = pending_tokens(sampling, [seq.seq_id for seq in seqs],
+                                         torch.tensor(list(last.values()), dtype=torch.long),
+                                         {seq_id: i for i, seq_id in enumerate(last)})
+            tokens, sampled = sample_logits(self.sampler, logits, sampling, pending).on_host()
         self._last_tokens = {seq.seq_id: t for seq, t in zip(seqs, tokens)}
         seconds = self.step_seconds(sched)
         start = max(time.monotonic(), self._device_free_at) if seconds else 0.0

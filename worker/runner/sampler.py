@@ -4,8 +4,10 @@ logprobs.
 Processing order follows vLLM: penalties -> min_tokens -> logit_bias -> structured-output mask ->
 temperature -> top-k -> top-p -> min-p -> sample. Random rows use the exponential race (argmax of probs / Exp(1) noise), so
 a seeded row's token depends only on its own logits and generator, never on the batch.
-Rows that need nothing but their own parameters (`samples_on_device`) are sampled by `Sampler.sample_on_device`
-with the same recipe and nothing read back to the host, so a CUDA step keeps its tokens on the device.
+Every step without a grammar row or a logits processor (`samples_on_device`) is sampled by
+`Sampler.sample_on_device` with the same code and nothing read back to the host: penalties, min_tokens,
+logit_bias and logprobs included, so a CUDA step keeps its tokens (and logprobs) on the device until the step's
+one device-to-host copy (`StepSample.pack`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 import torch
 
 from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.worker.core.sequence import PLACEHOLDER
 from hetero_infer.worker.runner.staging import to_device
 from hetero_infer.worker.structured.mask import apply_grammar_masks
 from hetero_infer.worker.structured.matcher import GrammarState
@@ -47,6 +50,95 @@ class SampledToken:
     logprob: float | None
     # When params.logprobs is set: the top-N raw logprobs plus the chosen token's.
     top_logprobs: dict[int, float] | None
+
+
+@dataclass(slots=True)
+class PendingTokens:
+    """Tokens a previous step sampled that the host does not have yet (a PLACEHOLDER ends those rows'
+    output_token_ids, under the overlap): `tokens` where the logits are, and for each such sampling row its index
+    in `tokens`. Penalties count them from there, on the device."""
+
+    tokens: torch.Tensor
+    rows: dict[int, int]
+
+
+def pending_tokens(rows: list[SamplingRow], seq_ids: list[int], tokens: torch.Tensor | None,
+                   index_of: dict[int, int]) -> PendingTokens | None:
+    """The `PendingTokens` of `rows` (sequence ids `seq_ids`, in order) whose newest output token is a
+    PLACEHOLDER, from the previous step's sampled `tokens` (`index_of`: sequence id -> row in them); None if none."""
+    late = [(i, seq_id) for i, (row, seq_id) in enumerate(zip(rows, seq_ids, strict=True))
+            if row.output_token_ids and row.output_token_ids[-1] == PLACEHOLDER]
+    if not late:
+        return None
+    if tokens is None:
+        raise RuntimeError("a step reads tokens of a previous step that this executor did not run")
+    return PendingTokens(tokens, {i: index_of[seq_id] for i, seq_id in late})
+
+
+@dataclass(slots=True)
+class StepLogprobs:
+    """The raw logprobs a step's rows asked for, where the logits are: for rows `rows` (ascending), the chosen
+    token's (`chosen`) and the `width` largest, with their ids; row j keeps its first `top_n[j]` of them (None:
+    only the chosen token's, no top dict)."""
+
+    rows: list[int]
+    top_n: list[int | None]
+    chosen: torch.Tensor  # [len(rows)] float32
+    top_values: torch.Tensor  # [len(rows), width] float32
+    top_ids: torch.Tensor  # [len(rows), width] int64
+
+    @property
+    def width(self) -> int:
+        return self.top_values.shape[1]
+
+
+@dataclass(slots=True)
+class StepSample:
+    """What `sample_logits` gives for a step: the tokens where the logits are, and either the logprobs asked for,
+    also there (the device path), or every row's `SampledToken`, on the host (the host sampler)."""
+
+    tokens: torch.Tensor  # [rows] int64
+    logprobs: StepLogprobs | None = None
+    sampled: list[SampledToken] | None = None
+
+    def pack(self) -> torch.Tensor:
+        """The tokens, then with logprobs each asking row's chosen logprob, top values and top ids, as ONE float64
+        tensor where they are (ids < 2**53 and float32 values are exact in float64), for one device-to-host copy;
+        `unpack_step` reads it back. Without logprobs: the int64 tokens themselves."""
+        lp = self.logprobs
+        if lp is None:
+            return self.tokens
+        return torch.cat([self.tokens.double(), lp.chosen.double(), lp.top_values.double().flatten(),
+                          lp.top_ids.double().flatten()])
+
+    def on_host(self) -> tuple[list[int], list[SampledToken] | None]:
+        """(token ids, each row's `SampledToken` where any row has logprobs, else None), read back now."""
+        if self.sampled is not None:
+            return [t.token_id for t in self.sampled], self.sampled
+        if self.logprobs is None:
+            return self.tokens.tolist(), None
+        return unpack_step(self.pack().cpu().numpy(), self.tokens.shape[0], self.logprobs)
+
+
+def unpack_step(host: np.ndarray, num_rows: int,
+                logprobs: StepLogprobs) -> tuple[list[int], list[SampledToken]]:
+    """`StepSample.pack`'s float64 layout, read on the host: (token ids, each row's `SampledToken`)."""
+    m, w = len(logprobs.rows), logprobs.width
+    token_ids = host[:num_rows].astype(np.int64).tolist()
+    start = num_rows
+    chosen = host[start:start + m].tolist()
+    start += m
+    values = host[start:start + m * w].reshape(m, w).tolist()
+    ids = host[start + m * w:start + 2 * m * w].reshape(m, w).astype(np.int64).tolist()
+    sampled = [SampledToken(t, None, None) for t in token_ids]
+    for j, i in enumerate(logprobs.rows):
+        n = logprobs.top_n[j]
+        top = None
+        if n is not None:
+            top = dict(zip(ids[j][:n], values[j][:n], strict=True))
+            top[token_ids[i]] = chosen[j]
+        sampled[i] = SampledToken(token_ids[i], chosen[j], top)
+    return token_ids, sampled
 
 
 def make_generator(seed: int, sample_index: int = 0, device: torch.device | str = "cpu") -> torch.Generator:
@@ -85,25 +177,49 @@ class Sampler:
     def __init__(self, all_logprobs: bool = True) -> None:
         self.all_logprobs = all_logprobs
 
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
+                 pending: PendingTokens | None = None) -> list[SampledToken]:
+        """The host sampler: every row's `SampledToken`, read back (grammar rows included)."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [len(rows), vocab], got {tuple(logits.shape)} for {len(rows)} rows")
         raw = logits.float()
+        tokens = _sample_tokens(process_logits(raw, rows, pending), rows, one_pass=False)
+        token_ids, sampled = StepSample(tokens, self._logprobs(raw, tokens, rows)).on_host()
+        return sampled if sampled is not None else [SampledToken(t, None, None) for t in token_ids]
 
-        tokens = _sample_tokens(process_logits(raw, rows), rows, one_pass=False)
-        return _collect(raw, tokens, rows, self.all_logprobs)
-
-    def sample_on_device(self, logits: torch.Tensor, rows: list[SamplingRow],
-                         one_pass: bool | None = None) -> torch.Tensor:
-        """The tokens `__call__` samples for rows that all `samples_on_device`, as a tensor where the logits are,
-        with no host round trip (nothing read back, the parameters copied from pinned memory without blocking).
-        Seeded rows get exactly `__call__`'s tokens, their generators advanced alike; unseeded rows draw from
-        the same distribution (the global generator's draws have another shape: see `_sample_filtered`).
+    def sample_on_device(self, logits: torch.Tensor, rows: list[SamplingRow], one_pass: bool | None = None,
+                         pending: PendingTokens | None = None) -> StepSample:
+        """What `__call__` samples for rows that all `samples_on_device` (penalties, min_tokens, logit_bias and
+        logprobs included), as tensors where the logits are, with no host round trip (nothing read back, the
+        parameters and token keys copied from pinned memory without blocking; `pending`: tokens of the step in
+        flight that penalties count, still on the device). Seeded rows get exactly `__call__`'s tokens, their
+        generators advanced alike, and every row its logprobs; unseeded rows draw from the same distribution
+        (the global generator's draws have another shape: see `_sample_filtered`).
         `one_pass` (default: off the CPU) ranks top-p rows in one pass, no overflow read back; on the CPU the
         read-back costs nothing and the host's narrow first pass is ~4x cheaper than a full sort at 32 rows."""
         if one_pass is None:
             one_pass = logits.device.type != "cpu"
-        return _sample_tokens(logits.float(), rows, one_pass)
+        raw = logits.float()
+        tokens = _sample_tokens(process_logits(raw, rows, pending), rows, one_pass)
+        return StepSample(tokens, self._logprobs(raw, tokens, rows))
+
+    def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> StepLogprobs | None:
+        """The raw logprobs of the rows that get them (every row with all_logprobs), where the logits are."""
+        want = [i for i, r in enumerate(rows) if self.all_logprobs or r.params.logprobs is not None]
+        if not want:
+            return None
+        sub = _take_rows(raw, want)
+        lse = torch.logsumexp(sub, dim=-1, keepdim=True)
+        chosen = (sub.gather(1, _take_rows(tokens, want).unsqueeze(1)) - lse).squeeze(1)
+        top_n = [rows[i].params.logprobs for i in want]
+        width = min(max(n or 0 for n in top_n), sub.shape[1])
+        if width:
+            values, ids = sub.topk(width, dim=-1)
+            values = values - lse
+        else:
+            values = sub.new_empty(len(want), 0)
+            ids = tokens.new_empty(len(want), 0)
+        return StepLogprobs(want, top_n, chosen, values, ids)
 
     def argmax(self, logits: torch.Tensor) -> list[int]:
         """Each row's token where every row `takes_argmax` (and the sampler fills no logprobs unless asked):
@@ -121,21 +237,24 @@ def takes_argmax(params: SamplingParams, num_output_tokens: int, grammar: Gramma
     """True where a row's token is the first maximum of its raw logits and nothing else is computed for it:
     greedy, no logprobs, and nothing `process_logits` applies (penalties, a min_tokens mask, logit_bias, a
     grammar)."""
-    return params.greedy and samples_on_device(params, num_output_tokens, grammar)
-
-
-def samples_on_device(params: SamplingParams, num_output_tokens: int, grammar: GrammarState | None) -> bool:
-    """True where a row's token needs no host data but its own parameters (`Sampler.sample_on_device`):
-    greedy or temperature with top-k/top-p/min-p, seeded or not, no logprobs, and nothing `process_logits`
-    applies (penalties, a min_tokens mask, logit_bias, a grammar)."""
-    return (params.logprobs is None and grammar is None and not params.logit_bias
+    return (params.greedy and params.logprobs is None and grammar is None and not params.logit_bias
             and num_output_tokens >= params.min_tokens and not _has_penalties(params))
 
 
-def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Penalties, then min_tokens masking, then logit_bias, then grammar masks, as float32.
+def samples_on_device(row: SamplingRow) -> bool:
+    """True where a row is sampled where its logits are (`Sampler.sample_on_device`), nothing read back: every
+    row but a grammar's (its matcher, on the host, masks the logits and takes the token) or one with logits
+    processors (Python callables over its logits row)."""
+    return row.grammar is None and not row.params.logits_processors
 
-    Returns `logits` itself when no row needs any, else a new tensor (never in place).
+
+def process_logits(logits: torch.Tensor, rows: list[SamplingRow],
+                   pending: PendingTokens | None = None) -> torch.Tensor:
+    """Penalties, then min_tokens masking, then logit_bias, then grammar masks, as float32. `pending`: the tokens
+    of the step in flight (PLACEHOLDERs in output_token_ids), counted by the penalties where they are.
+
+    Returns `logits` itself when no row needs any, else a new tensor (never in place). Nothing is read back to
+    the host but for grammar rows.
     """
     x = logits.float()
     pen_rows = [i for i, r in enumerate(rows) if _has_penalties(r.params)]
@@ -147,11 +266,11 @@ def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
     if x is logits or not x.is_contiguous():
         x = x.clone(memory_format=torch.contiguous_format)
     if pen_rows:
-        _apply_penalties(x, [rows[i] for i in pen_rows], pen_rows)
+        _apply_penalties(x, rows, pen_rows, pending)
     if min_tok_rows:
-        _mask_stop_tokens(x, [rows[i] for i in min_tok_rows], min_tok_rows)
+        _mask_stop_tokens(x, rows, min_tok_rows)
     if bias_rows:
-        _apply_logit_bias(x, [rows[i] for i in bias_rows], bias_rows)
+        _apply_logit_bias(x, rows, bias_rows)
     if grammar_rows:
         apply_grammar_masks(x, grammar_rows, [rows[i].grammar for i in grammar_rows],
                             [rows[i].output_token_ids for i in grammar_rows])
@@ -214,69 +333,81 @@ def _column(values: list[float], device: torch.device) -> torch.Tensor:
     return _tensor(values, np.float32, device).unsqueeze(1)
 
 
-def _apply_penalties(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:
-    """Repetition (prompt+output, HF style), then frequency and presence (output, OpenAI style).
+def _apply_penalties(x: torch.Tensor, rows: list[SamplingRow], idx: list[int],
+                     pending: PendingTokens | None) -> None:
+    """Repetition (prompt+output, HF style), then frequency and presence (output, OpenAI style), for rows `idx`.
 
-    Works on the (row, token) pairs that occurred, not on whole rows: flat keys row * V + token.
-    """
+    Works on the (row, token) pairs that occurred, not on whole rows: flat keys row * V + token, one per
+    occurrence. Without a read-back: a key that occurs k times is written k times with the same value, and the
+    output's counts come from a sort (`searchsorted` of each key in the sorted keys), not `unique`."""
     device, vocab = x.device, x.shape[1]
     flat = x.view(-1)
-    rep_keys = [
-        i * vocab + t
-        for i, r in zip(idx, rows, strict=True)
-        if r.params.repetition_penalty != 1.0
-        for t in (*r.prompt_token_ids, *r.output_token_ids)
-        if 0 <= t < vocab
-    ]
-    if rep_keys:
-        keys = torch.unique(_index(rep_keys, device))
-        rep = torch.ones(x.shape[0], device=device)
-        rep[_index(idx, device)] = torch.tensor([r.params.repetition_penalty for r in rows], device=device)
-        penalty = rep[keys // vocab]
+    rep_idx = [i for i in idx if rows[i].params.repetition_penalty != 1.0]
+    keys = _occurrence_keys(rows, rep_idx, vocab, pending, True, device)
+    if keys is not None:
+        penalty = _tensor([r.params.repetition_penalty for r in rows], np.float32, device)[keys // vocab]
         vals = flat[keys]
-        flat[keys] = torch.where(vals > 0, vals / penalty, vals * penalty)
+        flat.index_put_((keys,), torch.where(vals > 0, vals / penalty, vals * penalty))
 
-    out_keys = [
-        i * vocab + t
-        for i, r in zip(idx, rows, strict=True)
-        if r.params.frequency_penalty or r.params.presence_penalty
-        for t in r.output_token_ids
-        if 0 <= t < vocab
-    ]
-    if out_keys:
-        keys, counts = torch.unique(_index(out_keys, device), return_counts=True)
-        freq = torch.zeros(x.shape[0], device=device)
-        presence = torch.zeros(x.shape[0], device=device)
-        freq[_index(idx, device)] = torch.tensor([r.params.frequency_penalty for r in rows], device=device)
-        presence[_index(idx, device)] = torch.tensor([r.params.presence_penalty for r in rows], device=device)
+    out_idx = [i for i in idx if rows[i].params.frequency_penalty or rows[i].params.presence_penalty]
+    keys = _occurrence_keys(rows, out_idx, vocab, pending, False, device)
+    if keys is not None:
+        ordered = keys.sort().values
+        counts = torch.searchsorted(ordered, keys, right=True) - torch.searchsorted(ordered, keys)
         row = keys // vocab
-        flat[keys] -= freq[row] * counts + presence[row]
+        freq = _tensor([r.params.frequency_penalty for r in rows], np.float32, device)[row]
+        presence = _tensor([r.params.presence_penalty for r in rows], np.float32, device)[row]
+        flat.index_put_((keys,), flat[keys] - (freq * counts + presence))
+
+
+def _occurrence_keys(rows: list[SamplingRow], idx: list[int], vocab: int, pending: PendingTokens | None,
+                     with_prompt: bool, device: torch.device) -> torch.Tensor | None:
+    """Flat keys row * V + token of every output token (and prompt token, `with_prompt`) of rows `idx` inside the
+    vocab, on `device`: the host's from its token lists (a PLACEHOLDER is outside the vocab), the pending
+    tokens' gathered where they are. None where there are none."""
+    if not idx:
+        return None
+    parts = []
+    for i in idx:
+        row = rows[i]
+        for tokens in (row.prompt_token_ids, row.output_token_ids) if with_prompt else (row.output_token_ids,):
+            a = np.asarray(tokens, dtype=np.int64)
+            parts.append(a[(a >= 0) & (a < vocab)] + i * vocab)
+    host = np.concatenate(parts)
+    waiting = [i for i in idx if i in pending.rows] if pending is not None else []
+    if not waiting:
+        return _tensor(host, np.int64, device) if host.size else None
+    n = len(waiting)
+    at = _tensor([pending.rows[i] for i in waiting] + [i * vocab for i in waiting], np.int64, device)
+    late = pending.tokens.index_select(0, at[:n]) + at[n:]
+    return torch.cat([_tensor(host, np.int64, device), late]) if host.size else late
 
 
 def _mask_stop_tokens(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:
+    """-inf at each row's stop tokens and (unless ignore_eos) EOS tokens, rows `idx` (under their min_tokens)."""
     vocab = x.shape[1]
-    pairs = []
-    for i, row in zip(idx, rows, strict=True):
+    keys = []
+    for i in idx:
+        row = rows[i]
         banned = set(row.params.stop_token_ids or [])
         if not row.params.ignore_eos:
             banned.update(row.eos_token_ids)
-        pairs.extend((i, t) for t in banned if 0 <= t < vocab)
-    if pairs:
-        r, t = zip(*pairs, strict=True)
-        x[_index(list(r), x.device), _index(list(t), x.device)] = float("-inf")
+        keys.extend(i * vocab + t for t in banned if 0 <= t < vocab)
+    if keys:
+        x.view(-1).index_fill_(0, _index(keys, x.device), float("-inf"))
 
 
 def _apply_logit_bias(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:
     """Add each row's logit_bias to its logits, all rows in one scatter (flat keys row * V + token)."""
     vocab = x.shape[1]
     keys, values = [], []
-    for i, row in zip(idx, rows, strict=True):
-        for token, bias in row.params.logit_bias.items():
+    for i in idx:
+        for token, bias in rows[i].params.logit_bias.items():
             if 0 <= token < vocab:
                 keys.append(i * vocab + token)
                 values.append(bias)
     if keys:
-        x.view(-1).index_add_(0, _index(keys, x.device), torch.tensor(values, dtype=x.dtype, device=x.device))
+        x.view(-1).index_add_(0, _index(keys, x.device), _tensor(values, np.float32, x.device))
 
 
 def _unseeded_noise(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
@@ -395,52 +526,21 @@ def _sample_candidates(
     return cand.gather(1, best.unsqueeze(1)).squeeze(1), overflow
 
 
-def _collect(
-    raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow], all_logprobs: bool
-) -> list[SampledToken]:
-    device = raw.device
-    token_list = tokens.tolist()
-    want = [i for i, r in enumerate(rows) if all_logprobs or r.params.logprobs is not None]
-    if not want:
-        return [SampledToken(t, None, None) for t in token_list]
-
-    sub = _take_rows(raw, want)
-    lse = torch.logsumexp(sub, dim=-1, keepdim=True)
-    chosen = (sub.gather(1, tokens[_index(want, device)].unsqueeze(1)) - lse).squeeze(1).tolist()
-    top_n = max((rows[i].params.logprobs or 0) for i in want)
-    top_vals: list[list[float]] = [[] for _ in want]
-    top_ids: list[list[int]] = [[] for _ in want]
-    if top_n:
-        vals, ids = sub.topk(min(top_n, sub.shape[1]), dim=-1)
-        top_vals, top_ids = (vals - lse).tolist(), ids.tolist()
-
-    result = [SampledToken(t, None, None) for t in token_list]
-    for j, i in enumerate(want):
-        n = rows[i].params.logprobs
-        top = None
-        if n is not None:
-            top = dict(zip(top_ids[j][:n], top_vals[j][:n], strict=True))
-            top[token_list[i]] = chosen[j]
-        result[i] = SampledToken(token_list[i], chosen[j], top)
-    return result
-
-
-def sample_logits(sampler: Sampler, logits: torch.Tensor,
-                  rows: list[SamplingRow] | None) -> tuple[torch.Tensor, list[SampledToken] | None]:
-    """A step's tokens from its logits, one row per sequence that samples. `rows` None: every row takes the
-    first maximum of its logits (`takes_argmax`, the usual all-greedy step): the tokens stay a tensor where the
-    logits are, with no host round trip; so do they where every row `samples_on_device` (temperature,
-    top-k/top-p/min-p, seeds) and the sampler fills no logprobs unless asked. Else each row's logits processors (on a copy), then the sampler
-    (which reads its results on the host): the tokens as a tensor there and every row's `SampledToken`."""
+def sample_logits(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow] | None,
+                  pending: PendingTokens | None = None) -> StepSample:
+    """A step's tokens from its logits, one row per sequence that samples. `rows` None: every row takes the first
+    maximum of its logits (`takes_argmax`, the usual all-greedy step). Where every row `samples_on_device`
+    (no grammar, no logits processor): `Sampler.sample_on_device`, the tokens and logprobs left where the logits
+    are. Else each row's logits processors (on a copy), then the host sampler, which reads its results back:
+    the tokens and every row's `SampledToken` on the host. `pending`: see `PendingTokens`."""
     if rows is None:
-        return sampler.argmax_tokens(logits), None
-    if not sampler.all_logprobs and all(samples_on_device(r.params, len(r.output_token_ids), r.grammar)
-                                        and not r.params.logits_processors for r in rows):
-        return sampler.sample_on_device(logits, rows), None
+        return StepSample(sampler.argmax_tokens(logits))
+    if all(samples_on_device(r) for r in rows):
+        return sampler.sample_on_device(logits, rows, pending=pending)
     if any(r.params.logits_processors for r in rows):
         logits = logits.clone()
         for i, r in enumerate(rows):
             for process in r.params.logits_processors or ():
                 logits[i] = process(r.output_token_ids, logits[i])
-    sampled = sampler(logits, rows)
-    return torch.tensor([t.token_id for t in sampled], dtype=torch.long), sampled
+    sampled = sampler(logits, rows, pending)
+    return StepSample(torch.tensor([t.token_id for t in sampled], dtype=torch.long), sampled=sampled)

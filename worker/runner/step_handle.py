@@ -1,13 +1,13 @@
 """What `execute_async` returns: a handle on a step the device may still be running. `result()` waits for it
 (the one place the host synchronises with the device) and returns the sampled token ids, one per sequence that
-samples in the step, with each one's `SampledToken` where the host sampler ran (logprobs)."""
+samples in the step, with each one's `SampledToken` where any row has logprobs (or the host sampler ran)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hetero_infer.worker.runner.sampler import SampledToken
+from hetero_infer.worker.runner.sampler import SampledToken, StepLogprobs, unpack_step
 
 StepResult = tuple[list[int], "list[SampledToken] | None"]
 
@@ -29,13 +29,17 @@ class DoneStep:
 
 @dataclass(slots=True)
 class DeviceStep:
-    """A CUDA step: its tokens are copied into a pinned host buffer behind the step's kernels; `event` marks the
-    copy's end on the stream."""
+    """A CUDA step: its tokens (and logprobs) are copied into a pinned host buffer behind the step's kernels, in
+    one copy; `event` marks the copy's end on the stream."""
 
     event: Any  # torch.cuda.Event (None on the CPU, where the copy has happened)
-    host_tokens: Any  # pinned torch.Tensor [rows]
+    host: Any  # pinned torch.Tensor: the int64 tokens [rows], or with `logprobs` `StepSample.pack`'s float64 layout
+    num_rows: int
+    logprobs: StepLogprobs | None = None
 
     def result(self) -> StepResult:
         if self.event is not None:
             self.event.synchronize()
-        return self.host_tokens.tolist(), None
+        if self.logprobs is None:
+            return self.host.tolist(), None
+        return unpack_step(self.host.numpy(), self.num_rows, self.logprobs)
