@@ -135,13 +135,14 @@ def test_logits_processors_steer_only_their_own_request(llm):
 
 def test_all_greedy_steps_take_the_argmax_others_the_full_sampler(llm, monkeypatch):
     """A step whose rows are all plain greedy skips the sampler's processing (`Sampler.argmax_tokens`); one row
-    that needs more (logprobs here) sends the whole step through `Sampler.__call__`, with the same greedy tokens."""
+    that needs more (logprobs here) sends the whole step through the sampler (`Sampler.sample_on_device`, no
+    grammar row), with the same greedy tokens."""
     from hetero_infer.worker.runner.sampler import Sampler
 
     calls: list[str] = []
-    argmax, full = Sampler.argmax_tokens, Sampler.__call__
+    argmax, full = Sampler.argmax_tokens, Sampler.sample_on_device
     monkeypatch.setattr(Sampler, "argmax_tokens", lambda self, *a: calls.append("argmax") or argmax(self, *a))
-    monkeypatch.setattr(Sampler, "__call__", lambda self, *a: calls.append("full") or full(self, *a))
+    monkeypatch.setattr(Sampler, "sample_on_device", lambda self, *a, **k: calls.append("full") or full(self, *a, **k))
     greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     plain = llm.generate(prompt_token_ids=[prompt(7, 10), prompt(5, 11)], sampling_params=greedy)
     assert calls == ["argmax"] * 4
