@@ -149,10 +149,14 @@ def _decode_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * s_btb
     k_head = k_ptr + kvh.to(tl.int64) * s_kh
     v_head = v_ptr + kvh.to(tl.int64) * s_vh
+    # the block-table entries of the next tile are loaded one iteration ahead (carried), so the K/V gathers do
+    # not wait on a load of their own iteration and the pipeliner can keep several tiles in flight
+    page = tl.load(bt_row + (lo + offs_n0) // PAGE, mask=(lo + offs_n0) < end, other=0).to(tl.int64)
     for n0 in range(lo, end, BLOCK_N):
         offs_n = n0 + offs_n0
         n_mask = offs_n < end
-        page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+        nxt = offs_n + BLOCK_N
+        page_next = tl.load(bt_row + nxt // PAGE, mask=nxt < end, other=0).to(tl.int64)
         slot = offs_n % PAGE
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(
@@ -169,6 +173,7 @@ def _decode_kernel(
         )
         acc = acc * alpha[:, None] + _mma(p.to(v.dtype), v, DOT_F32)
         m_i = m_new
+        page = page_next
 
     if SPLIT:
         idx = (b * num_heads + heads).to(tl.int64) * num_splits + sp
