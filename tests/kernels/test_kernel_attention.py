@@ -197,6 +197,30 @@ def test_decode_ragged_contexts(width, num_splits, window, config, device, trito
     assert torch.all(out[-1] == 0), "a context-0 (padding) row must give zeros"
 
 
+@gpu
+@pytest.mark.parametrize("config", [None, {"num_stages": 2}, {"num_stages": 4}], ids=["default", "stages2", "stages4"])
+def test_decode_qwen3_shape_under_graph_table(config, device, triton_backend):
+    """The engine's CUDA-graph decode on the Qwen3-0.6B shape (16 query / 8 KV heads of 128, bf16, 16-token blocks,
+    a 40,960-token table): ragged contexts at batch 1, 8 (split) and 64 (not split), on the compiled tensor-core
+    path with the default and the tuner's other pipeline depths."""
+    from hetero_infer.kernels import _triton_attention
+
+    for lens in ([1500], [1, 15, 16, 17, 300, 2000, 1500, 0], [600 + 23 * i for i in range(64)]):
+        batch = make_paged_kv([max(n, 1) for n in lens], 8, 128, 16, torch.bfloat16, device)
+        batch.context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+        table = torch.zeros(len(lens), 2560, dtype=torch.int32, device=device)
+        table[:, : batch.block_tables.shape[1]] = batch.block_tables
+        batch.block_tables = table
+        q = randn(len(lens), 16, 128, dtype=torch.bfloat16, device=device)
+        out = poison(torch.empty_like(q))
+        workspace = kernels.decode_workspace(16, 8, 128, 16, torch.bfloat16, device)
+        _triton_attention.paged_attention_decode(
+            q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, 128**-0.5, out, config=config,
+            workspace=workspace,
+        )
+        assert_close(out, _decode_oracle(q, batch, 128**-0.5), torch.bfloat16, what=f"qwen3 decode {len(lens)}")
+
+
 def _partials(workspace, b, h, splits, d):
     """The float32 partials (acc, m, l) of a split decode, as the kernel lays them out in its workspace."""
     rows, bd = b * h * splits, d
