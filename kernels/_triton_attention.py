@@ -116,7 +116,7 @@ def _decode_kernel(
     sp = tl.program_id(2)
     num_heads = tl.num_programs(1) * GROUP
 
-    ctx = tl.load(lens_ptr + b)
+    ctx = tl.load(lens_ptr + b).to(tl.int32)  # int32 or int64 lengths: one type for the bounds below
     lo_seq = 0
     if USE_WINDOW:
         # query position ctx-1 sees kv positions > ctx-1-window

@@ -94,6 +94,9 @@ def _scenarios(quick: bool = False) -> None:
             lens = torch.ones(2, dtype=torch.int32)
             A.paged_attention_decode(q, kc, kc, bt, lens, 0.1, q, None, None)  # one partition
             A.paged_attention_decode(q, kc, kc, bt, lens, 0.1, q, 64, 4096)  # split + reduce
+            # int64 tables and lengths (the interpreter does not check the kernels' integer types)
+            A.paged_attention_decode(q, kc, kc, bt.long(), lens.long(), 0.1, q, None, None)
+            A.paged_attention_decode(q, kc, kc, bt.long(), lens.long(), 0.1, q, 64, 4096)
             qp = torch.empty(5, h, d, dtype=dt)
             cu = torch.tensor([0, 2, 5], dtype=torch.int32)
             A.paged_attention_prefill(qp, kc, kc, bt, cu, lens, 0.1, qp, None)
