@@ -12,6 +12,7 @@ one device-to-host copy (`StepSample.pack`).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -367,13 +368,15 @@ def _occurrence_keys(rows: list[SamplingRow], idx: list[int], vocab: int, pendin
     tokens' gathered where they are. None where there are none."""
     if not idx:
         return None
-    parts = []
-    for i in idx:
-        row = rows[i]
-        for tokens in (row.prompt_token_ids, row.output_token_ids) if with_prompt else (row.output_token_ids,):
-            a = np.asarray(tokens, dtype=np.int64)
-            parts.append(a[(a >= 0) & (a < vocab)] + i * vocab)
-    host = np.concatenate(parts)
+    lists = [r.output_token_ids for r in (rows[i] for i in idx)]
+    owners = list(idx)
+    if with_prompt:
+        lists += [rows[i].prompt_token_ids for i in idx]
+        owners += idx
+    # one conversion for all rows (per-row numpy calls cost more than the tokens at a few hundred each)
+    lengths = np.fromiter(map(len, lists), np.int64, len(lists))
+    tokens = np.fromiter(itertools.chain.from_iterable(lists), np.int64, int(lengths.sum()))
+    host = (tokens + np.repeat(np.asarray(owners, dtype=np.int64) * vocab, lengths))[(tokens >= 0) & (tokens < vocab)]
     waiting = [i for i in idx if i in pending.rows] if pending is not None else []
     if not waiting:
         return _tensor(host, np.int64, device) if host.size else None
