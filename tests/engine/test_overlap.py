@@ -4,7 +4,8 @@ the host, which applies them while the device runs N+1.
 - The order of the calls: launch N+1, then the result of N (the mock executor models an asynchronous device).
 - The outputs are those of the same engine without the overlap (`async_scheduling=False`), over every feature
   that reads tokens: n > 1, best_of, stop strings and stop tokens, EOS, logprobs and seeded sampling (the real
-  sampler on the mock's logits), penalties and grammars (which need the host's tokens before the next step),
+  sampler on the mock's logits), penalties (which count the token in flight where it is) and grammars (which
+  need the host's tokens before the next step),
   chunked prefill, prefix caching, preemption, and aborts.
 - A stop costs at most the one step already in flight: its token is dropped and every KV block comes back.
 - The torch executor with the overlap forced on the CPU (the CUDA control flow: PLACEHOLDER inputs patched from
