@@ -132,6 +132,17 @@ def test_decode_split_planning(device):
     assert plan_decode_splits(64, 2, device, target_programs=64) == 1
 
 
+#: A CUDA graph's block-table width for Qwen3 (max_model_len 40,960 tokens in 16-token blocks).
+GRAPH_WIDTH = 2560
+
+
+def _widened(tables: torch.Tensor, width: int = GRAPH_WIDTH) -> torch.Tensor:
+    """``tables`` padded with zeros (block 0) to ``width`` columns, as the CUDA-graph runner's static tables."""
+    wide = torch.zeros(tables.shape[0], width, dtype=tables.dtype, device=tables.device)
+    wide[:, : tables.shape[1]] = tables
+    return wide
+
+
 def test_decode_plan_ignores_the_table_width(device, triton_backend):
     """The wrapper plans the same grid for a tight table and for one max_model_len wide (a CUDA graph's)."""
     from hetero_infer.kernels import _triton_attention as A
@@ -139,8 +150,6 @@ def test_decode_plan_ignores_the_table_width(device, triton_backend):
     lens = [1, 300]
     batch = make_paged_kv(lens, 2, 16, 16, torch.float32, device)
     q = randn(2, 4, 16, dtype=torch.float32, device=device)
-    wide = torch.zeros(2, 2560, dtype=batch.block_tables.dtype, device=device)
-    wide[:, : batch.block_tables.shape[1]] = batch.block_tables
     grids = []
     real = A._decode_kernel
 
@@ -151,7 +160,7 @@ def test_decode_plan_ignores_the_table_width(device, triton_backend):
 
     A._decode_kernel = Recorder()
     try:
-        for table in (batch.block_tables[:, : -(-max(lens) // 16)], wide):
+        for table in (batch.block_tables[:, : -(-max(lens) // 16)], _widened(batch.block_tables)):
             A.paged_attention_decode(q, batch.k_cache, batch.v_cache, table, batch.context_lens, 0.3, torch.empty_like(q))
     finally:
         A._decode_kernel = real
@@ -165,10 +174,8 @@ RAGGED = [1, 15, 16, 17, 300, 2000, 0]
 def _ragged(dtype, device, width=None, d=16):
     batch = make_paged_kv([max(n, 1) for n in RAGGED], 2, d, 16, dtype, device)
     batch.context_lens = torch.tensor(RAGGED, dtype=batch.block_tables.dtype, device=device)
-    if width is not None:  # a CUDA graph's table: max_model_len wide, zeros (block 0) past each sequence's blocks
-        table = torch.zeros(len(RAGGED), width, dtype=batch.block_tables.dtype, device=device)
-        table[:, : batch.block_tables.shape[1]] = batch.block_tables
-        batch.block_tables = table
+    if width is not None:
+        batch.block_tables = _widened(batch.block_tables, width)
     return batch, randn(len(RAGGED), 4, d, dtype=dtype, device=device)
 
 
@@ -177,9 +184,9 @@ def _ragged(dtype, device, width=None, d=16):
     "width,num_splits,window,config",
     [
         # 40,960 tokens wide, the plan from the batch (7 x 2 programs against 64: 5 splits)
-        pytest.param(2560, None, None, {"TARGET_PROGRAMS": 64, "BLOCK_N": 64}, id="graph-table"),
+        pytest.param(GRAPH_WIDTH, None, None, {"TARGET_PROGRAMS": 64, "BLOCK_N": 64}, id="graph-table"),
         pytest.param(None, 8, None, {"BLOCK_N": 64, "MIN_PARTITION": 64}, id="8-splits"),
-        pytest.param(2560, 8, 100, {"BLOCK_N": 64, "MIN_PARTITION": 64}, id="window-8-splits"),
+        pytest.param(GRAPH_WIDTH, 8, 100, {"BLOCK_N": 64, "MIN_PARTITION": 64}, id="window-8-splits"),
     ],
 )
 def test_decode_ragged_contexts(width, num_splits, window, config, device, triton_backend):
@@ -208,9 +215,7 @@ def test_decode_qwen3_shape_under_graph_table(config, device, triton_backend):
     for lens in ([1500], [1, 15, 16, 17, 300, 2000, 1500, 0], [600 + 23 * i for i in range(64)]):
         batch = make_paged_kv([max(n, 1) for n in lens], 8, 128, 16, torch.bfloat16, device)
         batch.context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
-        table = torch.zeros(len(lens), 2560, dtype=torch.int32, device=device)
-        table[:, : batch.block_tables.shape[1]] = batch.block_tables
-        batch.block_tables = table
+        batch.block_tables = _widened(batch.block_tables)
         q = randn(len(lens), 16, 128, dtype=torch.bfloat16, device=device)
         out = poison(torch.empty_like(q))
         workspace = kernels.decode_workspace(16, 8, 128, 16, torch.bfloat16, device)
@@ -236,7 +241,7 @@ def test_decode_partitions_follow_each_context(window, device, triton_backend):
     changes nothing."""
     from hetero_infer.kernels import _triton_attention
 
-    batch, _ = _ragged(torch.float32, device, width=2560)
+    batch, _ = _ragged(torch.float32, device, width=GRAPH_WIDTH)
     q = torch.zeros(len(RAGGED), 4, 16, dtype=torch.float32, device=device)
     splits, out = 8, poison(torch.empty_like(q))
     workspace = poison(torch.empty(len(RAGGED) * 4 * splits * 18, dtype=torch.float32, device=device))
