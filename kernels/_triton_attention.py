@@ -272,9 +272,10 @@ def _decode_settings(head_dim: int, dtype: torch.dtype, device: torch.device, co
 
 
 def _plan(cfg: dict, batch: int, num_kv_heads: int, device: torch.device, max_len: int | None) -> int:
+    target = cfg.get("TARGET_PROGRAMS")
     return plan_decode_splits(
         batch, num_kv_heads, device, max_len=max_len, min_partition=cfg["MIN_PARTITION"],
-        target_programs=cfg.get("TARGET_PROGRAMS"), max_splits=cfg.get("MAX_SPLITS", MAX_SPLITS),
+        target_programs=None if target is None else int(target), max_splits=int(cfg.get("MAX_SPLITS", MAX_SPLITS)),
     )
 
 
