@@ -88,6 +88,29 @@ def test_unseeded_device_tokens_follow_the_filtered_distribution(params):
     assert chisquare(counts[kept], expected[kept]).pvalue > 1e-4
 
 
+def test_unseeded_penalised_device_tokens_follow_the_processed_distribution():
+    """4,000 unseeded draws with penalties (the output's token 3 and the prompt's 1, 2), a logit_bias and a
+    min_tokens mask (EOS 0): tokens in proportion to the float64 softmax of the logits those leave."""
+    z = np.array([2.0, 1.6, 1.1, 0.9, 0.2, -0.5, -1.5])
+    params = SamplingParams(temperature=0.9, repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=0.3,
+                            logit_bias={6: 2.5}, min_tokens=4)
+    n = 4000
+    torch.manual_seed(8)
+    tokens = Sampler(all_logprobs=False).sample_on_device(torch.tensor(z, dtype=torch.float32).repeat(n, 1),
+                                                         _rows([params] * n)).tokens
+    counts = np.bincount(tokens.numpy(), minlength=len(z))
+    x = z.copy()
+    for t in (1, 2, 3):  # prompt [1, 2], output [3]
+        x[t] = x[t] / 1.5 if x[t] > 0 else x[t] * 1.5
+    x[3] -= 0.5 + 0.3
+    x[6] += 2.5
+    x[0] = -np.inf
+    expected = np.exp((x - x.max()) / 0.9)
+    expected = expected / expected.sum() * n
+    assert counts[0] == 0
+    assert chisquare(counts[1:], expected[1:]).pvalue > 1e-4
+
+
 def _filtered_probs(z: np.ndarray, p: SamplingParams) -> np.ndarray:
     rel = np.exp((z - z.max()) / p.temperature)  # z is sorted, descending
     keep = np.ones(len(z), dtype=bool)
