@@ -251,13 +251,13 @@ class TorchExecutor:
         the sampled tokens stay where the logits are, for the next step's PLACEHOLDER inputs (and the penalties'
         counts of the step after: `pending_tokens`), and reach the host with their logprobs in one copy."""
         logits = self.execute(sched)
+        if not self.overlaps:  # every token on the host before the next step: nothing pending
+            return DoneStep(*sample_logits(self.sampler, logits, sampling).on_host())
         seq_ids = [item.seq.seq_id for item in sched.scheduled if item.samples]
         pending = None
-        if sampling is not None and self.overlaps:
+        if sampling is not None:
             pending = pending_tokens(sampling, seq_ids, self._prev_tokens, self._prev_rows)
         sample = sample_logits(self.sampler, logits, sampling, pending)
-        if not self.overlaps:
-            return DoneStep(*sample.on_host())
         tokens = sample.tokens.to(self.device, non_blocking=True)  # the host sampler's (on-device ones are there)
         self._prev_tokens = tokens
         self._prev_rows = {seq_id: i for i, seq_id in enumerate(seq_ids)}
