@@ -204,14 +204,16 @@ class TorchExecutor:
     # -- one step -----------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
-        """Run the model on the scheduled tokens; return float32 logits for sequences that sample."""
+        """Run the model on the scheduled tokens; return the logits of the sequences that sample, in the model's
+        dtype (the sampler takes float32 copies where it computes with them: a greedy bfloat16 step's argmax
+        reads the bfloat16 logits, and no float32 copy of [rows, vocab] is written)."""
         if self.thread_governor is not None:
             self.thread_governor.tick()  # fewer threads while other processes hold our cores
         step = step_inputs(sched, self.block_size)
         runner = self.decode_runner
         if runner is not None and runner.accepts_step(step):  # every row a decode, and every row samples
             hidden = runner.run_step(step, self._prev_tokens, self._prev_rows, self._copy_blocks)
-            return self.model.compute_logits(hidden[: len(step.token_ids)]).float()
+            return self.model.compute_logits(hidden[: len(step.token_ids)])
         input_ids, meta, logits_index = self._prepare(step)
         if self.cpu_decode is not None and self.cpu_decode.accepts(input_ids.shape[0], logits_index.shape[0]):
             hidden = self.cpu_decode.run(input_ids, meta)
@@ -219,7 +221,7 @@ class TorchExecutor:
             hidden = self.model(input_ids, self.backend, meta, self.kv_caches)
         if logits_index.shape[0] != hidden.shape[0]:  # else every row samples (a decode step): no gather
             hidden = hidden[logits_index]
-        return self.model.compute_logits(hidden).float()
+        return self.model.compute_logits(hidden)
 
     def _prepare(self, step: StepInputs):
         """(input ids, the backend's metadata, rows whose logits are sampled) of an eager step, its block copies

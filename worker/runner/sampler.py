@@ -231,7 +231,9 @@ class Sampler:
     def argmax_tokens(self, logits: torch.Tensor) -> torch.Tensor:
         """`argmax` as a tensor where the logits are (no host round trip on a GPU)."""
         assert not self.all_logprobs, "argmax() leaves out the logprobs a Sampler(all_logprobs=True) fills"
-        return _argmax(logits.float())
+        # off the CPU the 16-bit logits as they are: widening is exact and order-preserving, so the first maximum
+        # is the same, without a float32 copy of [rows, vocab] (the CPU's numpy argmax wants float32)
+        return _argmax(logits.float() if logits.device.type == "cpu" else logits)
 
 
 def takes_argmax(params: SamplingParams, num_output_tokens: int, grammar: GrammarState | None) -> bool:
@@ -541,7 +543,7 @@ def sample_logits(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow
     if all(samples_on_device(r) for r in rows):
         return sampler.sample_on_device(logits, rows, pending=pending)
     if any(r.params.logits_processors for r in rows):
-        logits = logits.clone()
+        logits = logits.to(torch.float32, copy=True)  # processors see float32 rows, as in vLLM
         for i, r in enumerate(rows):
             for process in r.params.logits_processors or ():
                 logits[i] = process(r.output_token_ids, logits[i])
