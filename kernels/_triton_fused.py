@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from ._backend import next_pow2
+from ._triton_ops import cos_sin_at
 
 
 @triton.jit
@@ -61,11 +62,9 @@ def _rope_kv_kernel(
     BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
+    cos, sin = cos_sin_at(cs_ptr, pos_ptr, t, s_c, HALF, BLOCK_HALF)
     offs_d = tl.arange(0, BLOCK_HALF)
     d_mask = offs_d < HALF
-    cos = tl.load(cs_ptr + pos * s_c + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-    sin = tl.load(cs_ptr + pos * s_c + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)
     dt = qo_ptr.dtype.element_ty
 
     q1, q2, q3 = _norm_rope_heads(q_ptr, t, s_qt, s_qh, n_q_heads, qw_ptr, cos, sin, eps, HEAD_DIM, HALF, ROT,

@@ -110,6 +110,17 @@ def _rotate_heads(
 
 
 @triton.jit
+def cos_sin_at(cache_ptr, pos_ptr, t, s_c, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Token t's rotary (cos, sin) rows, float32 [BLOCK_HALF] (masked past HALF), from the [cos | sin] cache."""
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    d_mask = offs_d < HALF
+    cos = tl.load(cache_ptr + pos * s_c + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    sin = tl.load(cache_ptr + pos * s_c + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
 def _rotary_kernel(
     pos_ptr, cache_ptr, q_ptr, k_ptr, qo_ptr, ko_ptr,
     n_q_heads, n_k_heads,
@@ -118,11 +129,7 @@ def _rotary_kernel(
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_HALF)
-    d_mask = offs_d < HALF
-    cos = tl.load(cache_ptr + pos * s_c + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-    sin = tl.load(cache_ptr + pos * s_c + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    cos, sin = cos_sin_at(cache_ptr, pos_ptr, t, s_c, HALF, BLOCK_HALF)
     _rotate_heads(q_ptr, qo_ptr, cos, sin, t, s_qt, s_qh, s_qot, s_qoh, n_q_heads, HALF, BLOCK_HQ, BLOCK_HALF)
     if HAS_K:
         _rotate_heads(k_ptr, ko_ptr, cos, sin, t, s_kt, s_kh, s_kot, s_koh, n_k_heads, HALF, BLOCK_HK, BLOCK_HALF)
