@@ -91,6 +91,8 @@ class TorchExecutor:
         self._host_packed = [torch.empty(0, dtype=torch.float64) for _ in range(2)]
         self._flip = 0
         self.staging = StagingArea(self.device)  # an eager step's integer inputs: one copy (none on the CPU)
+        # a sampled step's host inputs (indices, parameters, penalty and bias keys): one more copy (none on the CPU)
+        self.sample_staging = StagingArea(self.device)
         torch.manual_seed(config.seed)
         model = load_model(hf_config, folder, load_format=config.load_format, device=self.device, dtype=self.dtype,
                            max_positions=max_model_len, seed=config.seed)
@@ -254,12 +256,12 @@ class TorchExecutor:
         counts of the step after: `pending_tokens`), and reach the host with their logprobs in one copy."""
         logits = self.execute(sched)
         if not self.overlaps:  # every token on the host before the next step: nothing pending
-            return DoneStep(*sample_logits(self.sampler, logits, sampling).on_host())
+            return DoneStep(*sample_logits(self.sampler, logits, sampling, staging=self.sample_staging).on_host())
         seq_ids = [item.seq.seq_id for item in sched.scheduled if item.samples]
         pending = None
         if sampling is not None:
             pending = pending_tokens(sampling, seq_ids, self._prev_tokens, self._prev_rows)
-        sample = sample_logits(self.sampler, logits, sampling, pending)
+        sample = sample_logits(self.sampler, logits, sampling, pending, self.sample_staging)
         tokens = sample.tokens.to(self.device, non_blocking=True)  # the host sampler's (on-device ones are there)
         self._prev_tokens = tokens
         self._prev_rows = {seq_id: i for i, seq_id in enumerate(seq_ids)}

@@ -8,6 +8,11 @@ Every step without a grammar row or a logits processor (`samples_on_device`) is 
 `Sampler.sample_on_device` with the same code and nothing read back to the host: penalties, min_tokens,
 logit_bias and logprobs included, so a CUDA step keeps its tokens (and logprobs) on the device until the step's
 one device-to-host copy (`StepSample.pack`).
+
+What a step's sampling reads from the host (row indices, temperature/top-k/top-p/min-p columns, penalty keys
+row * V + token, logit_bias keys and values, min_tokens masks) is built before any of its device work, all at once
+(`_step_inputs`), into a pack (worker/runner/staging.py): the executor's sampling `StagingArea` takes it to the
+device with ONE copy from persistent pinned memory; on the CPU (or with no staging) each array is used where it is.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 
 from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.sequence import PLACEHOLDER
-from hetero_infer.worker.runner.staging import to_device
+from hetero_infer.worker.runner.staging import DirectPack, Pack, StagingArea, to_device
 from hetero_infer.worker.structured.mask import apply_grammar_masks
 from hetero_infer.worker.structured.matcher import GrammarState
 
@@ -183,13 +188,11 @@ class Sampler:
         """The host sampler: every row's `SampledToken`, read back (grammar rows included)."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [len(rows), vocab], got {tuple(logits.shape)} for {len(rows)} rows")
-        raw = logits.float()
-        tokens = _sample_tokens(process_logits(raw, rows, pending), rows, one_pass=False)
-        token_ids, sampled = StepSample(tokens, self._logprobs(raw, tokens, rows)).on_host()
+        token_ids, sampled = self._sample(logits, rows, pending, False, None).on_host()
         return sampled if sampled is not None else [SampledToken(t, None, None) for t in token_ids]
 
     def sample_on_device(self, logits: torch.Tensor, rows: list[SamplingRow], one_pass: bool | None = None,
-                         pending: PendingTokens | None = None) -> StepSample:
+                         pending: PendingTokens | None = None, staging: StagingArea | None = None) -> StepSample:
         """What `__call__` samples for rows that all `samples_on_device` (penalties, min_tokens, logit_bias and
         logprobs included), as tensors where the logits are, with no host round trip (nothing read back, the
         parameters and token keys copied from pinned memory without blocking; `pending`: tokens of the step in
@@ -197,30 +200,43 @@ class Sampler:
         generators advanced alike, and every row its logprobs; unseeded rows draw from the same distribution
         (the global generator's draws have another shape: see `_sample_filtered`).
         `one_pass` (default: off the CPU) ranks top-p rows in one pass, no overflow read back; on the CPU the
-        read-back costs nothing and the host's narrow first pass is ~4x cheaper than a full sort at 32 rows."""
+        read-back costs nothing and the host's narrow first pass is ~4x cheaper than a full sort at 32 rows.
+        `staging`: where the step's host inputs are packed, for one copy (None: each array on its own)."""
         if one_pass is None:
             one_pass = logits.device.type != "cpu"
-        raw = logits.float()
-        tokens = _sample_tokens(process_logits(raw, rows, pending), rows, one_pass)
-        return StepSample(tokens, self._logprobs(raw, tokens, rows))
+        return self._sample(logits, rows, pending, one_pass, staging)
 
-    def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> StepLogprobs | None:
-        """The raw logprobs of the rows that get them (every row with all_logprobs), where the logits are."""
-        want = [i for i, r in enumerate(rows) if self.all_logprobs or r.params.logprobs is not None]
-        if not want:
+    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], pending: PendingTokens | None, one_pass: bool,
+                staging: StagingArea | None) -> StepSample:
+        """Every host input of the step packed first (one copy with a staged `staging`), then the device work."""
+        vocab = logits.shape[1]
+
+        def fill(pack: Pack | DirectPack) -> _StepInputs:
+            return _step_inputs(rows, vocab, pending, one_pass, self.all_logprobs, pack)
+        inputs = staging.pack(fill) if staging is not None else fill(DirectPack(logits.device))
+        raw = logits.float()
+        tokens = _sample_tokens(process_logits(raw, rows, pending, inputs.processing), rows, one_pass,
+                                inputs.sampling)
+        return StepSample(tokens, self._logprobs(raw, tokens, rows, inputs.logprobs))
+
+    @staticmethod
+    def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow],
+                  want: _Rows | None) -> StepLogprobs | None:
+        """The raw logprobs of the rows `want` (`_logprob_rows`), where the logits are."""
+        if want is None:
             return None
-        sub = _take_rows(raw, want)
+        sub = want.take(raw)
         lse = torch.logsumexp(sub, dim=-1, keepdim=True)
-        chosen = (sub.gather(1, _take_rows(tokens, want).unsqueeze(1)) - lse).squeeze(1)
-        top_n = [rows[i].params.logprobs for i in want]
+        chosen = (sub.gather(1, want.take(tokens).unsqueeze(1)) - lse).squeeze(1)
+        top_n = [rows[i].params.logprobs for i in want.ids]
         width = min(max(n or 0 for n in top_n), sub.shape[1])
         if width:
             values, ids = sub.topk(width, dim=-1)
             values = values - lse
         else:
-            values = sub.new_empty(len(want), 0)
-            ids = tokens.new_empty(len(want), 0)
-        return StepLogprobs(want, top_n, chosen, values, ids)
+            values = sub.new_empty(len(want.ids), 0)
+            ids = tokens.new_empty(len(want.ids), 0)
+        return StepLogprobs(want.ids, top_n, chosen, values, ids)
 
     def argmax(self, logits: torch.Tensor) -> list[int]:
         """Each row's token where every row `takes_argmax` (and the sampler fills no logprobs unless asked):
@@ -251,29 +267,234 @@ def samples_on_device(row: SamplingRow) -> bool:
     return row.grammar is None and not row.params.logits_processors
 
 
-def process_logits(logits: torch.Tensor, rows: list[SamplingRow],
-                   pending: PendingTokens | None = None) -> torch.Tensor:
+# -- a step's host inputs, built before any of its device work (`_step_inputs`) --------------------------------------
+@dataclass(slots=True)
+class _Rows:
+    """Some rows of a batch: their indices on the host and where the logits are (`at`; None: every row, in order,
+    so nothing is gathered or scattered)."""
+
+    ids: list[int]
+    at: torch.Tensor | None
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.at is None else x.index_select(0, self.at)
+
+    def write(self, out: torch.Tensor, values: torch.Tensor) -> None:
+        if self.at is None:
+            out.copy_(values)
+        else:
+            out[self.at] = values
+
+
+def _rows(ids: list[int], total: int, pack: Pack | DirectPack) -> _Rows:
+    """`ids` of a batch of `total` rows as `_Rows` (their indices put in `pack` unless they are every row)."""
+    return _Rows(ids, None if len(ids) == total and ids == list(range(total)) else pack.put(ids))
+
+
+def _column(values: list[float], pack: Pack | DirectPack) -> torch.Tensor:
+    return pack.put(values, np.float32).unsqueeze(1)
+
+
+@dataclass(slots=True)
+class _Keys:
+    """Occurrence keys row * V + token: those the host knows (`host`), and for tokens still pending on the device,
+    each such row's index in `PendingTokens.tokens` then its row * V (`late`, [2n])."""
+
+    host: torch.Tensor | None
+    late: torch.Tensor | None
+
+    def on_device(self, pending: PendingTokens | None) -> torch.Tensor:
+        if self.late is None:
+            return self.host
+        n = self.late.shape[0] // 2
+        late = pending.tokens.index_select(0, self.late[:n]) + self.late[n:]
+        return late if self.host is None else torch.cat([self.host, late])
+
+
+@dataclass(slots=True)
+class _Processing:
+    """`process_logits`' host inputs (but the grammar masks'): flat keys row * V + token and what they get."""
+
+    active: bool = False  # some row has penalties, a min_tokens mask or a logit_bias
+    repetition: _Keys | None = None
+    repetition_penalty: torch.Tensor | None = None  # [rows] float32
+    output: _Keys | None = None
+    frequency_penalty: torch.Tensor | None = None  # [rows] float32
+    presence_penalty: torch.Tensor | None = None  # [rows] float32
+    stop_keys: torch.Tensor | None = None
+    bias_keys: torch.Tensor | None = None
+    bias_values: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class _Pass:
+    """One candidate pass's host inputs, over the filtered rows at positions `pos` (`_sample_candidates`)."""
+
+    rows: _Rows  # those rows in the logits
+    pos: _Rows | None  # the positions (in `mass`), where a row without top-k has top-p
+    has_k: list[bool]
+    inv_t: torch.Tensor  # [n, 1] float32
+    k: torch.Tensor  # [n] int64: top-k, else the pass's width
+    has_k_col: torch.Tensor | None  # [n, 1] bool, where some rows have top-k and others top-p alone
+    top_p: torch.Tensor | None  # [n, 1] float32, where a row has top-p
+    min_p: torch.Tensor | None  # [n, 1] float32, where a row has min-p
+    mine: _Rows | None  # the positions (in the pass) of seeded rows
+    own: _Rows | None  # and their rows in the seeded noise
+
+
+@dataclass(slots=True)
+class _Filtered:
+    """`_sample_filtered`'s host inputs: its rows without top-k (their top-p mass is the whole row's), which of
+    them are seeded, and the first pass's width and inputs."""
+
+    no_k_rows: _Rows | None
+    no_k_pos: _Rows | None
+    no_k_scale: torch.Tensor | None  # [n, 1] float32
+    seeded_pos: list[int]
+    width: int
+    first: _Pass
+
+
+@dataclass(slots=True)
+class _Plain:
+    rows: _Rows
+    inv_t: torch.Tensor  # [n, 1] float32
+    min_p: torch.Tensor | None  # [n, 1] float32, where a row has min-p
+
+
+@dataclass(slots=True)
+class _Sampling:
+    """`_sample_tokens`' host inputs: greedy, top-k/top-p and plain temperature rows."""
+
+    greedy: _Rows | None
+    filtered_rows: _Rows | None
+    filtered: _Filtered | None
+    plain: _Plain | None
+
+
+@dataclass(slots=True)
+class _StepInputs:
+    processing: _Processing
+    sampling: _Sampling
+    logprobs: _Rows | None  # rows that get logprobs
+
+
+def _step_inputs(rows: list[SamplingRow], vocab: int, pending: PendingTokens | None, one_pass: bool,
+                 all_logprobs: bool, pack: Pack | DirectPack) -> _StepInputs:
+    """Everything a step's sampling reads from the host, put in `pack` (host work only: a `Pack` may run it
+    again, larger)."""
+    want = [i for i, r in enumerate(rows) if all_logprobs or r.params.logprobs is not None]
+    return _StepInputs(_processing_inputs(rows, vocab, pending, pack), _sampling_inputs(rows, vocab, one_pass, pack),
+                       _rows(want, len(rows), pack) if want else None)
+
+
+def _processing_inputs(rows: list[SamplingRow], vocab: int, pending: PendingTokens | None,
+                       pack: Pack | DirectPack) -> _Processing:
+    pen_rows = [i for i, r in enumerate(rows) if _has_penalties(r.params)]
+    min_tok_rows = [i for i, r in enumerate(rows) if len(r.output_token_ids) < r.params.min_tokens]
+    bias_rows = [i for i, r in enumerate(rows) if r.params.logit_bias]
+    out = _Processing(active=bool(pen_rows or min_tok_rows or bias_rows))
+    if pen_rows:
+        rep_idx = [i for i in pen_rows if rows[i].params.repetition_penalty != 1.0]
+        out.repetition = _occurrence_keys(rows, rep_idx, vocab, pending, True, pack)
+        if out.repetition is not None:
+            out.repetition_penalty = pack.put([r.params.repetition_penalty for r in rows], np.float32)
+        out_idx = [i for i in pen_rows if rows[i].params.frequency_penalty or rows[i].params.presence_penalty]
+        out.output = _occurrence_keys(rows, out_idx, vocab, pending, False, pack)
+        if out.output is not None:
+            out.frequency_penalty = pack.put([r.params.frequency_penalty for r in rows], np.float32)
+            out.presence_penalty = pack.put([r.params.presence_penalty for r in rows], np.float32)
+    if min_tok_rows:
+        keys = _stop_keys(rows, min_tok_rows, vocab)
+        if keys:
+            out.stop_keys = pack.put(keys)
+    if bias_rows:
+        keys, values = _bias_entries(rows, bias_rows, vocab)
+        if keys:
+            out.bias_keys, out.bias_values = pack.put(keys), pack.put(values, np.float32)
+    return out
+
+
+def _sampling_inputs(rows: list[SamplingRow], vocab: int, one_pass: bool, pack: Pack | DirectPack) -> _Sampling:
+    n = len(rows)
+    greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+    filtered = [i for i, r in enumerate(rows) if not r.params.greedy and _has_top_k_or_p(r.params, vocab)]
+    plain = [i for i, r in enumerate(rows) if not r.params.greedy and not _has_top_k_or_p(r.params, vocab)]
+    plain_inputs = None
+    if plain:
+        min_p = [rows[i].params.min_p for i in plain]
+        plain_inputs = _Plain(_rows(plain, n, pack), _column([1.0 / rows[i].params.temperature for i in plain], pack),
+                              _column(min_p, pack) if any(min_p) else None)
+    filtered_rows = _rows(filtered, n, pack) if filtered else None
+    return _Sampling(_rows(greedy, n, pack) if greedy else None, filtered_rows,
+                     _filtered_inputs(rows, filtered_rows, vocab, one_pass, pack) if filtered else None, plain_inputs)
+
+
+def _filtered_inputs(rows: list[SamplingRow], filtered: _Rows, vocab: int, one_pass: bool,
+                     pack: Pack | DirectPack) -> _Filtered:
+    idx, n = filtered.ids, len(rows)
+    params = [rows[i].params for i in idx]
+    no_k = [j for j, p in enumerate(params) if not 0 < p.top_k < vocab]
+    seeded_pos = [j for j, i in enumerate(idx) if rows[i].generator is not None]
+    width = max([_CANDIDATES] + [p.top_k for p in params if 0 < p.top_k < vocab])
+    if one_pass and no_k and any(params[j].top_p < 1.0 for j in no_k):
+        width = vocab
+    width = min(width, vocab)
+    first = _pass_inputs(rows, idx, list(range(len(idx))), filtered, width, {j: r for r, j in enumerate(seeded_pos)},
+                         vocab, pack)
+    if not no_k:
+        return _Filtered(None, None, None, seeded_pos, width, first)
+    return _Filtered(_rows([idx[j] for j in no_k], n, pack), _rows(no_k, len(idx), pack),
+                     _column([1.0 / params[j].temperature for j in no_k], pack), seeded_pos, width, first)
+
+
+def _pass_inputs(rows: list[SamplingRow], idx: list[int], pos: list[int], at: _Rows, width: int,
+                 seeded_row: dict[int, int], vocab: int, pack: Pack | DirectPack) -> _Pass:
+    """A candidate pass's inputs for the filtered rows idx[pos] (`at`: those rows in the logits)."""
+    params = [rows[idx[j]].params for j in pos]
+    has_k = [0 < p.top_k < vocab for p in params]
+    top_p = [p.top_p for p in params]
+    min_p = [p.min_p for p in params]
+    nucleus = any(v < 1.0 for v in top_p)
+    mixed = nucleus and not all(has_k)
+    mine = [n for n, j in enumerate(pos) if j in seeded_row]
+    return _Pass(
+        rows=at,
+        pos=_rows(pos, len(idx), pack) if mixed else None,
+        has_k=has_k,
+        inv_t=_column([1.0 / p.temperature for p in params], pack),
+        k=pack.put([p.top_k if h else width for p, h in zip(params, has_k, strict=True)]),
+        has_k_col=pack.put(has_k, np.bool_).unsqueeze(1) if mixed and any(has_k) else None,
+        top_p=_column(top_p, pack) if nucleus else None,
+        min_p=_column(min_p, pack) if any(min_p) else None,
+        mine=_rows(mine, len(pos), pack) if mine else None,
+        own=_rows([seeded_row[pos[n]] for n in mine], len(seeded_row), pack) if mine else None,
+    )
+
+
+# -- the device work, reading those inputs ------------------------------------------------------------------------
+def process_logits(logits: torch.Tensor, rows: list[SamplingRow], pending: PendingTokens | None = None,
+                   inputs: _Processing | None = None) -> torch.Tensor:
     """Penalties, then min_tokens masking, then logit_bias, then grammar masks, as float32. `pending`: the tokens
     of the step in flight (PLACEHOLDERs in output_token_ids), counted by the penalties where they are.
+    `inputs`: the step's host inputs for them (`_step_inputs`; built here if None).
 
     Returns `logits` itself when no row needs any, else a new tensor (never in place). Nothing is read back to
     the host but for grammar rows.
     """
     x = logits.float()
-    pen_rows = [i for i, r in enumerate(rows) if _has_penalties(r.params)]
-    min_tok_rows = [i for i, r in enumerate(rows) if len(r.output_token_ids) < r.params.min_tokens]
-    bias_rows = [i for i, r in enumerate(rows) if r.params.logit_bias]
+    if inputs is None:
+        inputs = _processing_inputs(rows, x.shape[1], pending, DirectPack(x.device))
     grammar_rows = [i for i, r in enumerate(rows) if r.grammar is not None]
-    if not pen_rows and not min_tok_rows and not bias_rows and not grammar_rows:
+    if not inputs.active and not grammar_rows:
         return x
     if x is logits or not x.is_contiguous():
         x = x.clone(memory_format=torch.contiguous_format)
-    if pen_rows:
-        _apply_penalties(x, rows, pen_rows, pending)
-    if min_tok_rows:
-        _mask_stop_tokens(x, rows, min_tok_rows)
-    if bias_rows:
-        _apply_logit_bias(x, rows, bias_rows)
+    _apply_penalties(x, inputs, pending)
+    if inputs.stop_keys is not None:
+        x.view(-1).index_fill_(0, inputs.stop_keys, float("-inf"))
+    if inputs.bias_keys is not None:
+        x.view(-1).index_add_(0, inputs.bias_keys, inputs.bias_values)
     if grammar_rows:
         apply_grammar_masks(x, grammar_rows, [rows[i].grammar for i in grammar_rows],
                             [rows[i].output_token_ids for i in grammar_rows])
@@ -298,76 +519,51 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
     return x.max(dim=-1).indices
 
 
-def _sample_tokens(x: torch.Tensor, rows: list[SamplingRow], one_pass: bool) -> torch.Tensor:
+def _sample_tokens(x: torch.Tensor, rows: list[SamplingRow], one_pass: bool, inputs: _Sampling) -> torch.Tensor:
     """Each row's token from its processed logits `x`: argmax for greedy rows, else the exponential race over
     its temperature/top-k/top-p/min-p distribution. `one_pass`: see `_sample_filtered`."""
-    vocab, device = x.shape[1], x.device
-    tokens = torch.empty(x.shape[0], dtype=torch.long, device=device)
-    greedy = [i for i, r in enumerate(rows) if r.params.greedy]
-    if greedy:
-        tokens[_index(greedy, device)] = _argmax(_take_rows(x, greedy))
-    filtered = [i for i, r in enumerate(rows) if not r.params.greedy and _has_top_k_or_p(r.params, vocab)]
-    plain = [i for i, r in enumerate(rows) if not r.params.greedy and not _has_top_k_or_p(r.params, vocab)]
-    if filtered:
-        tokens[_index(filtered, device)] = _sample_filtered(x, rows, filtered, one_pass)
-    if plain:
-        tokens[_index(plain, device)] = _sample_plain(x, rows, plain)
+    tokens = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
+    if inputs.greedy is not None:
+        inputs.greedy.write(tokens, _argmax(inputs.greedy.take(x)))
+    if inputs.filtered is not None:
+        inputs.filtered_rows.write(tokens, _sample_filtered(x, rows, inputs.filtered_rows.ids, inputs.filtered))
+    if inputs.plain is not None:
+        inputs.plain.rows.write(tokens, _sample_plain(x, rows, inputs.plain))
     return tokens
 
 
-def _tensor(values: list, dtype: np.dtype, device: torch.device) -> torch.Tensor:
-    """Host values as a tensor on `device` without synchronising (on CUDA from pinned memory, non-blocking;
-    `torch.tensor(values, device=...)` waits for the stream)."""
-    return to_device(np.asarray(values, dtype=dtype), device)
-
-
 def _index(idx: list[int], device: torch.device) -> torch.Tensor:
-    return _tensor(idx, np.int64, device)
+    return to_device(np.asarray(idx, dtype=np.int64), device)
 
 
-def _take_rows(x: torch.Tensor, idx: list[int]) -> torch.Tensor:
-    """x[idx], without a copy when idx is every row in order."""
-    if len(idx) == x.shape[0] and idx == list(range(len(idx))):
-        return x
-    return x.index_select(0, _index(idx, x.device))
-
-
-def _column(values: list[float], device: torch.device) -> torch.Tensor:
-    return _tensor(values, np.float32, device).unsqueeze(1)
-
-
-def _apply_penalties(x: torch.Tensor, rows: list[SamplingRow], idx: list[int],
-                     pending: PendingTokens | None) -> None:
-    """Repetition (prompt+output, HF style), then frequency and presence (output, OpenAI style), for rows `idx`.
+def _apply_penalties(x: torch.Tensor, inputs: _Processing, pending: PendingTokens | None) -> None:
+    """Repetition (prompt+output, HF style), then frequency and presence (output, OpenAI style).
 
     Works on the (row, token) pairs that occurred, not on whole rows: flat keys row * V + token, one per
     occurrence. Without a read-back: a key that occurs k times is written k times with the same value, and the
     output's counts come from a sort (`searchsorted` of each key in the sorted keys), not `unique`."""
-    device, vocab = x.device, x.shape[1]
+    vocab = x.shape[1]
     flat = x.view(-1)
-    rep_idx = [i for i in idx if rows[i].params.repetition_penalty != 1.0]
-    keys = _occurrence_keys(rows, rep_idx, vocab, pending, True, device)
-    if keys is not None:
-        penalty = _tensor([r.params.repetition_penalty for r in rows], np.float32, device)[keys // vocab]
+    if inputs.repetition is not None:
+        keys = inputs.repetition.on_device(pending)
+        penalty = inputs.repetition_penalty[keys // vocab]
         vals = flat[keys]
         flat.index_put_((keys,), torch.where(vals > 0, vals / penalty, vals * penalty))
-
-    out_idx = [i for i in idx if rows[i].params.frequency_penalty or rows[i].params.presence_penalty]
-    keys = _occurrence_keys(rows, out_idx, vocab, pending, False, device)
-    if keys is not None:
+    if inputs.output is not None:
+        keys = inputs.output.on_device(pending)
         ordered = keys.sort().values
         counts = torch.searchsorted(ordered, keys, right=True) - torch.searchsorted(ordered, keys)
         row = keys // vocab
-        freq = _tensor([r.params.frequency_penalty for r in rows], np.float32, device)[row]
-        presence = _tensor([r.params.presence_penalty for r in rows], np.float32, device)[row]
+        freq = inputs.frequency_penalty[row]
+        presence = inputs.presence_penalty[row]
         flat.index_put_((keys,), flat[keys] - (freq * counts + presence))
 
 
 def _occurrence_keys(rows: list[SamplingRow], idx: list[int], vocab: int, pending: PendingTokens | None,
-                     with_prompt: bool, device: torch.device) -> torch.Tensor | None:
-    """Flat keys row * V + token of every output token (and prompt token, `with_prompt`) of rows `idx` inside the
-    vocab, on `device`: the host's from its token lists (a PLACEHOLDER is outside the vocab), the pending
-    tokens' gathered where they are. None where there are none."""
+                     with_prompt: bool, pack: Pack | DirectPack) -> _Keys | None:
+    """The `_Keys` of every output token (and prompt token, `with_prompt`) of rows `idx` inside the vocab: the
+    host's from its token lists (a PLACEHOLDER is outside the vocab), the pending tokens' to be gathered where
+    they are. None where there are none."""
     if not idx:
         return None
     lists = [r.output_token_ids for r in (rows[i] for i in idx)]
@@ -381,16 +577,14 @@ def _occurrence_keys(rows: list[SamplingRow], idx: list[int], vocab: int, pendin
     host = (tokens + np.repeat(np.asarray(owners, dtype=np.int64) * vocab, lengths))[(tokens >= 0) & (tokens < vocab)]
     waiting = [i for i in idx if i in pending.rows] if pending is not None else []
     if not waiting:
-        return _tensor(host, np.int64, device) if host.size else None
-    n = len(waiting)
-    at = _tensor([pending.rows[i] for i in waiting] + [i * vocab for i in waiting], np.int64, device)
-    late = pending.tokens.index_select(0, at[:n]) + at[n:]
-    return torch.cat([_tensor(host, np.int64, device), late]) if host.size else late
+        return _Keys(pack.put(host), None) if host.size else None
+    late = pack.put([pending.rows[i] for i in waiting] + [i * vocab for i in waiting])
+    return _Keys(pack.put(host) if host.size else None, late)
 
 
-def _mask_stop_tokens(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:
-    """-inf at each row's stop tokens and (unless ignore_eos) EOS tokens, rows `idx` (under their min_tokens)."""
-    vocab = x.shape[1]
+def _stop_keys(rows: list[SamplingRow], idx: list[int], vocab: int) -> list[int]:
+    """Flat keys of each row's stop tokens and (unless ignore_eos) EOS tokens, rows `idx` (under their
+    min_tokens): masked with -inf."""
     keys = []
     for i in idx:
         row = rows[i]
@@ -398,21 +592,18 @@ def _mask_stop_tokens(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) 
         if not row.params.ignore_eos:
             banned.update(row.eos_token_ids)
         keys.extend(i * vocab + t for t in banned if 0 <= t < vocab)
-    if keys:
-        x.view(-1).index_fill_(0, _index(keys, x.device), float("-inf"))
+    return keys
 
 
-def _apply_logit_bias(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> None:
-    """Add each row's logit_bias to its logits, all rows in one scatter (flat keys row * V + token)."""
-    vocab = x.shape[1]
+def _bias_entries(rows: list[SamplingRow], idx: list[int], vocab: int) -> tuple[list[int], list[float]]:
+    """Each row's logit_bias as flat keys row * V + token and their values, all rows added in one scatter."""
     keys, values = [], []
     for i in idx:
         for token, bias in rows[i].params.logit_bias.items():
             if 0 <= token < vocab:
                 keys.append(i * vocab + token)
                 values.append(bias)
-    if keys:
-        x.view(-1).index_add_(0, _index(keys, x.device), _tensor(values, np.float32, x.device))
+    return keys, values
 
 
 def _unseeded_noise(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
@@ -420,61 +611,52 @@ def _unseeded_noise(shape: tuple[int, int], device: torch.device) -> torch.Tenso
     return torch.rand(shape, device=device).log_().neg_()
 
 
-def _sample_plain(x: torch.Tensor, rows: list[SamplingRow], idx: list[int]) -> torch.Tensor:
-    """Temperature (+ min-p) over the whole vocab; returns tokens in the order of idx."""
+def _sample_plain(x: torch.Tensor, rows: list[SamplingRow], inputs: _Plain) -> torch.Tensor:
+    """Temperature (+ min-p) over the whole vocab; returns tokens in the order of the plain rows."""
     device, vocab = x.device, x.shape[1]
-    sub = _take_rows(x, idx)
-    inv_t = _column([1.0 / rows[i].params.temperature for i in idx], device)
+    sub = inputs.rows.take(x)
+    inv_t = inputs.inv_t
     row_max = sub.amax(dim=-1, keepdim=True)
     # exp((x - max) / T): probabilities relative to the most likely token.
     rel = torch.addcmul(-row_max * inv_t, sub, inv_t).exp_()
-    min_p = [rows[i].params.min_p for i in idx]
-    if any(min_p):
-        rel.masked_fill_(rel < _column(min_p, device), 0.0)
+    if inputs.min_p is not None:
+        rel.masked_fill_(rel < inputs.min_p, 0.0)
     # One batched draw; seeded rows then overwrite theirs (cheaper than gathering the others).
-    noise = _unseeded_noise((len(idx), vocab), device)
-    for j, i in enumerate(idx):
+    noise = _unseeded_noise((len(inputs.rows.ids), vocab), device)
+    for j, i in enumerate(inputs.rows.ids):
         if rows[i].generator is not None:
             _fill_seeded_noise(noise[j], rows[i].generator)
     return rel.div_(noise).max(dim=-1).indices
 
 
-def _sample_filtered(x: torch.Tensor, rows: list[SamplingRow], idx: list[int],
-                     one_pass: bool = False) -> torch.Tensor:
-    """Rows with top-k and/or top-p: sample among each row's largest logits only. `one_pass`: one pass, as
-    wide as the widest nucleus can be (the whole vocab where a row has top-p without top-k), so no row's
-    overflow is read back; a wider pass keeps the same tokens (the candidates are the same sorted prefix, the
-    seeded noise is the full vocab's) and only the global generator's draws change shape."""
+def _sample_filtered(x: torch.Tensor, rows: list[SamplingRow], idx: list[int], inputs: _Filtered) -> torch.Tensor:
+    """Rows `idx` with top-k and/or top-p: sample among each row's largest logits only. The first pass is as wide
+    as `_filtered_inputs` made it: with `one_pass`, as wide as the widest nucleus can be (the whole vocab where a
+    row has top-p without top-k), so no row's overflow is read back; a wider pass keeps the same tokens (the
+    candidates are the same sorted prefix, the seeded noise is the full vocab's) and only the global generator's
+    draws change shape. Else the rows whose nucleus may extend past a pass are read back and retried wider."""
     device, vocab = x.device, x.shape[1]
-    params = [rows[i].params for i in idx]
     # Top-p without top-k normalises by the whole row's mass (relative to the row max).
     mass = torch.zeros(len(idx), 1, device=device)
-    no_k = [j for j, p in enumerate(params) if not 0 < p.top_k < vocab]
-    if no_k:
-        sub = _take_rows(x, [idx[j] for j in no_k])
-        scale = _column([1.0 / params[j].temperature for j in no_k], device)
+    if inputs.no_k_rows is not None:
+        sub = inputs.no_k_rows.take(x)
+        scale = inputs.no_k_scale
         row_max = sub.amax(dim=-1, keepdim=True)
-        mass[_index(no_k, device)] = torch.addcmul(-row_max * scale, sub, scale).exp_().sum(-1, keepdim=True)
+        inputs.no_k_pos.write(mass, torch.addcmul(-row_max * scale, sub, scale).exp_().sum(-1, keepdim=True))
     # Drawn once, up front: a retry with a wider pass must reuse the same noise.
-    seeded_pos = [j for j, i in enumerate(idx) if rows[i].generator is not None]
-    seeded = torch.empty(len(seeded_pos), vocab, device=device)
-    for r, j in enumerate(seeded_pos):
+    seeded = torch.empty(len(inputs.seeded_pos), vocab, device=device)
+    for r, j in enumerate(inputs.seeded_pos):
         _fill_seeded_noise(seeded[r], rows[idx[j]].generator)
-    seeded_row = {j: r for r, j in enumerate(seeded_pos)}
 
-    out = torch.empty(len(idx), dtype=torch.long, device=device)
-    pending = list(range(len(idx)))
-    width = max([_CANDIDATES] + [p.top_k for p in params if 0 < p.top_k < vocab])
-    if one_pass and no_k and any(params[j].top_p < 1.0 for j in no_k):
-        width = vocab
-    while pending:
-        width = min(width, vocab)
-        tokens, overflow = _sample_candidates(x, rows, idx, pending, width, mass, seeded, seeded_row)
-        done = [n for n, j in enumerate(pending) if j not in overflow]
+    seeded_row = {j: r for r, j in enumerate(inputs.seeded_pos)}
+    pos, width = list(range(len(idx))), inputs.width
+    out, overflow = _sample_candidates(x, rows, idx, pos, width, mass, seeded, seeded_row, inputs.first)
+    while overflow:
+        pos, width = [j for j in pos if j in overflow], min(width * 8, vocab)
+        tokens, overflow = _sample_candidates(x, rows, idx, pos, width, mass, seeded, seeded_row)
+        done = [n for n, j in enumerate(pos) if j not in overflow]
         if done:
-            out[_index([pending[n] for n in done], device)] = tokens[_index(done, device)]
-        pending = [j for j in pending if j in overflow]
-        width *= 8
+            out[_index([pos[n] for n in done], device)] = tokens[_index(done, device)]
     return out
 
 
@@ -487,61 +669,60 @@ def _sample_candidates(
     mass: torch.Tensor,
     seeded: torch.Tensor,
     seeded_row: dict[int, int],
+    inputs: _Pass | None = None,
 ) -> tuple[torch.Tensor, set[int]]:
-    """Filter and sample rows idx[pos] within their `width` largest logits.
+    """Filter and sample rows idx[pos] within their `width` largest logits (`inputs`: the pass's host inputs,
+    from `_pass_inputs`; a retry's are built here, where the host has just read which rows overflowed).
 
     Returns a token per pos (garbage for overflow) and the positions whose top-p nucleus
     may extend past `width` and must be retried wider.
     """
     device, vocab = x.device, x.shape[1]
-    params = [rows[idx[j]].params for j in pos]
-    vals, cand = _take_rows(x, [idx[j] for j in pos]).topk(width, dim=-1, sorted=True)
-    inv_t = _column([1.0 / p.temperature for p in params], device)
-    rel = (vals - vals[:, :1]).mul_(inv_t).exp_()  # probabilities relative to the most likely token
-    has_k = [0 < p.top_k < vocab for p in params]
-    k = _index([p.top_k if h else width for p, h in zip(params, has_k, strict=True)], device)
+    if inputs is None:
+        direct = DirectPack(device)
+        inputs = _pass_inputs(rows, idx, pos, _rows([idx[j] for j in pos], x.shape[0], direct), width, seeded_row,
+                              vocab, direct)
+    vals, cand = inputs.rows.take(x).topk(width, dim=-1, sorted=True)
+    rel = (vals - vals[:, :1]).mul_(inputs.inv_t).exp_()  # probabilities relative to the most likely token
+    k = inputs.k
     keep = torch.arange(width, device=device).unsqueeze(0) < k.unsqueeze(1)
 
     overflow: set[int] = set()
-    top_p = [p.top_p for p in params]
-    if any(v < 1.0 for v in top_p):
+    if inputs.top_p is not None:
         cums = rel.masked_fill(~keep, 0.0).cumsum(dim=-1)
         total = cums.gather(1, (k - 1).unsqueeze(1))  # mass of the top-k tokens
-        if not all(has_k):
-            has_k_col = _tensor(has_k, np.bool_, device).unsqueeze(1)
-            total = torch.where(has_k_col, total, mass[_index(pos, device)])
-        limit = _column(top_p, device) * total
+        if inputs.pos is not None:
+            no_k_mass = inputs.pos.take(mass)
+            total = no_k_mass if inputs.has_k_col is None else torch.where(inputs.has_k_col, total, no_k_mass)
+        limit = inputs.top_p * total
         exclusive = torch.cat([torch.zeros_like(cums[:, :1]), cums[:, :-1]], dim=1)
         keep &= exclusive < limit
-        if width < vocab and not all(has_k):  # a top-k row's nucleus is inside its top k
+        if width < vocab and inputs.pos is not None:  # a top-k row's nucleus is inside its top k
             short = (cums[:, -1] < limit.squeeze(1)).tolist()
-            overflow = {j for j, h, sh in zip(pos, has_k, short, strict=True) if sh and not h}
-    min_p = [p.min_p for p in params]
-    if any(min_p):
-        keep &= rel >= _column(min_p, device)
+            overflow = {j for j, h, sh in zip(pos, inputs.has_k, short, strict=True) if sh and not h}
+    if inputs.min_p is not None:
+        keep &= rel >= inputs.min_p
 
     noise = _unseeded_noise((len(pos), width), device)
-    mine = [n for n, j in enumerate(pos) if j in seeded_row]
-    if mine:
+    if inputs.mine is not None:
         # Full-vocab draws gathered at the candidates: the same race as over the whole vocab.
-        at = _index(mine, device)
-        own = seeded.index_select(0, _index([seeded_row[pos[n]] for n in mine], device))
-        noise[at] = own.gather(1, cand[at])
+        inputs.mine.write(noise, inputs.own.take(seeded).gather(1, inputs.mine.take(cand)))
     best = rel.masked_fill_(~keep, 0.0).div_(noise).max(dim=-1).indices
     return cand.gather(1, best.unsqueeze(1)).squeeze(1), overflow
 
 
 def sample_logits(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow] | None,
-                  pending: PendingTokens | None = None) -> StepSample:
+                  pending: PendingTokens | None = None, staging: StagingArea | None = None) -> StepSample:
     """A step's tokens from its logits, one row per sequence that samples. `rows` None: every row takes the first
     maximum of its logits (`takes_argmax`, the usual all-greedy step). Where every row `samples_on_device`
     (no grammar, no logits processor): `Sampler.sample_on_device`, the tokens and logprobs left where the logits
     are. Else each row's logits processors (on a copy), then the host sampler, which reads its results back:
-    the tokens and every row's `SampledToken` on the host. `pending`: see `PendingTokens`."""
+    the tokens and every row's `SampledToken` on the host. `pending`: see `PendingTokens`. `staging`: where
+    `sample_on_device` packs the step's host inputs, for one host-to-device copy."""
     if rows is None:
         return StepSample(sampler.argmax_tokens(logits))
     if all(samples_on_device(r) for r in rows):
-        return sampler.sample_on_device(logits, rows, pending=pending)
+        return sampler.sample_on_device(logits, rows, pending=pending, staging=staging)
     if any(r.params.logits_processors for r in rows):
         logits = logits.to(torch.float32, copy=True)  # processors see float32 rows, as in vLLM
         for i, r in enumerate(rows):

@@ -33,7 +33,8 @@ T = TypeVar("T")
 ALIGN = 64  # bytes; every array starts aligned (Triton specialises its kernels on 16-byte aligned pointers)
 INITIAL_BYTES = 1 << 16
 
-_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
+_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32,
+                 np.dtype(np.float32): torch.float32, np.dtype(np.bool_): torch.bool}
 
 
 def pad_tables(tables: list[list[int]], out: np.ndarray | None = None) -> np.ndarray:
@@ -115,7 +116,8 @@ class Pack:
         return start
 
     def put(self, values: np.ndarray | Sequence, dtype=np.int64) -> torch.Tensor:
-        """`values` (an array, or a list of ints or of equal-length rows) as a device tensor of its shape."""
+        """`values` (an array, or a list of numbers or of equal-length rows) as a device tensor of its shape
+        (int64, int32, float32 or bool)."""
         a = np.asarray(values, dtype=dtype)
         start = self._claim(a.nbytes)
         end = start + a.nbytes
