@@ -28,6 +28,7 @@ from hetero_infer.worker.runner.sampler import (
     samples_on_device,
     takes_argmax,
 )
+from hetero_infer.worker.runner.staging import StagingArea
 
 
 def _rows(params: list[SamplingParams]) -> list[SamplingRow]:
@@ -245,6 +246,38 @@ def test_penalised_rows_on_device_equal_the_host_samplers(specs, vocab, scale, s
         else:
             assert sampled[i].top_logprobs[token_ids[i]] == sampled[i].logprob
             assert len(sampled[i].top_logprobs) in (min(p.logprobs, vocab), min(p.logprobs, vocab) + 1)
+
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(st.lists(st.tuples(_params | _penalised, _history, _history, st.booleans()), min_size=1,
+                               max_size=6), min_size=1, max_size=3),
+       vocab=st.sampled_from([7, 300, 3000]), one_pass=st.booleans(), seed=st.integers(0, 1000))
+def test_staged_step_inputs_give_what_each_array_on_its_own_gives(steps, vocab, one_pass, seed):
+    """A step's host inputs packed into a sampling staging area (the CUDA path: one buffer and one copy, a CPU
+    tensor standing in for the device buffer, grown from 64 bytes) against each array a tensor of its own (the
+    CPU's path): the same tokens, logprobs and generator states, unseeded rows included (the same global
+    generator), step after step through both host buffers, one copy a step; rows whose newest token is pending
+    count it from the device tokens."""
+    staging = StagingArea(torch.device("cpu"), staged=True, nbytes=64)
+    for k, specs in enumerate(steps, 1):
+        logits = torch.randn(len(specs), vocab, generator=torch.Generator().manual_seed(seed + k)) * 3
+        late = [i for i, spec in enumerate(specs) if spec[3]]
+        pending = PendingTokens(torch.tensor([4] * len(specs) + [1] * len(late)),
+                                {i: len(specs) + j for j, i in enumerate(late)}) if late else None
+        results = []
+        for stage in (staging, None):
+            rows = [SamplingRow(p, prompt, output + ([PLACEHOLDER] if i in late else []),
+                                make_generator(p.seed, i % 3) if p.seed is not None else None, [0])
+                    for i, (p, prompt, output, _) in enumerate(specs)]
+            torch.manual_seed(seed)
+            sample = Sampler(all_logprobs=False).sample_on_device(logits, rows, one_pass, pending, stage)
+            results.append((sample.pack(), sample.logprobs and (sample.logprobs.rows, sample.logprobs.top_n),
+                            [r.generator.get_state() for r in rows if r.generator is not None]))
+        (staged, staged_lp, staged_gens), (direct, direct_lp, direct_gens) = results
+        assert staged.dtype == direct.dtype and torch.equal(staged, direct) and staged_lp == direct_lp
+        assert all(torch.equal(a, b) for a, b in zip(staged_gens, direct_gens, strict=True))
+        assert staging.copies == k
 
 
 def test_logprobs_on_device_are_the_host_samplers_and_pack_into_one_buffer():
