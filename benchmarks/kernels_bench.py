@@ -524,6 +524,11 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", choices=["decode", "prefill", "quant", "layers", "tune"],
                     help="sections to run (default: all but tune)")
     args = ap.parse_args(argv)
+    with kernels.use_backend(kernels.get_backend()):  # --smoke forces Triton: not past this call
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.smoke:
         device = torch.device("cpu")
         kernels.set_backend("triton")

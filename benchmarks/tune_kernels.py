@@ -386,11 +386,14 @@ def config_table(done: list[Bucket], device_name: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """The built-in configs are the baseline: shipped or environment tables are off during the run."""
+    from hetero_infer import kernels
+
     saved = os.environ.get(tuned.ENV_VAR)
     os.environ[tuned.ENV_VAR] = "none"
     tuned.clear_cache()
     try:
-        return _main(argv)
+        with kernels.use_backend(kernels.get_backend()):  # --smoke forces Triton: not past this call
+            return _main(argv)
     finally:
         if saved is None:
             os.environ.pop(tuned.ENV_VAR, None)

@@ -1,2 +1,22 @@
 """Puts this folder on sys.path (pytest's default import mode adds a conftest's folder): the test folders share
 `cli_process.py` (tests/server/server_proc.py and tests/router/router_proc.py build on it)."""
+
+import os
+import sys
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _kernel_backend_unchanged():
+    """A test that forces the kernels' backend (`kernels.set_backend`) and leaves it so would run every later test
+    of the process through Triton's interpreter (minutes per model forward): fail the test that leaked it."""
+    backend = sys.modules.get("hetero_infer.kernels._backend")
+    # not imported yet: it will start from the environment's choice
+    before = backend.get_backend() if backend else (os.environ.get("HETERO_INFER_KERNELS") or "auto").strip().lower()
+    yield
+    backend = sys.modules.get("hetero_infer.kernels._backend")
+    if backend is not None and backend.get_backend() != before:
+        leaked = backend.get_backend()
+        backend.set_backend(before)
+        pytest.fail(f"the test left the kernels' backend at {leaked!r} (was {before!r}): use kernels.use_backend")
