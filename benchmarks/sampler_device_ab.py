@@ -8,13 +8,19 @@ again without), where the overlap holds only if such steps need no tokens on the
 
 A/B between two trees: run it alternately from each with PYTHONPATH pointing at the tree, e.g.
 `cd /tmp && PYTHONPATH=/tmp/base python -m benchmarks.sampler_device_ab`, then the same with the other tree.
+For (a) alone, `--baseline-sampler OTHER_TREE/worker/runner/sampler.py` loads that tree's sampler module beside
+this tree's in the same process and interleaves their repeats (far less noise than separate processes on a
+shared machine; the other modules are this tree's).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import sys
 import time
+from types import ModuleType
 
 import torch
 
@@ -22,7 +28,7 @@ from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.runner import sampler as sampler_module
-from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, make_generator
+from hetero_infer.worker.runner.sampler import Sampler, SamplingRow
 
 
 def _params(i: int, max_tokens: int = 16) -> SamplingParams:
@@ -35,30 +41,44 @@ def _params(i: int, max_tokens: int = 16) -> SamplingParams:
                           logit_bias={11: 2.0})
 
 
-def _host_results(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow]):
+def _host_results(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow], module: ModuleType = sampler_module):
     """One step's tokens and SampledTokens on the host, in either tree's API."""
-    out = sampler_module.sample_logits(sampler, logits, rows)
+    out = module.sample_logits(sampler, logits, rows)
     if isinstance(out, tuple):  # the tree before `StepSample`
         tokens, sampled = out
         return tokens.tolist(), sampled
     return out.on_host()
 
 
-def sample_time(rows: int, vocab: int, prompt: int, output: int, iters: int, repeats: int) -> float:
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(rows, vocab, generator=g)
-    batch = [SamplingRow(_params(i), torch.randint(0, vocab, (prompt,), generator=g).tolist(),
-                         torch.randint(0, vocab, (output,), generator=g).tolist(),
-                         make_generator(i) if i % 2 == 0 else None, [0]) for i in range(rows)]
-    sampler = Sampler(all_logprobs=False)
-    _host_results(sampler, logits, batch)
-    times = []
+def load_sampler(path: str) -> ModuleType:
+    """Another tree's runner/sampler.py as a module of its own (its imports are this tree's modules)."""
+    spec = importlib.util.spec_from_file_location("baseline_sampler", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def sample_time(rows: int, vocab: int, prompt: int, output: int, iters: int, repeats: int,
+                modules: tuple[ModuleType, ...] = (sampler_module,)) -> list[float]:
+    """Median host CPU time per step of each sampler module, their repeats interleaved."""
+    steps = []
+    for module in modules:
+        g = torch.Generator().manual_seed(0)
+        logits = torch.randn(rows, vocab, generator=g)
+        batch = [module.SamplingRow(_params(i), torch.randint(0, vocab, (prompt,), generator=g).tolist(),
+                                    torch.randint(0, vocab, (output,), generator=g).tolist(),
+                                    module.make_generator(i) if i % 2 == 0 else None, [0]) for i in range(rows)]
+        steps.append((module.Sampler(all_logprobs=False), logits, batch, module))
+        _host_results(*steps[-1])
+    times = [[] for _ in modules]
     for _ in range(repeats):
-        start = time.thread_time()
-        for _ in range(iters):
-            _host_results(sampler, logits, batch)
-        times.append((time.thread_time() - start) / iters)
-    return statistics.median(times)
+        for step, out in zip(steps, times, strict=True):
+            start = time.thread_time()
+            for _ in range(iters):
+                _host_results(*step)
+            out.append((time.thread_time() - start) / iters)
+    return [statistics.median(t) for t in times]
 
 
 def engine_rate(requests: int, latency: float, max_tokens: int) -> tuple[float, float, int]:
@@ -88,12 +108,17 @@ def main() -> None:
     ap.add_argument("--requests", type=int, nargs="*", default=[64])
     ap.add_argument("--latency", type=float, default=0.004)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--baseline-sampler", help="another tree's worker/runner/sampler.py, timed beside this one's")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    modules = (sampler_module,) if not args.baseline_sampler else (load_sampler(args.baseline_sampler),
+                                                                   sampler_module)
     for rows in args.rows:
-        t = sample_time(rows, args.vocab, args.prompt, args.output, args.iters, args.repeats)
-        print(f"sample_logits, {rows} rows (half penalised + logprobs), vocab {args.vocab}: "
-              f"{1e3 * t:.2f} ms host CPU time per step (median of {args.repeats})")
+        times = sample_time(rows, args.vocab, args.prompt, args.output, args.iters, args.repeats, modules)
+        label = ", ".join(f"{1e3 * t:.2f} ms ({m.__file__})" for m, t in zip(modules, times, strict=True))
+        ratio = f"; this tree / baseline {times[1] / times[0]:.3f}" if len(times) == 2 else ""
+        print(f"sample_logits, {rows} rows (half penalised + logprobs), vocab {args.vocab}: host CPU time per "
+              f"step {label} (median of {args.repeats}{', interleaved' if len(times) == 2 else ''}){ratio}")
     for requests in args.requests:
         rate, step_ms, steps = engine_rate(requests, args.latency, args.max_tokens)
         print(f"mock engine, {requests} penalised + {requests} plain requests, {1e3 * args.latency:.0f} ms device "
