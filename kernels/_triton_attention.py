@@ -432,10 +432,14 @@ def _prefill_kernel(
         bt_row = bt_ptr + seq.to(tl.int64) * s_btb
         k_head = k_ptr + kvh.to(tl.int64) * s_kh
         v_head = v_ptr + kvh.to(tl.int64) * s_vh
+        # as in the decode: the next tile's block-table entries are loaded one iteration ahead (carried), so the
+        # K/V gathers do not wait on a load of their own iteration and the pipeliner multi-buffers them
+        page = tl.load(bt_row + (kv_lo + offs_n0) // PAGE, mask=(kv_lo + offs_n0) < kv_hi, other=0).to(tl.int64)
         for n0 in range(kv_lo, kv_hi, BLOCK_N):
             offs_n = n0 + offs_n0
             n_mask = offs_n < kv_hi
-            page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+            nxt = offs_n + BLOCK_N
+            page_next = tl.load(bt_row + nxt // PAGE, mask=nxt < kv_hi, other=0).to(tl.int64)
             slot = offs_n % PAGE
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k = tl.load(
@@ -456,6 +460,7 @@ def _prefill_kernel(
             )
             acc = acc * alpha[:, None] + _mma(p.to(v.dtype), v, DOT_F32)
             m_i = m_new
+            page = page_next
 
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(

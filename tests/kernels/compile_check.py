@@ -8,7 +8,9 @@ interpreter does not (type rules of the compiler, dot shape limits, layouts) on 
 without a GPU.
 
 Usage: ``python tests/kernels/compile_check.py [--arch 90] [--verbose]``; exits non-zero
-if any kernel fails to compile. Must run with TRITON_INTERPRET unset.
+if any kernel fails to compile or needs more shared memory than the target has (``SMEM_LIMIT``).
+``--prefill-grid`` compiles the prefill kernel (bf16, head dim 128) at every config of the GPU tuner's grid
+instead (benchmarks/tune_kernels.py skips those that spill or do not fit). Must run with TRITON_INTERPRET unset.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ _TYPES = {
     torch.int32: "i32",
     torch.int64: "i64",
 }
+
+#: Shared memory a block may use (opt-in maximum), bytes: A100 (sm_80) 163 KiB, H100 (sm_90) 227 KiB; Ada/GA10x 99 KiB.
+SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+#: The prefill configs ``--prefill-grid`` compiles (benchmarks/tune_kernels.py's prefill grid).
+PREFILL_GRID = {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
 
 LAUNCHES: list[tuple[JITFunction, dict, dict, dict, dict, str]] = []
 
@@ -127,6 +134,28 @@ def _scenarios(quick: bool = False) -> None:
             Q.int4_matmul(xm, pk, sc, z, 128, s, torch.empty(m, 512, dtype=dt))
 
 
+def _prefill_grid_scenarios() -> None:
+    """The prefill at every config of ``PREFILL_GRID``: bf16, head dim 128, GQA 4 (Llama-3-8B's group), with and
+    without a sliding window."""
+    import itertools
+
+    import hetero_infer.kernels._backend as B
+
+    B.compiled = lambda device: True
+    B.num_sms = lambda device: 132
+    from hetero_infer.kernels import _triton_attention as A
+
+    kc = torch.empty(4, 16, 8, 128, dtype=torch.bfloat16)
+    qp = torch.empty(5, 32, 128, dtype=torch.bfloat16)
+    bt = torch.zeros(2, 4, dtype=torch.int32)
+    lens = torch.ones(2, dtype=torch.int32)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    for values in itertools.product(*PREFILL_GRID.values()):
+        cfg = dict(zip(PREFILL_GRID, values))
+        for window in (None, 128):
+            A.paged_attention_prefill(qp, kc, kc, bt, cu, lens, 0.1, qp, window, config=cfg)
+
+
 def _resource_usage(cubin: bytes) -> str:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not os.path.exists(tool):
@@ -145,9 +174,14 @@ def main(argv=None) -> int:
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--quick", action="store_true", help="bfloat16, one shape per kernel")
     ap.add_argument("--no-spills", action="store_true", help="count register spills as failures")
+    ap.add_argument("--prefill-grid", action="store_true", help="the prefill at every config of the tuner's grid")
     args = ap.parse_args(argv)
     JITFunction.run = _record
-    _scenarios(quick=args.quick)
+    if args.prefill_grid:
+        _prefill_grid_scenarios()
+    else:
+        _scenarios(quick=args.quick)
+    smem_limit = SMEM_LIMIT.get(args.arch)
     seen = set()
     failures = 0
     target = GPUTarget("cuda", args.arch, 32)
@@ -167,9 +201,12 @@ def main(argv=None) -> int:
             continue
         usage = _resource_usage(ck.asm["cubin"])
         spill = " SPILL" if re.search(r"(STACK|LOCAL)=[1-9]", usage) else ""
+        too_big = smem_limit is not None and ck.metadata.shared > smem_limit
+        if too_big:
+            spill += f" SHARED>{smem_limit // 1024}KiB"
         if args.verbose or spill:
-            print(f"ok   {label} {options} {usage} smem={ck.metadata.shared}{spill}")
-        if spill and args.no_spills:
+            print(f"{'FAIL' if too_big else 'ok  '} {label} {options} {usage} smem={ck.metadata.shared}{spill}")
+        if too_big or (spill and args.no_spills):
             failures += 1
     print(f"compiled {len(seen) - failures}/{len(seen)} kernel variants for sm_{args.arch}")
     return 1 if failures else 0

@@ -433,6 +433,41 @@ def test_prefill_tile_shapes(block, device, triton_backend):
     assert_close(out, _prefill_oracle(q, batch, q_lens, 0.2), torch.float16, what=f"prefill {block}")
 
 
+# Cached prefixes around the 16-token page and the tiles' edges; each chunk (20 tokens: two 16-row query tiles)
+# spans the next block-table entries, and a decode row (one token after 40) and an empty sequence ride along.
+PREFETCH_Q = [20] * 7 + [1, 0]
+PREFETCH_PREFIX = [1, 15, 16, 17, 63, 64, 65, 40, 9]
+
+
+@pytest.mark.parametrize(
+    "page,config,window,index_dtype",
+    [
+        pytest.param(16, {"BLOCK_M": 16, "BLOCK_N": 16}, None, torch.int32, id="page16-n16"),
+        pytest.param(8, {"BLOCK_M": 16, "BLOCK_N": 32}, None, torch.int64, id="page8-n32-int64"),
+        pytest.param(32, {"BLOCK_M": 16, "BLOCK_N": 16}, 24, torch.int32, id="page32-n16-window"),
+        pytest.param(5, {"BLOCK_M": 16, "BLOCK_N": 16}, 24, torch.int64, id="page5-n16-window-int64"),
+        pytest.param(16, {"BLOCK_M": 32, "BLOCK_N": 64}, None, torch.int32, id="page16-n64"),
+        pytest.param(16, {"BLOCK_M": 16, "BLOCK_N": 64}, 8, torch.int64, id="page16-n64-window-int64"),
+    ],
+)
+def test_prefill_prefetch_across_tiles(page, config, window, index_dtype, device, triton_backend):
+    """The K/V loop loads the next tile's block-table entries one iteration ahead: a chunk after each cached
+    prefix must read every tile from its own blocks (scattered at random), whether a tile spans several blocks
+    (page < BLOCK_N), shares one with the next (page > BLOCK_N) or straddles two (page 5), from a window's first
+    tile or from 0, through int32 or int64 tables. float32, so one token read from the wrong block shows."""
+    from hetero_infer.kernels import _triton_attention
+
+    lens = [p + q for p, q in zip(PREFETCH_PREFIX, PREFETCH_Q, strict=True)]
+    batch = make_paged_kv(lens, 1, 16, page, torch.float32, device, index_dtype=index_dtype)
+    q = randn(sum(PREFETCH_Q), 2, 16, dtype=torch.float32, device=device)
+    cu = torch.tensor([0, *torch.tensor(PREFETCH_Q).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    out = poison(torch.empty_like(q))
+    _triton_attention.paged_attention_prefill(
+        q, batch.k_cache, batch.v_cache, batch.block_tables, cu, batch.context_lens, 0.3, out, window, config=config
+    )
+    assert_close(out, _prefill_oracle(q, batch, PREFETCH_Q, 0.3, window), torch.float32, what="prefill prefetch")
+
+
 @pytest.mark.parametrize("case", PREFILL_CASES[:5])
 def test_prefill_reference(case):
     q, batch, cu, q_lens = _prefill_inputs(case, torch.float32, "cpu")
