@@ -34,7 +34,7 @@ ENV_VAR = "HETERO_INFER_KERNEL_CONFIGS"
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 KERNELS = ("decode", "prefill")
 _POW2_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps")
-_INT_KEYS = (*_POW2_KEYS, "num_stages", "MIN_PARTITION")
+_INT_KEYS = (*_POW2_KEYS, "num_stages", "MIN_PARTITION", "TARGET_PROGRAMS", "MAX_SPLITS")
 
 
 class KernelConfigError(ValueError):

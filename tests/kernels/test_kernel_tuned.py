@@ -68,6 +68,11 @@ def test_nearest_size_is_on_a_log_scale() -> None:
     ({"kernels": {"decode": {KEY: {"1": {"num_warps": True}}}}}, "num_warps: must be a positive integer"),
     ({"kernels": {"decode": {KEY: {"1": {"num_stages": "3"}}}}}, "num_stages: must be a positive integer"),
     ({"kernels": {"prefill": {KEY: {"2048": {"MIN_PARTITION": 0}}}}}, "MIN_PARTITION"),
+    # the decode's split-plan knobs: a string or a float would reach plan_decode_splits' arithmetic
+    ({"kernels": {"decode": {KEY: {"1": {"TARGET_PROGRAMS": "264"}}}}}, "TARGET_PROGRAMS: must be a positive integer"),
+    ({"kernels": {"decode": {KEY: {"1": {"TARGET_PROGRAMS": 0}}}}}, "TARGET_PROGRAMS: must be a positive integer"),
+    ({"kernels": {"decode": {KEY: {"1": {"MAX_SPLITS": 16.5}}}}}, "MAX_SPLITS: must be a positive integer"),
+    ({"kernels": {"decode": {KEY: {"1": {"MAX_SPLITS": -1}}}}}, "MAX_SPLITS: must be a positive integer"),
     ({"kernels": {"decode": {KEY: {"1": [64]}}}}, "a config must be an object"),
 ])
 def test_malformed_tables_are_errors_naming_the_file_and_entry(tmp_path, table, words) -> None:
