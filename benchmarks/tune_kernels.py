@@ -3,15 +3,18 @@
 
 Shapes that matter (bf16, 16-token pages, head dim 128): Qwen3-0.6B (16 query heads, 8 KV) and Llama-3-8B (32/8);
 decode at batch 1, 16, 64 and 256 with ragged contexts of 600-2,000 tokens and one long context (16k, batch 1);
-prefill chunks of 2,048 tokens (4 fresh prompts, and one chunk after 6k cached tokens). Cases that share a
+prefill chunks of 2,048 tokens (4 fresh prompts, and one chunk after 6k cached tokens) and a 16,384-token step
+(8 prompts of 2,048: the size of an H100 engine's prefill steps). Cases that share a
 table entry (kernel, shape key, batch or token count) form a bucket, tuned together: a config's score is the
 geometric mean of its time over the built-in config's on the bucket's cases.
 
 Search per bucket, bounded: BLOCK_N x num_warps (prefill: BLOCK_M x BLOCK_N x num_warps) at the built-in
-num_stages, then num_stages for the best; for the decode then TARGET_PROGRAMS (1, 4 or 8 programs per SM under
+num_stages, then num_stages for the best (prefill: 2 stages keep one K/V tile in flight, 3 and 4 two and three, for
+more shared memory; tests/kernels/compile_check.py --prefill-grid); for the decode then TARGET_PROGRAMS (1, 4 or 8 programs per SM under
 which it splits the KV; built-in 2), then MIN_PARTITION where the best splits; ``--grid full`` tries the whole
 product of the tiles and stages first. Configs known to spill registers
-on sm_90 are left out (``spills``); buckets go in ``PRIORITY`` order (what the GPU check's workloads use most
+on sm_90 are left out (``spills``), and prefill configs whose K/V buffers exceed the device's shared memory per block
+(``prefill_shared_bytes``; reported as skipped); buckets go in ``PRIORITY`` order (what the GPU check's workloads use most
 first). Every config is checked against
 the PyTorch reference (float32) before it is timed, its output poisoned with NaN first; one that fails to
 compile or is wrong is reported and skipped. Timings: medians of ``triton.testing.do_bench`` (L2 flushed). The
@@ -115,6 +118,7 @@ def cases(smoke: bool, seed: int = 0) -> list[Case]:
         q = [512, 384, 640, 512]
         out.append(Case("prefill", model, h, kvh, d, "4 fresh prompts, 2048 tokens", q, q))
         out.append(Case("prefill", model, h, kvh, d, "2048 after 6k cached", [2048 + 6144], [2048]))
+        out.append(Case("prefill", model, h, kvh, d, "8 fresh prompts, 16384 tokens", [2048] * 8, [2048] * 8))
     return sorted(out, key=lambda c: PRIORITY.index((c.model, c.kernel, c.size)))
 
 
@@ -124,7 +128,7 @@ def cases(smoke: bool, seed: int = 0) -> list[Case]:
 PRIORITY = [("qwen3-0.6b", "decode", 256), ("qwen3-0.6b", "decode", 64), ("qwen3-0.6b", "decode", 16),
             ("qwen3-0.6b", "decode", 1), ("llama-3-8b", "decode", 1), ("llama-3-8b", "decode", 64),
             ("qwen3-0.6b", "prefill", 2048), ("llama-3-8b", "decode", 256), ("llama-3-8b", "decode", 16),
-            ("llama-3-8b", "prefill", 2048)]
+            ("llama-3-8b", "prefill", 2048), ("qwen3-0.6b", "prefill", 16384), ("llama-3-8b", "prefill", 16384)]
 
 
 def buckets(all_cases: list[Case]) -> list[Bucket]:
@@ -234,10 +238,40 @@ def grid(kernel: str, smoke: bool) -> dict[str, tuple]:
 def spills(kernel: str, cfg: dict) -> bool:
     """Configs that spill registers on sm_90 for head dim 128 (Triton 3.9 ahead of time, every BLOCK_N / BLOCK_M /
     num_warps / num_stages of the grid, GQA 2 and 4): decode BLOCK_N 128 on 2 warps (255 registers + 280 bytes of
-    stack), prefill BLOCK_M 128 on 4 warps (8 to 584 bytes of stack). Skipped: a compile each saved."""
+    stack), prefill BLOCK_M 128 on 4 warps (8 to 600 bytes of stack; the others, 8 warps or BLOCK_M 64, do not spill
+    with the K/V multi-buffered either: tests/kernels/compile_check.py --prefill-grid). Skipped: a compile each
+    saved."""
     if kernel == "decode":
         return cfg.get("BLOCK_N") == 128 and cfg.get("num_warps") == 2
     return cfg.get("BLOCK_M") == 128 and cfg.get("num_warps") == 4
+
+
+def prefill_shared_bytes(cfg: dict, head_dim: int, dtype: torch.dtype) -> int:
+    """The prefill's shared memory: its Q tile and ``num_stages`` K and V tiles (the K/V gathers are multi-buffered
+    since the block-table entries are loaded a tile ahead). Within 1 KiB of the compiler's for bf16, head dim 128,
+    sm_90 (tests/kernels/compile_check.py --prefill-grid): 128 x 64 at 2/3/4 stages 96/128/160 KiB; 64 x 128 at
+    4 stages 273 KiB and 128 x 128 at 4 stages 289 KiB, past an H100's 227 KiB."""
+    from hetero_infer.kernels._backend import next_pow2
+
+    elem = torch.empty((), dtype=dtype).element_size()
+    return (cfg["BLOCK_M"] + 2 * cfg["num_stages"] * cfg["BLOCK_N"]) * next_pow2(head_dim) * elem
+
+
+def shared_memory_limit(device: torch.device) -> int | None:
+    """Shared memory a block may use on ``device`` (opt-in maximum), bytes; None off CUDA or where torch does
+    not say (then a config past it fails to launch, and is reported and skipped like any other)."""
+    if device.type != "cuda":
+        return None
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None)
+
+
+def too_big(bucket: Bucket, cfg: dict, limit: int | None) -> str | None:
+    """Why ``cfg`` cannot run on the device (a prefill whose K/V buffers exceed shared memory), else None."""
+    if bucket.kernel != "prefill" or limit is None:
+        return None
+    c = bucket.cases[0]
+    need = prefill_shared_bytes(cfg, c.head_dim, c.dtype)
+    return f"needs ~{need // 1024} KiB of shared memory, the device has {limit // 1024} KiB" if need > limit else None
 
 
 def splits(bucket: Bucket, cfg: dict, device: torch.device) -> bool:
@@ -262,6 +296,7 @@ class Tuner:
     def __init__(self, device: torch.device, timer: Timer, deadline: float, full: bool, smoke: bool) -> None:
         self.device, self.timer, self.deadline, self.full, self.smoke = device, timer, deadline, full, smoke
         self.stopped = False
+        self.smem_limit = shared_memory_limit(device)
 
     def out_of_time(self) -> bool:
         self.stopped = self.stopped or time.monotonic() > self.deadline
@@ -294,6 +329,11 @@ class Tuner:
                 cfg = {**start, **change}
                 if (cfg == base or any(t["config"] == cfg for t in bucket.tried) or (not self.smoke and spills(
                         bucket.kernel, cfg)) or self.out_of_time()):
+                    continue
+                why = too_big(bucket, cfg, self.smem_limit)
+                if why:  # skipped without a compile, but reported
+                    bucket.tried.append({"config": cfg, "error": f"skipped: {why}"})
+                    print(f"  skip {bucket.kernel} {bucket.key} @{bucket.size} {json.dumps(cfg)}: {why}", flush=True)
                     continue
                 score = self.try_config(bucket, cfg, inputs, base_us)
                 if score is not None and score < best_score:

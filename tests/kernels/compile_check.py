@@ -10,7 +10,8 @@ without a GPU.
 Usage: ``python tests/kernels/compile_check.py [--arch 90] [--verbose]``; exits non-zero
 if any kernel fails to compile or needs more shared memory than the target has (``SMEM_LIMIT``).
 ``--prefill-grid`` compiles the prefill kernel (bf16, head dim 128) at every config of the GPU tuner's grid
-instead (benchmarks/tune_kernels.py skips those that spill or do not fit). Must run with TRITON_INTERPRET unset.
+instead (benchmarks/tune_kernels.py skips those that spill or do not fit); with ``--quick``, its built-in tiles at
+2, 3 and 4 stages. Must run with TRITON_INTERPRET unset.
 """
 
 from __future__ import annotations
@@ -134,9 +135,9 @@ def _scenarios(quick: bool = False) -> None:
             Q.int4_matmul(xm, pk, sc, z, 128, s, torch.empty(m, 512, dtype=dt))
 
 
-def _prefill_grid_scenarios() -> None:
+def _prefill_grid_scenarios(quick: bool = False) -> None:
     """The prefill at every config of ``PREFILL_GRID``: bf16, head dim 128, GQA 4 (Llama-3-8B's group), with and
-    without a sliding window."""
+    without a sliding window. ``quick``: the built-in 128 x 64 tiles on 8 warps at 2, 3 and 4 stages, no window."""
     import itertools
 
     import hetero_infer.kernels._backend as B
@@ -150,9 +151,10 @@ def _prefill_grid_scenarios() -> None:
     bt = torch.zeros(2, 4, dtype=torch.int32)
     lens = torch.ones(2, dtype=torch.int32)
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
-    for values in itertools.product(*PREFILL_GRID.values()):
-        cfg = dict(zip(PREFILL_GRID, values))
-        for window in (None, 128):
+    grid = {"BLOCK_M": (128,), "BLOCK_N": (64,), "num_warps": (8,), "num_stages": (2, 3, 4)} if quick else PREFILL_GRID
+    for values in itertools.product(*grid.values()):
+        cfg = dict(zip(grid, values))
+        for window in (None,) if quick else (None, 128):
             A.paged_attention_prefill(qp, kc, kc, bt, cu, lens, 0.1, qp, window, config=cfg)
 
 
@@ -178,7 +180,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     JITFunction.run = _record
     if args.prefill_grid:
-        _prefill_grid_scenarios()
+        _prefill_grid_scenarios(quick=args.quick)
     else:
         _scenarios(quick=args.quick)
     smem_limit = SMEM_LIMIT.get(args.arch)

@@ -104,14 +104,15 @@ def test_the_gpu_cases_and_their_order(tk) -> None:
         ("decode", "d128-g2-bfloat16-p16", 256), ("decode", "d128-g2-bfloat16-p16", 64),
         ("decode", "d128-g2-bfloat16-p16", 16), ("decode", "d128-g2-bfloat16-p16", 1),
         ("decode", "d128-g4-bfloat16-p16", 1)]
-    assert len(bs) == 10 and {b.key for b in bs} == {"d128-g2-bfloat16-p16", "d128-g4-bfloat16-p16"}
+    assert len(bs) == 12 and {b.key for b in bs} == {"d128-g2-bfloat16-p16", "d128-g4-bfloat16-p16"}
     for b in bs:
         for c in b.cases:
             assert c.size == b.size and (c.heads, c.kv_heads) in ((16, 8), (32, 8))
             if b.kernel == "decode" and b.size > 1:
                 assert len(c.contexts) == b.size and min(c.contexts) >= 600 and max(c.contexts) <= 2000
             if b.kernel == "prefill":
-                assert sum(c.q_lens) == 2048 and all(ctx >= q for ctx, q in zip(c.contexts, c.q_lens))
+                assert sum(c.q_lens) in (2048, 16384) and all(ctx >= q for ctx, q in zip(c.contexts, c.q_lens))
+    assert [(b.kernel, b.size) for b in bs[-2:]] == [("prefill", 16384)] * 2  # an H100 engine's prefill step
     assert sorted(max(c.contexts) for c in bs[3].cases) == [pytest.approx(1300, abs=700), 16384]
     import torch
 
@@ -122,3 +123,33 @@ def test_the_gpu_cases_and_their_order(tk) -> None:
                                                                                               "num_warps": 4})
     assert tk.spills("prefill", {"BLOCK_M": 128, "num_warps": 4}) and not tk.spills("prefill", {"BLOCK_M": 64,
                                                                                                 "num_warps": 4})
+
+
+def test_prefill_configs_past_shared_memory_are_skipped(tk, tmp_path, monkeypatch, capsys) -> None:
+    """The prefill's K/V tiles are multi-buffered (num_stages K and V tiles beside the Q tile): a config whose
+    buffers exceed the device's shared memory is reported and skipped without a launch."""
+    import torch
+
+    bf16 = torch.bfloat16
+    h100 = 227 * 1024
+    prefill = tk.Bucket("prefill", "k", 2048, [tk.Case("prefill", "m", 32, 8, 128, "p", [2048], [2048])])
+    assert tk.prefill_shared_bytes({"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 3}, 128, bf16) == 128 * 1024
+    assert tk.prefill_shared_bytes({"BLOCK_M": 64, "BLOCK_N": 32, "num_stages": 2}, 80, bf16) == 48 * 1024  # d80 pads to 128
+    assert tk.too_big(prefill, {"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 3}, h100) is None  # 224 KiB
+    assert "needs ~272 KiB" in tk.too_big(prefill, {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 4}, h100)
+    assert tk.too_big(prefill, {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 4}, 163 * 1024) is None  # A100: 160
+    assert tk.too_big(prefill, {"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 4}, None) is None  # limit unknown
+    decode = tk.Bucket("decode", "k", 1, [tk.Case("decode", "m", 32, 8, 128, "d", [100], [1])])
+    assert tk.too_big(decode, {"BLOCK_N": 128, "num_stages": 4}, 1024) is None
+
+    # the smoke search's prefill (d32 bf16, 16-row tiles, 1 stage): BLOCK_N 16 needs 3 KiB, 32 needs 5 KiB
+    monkeypatch.setattr(tk, "shared_memory_limit", lambda device: 4096)
+    launched: list = []
+    launch = tk.launch
+    monkeypatch.setattr(tk, "launch", lambda case, x, config: launched.append(config or {}) or launch(case, x, config))
+    assert tk.main(["--smoke", "--only", "prefill", "--json", str(tmp_path / "r.json")]) == 0
+    (bucket,) = json.loads((tmp_path / "r.json").read_text())["buckets"]
+    skipped = [t for t in bucket["tried"] if t.get("error", "").startswith("skipped: needs ~5 KiB")]
+    assert [t["config"]["BLOCK_N"] for t in skipped] == [32]
+    assert all(c.get("BLOCK_N") != 32 for c in launched)
+    assert "skip prefill" in capsys.readouterr().out
