@@ -12,7 +12,10 @@ What it measures (results as Markdown tables on stdout, and JSON with ``--json``
   nano-vllm workload's Qwen3-0.6B shape (256 ragged sequences of 600-2,000 tokens) and
   small batches of long contexts: the old plan (one partition size from the table's
   width) against the new (splits from the batch, partitions per sequence);
-* prefill attention over paged KV: TFLOP/s, against SDPA (flash) on contiguous K/V;
+* prefill attention over paged KV: TFLOP/s, against SDPA (flash) on contiguous K/V, at 2,048-token chunks and
+  16,384-token steps (an H100 engine's), each under the built-in schedule (3 stages: two K/V tiles in flight)
+  beside 2 stages (one tile in flight: the K/V schedule before the block-table entries were loaded a tile
+  ahead) and 4 stages;
 * W8A16 / W4A16 matmuls against the bf16 matmul (cuBLAS through torch) at decode batch
   sizes M = 1..256 for the Llama-3-8B projection shapes;
 * RMSNorm(+residual), SiLU-and-mul, rotary and KV-cache write bandwidth, and the
@@ -300,16 +303,27 @@ def bench_decode_plan(timer: Timer, device, copy_gbs: float, smoke: bool) -> Non
                                          "% of copy BW", "rel err"], rows, "decode_plan")
 
 
+#: The prefill's K/V schedules compared: the built-in config (3 stages: two K/V tiles in flight at 128 x 64),
+#: 2 stages (one tile in flight, 96 KiB: the schedule before the block-table entries were loaded a tile ahead)
+#: and 4 stages (three in flight, 160 KiB).
+PREFILL_SCHEDULES = [("built-in", None), ("2 stages (old K/V)", {"num_stages": 2}), ("4 stages", {"num_stages": 4})]
+
+
 def bench_prefill(timer: Timer, device, smoke: bool) -> None:
+    from hetero_infer.kernels import _triton_attention as A
+
     h, kvh, d, bs, dtype = 32, 8, 128, 16, torch.bfloat16
     if smoke:
         h, kvh, d = 4, 2, 32
         cases = [("smoke", [20], [20])]
     else:
         cases = [
+            ("one 2k prompt", [2048], [2048]),
+            ("chunk 2k after 14k cached", [2048], [16384]),
             ("one 4k prompt", [4096], [4096]),
             ("8 x 512 new, 0-3.5k cached", [512] * 8, [512 * (i + 1) for i in range(8)]),
-            ("chunk 2k after 14k cached", [2048], [16384]),
+            ("16k step: 8 x 2k prompts", [2048] * 8, [2048] * 8),
+            ("16k step: 8 x 2k chunks, 0-14k cached", [2048] * 8, [2048 * (i + 1) for i in range(8)]),
         ]
     rows = []
     for name, q_lens, ctxs in cases:
@@ -321,17 +335,9 @@ def bench_prefill(timer: Timer, device, smoke: bool) -> None:
         q = torch.randn(t, h, d, device=device, dtype=dtype)
         cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device=device)
         out = torch.empty_like(q)
-
-        def run():
-            kernels.paged_attention_prefill(q, k_cache, v_cache, table_, cu, lens, d**-0.5, out)
-
-        run()
         ref = reference.paged_attention_prefill(q, k_cache, v_cache, table_, cu, lens, d**-0.5)
-        err = rel_err(out, ref)
-        us = timer(run)
         # causal FLOPs actually needed: query i of a sequence sees (ctx - q_len + i + 1) keys
         pairs = sum(ql * (c - ql) + ql * (ql + 1) / 2 for ql, c in zip(q_lens, ctxs, strict=True))
-        tflops = 4 * h * d * pairs / us / 1e6
         sdpa = float("nan")
         if not smoke and batch == 1 and q_lens[0] == ctxs[0]:
             qq = q.view(1, t, h, d).transpose(1, 2)
@@ -339,9 +345,25 @@ def bench_prefill(timer: Timer, device, smoke: bool) -> None:
             vv = torch.randn(1, h, t, d, device=device, dtype=dtype)
             sdpa_us = timer(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True))
             sdpa = 4 * h * d * pairs / sdpa_us / 1e6
-        rows.append([name, t, us, tflops, sdpa, f"{err:.1e}"])
+        base_us = None
+        for schedule, config in PREFILL_SCHEDULES if not smoke else PREFILL_SCHEDULES[:2]:
+            def run():
+                A.paged_attention_prefill(q, k_cache, v_cache, table_, cu, lens, d**-0.5, out, config=config)
+
+            try:
+                out.fill_(float("nan"))
+                run()
+                err = rel_err(out, ref)
+                us = timer(run)
+            except Exception as e:  # a schedule that does not fit this GPU's shared memory
+                log(f"prefill {name} {schedule}: {type(e).__name__}")
+                continue
+            base_us = base_us or us
+            rows.append([name, t, schedule, us, 4 * h * d * pairs / us / 1e6, f"{base_us / us:.2f}x", sdpa,
+                         f"{err:.1e}"])
     table("Prefill attention over paged KV (bf16, 32/8 heads, head_dim 128)",
-          ["case", "tokens", "time µs", "TFLOP/s", "SDPA unpaged TFLOP/s", "rel err"], rows, "prefill")
+          ["case", "tokens", "schedule", "time µs", "TFLOP/s", "vs built-in", "SDPA unpaged TFLOP/s", "rel err"],
+          rows, "prefill")
 
 
 # --------------------------------------------------------------------------- quantized matmuls

@@ -29,3 +29,7 @@ def test_kernels_bench_smoke(tmp_path):
     assert set(data["sections"]) >= {"decode", "decode_plan", "prefill", "quant", "layers", "topk", "tune"}
     for row in data["sections"]["decode"]["rows"] + data["sections"]["decode_plan"]["rows"]:
         assert float(row[-1]) < 2e-2  # the benchmarked kernel agrees with the reference
+    prefill = data["sections"]["prefill"]["rows"]  # the built-in schedule beside the old K/V one, both right
+    assert {row[2] for row in prefill} >= {"built-in", "2 stages (old K/V)"}
+    for row in prefill:
+        assert float(row[-1]) < 2e-2
