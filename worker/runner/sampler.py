@@ -195,13 +195,14 @@ class Sampler:
                          pending: PendingTokens | None = None, staging: StagingArea | None = None) -> StepSample:
         """What `__call__` samples for rows that all `samples_on_device` (penalties, min_tokens, logit_bias and
         logprobs included), as tensors where the logits are, with no host round trip (nothing read back, the
-        parameters and token keys copied from pinned memory without blocking; `pending`: tokens of the step in
-        flight that penalties count, still on the device). Seeded rows get exactly `__call__`'s tokens, their
+        step's host inputs packed into `staging` and copied at once without blocking; `pending`: tokens of the
+        step in flight that penalties count, still on the device). Seeded rows get exactly `__call__`'s tokens, their
         generators advanced alike, and every row its logprobs; unseeded rows draw from the same distribution
         (the global generator's draws have another shape: see `_sample_filtered`).
         `one_pass` (default: off the CPU) ranks top-p rows in one pass, no overflow read back; on the CPU the
         read-back costs nothing and the host's narrow first pass is ~4x cheaper than a full sort at 32 rows.
-        `staging`: where the step's host inputs are packed, for one copy (None: each array on its own)."""
+        `staging`: where the step's host inputs are packed, for one copy (None: each array a tensor of its own,
+        on a GPU each copied from pinned memory on its own)."""
         if one_pass is None:
             one_pass = logits.device.type != "cpu"
         return self._sample(logits, rows, pending, one_pass, staging)
@@ -222,7 +223,8 @@ class Sampler:
     @staticmethod
     def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow],
                   want: _Rows | None) -> StepLogprobs | None:
-        """The raw logprobs of the rows `want` (`_logprob_rows`), where the logits are."""
+        """The raw logprobs of the rows `want` (`_step_inputs`: the rows that asked, or every row with
+        all_logprobs), where the logits are."""
         if want is None:
             return None
         sub = want.take(raw)
