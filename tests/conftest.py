@@ -20,3 +20,18 @@ def _kernel_backend_unchanged():
         leaked = backend.get_backend()
         backend.set_backend(before)
         pytest.fail(f"the test left the kernels' backend at {leaked!r} (was {before!r}): use kernels.use_backend")
+
+
+@pytest.fixture(autouse=True)
+def _project_environment_unchanged():
+    """A test that sets a HETERO_INFER_* variable and leaves it (os.environ written directly, or monkeypatch.delenv
+    of an absent variable followed by code that sets it) changes every later test of the process: fail it."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("HETERO_INFER_")}
+    yield
+    after = {k: v for k, v in os.environ.items() if k.startswith("HETERO_INFER_")}
+    if after != before:
+        for k in after.keys() - before.keys():
+            del os.environ[k]
+        os.environ.update(before)
+        changed = sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k))
+        pytest.fail(f"the test left the environment changed: {', '.join(changed)} (use monkeypatch.setenv)")

@@ -105,7 +105,10 @@ def _fake_run(gc, monkeypatch, tmp_path, seconds: dict[str, float]):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(gc, "stand_in_default_model", lambda dest: dest)
     monkeypatch.setenv("GPU_CHECK_COMMIT", "abc1234")
-    monkeypatch.delenv("HETERO_INFER_DEFAULT_MODEL_DIR", raising=False)
+    # set, then removed: monkeypatch then restores its absence after the test (check() sets it; delenv of an
+    # absent variable records nothing, and the stand-in folder would leak into every later test)
+    monkeypatch.setenv("HETERO_INFER_DEFAULT_MODEL_DIR", "unset")
+    monkeypatch.delenv("HETERO_INFER_DEFAULT_MODEL_DIR")
 
     def phase(self, name, cmd, need_s, timeout_s, env=None):
         rec = {"phase": name, "cmd": " ".join(cmd)}
