@@ -16,6 +16,7 @@ from ._backend import (
     check_out,
     check_same_device,
     check_tensor,
+    use_backend,
     use_triton,
 )
 
@@ -337,15 +338,9 @@ def rotary_and_write_kv(
         _triton_fused.rotary_and_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, q_out,
                                           q_norm_weight, k_norm_weight, eps)
         return q_out
-    with _reference():
+    with use_backend("reference"):  # the unfused references, whatever the backend in force
         if q_norm_weight is not None:
             q, k = rms_norm(q, q_norm_weight, eps), rms_norm(k, k_norm_weight, eps)
         q_rot, k_rot = rotary_embedding(positions, q, k, cos_sin_cache, q_out=q_out)
         write_kv_cache(k_rot, v, k_cache, v_cache, slot_mapping)
     return q_out
-
-
-def _reference():
-    from ._backend import use_backend
-
-    return use_backend("reference")
