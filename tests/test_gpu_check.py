@@ -194,3 +194,46 @@ def test_a_missing_or_broken_table_does_not_stop_the_benches(tmp_path, monkeypat
     assert [s[0] for s in started] == ["qwen3-nano", "qwen3-one", "llama8b-one", "llama8b-64"]
     assert all(env == {} for _, _, env, _ in started)
     assert f"shipped table or built-in: kernel config table {missing}: cannot read it" in capsys.readouterr().out
+
+
+# What the dev extra installs but the GPU machine's image lacks (the image has torch, Triton, transformers, pytest
+# with xdist/timeout, hypothesis, aiohttp, ...; gpu_check carries pydantic, gguf, xgrammar, pytest-asyncio).
+NOT_ON_THE_GPU_MACHINE = ("openai", "kopf", "kubernetes", "kmock", "kubernetes_validate", "jsonschema", "celpy",
+                          "schemathesis", "boto3", "botocore", "moto", "ruff", "tomli")
+_COLLECT_WITHOUT = """
+import importlib.abc, sys
+class _Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (absent on the GPU machine)")
+sys.meta_path.insert(0, _Absent())
+import pytest
+sys.exit(pytest.main(["-m", "gpu", "-q", "-p", "no:cacheprovider", "--collect-only", *sys.argv[1:]]))
+"""
+
+
+def _collect(args: list[str], blocked: tuple[str, ...]) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-c", _COLLECT_WITHOUT.format(blocked=set(blocked)), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_the_suite_phases_collect_every_gpu_test_without_the_dev_only_packages() -> None:
+    """The suite phase's two pytest runs collect, on a machine without the dev-only packages, every gpu-marked test
+    that a full checkout collects here (no collection error, none left out)."""
+    gc = _gpu_check()
+    files = gc.engine_gpu_test_files()
+    rc, out = _collect(files, NOT_ON_THE_GPU_MACHINE)
+    assert rc == 0, out[-3000:]
+    rc_all, out_all = _collect(["tests", "--ignore=tests/kernels"], ())
+    assert rc_all == 0, out_all[-3000:]
+    ids = sorted(line for line in out.splitlines() if "::" in line)
+    assert ids and ids == sorted(line for line in out_all.splitlines() if "::" in line)
+    rc, out = _collect(["tests/kernels"], NOT_ON_THE_GPU_MACHINE)
+    assert rc == 0 and "collected" in out, out[-3000:]
+
+
+def test_collecting_all_of_tests_there_would_fail() -> None:
+    """The reason the phase names its files: the blocker is real (collecting tests/ whole fails without those)."""
+    rc, out = _collect(["tests/server/test_openai_client.py"], NOT_ON_THE_GPU_MACHINE)
+    assert rc != 0 and "absent on the GPU machine" in out
