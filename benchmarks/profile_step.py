@@ -12,7 +12,9 @@ request running, every row a decode), times ``--steps`` steps without the profil
   ``cudaGraphLaunch`` from the host: whether its kernels appear below it depends on CUPTI, so the eager run,
   ``--modes eager``, names them in any case);
 * the step's roofline floor: weight bytes + K/V bytes of the batch's contexts at the copy bandwidth measured in
-  the same run, overall and per group (attention against the K/V bytes, matmuls against the weight bytes).
+  the same run, overall and per group (attention against the K/V bytes, matmuls against the weight bytes);
+* the host's side: as many more steps under cProfile, the Python functions by their own time per step, and
+  the host runtime's calls per step (kernel launches, copies, synchronisations): where a host-bound step goes.
 
 ``--modes graphs,eager`` (the default) runs each mode in a process of its own (a fresh engine and KV pool) and
 merges them into one ``--json``::
@@ -123,6 +125,36 @@ def step_summary(events: list[Event], steps: int, wall_us: float) -> dict:
             "sync_us": sum(e.dur for e in runtime if "Synchronize" in e.name) / steps}
 
 
+def runtime_calls(events: list[Event], steps: int, top: int = 8) -> list[dict]:
+    """The CUDA runtime/driver calls per step by name (count, host µs): what the host asks of the device."""
+    by: dict[str, list[float]] = {}
+    for e in events:
+        if e.cat in ("cuda_runtime", "cuda_driver"):
+            by.setdefault(e.name, []).append(e.dur)
+    rows = [{"name": n, "calls": len(d) / steps, "us": sum(d) / steps} for n, d in by.items()]
+    return sorted(rows, key=lambda r: -r["calls"])[:top]
+
+
+def python_hotspots(step, steps: int, sync=lambda: None, top: int = 20) -> list[dict]:
+    """``steps`` calls of ``step`` under cProfile: the functions by their own time per step (µs, calls), and each
+    one's cumulative time. cProfile slows Python down about evenly, so the shares are what to read."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    sync()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    sync()
+    prof.disable()
+    total = sum(tt for (_, _, tt, _, _) in pstats.Stats(prof).stats.values()) or 1.0
+    rows = [{"function": f"{Path(file).name}:{line}({fn})", "calls": nc / steps, "self_us": tt / steps * 1e6,
+             "cum_us": ct / steps * 1e6, "share": tt / total}
+            for (file, line, fn), (_, nc, tt, ct, _) in pstats.Stats(prof).stats.items()]
+    return sorted(rows, key=lambda r: -r["self_us"])[:top]
+
+
 def floors(hf, dtype, contexts: list[int], copy_bytes_per_s: float) -> dict:
     """The decode step's memory roofline at the copy bandwidth: all of it, the weights', the K/V's (µs)."""
     from hetero_infer.bench.throughput import decode_step_cost
@@ -171,6 +203,14 @@ def format_report(rep: dict) -> str:
     lines += ["", "| kernel | group | calls/step | µs/step | % of busy |", "|---|---|---:|---:|---:|"]
     lines += [f"| `{k['name']}` | {k['group']} | {k['calls']:.0f} | {k['us']:.1f} | {pct(k['share'])} |"
               for k in rep["kernels"]]
+    if rep.get("runtime"):
+        lines += ["", "| host runtime call | calls/step | host µs/step |", "|---|---:|---:|"]
+        lines += [f"| `{r['name']}` | {r['calls']:.1f} | {r['us']:.1f} |" for r in rep["runtime"]]
+    if rep.get("python"):
+        lines += ["", "| Python function (cProfile) | calls/step | self µs/step | cum µs/step | % of self |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| `{r['function']}` | {r['calls']:.1f} | {r['self_us']:.0f} | {r['cum_us']:.0f} | "
+                  f"{pct(r['share'])} |" for r in rep["python"]]
     return "\n".join(lines)
 
 
@@ -206,7 +246,7 @@ def profile_mode(config, args) -> dict:
     from hetero_infer.bench.throughput import copy_bandwidth
 
     t0 = time.perf_counter()
-    engine = steady_engine(config, args.requests, args.min_prompt, args.max_prompt, 2 * args.steps + args.warm_steps)
+    engine = steady_engine(config, args.requests, args.min_prompt, args.max_prompt, 3 * args.steps + args.warm_steps)
     ready_s = time.perf_counter() - t0
     for _ in range(args.warm_steps):
         engine.step()
@@ -224,6 +264,7 @@ def profile_mode(config, args) -> dict:
             engine.step()
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - t) * 1e6
+    python = python_hotspots(engine.step, args.steps, torch.cuda.synchronize, args.top)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.trace) if args.trace else Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
@@ -241,7 +282,8 @@ def profile_mode(config, args) -> dict:
     return {"mode": "eager" if config.enforce_eager else "graphs", "device": torch.cuda.get_device_name(device),
             "torch": torch.__version__, "ready_s": round(ready_s, 1), "unprofiled_step_us": unprofiled_us,
             "summary": summary, "floor": floor, "vs_floor": against_floor(summary, groups, floor),
-            "groups": groups, "kernels": kernels, "events": len(events)}
+            "groups": groups, "kernels": kernels, "events": len(events),
+            "runtime": runtime_calls(events, args.steps), "python": python}
 
 
 def build_parser() -> argparse.ArgumentParser:

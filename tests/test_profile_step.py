@@ -168,3 +168,23 @@ def test_profile_mode_end_to_end_on_the_cpu(ps, monkeypatch) -> None:
     assert f["weight_bytes"] == 4 * (2 * (128 * 256 + 128 * 128 + 3 * 128 * 256) + 4096 * 128)
     assert rep["summary"]["wall_us"] > 0 and rep["unprofiled_step_us"] > 0 and rep["summary"]["kernels"] == 0
     assert "### graphs: 3 sequences" in ps.format_report(rep)
+
+
+def test_host_tables(ps) -> None:
+    events = ps.trace_events(_trace(2))
+    calls = ps.runtime_calls(events, steps=2)
+    assert {(r["name"], r["calls"], r["us"]) for r in calls} == {("cudaGraphLaunch", 1, 5), ("cudaStreamSynchronize", 1, 170)}
+
+    def busy_python():
+        return sum(i * i for i in range(20000))
+
+    rows = ps.python_hotspots(busy_python, steps=3, top=50)
+    genexpr = [r for r in rows if "genexpr" in r["function"]]
+    assert genexpr and genexpr[0]["self_us"] > 0 and rows[0]["self_us"] >= rows[-1]["self_us"]
+    assert 0 < sum(r["share"] for r in rows) <= 1.0 + 1e-9
+    rep = {"mode": "graphs", "summary": ps.step_summary(events, 2, 2000), "floor": {
+        "batch": 1, "mean_context": 1, "copy_gbs": 1, "floor_us": 1, "weights_floor_us": 1, "kv_floor_us": 0},
+        "vs_floor": {"step_wall": None, "step_busy": None, "attention_decode": None, "matmul": None},
+        "unprofiled_step_us": 1.0, "groups": [], "kernels": [], "runtime": calls, "python": rows}
+    text = ps.format_report(rep)
+    assert "| `cudaStreamSynchronize` | 1.0 | 170.0 |" in text and "genexpr" in text

@@ -61,9 +61,10 @@ def test_fused_equals_the_unfused_kernels(shape, dtype, norm, device, triton_bac
     assert torch.equal(qkv, qkv0), "the fused kernel modified its inputs"
     assert torch.equal(_bits(got_v), _bits(want_v))  # v is copied, never rounded; untouched slots keep their NaN
     # The norm's sum of squares may be added in another order: where the rstd differs in its last float32 bit,
-    # each of the three roundings after it (norm, weight, rotation) may land one step apart; without the norm
-    # the arithmetic is the same, bit for bit.
-    bound = 3.0 if norm else 0.0
+    # each of the three roundings after it (norm, weight, rotation) may land one step apart. Without the norm the
+    # operations are the same, but a GPU compiler may contract the rotation's x*cos - y*sin into a fused
+    # multiply-add in one kernel and not the other (seen on an H100 at head dim 128): one rounding, one step.
+    bound = 3.0 if norm else 1.0
     assert _ulps(got_q, want_q, dtype) <= bound
     written = slots[slots >= 0]
     assert _ulps(got_k.view(-1, kvh, d)[written], want_k.view(-1, kvh, d)[written], dtype) <= bound
