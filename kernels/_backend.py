@@ -179,3 +179,26 @@ def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return sm_count(device.index if device.index is not None else torch.cuda.current_device())
     return 8
+
+
+#: The modules that define this package's Triton kernels.
+TRITON_MODULES = ("_triton_attention", "_triton_ops", "_triton_fused", "_triton_quant")
+
+
+def triton_compiles() -> dict[str, int]:
+    """Compiled variants of each of this package's Triton kernels, all devices together ({} in the interpreter or
+    without Triton). Triton compiles a kernel once per specialisation of its arguments (constexprs, integers equal
+    to 1 or divisible by 16, 16-byte aligned pointers), so a count that grows while serving is a compile some
+    request waited for: the kernels' ``do_not_specialize`` lists keep per-step sizes out of the key."""
+    if not triton_available() or interpret_mode():
+        return {}
+    counts: dict[str, int] = {}
+    for module_name in TRITON_MODULES:
+        module = importlib.import_module(f"{__package__}.{module_name}")
+        for name, obj in vars(module).items():
+            caches = getattr(obj, "device_caches", None)
+            if isinstance(caches, dict):  # JITFunction: per device (kernel cache, ...), Triton 3.2 to 3.9
+                n = sum(len(c[0]) for c in caches.values() if isinstance(c, tuple) and isinstance(c[0], dict))
+                if n:
+                    counts[name] = n
+    return counts

@@ -90,7 +90,7 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping) -> None:
 # --------------------------------------------------------------------------- decode
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "s_btb"])
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr,
     out_ptr, po_ptr, pm_ptr, pl_ptr,
@@ -192,7 +192,7 @@ def _decode_kernel(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     po_ptr, pm_ptr, pl_ptr, out_ptr,
     num_splits, s_ob, s_oh,
@@ -375,7 +375,7 @@ def paged_attention_decode(
 # --------------------------------------------------------------------------- prefill
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "search_iters", "s_btb"])
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, cu_q_ptr, lens_ptr, cu_tiles_ptr, out_ptr,
     scale_log2, window, num_seqs, search_iters,

@@ -15,7 +15,7 @@ from ._backend import next_pow2
 # --------------------------------------------------------------------------- RMSNorm
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr,
     n_rows, n_cols, eps,

@@ -31,7 +31,7 @@ def _mma(a, b, F32: tl.constexpr):
         return tl.dot(a, b)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "s_os"])
 def _w8_kernel(
     x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr,
     M, N, K, k_per_split,
@@ -76,7 +76,7 @@ def _w8_kernel(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "s_os"])
 def _w4_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr,
     M, N, num_groups, groups_per_split,
@@ -124,7 +124,7 @@ def _w4_kernel(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _splitk_reduce_kernel(
     ws_ptr, bias_ptr, out_ptr, M, N, s_om,
     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,

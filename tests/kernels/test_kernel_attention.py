@@ -144,9 +144,10 @@ def _widened(tables: torch.Tensor, width: int = GRAPH_WIDTH) -> torch.Tensor:
 
 
 def test_decode_partitions_ignore_the_table_width(device, triton_backend):
-    """A tight table and one max_model_len wide (a CUDA graph's) give the same output, bit for bit: the wide one may
-    plan more splits (the width only loosens the cap on them), but each sequence cuts its own context into the
-    same partitions and the extra splits are empty."""
+    """A tight table and one max_model_len wide (a CUDA graph's) give the same output: the wide one may plan more
+    splits (the width only loosens the cap on them), but each sequence cuts its own context into the same
+    partitions and the extra splits are empty (test_decode_partitions_follow_each_context reads the partitions).
+    Not bit for bit on a GPU: the reduce over 2 or 64 splits may contract its multiply-adds differently."""
     from hetero_infer.kernels import _triton_attention as A
 
     lens = [1, 300]
@@ -168,7 +169,7 @@ def test_decode_partitions_ignore_the_table_width(device, triton_backend):
     finally:
         A._decode_kernel = real
     assert grids[0][:2] == grids[1][:2] and grids[1][2] >= grids[0][2] > 1, grids
-    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[0], outs[1], rtol=2e-6, atol=2e-6)
 
 
 # Ragged contexts: a one-token sequence, around one block (16), a few tiles, many tiles; 0 is a padding row.
