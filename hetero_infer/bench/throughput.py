@@ -134,11 +134,13 @@ def _median_time(fn, device, repeats: int = 7) -> float:
 
 
 # -- ours --------------------------------------------------------------------------------
+WASTE_EVERY = 32  # decode steps between two samples of the KV waste (each walks every running block)
+
+
 def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
+    from hetero_infer.kernels._backend import triton_compiles
     from hetero_infer.worker.core.engine import LLMEngine
     from hetero_infer.worker.core.sampling_params import SamplingParams
-
-    from hetero_infer.kernels._backend import triton_compiles
 
     engine = LLMEngine(config, offline=True)
     _warm_up(engine)
@@ -146,12 +148,13 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
     hf = engine.executor.model.config if hasattr(engine.executor, "model") else None
     for i, (p, n) in enumerate(zip(prompts, outputs)):
         engine.add_request(f"bench-{i}", None, p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
-    device = getattr(engine.executor, "device", torch.device("cpu"))
+    device = torch.device(getattr(engine.executor, "device", "cpu"))  # the mock executor names it as a string
     sync = torch.cuda.synchronize if getattr(device, "type", "cpu") == "cuda" else (lambda: None)
     # No synchronisation per step: with the host/device overlap a step returns once the step before it has
     # finished on the device while the next one runs, so in the steady state each call lasts one device step.
-    decode_time = decode_floor = 0.0
+    decode_time = decode_floor = other_time = 0.0
     decode_steps = 0
+    slowest: list[tuple[float, int, str]] = []  # (seconds, step, kind) of the slowest steps
     waste_samples: list[float] = []
     steps = 0
     probe = CopyProbe(device)
@@ -163,19 +166,28 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
         dt = time.perf_counter() - t
         steps += 1
         sched = engine.last_schedule
-        if sched is not None and sched.scheduled and all(not s.seq.is_prefill and s.num_new_tokens == 1
-                                                         for s in sched.scheduled):
+        decode = sched is not None and sched.scheduled and all(not s.seq.is_prefill and s.num_new_tokens == 1
+                                                               for s in sched.scheduled)
+        slowest = sorted([*slowest, (dt, steps, "decode" if decode else "prefill")], reverse=True)[:3]
+        if not decode:
+            other_time += dt
+        else:
             decode_time += dt
             decode_steps += 1
             if hf is not None:
                 decode_floor += _decode_floor(hf, engine.executor.dtype, sched, peaks)
-            waste_samples.append(engine.kv_waste())
+            if decode_steps % WASTE_EVERY == 1:  # a walk over every running block: not on each step of the timed loop
+                waste_samples.append(engine.kv_waste())
         if any(o.error for o in outs):
             raise RuntimeError(f"benchmark request failed: {next(o.error for o in outs if o.error)}")
     sync()
     elapsed = time.perf_counter() - start - probe.spent
     total = sum(outputs)
-    extra = {"steps": steps}
+    # where the time went: pure decode steps against the rest (prefill and mixed steps, and any step that
+    # waited for one), and the slowest steps (a compile or a capture in the run shows there)
+    extra = {"steps": steps, "decode_steps": decode_steps, "decode_s": round(decode_time, 3),
+             "other_steps": steps - decode_steps, "other_s": round(other_time, 3),
+             "slowest_steps": " ".join(f"{kind}#{i}:{1e3 * t:.0f}ms" for t, i, kind in slowest)}
     compiles = sum(triton_compiles().values()) - compiled_before
     if compiles:  # Triton kernels compiled inside the timed run: a request of a real server would wait for them
         extra["jit_compiles_in_run"] = compiles

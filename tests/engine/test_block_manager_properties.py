@@ -128,3 +128,24 @@ def test_kv_waste_is_at_most_one_partial_block_per_sequence():
     allocated, wasted = bm.slot_waste(seqs)
     assert allocated == 16 * (1 + 1 + 1 + 2 + 7)
     assert wasted == 15 + 1 + 0 + 15 + 12
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 40), min_size=0, max_size=12, unique=True), st.integers(0, 200)),
+                min_size=0, max_size=8))
+def test_slot_waste_counts_each_block_once_with_its_first_holder(tables):
+    """Against the definition, block by block: shared blocks (prefix caching, n > 1) count once, with the
+    tokens of the first sequence that holds them; blocks past a sequence's tokens (allocated ahead) hold none."""
+    bm = BlockManager(num_blocks=64, block_size=16)
+    seqs = []
+    for i, (table, n) in enumerate(tables):
+        s = Sequence(str(i), [3] * max(n, 1), max(n, 1), SamplingParams(), 1)
+        s.block_table = list(table)
+        seqs.append(s)
+    seen, used = set(), 0
+    for s in seqs:
+        for j, b in enumerate(s.block_table):
+            if b not in seen:
+                seen.add(b)
+                used += min(16, max(s.num_tokens - 16 * j, 0))
+    assert bm.slot_waste(seqs) == (16 * len(seen), 16 * len(seen) - used)

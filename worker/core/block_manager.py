@@ -193,13 +193,20 @@ class BlockManager:
         return copies
 
     def slot_waste(self, seqs: list[Sequence]) -> tuple[int, int]:
-        """(allocated slots, slots holding no token) over the given sequences' distinct blocks."""
+        """(allocated slots, slots holding no token) over the given sequences' distinct blocks (a block shared by
+        several sequences counts once, with the tokens of the first one that holds it)."""
+        bs = self.block_size
         distinct: set[int] = set()
         used = 0
         for seq in seqs:
-            for i, block_id in enumerate(seq.block_table):
-                if block_id not in distinct:
-                    distinct.add(block_id)
-                    used += min(self.block_size, max(seq.num_tokens - i * self.block_size, 0))
-        allocated = len(distinct) * self.block_size
+            n, table = seq.num_tokens, seq.block_table
+            full = min(n // bs, len(table))
+            fresh = set(table[:full]) - distinct  # a table's block ids are distinct: full blocks in one set operation
+            used += bs * len(fresh)
+            distinct |= fresh
+            for i in range(full, len(table)):  # the partial last block, and blocks allocated ahead
+                if table[i] not in distinct:
+                    distinct.add(table[i])
+                    used += min(bs, max(n - i * bs, 0))
+        allocated = len(distinct) * bs
         return allocated, allocated - used
