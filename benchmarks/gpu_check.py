@@ -2,8 +2,8 @@
 network, 64 MiB of files carried), in phases that can be run in one call or split over two of ~5.5 minutes each.
 
     python benchmarks/gpu_check.py prepare                                      # here, with network
-    bash benchmarks/gpu_check.sh OUT --phases suite,tune                        # there, call 1
-    bash benchmarks/gpu_check.sh OUT --phases bench,profile,peers --kernel-configs .gpucheck/kernel_configs.json
+    bash benchmarks/gpu_check.sh OUT --phases suite,bench --budget-s 440        # there, call 1
+    bash benchmarks/gpu_check.sh OUT --phases tune,profile,peers --budget-s 300 # there, call 2
 
 Phases, always in this order under one deadline (each phase in a process of its own, with its own timeout, its
 log under OUT; a phase that no longer fits is skipped and said so); estimates from the H100 runs so far:
