@@ -237,3 +237,22 @@ def test_collecting_all_of_tests_there_would_fail() -> None:
     """The reason the phase names its files: the blocker is real (collecting tests/ whole fails without those)."""
     rc, out = _collect(["tests/server/test_openai_client.py"], NOT_ON_THE_GPU_MACHINE)
     assert rc != 0 and "absent on the GPU machine" in out
+
+
+def test_the_default_run_is_suite_bench_and_peers_inside_eight_minutes(tmp_path, monkeypatch) -> None:
+    """`gpu_check.sh OUT` alone: the suite, ours on the four workloads, then the peers while the budget lasts (the
+    phase times of the 2026-11-27 H100 run); no phase may end past the budget."""
+    gc = _gpu_check()
+    seconds = {"suite-kernels": 61, "suite-engine": 100, "qwen3-nano": 40, "qwen3-one": 23, "llama8b-one": 25,
+               "llama8b-64": 20, "qwen3-one-peer": 40, "llama8b-one-peer": 39, "llama8b-64-peer": 35,
+               "qwen3-nano-peer": 60}
+    started = _fake_run(gc, monkeypatch, tmp_path, seconds)
+    assert gc.main(["check", str(tmp_path)]) == 0
+    names = [s[0] for s in started]
+    assert names[:6] == ["suite-kernels", "suite-engine", "qwen3-nano", "qwen3-one", "llama8b-one", "llama8b-64"]
+    assert "tune" not in names and "profile" not in names and "qwen3-one-peer" in names
+    assert gc.DEFAULT_BUDGET_S + 30 <= 8 * 60  # the install and the summary fit beside it
+    t = 0.0
+    for name, _cmd, _env, timeout in started:
+        assert t + timeout <= gc.DEFAULT_BUDGET_S + 1e-6, name  # each phase's timeout ends inside the budget
+        t += seconds[name]
