@@ -16,6 +16,7 @@ from scipy.stats import chisquare
 from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.sequence import PLACEHOLDER
 from hetero_infer.worker.runner import sampler as sampler_module
+from hetero_infer.worker.runner import sampling_inputs
 from hetero_infer.worker.runner.sampler import (
     PendingTokens,
     Sampler,
@@ -140,7 +141,7 @@ def test_a_wide_nucleus_takes_one_pass_on_device_and_the_same_tokens(monkeypatch
     host = [t.token_id for t in Sampler(all_logprobs=False)(logits, _rows(params))]
     host_passes, passes[:] = list(passes), []
     tokens = Sampler(all_logprobs=False).sample_on_device(logits, _rows(params), one_pass=True).tokens.tolist()
-    assert host_passes[0] == sampler_module._CANDIDATES and len(host_passes) >= 2
+    assert host_passes[0] == sampling_inputs.CANDIDATES and len(host_passes) >= 2
     assert passes == [3000] and tokens == host
     passes.clear()  # the default on the CPU (the read-back costs nothing there): the host's passes
     assert Sampler(all_logprobs=False).sample_on_device(logits, _rows(params)).tokens.tolist() == host

@@ -9,15 +9,13 @@ Every step without a grammar row or a logits processor (`samples_on_device`) is 
 logit_bias and logprobs included, so a CUDA step keeps its tokens (and logprobs) on the device until the step's
 one device-to-host copy (`StepSample.pack`).
 
-What a step's sampling reads from the host (row indices, temperature/top-k/top-p/min-p columns, penalty keys
-row * V + token, logit_bias keys and values, min_tokens masks) is built before any of its device work, all at once
-(`_step_inputs`), into a pack (worker/runner/staging.py): the executor's sampling `StagingArea` takes it to the
-device with ONE copy from persistent pinned memory; on the CPU (or with no staging) each array is used where it is.
+What a step's sampling reads from the host (row indices, parameter columns, penalty, min_tokens and logit_bias
+keys) is built before any of its device work, all at once, by worker/runner/sampling_inputs.py; this module is
+the device work that reads them.
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,14 +23,25 @@ import torch
 
 from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.sequence import PLACEHOLDER
+from hetero_infer.worker.runner.sampling_inputs import (
+    FilteredInputs,
+    PassInputs,
+    PlainInputs,
+    ProcessingInputs,
+    Rows,
+    SamplerInputs,
+    SamplingInputs,
+    has_penalties,
+    pass_inputs,
+    processing_inputs,
+    rows_of,
+    sampler_inputs,
+)
 from hetero_infer.worker.runner.staging import DirectPack, Pack, StagingArea, to_device
 from hetero_infer.worker.structured.mask import apply_grammar_masks
 from hetero_infer.worker.structured.matcher import GrammarState
 
 _MASK64 = (1 << 64) - 1
-# Width of the first top-k pass used to find top-p nuclei; rows whose nucleus is wider
-# retry with a wider pass (x8 each time, up to a full sort).
-_CANDIDATES = 256
 
 
 @dataclass
@@ -212,8 +221,8 @@ class Sampler:
         """Every host input of the step packed first (one copy with a staged `staging`), then the device work."""
         vocab = logits.shape[1]
 
-        def fill(pack: Pack | DirectPack) -> _StepInputs:
-            return _step_inputs(rows, vocab, pending, one_pass, self.all_logprobs, pack)
+        def fill(pack: Pack | DirectPack) -> SamplerInputs:
+            return sampler_inputs(rows, vocab, pending, one_pass, self.all_logprobs, pack)
         inputs = staging.pack(fill) if staging is not None else fill(DirectPack(logits.device))
         raw = logits.float()
         tokens = _sample_tokens(process_logits(raw, rows, pending, inputs.processing), rows, one_pass,
@@ -222,8 +231,8 @@ class Sampler:
 
     @staticmethod
     def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow],
-                  want: _Rows | None) -> StepLogprobs | None:
-        """The raw logprobs of the rows `want` (`_step_inputs`: the rows that asked, or every row with
+                  want: Rows | None) -> StepLogprobs | None:
+        """The raw logprobs of the rows `want` (`sampler_inputs`: the rows that asked, or every row with
         all_logprobs), where the logits are."""
         if want is None:
             return None
@@ -259,7 +268,7 @@ def takes_argmax(params: SamplingParams, num_output_tokens: int, grammar: Gramma
     greedy, no logprobs, and nothing `process_logits` applies (penalties, a min_tokens mask, logit_bias, a
     grammar)."""
     return (params.greedy and params.logprobs is None and grammar is None and not params.logit_bias
-            and num_output_tokens >= params.min_tokens and not _has_penalties(params))
+            and num_output_tokens >= params.min_tokens and not has_penalties(params))
 
 
 def samples_on_device(row: SamplingRow) -> bool:
@@ -269,224 +278,19 @@ def samples_on_device(row: SamplingRow) -> bool:
     return row.grammar is None and not row.params.logits_processors
 
 
-# -- a step's host inputs, built before any of its device work (`_step_inputs`) --------------------------------------
-@dataclass(slots=True)
-class _Rows:
-    """Some rows of a batch: their indices on the host and where the logits are (`at`; None: every row, in order,
-    so nothing is gathered or scattered)."""
-
-    ids: list[int]
-    at: torch.Tensor | None
-
-    def take(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.at is None else x.index_select(0, self.at)
-
-    def write(self, out: torch.Tensor, values: torch.Tensor) -> None:
-        if self.at is None:
-            out.copy_(values)
-        else:
-            out[self.at] = values
-
-
-def _rows(ids: list[int], total: int, pack: Pack | DirectPack) -> _Rows:
-    """`ids` of a batch of `total` rows as `_Rows` (their indices put in `pack` unless they are every row)."""
-    return _Rows(ids, None if len(ids) == total and ids == list(range(total)) else pack.put(ids))
-
-
-def _column(values: list[float], pack: Pack | DirectPack) -> torch.Tensor:
-    return pack.put(values, np.float32).unsqueeze(1)
-
-
-@dataclass(slots=True)
-class _Keys:
-    """Occurrence keys row * V + token: those the host knows (`host`), and for tokens still pending on the device,
-    each such row's index in `PendingTokens.tokens` then its row * V (`late`, [2n])."""
-
-    host: torch.Tensor | None
-    late: torch.Tensor | None
-
-    def on_device(self, pending: PendingTokens | None) -> torch.Tensor:
-        if self.late is None:
-            return self.host
-        n = self.late.shape[0] // 2
-        late = pending.tokens.index_select(0, self.late[:n]) + self.late[n:]
-        return late if self.host is None else torch.cat([self.host, late])
-
-
-@dataclass(slots=True)
-class _Processing:
-    """`process_logits`' host inputs (but the grammar masks'): flat keys row * V + token and what they get."""
-
-    active: bool = False  # some row has penalties, a min_tokens mask or a logit_bias
-    repetition: _Keys | None = None
-    repetition_penalty: torch.Tensor | None = None  # [rows] float32
-    output: _Keys | None = None
-    frequency_penalty: torch.Tensor | None = None  # [rows] float32
-    presence_penalty: torch.Tensor | None = None  # [rows] float32
-    stop_keys: torch.Tensor | None = None
-    bias_keys: torch.Tensor | None = None
-    bias_values: torch.Tensor | None = None
-
-
-@dataclass(slots=True)
-class _Pass:
-    """One candidate pass's host inputs, over the filtered rows at positions `pos` (`_sample_candidates`)."""
-
-    rows: _Rows  # those rows in the logits
-    pos: _Rows | None  # the positions (in `mass`), where a row without top-k has top-p
-    has_k: list[bool]
-    inv_t: torch.Tensor  # [n, 1] float32
-    k: torch.Tensor  # [n] int64: top-k, else the pass's width
-    has_k_col: torch.Tensor | None  # [n, 1] bool, where some rows have top-k and others top-p alone
-    top_p: torch.Tensor | None  # [n, 1] float32, where a row has top-p
-    min_p: torch.Tensor | None  # [n, 1] float32, where a row has min-p
-    mine: _Rows | None  # the positions (in the pass) of seeded rows
-    own: _Rows | None  # and their rows in the seeded noise
-
-
-@dataclass(slots=True)
-class _Filtered:
-    """`_sample_filtered`'s host inputs: its rows without top-k (their top-p mass is the whole row's), which of
-    them are seeded, and the first pass's width and inputs."""
-
-    no_k_rows: _Rows | None
-    no_k_pos: _Rows | None
-    no_k_scale: torch.Tensor | None  # [n, 1] float32
-    seeded_pos: list[int]
-    width: int
-    first: _Pass
-
-
-@dataclass(slots=True)
-class _Plain:
-    rows: _Rows
-    inv_t: torch.Tensor  # [n, 1] float32
-    min_p: torch.Tensor | None  # [n, 1] float32, where a row has min-p
-
-
-@dataclass(slots=True)
-class _Sampling:
-    """`_sample_tokens`' host inputs: greedy, top-k/top-p and plain temperature rows."""
-
-    greedy: _Rows | None
-    filtered_rows: _Rows | None
-    filtered: _Filtered | None
-    plain: _Plain | None
-
-
-@dataclass(slots=True)
-class _StepInputs:
-    processing: _Processing
-    sampling: _Sampling
-    logprobs: _Rows | None  # rows that get logprobs
-
-
-def _step_inputs(rows: list[SamplingRow], vocab: int, pending: PendingTokens | None, one_pass: bool,
-                 all_logprobs: bool, pack: Pack | DirectPack) -> _StepInputs:
-    """Everything a step's sampling reads from the host, put in `pack` (host work only: a `Pack` may run it
-    again, larger)."""
-    want = [i for i, r in enumerate(rows) if all_logprobs or r.params.logprobs is not None]
-    return _StepInputs(_processing_inputs(rows, vocab, pending, pack), _sampling_inputs(rows, vocab, one_pass, pack),
-                       _rows(want, len(rows), pack) if want else None)
-
-
-def _processing_inputs(rows: list[SamplingRow], vocab: int, pending: PendingTokens | None,
-                       pack: Pack | DirectPack) -> _Processing:
-    pen_rows = [i for i, r in enumerate(rows) if _has_penalties(r.params)]
-    min_tok_rows = [i for i, r in enumerate(rows) if len(r.output_token_ids) < r.params.min_tokens]
-    bias_rows = [i for i, r in enumerate(rows) if r.params.logit_bias]
-    out = _Processing(active=bool(pen_rows or min_tok_rows or bias_rows))
-    if pen_rows:
-        rep_idx = [i for i in pen_rows if rows[i].params.repetition_penalty != 1.0]
-        out.repetition = _occurrence_keys(rows, rep_idx, vocab, pending, True, pack)
-        if out.repetition is not None:
-            out.repetition_penalty = pack.put([r.params.repetition_penalty for r in rows], np.float32)
-        out_idx = [i for i in pen_rows if rows[i].params.frequency_penalty or rows[i].params.presence_penalty]
-        out.output = _occurrence_keys(rows, out_idx, vocab, pending, False, pack)
-        if out.output is not None:
-            out.frequency_penalty = pack.put([r.params.frequency_penalty for r in rows], np.float32)
-            out.presence_penalty = pack.put([r.params.presence_penalty for r in rows], np.float32)
-    if min_tok_rows:
-        keys = _stop_keys(rows, min_tok_rows, vocab)
-        if keys:
-            out.stop_keys = pack.put(keys)
-    if bias_rows:
-        keys, values = _bias_entries(rows, bias_rows, vocab)
-        if keys:
-            out.bias_keys, out.bias_values = pack.put(keys), pack.put(values, np.float32)
-    return out
-
-
-def _sampling_inputs(rows: list[SamplingRow], vocab: int, one_pass: bool, pack: Pack | DirectPack) -> _Sampling:
-    n = len(rows)
-    greedy = [i for i, r in enumerate(rows) if r.params.greedy]
-    filtered = [i for i, r in enumerate(rows) if not r.params.greedy and _has_top_k_or_p(r.params, vocab)]
-    plain = [i for i, r in enumerate(rows) if not r.params.greedy and not _has_top_k_or_p(r.params, vocab)]
-    plain_inputs = None
-    if plain:
-        min_p = [rows[i].params.min_p for i in plain]
-        plain_inputs = _Plain(_rows(plain, n, pack), _column([1.0 / rows[i].params.temperature for i in plain], pack),
-                              _column(min_p, pack) if any(min_p) else None)
-    filtered_rows = _rows(filtered, n, pack) if filtered else None
-    return _Sampling(_rows(greedy, n, pack) if greedy else None, filtered_rows,
-                     _filtered_inputs(rows, filtered_rows, vocab, one_pass, pack) if filtered else None, plain_inputs)
-
-
-def _filtered_inputs(rows: list[SamplingRow], filtered: _Rows, vocab: int, one_pass: bool,
-                     pack: Pack | DirectPack) -> _Filtered:
-    idx, n = filtered.ids, len(rows)
-    params = [rows[i].params for i in idx]
-    no_k = [j for j, p in enumerate(params) if not 0 < p.top_k < vocab]
-    seeded_pos = [j for j, i in enumerate(idx) if rows[i].generator is not None]
-    width = max([_CANDIDATES] + [p.top_k for p in params if 0 < p.top_k < vocab])
-    if one_pass and no_k and any(params[j].top_p < 1.0 for j in no_k):
-        width = vocab
-    width = min(width, vocab)
-    first = _pass_inputs(rows, idx, list(range(len(idx))), filtered, width, {j: r for r, j in enumerate(seeded_pos)},
-                         vocab, pack)
-    if not no_k:
-        return _Filtered(None, None, None, seeded_pos, width, first)
-    return _Filtered(_rows([idx[j] for j in no_k], n, pack), _rows(no_k, len(idx), pack),
-                     _column([1.0 / params[j].temperature for j in no_k], pack), seeded_pos, width, first)
-
-
-def _pass_inputs(rows: list[SamplingRow], idx: list[int], pos: list[int], at: _Rows, width: int,
-                 seeded_row: dict[int, int], vocab: int, pack: Pack | DirectPack) -> _Pass:
-    """A candidate pass's inputs for the filtered rows idx[pos] (`at`: those rows in the logits)."""
-    params = [rows[idx[j]].params for j in pos]
-    has_k = [0 < p.top_k < vocab for p in params]
-    top_p = [p.top_p for p in params]
-    min_p = [p.min_p for p in params]
-    nucleus = any(v < 1.0 for v in top_p)
-    mixed = nucleus and not all(has_k)
-    mine = [n for n, j in enumerate(pos) if j in seeded_row]
-    return _Pass(
-        rows=at,
-        pos=_rows(pos, len(idx), pack) if mixed else None,
-        has_k=has_k,
-        inv_t=_column([1.0 / p.temperature for p in params], pack),
-        k=pack.put([p.top_k if h else width for p, h in zip(params, has_k, strict=True)]),
-        has_k_col=pack.put(has_k, np.bool_).unsqueeze(1) if mixed and any(has_k) else None,
-        top_p=_column(top_p, pack) if nucleus else None,
-        min_p=_column(min_p, pack) if any(min_p) else None,
-        mine=_rows(mine, len(pos), pack) if mine else None,
-        own=_rows([seeded_row[pos[n]] for n in mine], len(seeded_row), pack) if mine else None,
-    )
-
-
 # -- the device work, reading those inputs ------------------------------------------------------------------------
 def process_logits(logits: torch.Tensor, rows: list[SamplingRow], pending: PendingTokens | None = None,
-                   inputs: _Processing | None = None) -> torch.Tensor:
+                   inputs: ProcessingInputs | None = None) -> torch.Tensor:
     """Penalties, then min_tokens masking, then logit_bias, then grammar masks, as float32. `pending`: the tokens
     of the step in flight (PLACEHOLDERs in output_token_ids), counted by the penalties where they are.
-    `inputs`: the step's host inputs for them (`_step_inputs`; built here if None).
+    `inputs`: the step's host inputs for them (`sampler_inputs`; built here if None).
 
     Returns `logits` itself when no row needs any, else a new tensor (never in place). Nothing is read back to
     the host but for grammar rows.
     """
     x = logits.float()
     if inputs is None:
-        inputs = _processing_inputs(rows, x.shape[1], pending, DirectPack(x.device))
+        inputs = processing_inputs(rows, x.shape[1], pending, DirectPack(x.device))
     grammar_rows = [i for i, r in enumerate(rows) if r.grammar is not None]
     if not inputs.active and not grammar_rows:
         return x
@@ -503,14 +307,6 @@ def process_logits(logits: torch.Tensor, rows: list[SamplingRow], pending: Pendi
     return x
 
 
-def _has_penalties(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-
-
-def _has_top_k_or_p(p: SamplingParams, vocab: int) -> bool:
-    return 0 < p.top_k < vocab or p.top_p < 1.0
-
-
 def _argmax(x: torch.Tensor) -> torch.Tensor:
     """First index of each row's maximum (a row holding a NaN: its first NaN, as torch's max). On the CPU through
     numpy's vectorized argmax: one thread, so no parallel region to wait for when another process holds a core
@@ -521,7 +317,7 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
     return x.max(dim=-1).indices
 
 
-def _sample_tokens(x: torch.Tensor, rows: list[SamplingRow], one_pass: bool, inputs: _Sampling) -> torch.Tensor:
+def _sample_tokens(x: torch.Tensor, rows: list[SamplingRow], one_pass: bool, inputs: SamplingInputs) -> torch.Tensor:
     """Each row's token from its processed logits `x`: argmax for greedy rows, else the exponential race over
     its temperature/top-k/top-p/min-p distribution. `one_pass`: see `_sample_filtered`."""
     tokens = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
@@ -538,7 +334,7 @@ def _index(idx: list[int], device: torch.device) -> torch.Tensor:
     return to_device(np.asarray(idx, dtype=np.int64), device)
 
 
-def _apply_penalties(x: torch.Tensor, inputs: _Processing, pending: PendingTokens | None) -> None:
+def _apply_penalties(x: torch.Tensor, inputs: ProcessingInputs, pending: PendingTokens | None) -> None:
     """Repetition (prompt+output, HF style), then frequency and presence (output, OpenAI style).
 
     Works on the (row, token) pairs that occurred, not on whole rows: flat keys row * V + token, one per
@@ -561,59 +357,12 @@ def _apply_penalties(x: torch.Tensor, inputs: _Processing, pending: PendingToken
         flat.index_put_((keys,), flat[keys] - (freq * counts + presence))
 
 
-def _occurrence_keys(rows: list[SamplingRow], idx: list[int], vocab: int, pending: PendingTokens | None,
-                     with_prompt: bool, pack: Pack | DirectPack) -> _Keys | None:
-    """The `_Keys` of every output token (and prompt token, `with_prompt`) of rows `idx` inside the vocab: the
-    host's from its token lists (a PLACEHOLDER is outside the vocab), the pending tokens' to be gathered where
-    they are. None where there are none."""
-    if not idx:
-        return None
-    lists = [r.output_token_ids for r in (rows[i] for i in idx)]
-    owners = list(idx)
-    if with_prompt:
-        lists += [rows[i].prompt_token_ids for i in idx]
-        owners += idx
-    # one conversion for all rows (per-row numpy calls cost more than the tokens at a few hundred each)
-    lengths = np.fromiter(map(len, lists), np.int64, len(lists))
-    tokens = np.fromiter(itertools.chain.from_iterable(lists), np.int64, int(lengths.sum()))
-    host = (tokens + np.repeat(np.asarray(owners, dtype=np.int64) * vocab, lengths))[(tokens >= 0) & (tokens < vocab)]
-    waiting = [i for i in idx if i in pending.rows] if pending is not None else []
-    if not waiting:
-        return _Keys(pack.put(host), None) if host.size else None
-    late = pack.put([pending.rows[i] for i in waiting] + [i * vocab for i in waiting])
-    return _Keys(pack.put(host) if host.size else None, late)
-
-
-def _stop_keys(rows: list[SamplingRow], idx: list[int], vocab: int) -> list[int]:
-    """Flat keys of each row's stop tokens and (unless ignore_eos) EOS tokens, rows `idx` (under their
-    min_tokens): masked with -inf."""
-    keys = []
-    for i in idx:
-        row = rows[i]
-        banned = set(row.params.stop_token_ids or [])
-        if not row.params.ignore_eos:
-            banned.update(row.eos_token_ids)
-        keys.extend(i * vocab + t for t in banned if 0 <= t < vocab)
-    return keys
-
-
-def _bias_entries(rows: list[SamplingRow], idx: list[int], vocab: int) -> tuple[list[int], list[float]]:
-    """Each row's logit_bias as flat keys row * V + token and their values, all rows added in one scatter."""
-    keys, values = [], []
-    for i in idx:
-        for token, bias in rows[i].params.logit_bias.items():
-            if 0 <= token < vocab:
-                keys.append(i * vocab + token)
-                values.append(bias)
-    return keys, values
-
-
 def _unseeded_noise(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
     # -log(U) is Exp(1) and on CPU is ~3x faster than Tensor.exponential_.
     return torch.rand(shape, device=device).log_().neg_()
 
 
-def _sample_plain(x: torch.Tensor, rows: list[SamplingRow], inputs: _Plain) -> torch.Tensor:
+def _sample_plain(x: torch.Tensor, rows: list[SamplingRow], inputs: PlainInputs) -> torch.Tensor:
     """Temperature (+ min-p) over the whole vocab; returns tokens in the order of the plain rows."""
     device, vocab = x.device, x.shape[1]
     sub = inputs.rows.take(x)
@@ -631,9 +380,9 @@ def _sample_plain(x: torch.Tensor, rows: list[SamplingRow], inputs: _Plain) -> t
     return rel.div_(noise).max(dim=-1).indices
 
 
-def _sample_filtered(x: torch.Tensor, rows: list[SamplingRow], idx: list[int], inputs: _Filtered) -> torch.Tensor:
+def _sample_filtered(x: torch.Tensor, rows: list[SamplingRow], idx: list[int], inputs: FilteredInputs) -> torch.Tensor:
     """Rows `idx` with top-k and/or top-p: sample among each row's largest logits only. The first pass is as wide
-    as `_filtered_inputs` made it: with `one_pass`, as wide as the widest nucleus can be (the whole vocab where a
+    as `filtered_inputs` made it: with `one_pass`, as wide as the widest nucleus can be (the whole vocab where a
     row has top-p without top-k), so no row's overflow is read back; a wider pass keeps the same tokens (the
     candidates are the same sorted prefix, the seeded noise is the full vocab's) and only the global generator's
     draws change shape. Else the rows whose nucleus may extend past a pass are read back and retried wider."""
@@ -671,10 +420,10 @@ def _sample_candidates(
     mass: torch.Tensor,
     seeded: torch.Tensor,
     seeded_row: dict[int, int],
-    inputs: _Pass | None = None,
+    inputs: PassInputs | None = None,
 ) -> tuple[torch.Tensor, set[int]]:
     """Filter and sample rows idx[pos] within their `width` largest logits (`inputs`: the pass's host inputs,
-    from `_pass_inputs`; a retry's are built here, where the host has just read which rows overflowed).
+    from `pass_inputs`; a retry's are built here, where the host has just read which rows overflowed).
 
     Returns a token per pos (garbage for overflow) and the positions whose top-p nucleus
     may extend past `width` and must be retried wider.
@@ -682,7 +431,7 @@ def _sample_candidates(
     device, vocab = x.device, x.shape[1]
     if inputs is None:
         direct = DirectPack(device)
-        inputs = _pass_inputs(rows, idx, pos, _rows([idx[j] for j in pos], x.shape[0], direct), width, seeded_row,
+        inputs = pass_inputs(rows, idx, pos, rows_of([idx[j] for j in pos], x.shape[0], direct), width, seeded_row,
                               vocab, direct)
     vals, cand = inputs.rows.take(x).topk(width, dim=-1, sorted=True)
     rel = (vals - vals[:, :1]).mul_(inputs.inv_t).exp_()  # probabilities relative to the most likely token

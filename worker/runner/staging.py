@@ -9,8 +9,8 @@ views. No device tensor is allocated for them and nothing waits for the device.
 - `StagingArea`: an `Uploader` filled in order by a `Pack` (every array at the next aligned offset), grown when
   a step needs more room than it has (rare: 64 KiB to start, and where the KV pool is sized from the memory
   profile, the profiling step, the largest there is, grows it at start-up).
-  The executor keeps a second one for the sampler's inputs of a sampled step (runner/sampler.py
-  `_step_inputs`: indices, parameter columns, penalty and bias keys), one more copy for those steps.
+  The executor keeps a second one for the sampler's inputs of a sampled step
+  (runner/sampling_inputs.py: indices, parameter columns, penalty and bias keys), one more copy for those steps.
 - `DirectPack`: the same interface with no staging: each array is a tensor on its own (on the CPU a view of the
   host array: nothing is copied there, since the host is the device), for code that prepares one batch outside
   the engine's steps (calibration, tests).
