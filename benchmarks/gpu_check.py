@@ -324,8 +324,25 @@ def summary(results: dict) -> str:
                      f"{f'{vs_copy:.2f}' if vs_copy else '-'} | {p.get('system', '-')} | "
                      f"{f'{ptok:.0f}' if ptok else p.get('status', '-')} | "
                      f"{f'{tok_s / ptok:.2f}x' if tok_s and ptok else '-'} |")
+    lines += step_split(results["benches"])
     lines += profile_summary(results.get("profile"))
     return "\n".join(lines)
+
+
+def step_split(benches: dict) -> list[str]:
+    """Where each of ours' runs went: decode steps against the rest, the slowest steps, and any Triton compile
+    inside the timed run (the first H100 run lost two thirds of the nano workload to those)."""
+    lines = []
+    for name, b in benches.items():
+        ours = next((r for r in b.get("ours_report", {}).get("results", [])
+                     if r["system"].startswith("hetero-infer")), None)
+        ex = (ours or {}).get("extra", {})
+        if "decode_s" in ex:
+            lines.append(f"- {name}: {ex['steps']} steps in {ours['seconds']:.2f} s; decode steps "
+                         f"{ex['decode_s']:.2f} s ({ex['decode_steps']}), the others {ex['other_s']:.2f} s "
+                         f"({ex['other_steps']}); slowest {ex.get('slowest_steps', '-')}; Triton compiles in the "
+                         f"run: {ex.get('jit_compiles_in_run', 0)}")
+    return ["", *lines] if lines else []
 
 
 def profile_summary(profile: dict | None) -> list[str]:

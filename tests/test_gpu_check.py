@@ -57,6 +57,12 @@ def test_summary_table_names_every_phase_and_the_ratio() -> None:
     }
     table = gc.summary(results)
     assert "| suite-kernels | ok | 10.0 |" in table and "| qwen3-one-peer | rc=timeout | 40.0 |" in table
+    assert "- qwen3-one:" not in table  # a report without the step split (an older bench) gets no line
+    results["benches"]["qwen3-one"]["ours_report"]["results"][0].update(seconds=1.5, extra={
+        "weight_gbs_vs_copy": 0.5, "steps": 513, "decode_s": 1.25, "decode_steps": 512, "other_s": 0.2,
+        "other_steps": 1, "slowest_steps": "prefill#1:200ms", "jit_compiles_in_run": 3})
+    assert ("- qwen3-one: 513 steps in 1.50 s; decode steps 1.25 s (512), the others 0.20 s (1); slowest "
+            "prefill#1:200ms; Triton compiles in the run: 3") in gc.summary(results)
     assert "| qwen3-one | 500 | 2.00 | 0.50 | hf | 100 | 5.00x |" in table
 
 
