@@ -166,7 +166,7 @@ def test_call_two_benches_and_profiles_with_the_tuned_table(tmp_path, monkeypatc
     assert gc.main(["check", str(tmp_path / "out"), "--phases", "bench,profile,peers", "--budget-s", "330",
                     "--kernel-configs", str(table)]) == 0
     names = [s[0] for s in started]
-    assert names[:6] == ["qwen3-nano", "qwen3-one", "llama8b-one", "llama8b-64", "profile", "qwen3-one-peer"]
+    assert names[:6] == ["qwen3-nano", "qwen3-one", "llama8b-one", "llama8b-64", "profile", "llama8b-one-peer"]
     assert "suite-kernels" not in names and "tune" not in names
     for name, _cmd, env, _ in started:  # ours (bench, profile) read the tuned table; the peers do not care
         if not name.endswith("-peer"):
