@@ -148,10 +148,11 @@ def python_hotspots(step, steps: int, sync=lambda: None, top: int = 20) -> list[
         step()
     sync()
     prof.disable()
-    total = sum(tt for (_, _, tt, _, _) in pstats.Stats(prof).stats.values()) or 1.0
+    stats = pstats.Stats(prof).stats
+    total = sum(tt for (_, _, tt, _, _) in stats.values()) or 1.0
     rows = [{"function": f"{Path(file).name}:{line}({fn})", "calls": nc / steps, "self_us": tt / steps * 1e6,
              "cum_us": ct / steps * 1e6, "share": tt / total}
-            for (file, line, fn), (_, nc, tt, ct, _) in pstats.Stats(prof).stats.items()]
+            for (file, line, fn), (_, nc, tt, ct, _) in stats.items()]
     return sorted(rows, key=lambda r: -r["self_us"])[:top]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import heapq
 import json
 import os
 import platform
@@ -154,7 +155,7 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
     # finished on the device while the next one runs, so in the steady state each call lasts one device step.
     decode_time = decode_floor = other_time = 0.0
     decode_steps = 0
-    slowest: list[tuple[float, int, str]] = []  # (seconds, step, kind) of the slowest steps
+    step_times: list[tuple[float, int, str]] = []  # (seconds, step, kind) of every step
     waste_samples: list[float] = []
     steps = 0
     probe = CopyProbe(device)
@@ -168,7 +169,7 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
         sched = engine.last_schedule
         decode = sched is not None and sched.scheduled and all(not s.seq.is_prefill and s.num_new_tokens == 1
                                                                for s in sched.scheduled)
-        slowest = sorted([*slowest, (dt, steps, "decode" if decode else "prefill")], reverse=True)[:3]
+        step_times.append((dt, steps, "decode" if decode else "prefill"))
         if not decode:
             other_time += dt
         else:
@@ -187,7 +188,7 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
     # waited for one), and the slowest steps (a compile or a capture in the run shows there)
     extra = {"steps": steps, "decode_steps": decode_steps, "decode_s": round(decode_time, 3),
              "other_steps": steps - decode_steps, "other_s": round(other_time, 3),
-             "slowest_steps": " ".join(f"{kind}#{i}:{1e3 * t:.0f}ms" for t, i, kind in slowest)}
+             "slowest_steps": " ".join(f"{kind}#{i}:{1e3 * t:.0f}ms" for t, i, kind in heapq.nlargest(3, step_times))}
     compiles = sum(triton_compiles().values()) - compiled_before
     if compiles:  # Triton kernels compiled inside the timed run: a request of a real server would wait for them
         extra["jit_compiles_in_run"] = compiles
