@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class Tokenizer:
@@ -37,6 +38,8 @@ class Tokenizer:
 
         A local folder's generation_config.json eos ids are added to the eos set.
         """
+        from transformers import AutoTokenizer  # imported here: the HTTP side listens before it loads torch
+
         if gguf_file is not None:
             kwargs["gguf_file"] = gguf_file
         hf = AutoTokenizer.from_pretrained(str(path_or_folder), **kwargs)
@@ -76,6 +79,12 @@ class Tokenizer:
                                            tools=tools or None)
         # The template writes any BOS itself: tokenizing must not add another.
         return self.hf.encode(text, add_special_tokens=False)
+
+
+def import_tokenizer_library() -> None:
+    """Import what loading a tokenizer needs (transformers, and torch through it: seconds), ahead of the load, so
+    that a process can do it while it waits for the model's folder."""
+    import transformers  # noqa: F401
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")

@@ -11,6 +11,8 @@ import json
 import os
 import select
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -310,3 +312,49 @@ def test_command_frames_are_what_the_child_reads() -> None:
     finally:
         reader.close()
         writer.close()
+
+
+def test_the_http_side_listens_without_torch() -> None:
+    """What the server needs to bind its port, answer /healthz and spawn the engine process imports neither torch
+    nor transformers (seconds): those load in the engine process and, for the server's own tokenizer, on a thread
+    while the engine process loads, so the two processes' imports overlap."""
+    probe = (
+        "import sys\n"
+        "import hetero_infer.worker.server.cli, hetero_infer.worker.server.logs\n"
+        "from hetero_infer.contracts.server_options import ServerOptions\n"
+        "from hetero_infer.worker.frontend.process import EngineProcess\n"
+        "from hetero_infer.worker.server.app import create_app\n"
+        "from hetero_infer.worker.server.state import ServerState\n"
+        "create_app(ServerState(ServerOptions()))\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_engine_process_names_its_model_folder_before_it_loads() -> None:
+    """The child resolves the model (a GGUF is converted once, into a folder) and says so before it builds the
+    engine: the server loads its tokenizer from that folder meanwhile. A model that cannot be fetched fails in
+    the parent as the child's ModelSourceError, one line."""
+    from hetero_infer.model_source import ModelSourceError
+    from hetero_infer.worker.frontend.process import EngineProcess
+    from hetero_infer.worker.runner.loader import default_model_gguf, resolve_model
+
+    core = EngineProcess(EngineConfig(model=str(default_model_gguf()), executor="mock", max_model_len=512,
+                                      max_num_blocks=64))
+    core.start()
+    try:
+        pinned = core.wait_pinned()
+        assert (pinned.model, pinned.served_model_name) == (str(resolve_model(None)[0]), default_model_gguf().stem)
+        assert core.wait_ready().model_name == default_model_gguf().stem
+    finally:
+        core.stop(5.0)
+    assert not core.process.is_alive()
+
+    core = EngineProcess(EngineConfig(model="s3://", executor="mock"))
+    core.start()
+    try:
+        with pytest.raises(ModelSourceError) as info:
+            core.wait_pinned()
+        assert str(info.value) == "malformed model URL 's3://': expected s3://BUCKET/PREFIX"
+    finally:
+        core.stop(5.0)

@@ -23,31 +23,13 @@ from hetero_infer.worker.core.request_check import EngineLimits, check_request
 from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
+from hetero_infer.worker.core.stats import ITERATION_TOKENS_BUCKETS, EngineStats
 from hetero_infer.worker.runner.loader import load_hf_config, resolve_engine_model, served_name
 from hetero_infer.worker.runner.sampler import SamplingRow, make_generator, takes_argmax
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
 
 log = logging.getLogger(__name__)
 _FINISHED = SequenceStatus.FINISHED
-
-
-@dataclass
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-    num_preemptions_total: int
-    prefix_cache_queries_total: int
-    prefix_cache_hits_total: int
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    # tokens per engine step, as a histogram over ITERATION_TOKENS_BUCKETS (counts per bucket, +Inf last) and sum
-    iteration_tokens: tuple[int, ...] = ()
-    iteration_tokens_sum: int = 0
-
-
-# vLLM's `vllm:iteration_tokens_total` buckets
-ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 @dataclass(slots=True)

@@ -32,6 +32,7 @@ import threading
 from typing import Any
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.model_source import ModelSourceError
 from hetero_infer.worker.core.busy_loop import SHUTDOWN, Command, EngineOutputs, run_busy_loop
 from hetero_infer.worker.core.request_check import EngineLimits
 from hetero_infer.worker.frontend.client import EngineClient, EngineDeadError
@@ -45,8 +46,9 @@ _PROTO = pickle.HIGHEST_PROTOCOL  # 5 on the supported Pythons
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 _PIPE_SIZE = 1 << 20
 
-# Messages (child -> parent)
-_M_READY, _M_LOAD_ERROR, _M_BATCH, _M_FATAL, _M_GRAMMAR = 0, 1, 2, 3, 4
+# Messages (child -> parent). While loading: _M_PINNED (the config with its model resolved into a folder), then
+# _M_READY or _M_LOAD_ERROR (the exception's type name and message).
+_M_READY, _M_LOAD_ERROR, _M_BATCH, _M_FATAL, _M_GRAMMAR, _M_PINNED = 0, 1, 2, 3, 4, 5
 # A command (parent -> child) that the child's link handles itself, never the busy loop: compile a grammar on the
 # engine's compile threads, (token, spec, deadline); the answer comes back as _M_GRAMMAR (token, error or None).
 _C_GRAMMAR = 100
@@ -80,12 +82,16 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
     if os.getppid() != parent_pid:
         return
     try:
+        from hetero_infer.worker.runner.loader import pin_model
+
+        config = pin_model(config)  # downloaded or converted once, here: the parent loads its tokenizer from it
+        out_conn.send_bytes(pickle.dumps((_M_PINNED, config), _PROTO))
         from hetero_infer.worker.core.engine import LLMEngine
 
         engine = LLMEngine(config)
         limits = engine.limits
     except BaseException as exc:
-        out_conn.send_bytes(pickle.dumps((_M_LOAD_ERROR, f"{type(exc).__name__}: {exc}"), _PROTO))
+        out_conn.send_bytes(pickle.dumps((_M_LOAD_ERROR, (type(exc).__name__, str(exc))), _PROTO))
         return
     freeze_startup_objects()
     logger.info(
@@ -162,7 +168,9 @@ def _frame(data: bytes) -> bytes:
 
 
 class EngineProcess:
-    """The child process and its two pipes; `start()` spawns it, `wait_ready()` waits for its limits."""
+    """The child process and its two pipes; `start()` spawns it, `wait_pinned()` waits for its model's folder
+    (the child downloads or converts the model first: the parent's own imports and tokenizer load run meanwhile),
+    `wait_ready()` for its limits."""
 
     def __init__(self, config: EngineConfig, stream_interval: float = 0.0, log: tuple[str, str] | None = None) -> None:
         """log: (level, format) of the server's logging, for the child's records (None: Python's defaults)."""
@@ -172,6 +180,7 @@ class EngineProcess:
         self.process = ctx.Process(
             target=_child_main, name="engine-core", daemon=True,
             args=(config, self._cmd_recv, self._out_send, os.getpid(), stream_interval, log))
+        self.pinned: EngineConfig | None = None
         self.limits: EngineLimits | None = None
         self.initial_stats: Any = None
         self._send_lock = threading.Lock()
@@ -187,8 +196,20 @@ class EngineProcess:
             except OSError:
                 pass
 
+    def wait_pinned(self) -> EngineConfig:
+        """Block until the child has resolved its model into a local folder; the config that names it."""
+        while self.pinned is None:
+            self._receive_loading()
+        return self.pinned
+
     def wait_ready(self) -> EngineLimits:
-        """Block until the child has built its engine (RuntimeError with its reason if it could not)."""
+        """Block until the child has built its engine (RuntimeError with its reason if it could not; a model
+        that cannot be fetched is the child's ModelSourceError, whose one line says it all)."""
+        while self.limits is None:
+            self._receive_loading()
+        return self.limits
+
+    def _receive_loading(self) -> None:
         try:
             kind, item = pickle.loads(self.out_conn.recv_bytes())
         except EOFError:
@@ -196,9 +217,12 @@ class EngineProcess:
             raise RuntimeError(f"the engine process exited while loading (exit code {self.process.exitcode})") from None
         if kind == _M_LOAD_ERROR:
             self.process.join(5)
-            raise RuntimeError(item)
-        self.limits, self.initial_stats = item
-        return self.limits
+            name, message = item
+            raise ModelSourceError(message) if name == ModelSourceError.__name__ else RuntimeError(f"{name}: {message}")
+        if kind == _M_PINNED:
+            self.pinned = item
+        else:
+            self.limits, self.initial_stats = item
 
     def send(self, commands: list[Command]) -> None:
         """Send commands (kind, item) to the child, in one message."""

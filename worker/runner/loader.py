@@ -17,13 +17,15 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.model_source import fetch_model
 from hetero_infer.paths import model_cache_dir
 from hetero_infer.progress import Progress
+
+if TYPE_CHECKING:  # torch is imported where a model is built: resolving one (pin_model) must not need it
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +227,8 @@ def load_model(hf_config, folder: Path, *, load_format: str, device: torch.devic
     """The model with its weights, every parameter allocated once, on `device` in `dtype` (built on the meta
     device, then filled: an 8B model in bfloat16 is never materialised in float32 or on the CPU first). Weights
     from the folder's safetensors, or random from the config for `load_format="dummy"`."""
+    import torch
+
     from hetero_infer.worker.runner.dummy_weights import dummy_weights
     from hetero_infer.worker.runner.models.llama import LlamaForCausalLM
 
@@ -240,6 +244,8 @@ def load_model(hf_config, folder: Path, *, load_format: str, device: torch.devic
 
 @contextmanager
 def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    import torch
+
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

@@ -149,35 +149,16 @@ async def _load_engine(engine_config: EngineConfig) -> tuple[Any, Any]:
     return await future
 
 
-async def _pin_model(engine_config: EngineConfig) -> EngineConfig:
-    """Download or convert the model once, on a daemon thread (a stop while downloading does not wait for it),
-    before the engine process and the server's tokenizer both load it."""
-    from hetero_infer.worker.runner.loader import pin_model
-
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-
-    def fetch() -> None:
-        try:
-            pinned = pin_model(engine_config)
-        except BaseException as exc:
-            loop.call_soon_threadsafe(_settle, future, None, exc)
-        else:
-            loop.call_soon_threadsafe(_settle, future, pinned, None)
-
-    threading.Thread(target=fetch, name="model-fetch", daemon=True).start()
-    return await future
-
-
 async def _load_engine_process(engine_config: EngineConfig, stream_interval: float,
                                log: tuple[str, str]) -> tuple[Any, ...]:
-    """Spawn the engine-core process (here, on the loop's thread: the child's parent-death signal follows the
-    thread that created it) and wait on a daemon thread for its limits, loading the server's tokenizer
-    meanwhile."""
+    """Spawn the engine-core process at once (here, on the loop's thread: the child's parent-death signal follows
+    the thread that created it) and wait on a daemon thread for its limits. The child resolves the model first
+    (download, conversion: a stop meanwhile does not wait for it) and names the folder, from which this process
+    loads its own tokenizer while the child builds the engine: the two processes' imports and loads overlap."""
+    from hetero_infer.contracts.tokenizer import import_tokenizer_library
     from hetero_infer.worker.frontend.process import EngineProcess, load_parent_tokenizer
 
     loop = asyncio.get_running_loop()
-    engine_config = await _pin_model(engine_config)
     future: asyncio.Future[Any] = loop.create_future()
     core = EngineProcess(engine_config, stream_interval, log)
     try:
@@ -188,7 +169,9 @@ async def _load_engine_process(engine_config: EngineConfig, stream_interval: flo
 
     def load() -> None:
         try:
-            tokenizer = load_parent_tokenizer(engine_config)
+            if not engine_config.skip_tokenizer_init:
+                import_tokenizer_library()  # while the child resolves the model
+            tokenizer = load_parent_tokenizer(core.wait_pinned())
             core.wait_ready()
         except BaseException as exc:
             core.stop(2.0)

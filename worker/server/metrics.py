@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from hetero_infer.worker.core.engine import ITERATION_TOKENS_BUCKETS
+from hetero_infer.worker.core.stats import ITERATION_TOKENS_BUCKETS
 from hetero_infer.worker.frontend.timing import RequestTiming
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

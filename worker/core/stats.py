@@ -1,0 +1,25 @@
+"""`EngineStats`: the engine's counters as one snapshot, read by the server's metrics (in the engine process's
+parent too, where it arrives pickled: this module imports nothing heavy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_preemptions_total: int
+    prefix_cache_queries_total: int
+    prefix_cache_hits_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    # tokens per engine step, as a histogram over ITERATION_TOKENS_BUCKETS (counts per bucket, +Inf last) and sum
+    iteration_tokens: tuple[int, ...] = ()
+    iteration_tokens_sum: int = 0
+
+
+# vLLM's `vllm:iteration_tokens_total` buckets
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
