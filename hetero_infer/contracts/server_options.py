@@ -106,9 +106,7 @@ class ServerOptions:
     def use_engine_process(self) -> bool:
         if self.engine_process is not None:
             return self.engine_process
-        from hetero_infer.kernels.cpu.threads import (
-            usable_cpus,  # the worker's question: no kernels at import
-        )
+        from hetero_infer.cpu_quota import usable_cpus
 
         return usable_cpus() >= ENGINE_PROCESS_MIN_CPUS
 

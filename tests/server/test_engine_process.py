@@ -326,6 +326,7 @@ def test_the_http_side_listens_without_torch() -> None:
         "from hetero_infer.worker.server.app import create_app\n"
         "from hetero_infer.worker.server.state import ServerState\n"
         "create_app(ServerState(ServerOptions()))\n"
+        "ServerOptions().use_engine_process()\n"
         "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout
