@@ -107,12 +107,14 @@ def servers(args: argparse.Namespace) -> list[Server]:
     if args.baseline_bin:
         ours.append(("baseline", args.baseline_bin))
     out = []
-    for label, binary in ours:
-        out.append(Server(f"{label} (torch)", [binary, "serve", "--port", "{port}"],  # the default model: {model}
-                          "/healthz", "/readyz", DEFAULT_MODEL_NAME))
-    for label, binary in ours:
-        out.append(Server(f"{label} (mock)", [binary, "serve", "--port", "{port}", "--executor", "mock"],
-                          "/healthz", "/readyz", "mock"))
+    if "torch" in args.executors:
+        for label, binary in ours:
+            out.append(Server(f"{label} (torch)", [binary, "serve", "--port", "{port}"],  # the default model: {model}
+                              "/healthz", "/readyz", DEFAULT_MODEL_NAME))
+    if "mock" in args.executors:
+        for label, binary in ours:
+            out.append(Server(f"{label} (mock)", [binary, "serve", "--port", "{port}", "--executor", "mock"],
+                              "/healthz", "/readyz", "mock"))
     if args.peer_python:
         out.append(Server("transformers serve", [args.peer_python, "-m", "transformers.cli.transformers", "serve",
                                                  "--port", "{port}", "{model}"], "/health", None, "{model}"))
@@ -128,11 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline-bin", help="another checkout's hetero-infer console script")
     parser.add_argument("--peer-python", help="a Python that can run `transformers serve` (fastapi, uvicorn)")
+    parser.add_argument("--executors", default="torch,mock", help="our servers' executors, comma-separated")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--json", help="write the samples here")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    args.executors = args.executors.split(",")
+    if not args.executors or not set(args.executors) <= {"torch", "mock"}:
+        parser.error("--executors takes torch, mock or both")
 
     from hetero_infer.worker.runner.loader import resolve_model
 
