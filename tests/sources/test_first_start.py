@@ -124,3 +124,31 @@ def test_a_cuda_engine_in_auto_dtype_converts_into_bfloat16(monkeypatch):
     monkeypatch.setattr(executor.torch.cuda, "is_available", lambda: True)
     assert loader.gguf_dtype(EngineConfig(dtype="auto", device="cuda")) == "bfloat16"
     assert loader.gguf_dtype(EngineConfig(dtype="float32", device="cuda")) == "float32"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_new_gguf_is_converted_through_transformers_in_its_dtype(dtype, tmp_path, monkeypatch):
+    """A GGUF not yet in the cache reaches transformers' GGUF loader with the dtype asked for (the conversion
+    itself, ~2 minutes for the default model, runs in the docker suite's image builds)."""
+    import torch
+    import transformers
+
+    import hetero_infer.worker.runner.loader as loader
+
+    monkeypatch.setenv("HETERO_INFER_MODEL_CACHE", str(tmp_path / "models"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(64))
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    def from_pretrained(folder, gguf_file=None, dtype=None):
+        asked.append((folder, gguf_file, dtype))
+        raise Stop
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    with pytest.raises(Stop):
+        loader.convert_gguf(gguf, dtype=dtype)
+    assert asked == [(tmp_path, "m.gguf", getattr(torch, dtype))]
+    assert not list((tmp_path / "models").glob("m-*"))  # nothing half-converted is left as if complete

@@ -163,6 +163,7 @@ def convert_gguf(gguf: Path, name: str | None = None, dtype: str = "float32") ->
         if (done / ".complete").is_file():
             return done
     out = model_cache_dir() / f"{name or gguf.stem}-{key}"
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
