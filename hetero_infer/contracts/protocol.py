@@ -171,8 +171,6 @@ class CompletionRequest(_Sampling):
         if self.suffix:
             raise _invalid("suffix", "suffix is not supported: this server does not do fill-in-the-middle "
                                      "completion; put all the text in `prompt`")
-        if self.echo and self.logprobs is not None:
-            raise _invalid("echo", "echo together with logprobs (prompt logprobs) is not supported")
         return self
 
 

@@ -370,3 +370,30 @@ def test_best_of_returns_the_n_most_likely(sclient: openai.OpenAI, smodel: str) 
     assert totals[0] >= totals[1]
     with pytest.raises(openai.BadRequestError):
         sclient.completions.create(model=smodel, prompt=PROMPT, max_tokens=5, n=3, best_of=2)
+
+
+def test_echo_with_logprobs_scores_the_prompt(sclient: openai.OpenAI, smodel: str) -> None:
+    """lm-evaluation-harness's loglikelihood request (echo, logprobs=1, max_tokens=1, temperature 0): the prompt's
+    tokens with their logprobs (the first one's null) ahead of the generated token's, here under the mock's own
+    distribution (`mock_logits`, which the generated token's logprob follows too), through the engine process;
+    streamed, the first chunk carries the same."""
+    tok = AutoTokenizer.from_pretrained(resolve_model(None)[0])
+    ids = tok.encode("Score these words, please")
+    body = {"model": smodel, "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0}
+    r = sclient.completions.create(**body)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 1 and lp.tokens[: len(ids)] == [tok.decode([t]) for t in ids]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for i in range(1, len(ids)):
+        row = mock_logits(ids, ids[:i], len(tok)).double().log_softmax(-1)
+        assert lp.token_logprobs[i] == pytest.approx(row[ids[i]].item(), abs=1e-5)
+        assert len(lp.top_logprobs[i]) == 1
+    assert lp.text_offset[: len(ids)] == sorted(lp.text_offset[: len(ids)]) and lp.text_offset[0] == 0
+    assert r.choices[0].text.startswith(tok.decode(ids))
+    first = next(c for c in sclient.completions.create(**body, stream=True) if c.choices)
+    assert first.choices[0].logprobs.tokens == lp.tokens
+    assert first.choices[0].logprobs.token_logprobs == lp.token_logprobs
+    generated = mock_logits(ids, ids, len(tok)).double().log_softmax(-1)
+    assert lp.token_logprobs[-1] == pytest.approx(generated.max().item(), abs=1e-5)  # greedy
+    plain = sclient.completions.create(**{**body, "echo": False})  # without echo: the generated token's only
+    assert plain.choices[0].logprobs.token_logprobs == lp.token_logprobs[-1:]

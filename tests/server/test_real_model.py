@@ -62,3 +62,28 @@ def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
         return [c.text for c in sorted(r.choices, key=lambda c: c.index)]
 
     assert sample(7) == sample(7)
+
+
+def test_echo_with_logprobs_equals_transformers(client: openai.OpenAI) -> None:
+    """The prompt's logprobs through the API (echo with logprobs, as evaluation harnesses score a continuation)
+    against transformers' log-softmax of the same float32 model."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hetero_infer.worker.runner.loader import resolve_model
+
+    folder = resolve_model(None)[0]
+    ids = AutoTokenizer.from_pretrained(folder).encode("The capital of France is Paris")
+    model = client.models.list().data[0].id
+    r = client.completions.create(model=model, prompt=ids, max_tokens=1, echo=True, logprobs=2, temperature=0)
+    lp = r.choices[0].logprobs
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        reference = hf(torch.tensor([ids])).logits[0].double().log_softmax(-1)
+    assert lp.token_logprobs[0] is None and len(lp.token_logprobs) == len(ids) + 1
+    for i in range(1, len(ids)):
+        assert lp.token_logprobs[i] == pytest.approx(reference[i - 1, ids[i]].item(), abs=1e-4), i
+        assert sorted(lp.top_logprobs[i].values(), reverse=True) == pytest.approx(
+            reference[i - 1].topk(2).values.tolist(), abs=1e-4)
+    # the generated token: greedy, transformers' argmax after the whole prompt
+    assert lp.token_logprobs[-1] == pytest.approx(reference[-1].max().item(), abs=1e-4)

@@ -188,6 +188,12 @@ def test_chat_logprobs() -> None:
     assert _changes("chat", logprobs=False) == {}
 
 
+def test_echo_with_logprobs_asks_for_the_prompts_logprobs() -> None:
+    assert _changes("completions", echo=True, logprobs=3) == {"logprobs": 3, "prompt_logprobs": 3}
+    assert _changes("completions", echo=True, logprobs=0) == {"logprobs": 0, "prompt_logprobs": 0}
+    assert _changes("completions", echo=False, logprobs=3) == {"logprobs": 3}
+
+
 def test_chat_max_completion_tokens_wins_over_max_tokens() -> None:
     assert _changes("chat", max_tokens=3, max_completion_tokens=7) == {"max_tokens": 7}
     assert _changes("chat", max_tokens=7, max_completion_tokens=3) == {"max_tokens": 3}

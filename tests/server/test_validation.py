@@ -82,7 +82,6 @@ CASES: list[tuple[str, str, int, str | None]] = [
     (COMPL, '{"prompt": "x", "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}',
      400, "structured_outputs"),
     (COMPL, '{"prompt": "x", "suffix": "tail"}', 400, "suffix"),
-    (COMPL, '{"prompt": "x", "echo": true, "logprobs": 1}', 400, "echo"),
     (COMPL, '{"prompt": "x", "min_tokens": 9, "max_tokens": 3}', 400, "min_tokens"),
     (COMPL, '{"prompt": "x", "max_tokens": 100000}', 400, "max_tokens"),
     (CHAT, "{}", 400, "messages"),

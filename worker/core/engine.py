@@ -57,6 +57,7 @@ class Request:
     error: str | None = None
     # Per sample, what earlier deltas already carried: [end of its tokens in token_ids, logprobs entries].
     sent: list[list[int]] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # until the first delta carries them
 
     @property
     def finished(self) -> bool:
@@ -147,6 +148,8 @@ class LLMEngine:
         request = Request(request_id, prompt, list(prompt_token_ids), params, seqs)
         if arrival_time is not None:
             request.arrival_time = arrival_time
+        if params.prompt_logprobs is not None:  # computed now, on their own: nothing is queued if this fails
+            request.prompt_logprobs = self.executor.prompt_logprobs(request.prompt_token_ids, params.prompt_logprobs)
         self.requests[request_id] = request
         for seq in seqs:
             self.scheduler.add(seq)
@@ -410,9 +413,10 @@ class LLMEngine:
                                        seq.finish_reason, seq.stop_reason))
         if finished:
             self.requests.pop(request.request_id, None)
+        prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None  # sent once, with the first delta
         return RequestDelta(request.request_id, samples, finished, request.error, [step_end],
                             request.first_scheduled_time, request.first_token_time,
-                            request.seqs[0].num_cached_tokens)
+                            request.seqs[0].num_cached_tokens, prompt_logprobs)
 
     # -- observability ------------------------------------------------------------------
     def stats(self) -> EngineStats:

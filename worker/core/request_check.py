@@ -140,6 +140,8 @@ def check_sampling_params(p: SamplingParams) -> None:
         bad("min_tokens", "must be >= 0")
     if p.logprobs is not None and not 0 <= p.logprobs <= 20:
         bad("logprobs", "must be in [0, 20]")
+    if p.prompt_logprobs is not None and (not isinstance(p.prompt_logprobs, int) or not 0 <= p.prompt_logprobs <= 20):
+        bad("prompt_logprobs", "must be an integer in [0, 20]")
     if not -2.0 <= p.presence_penalty <= 2.0:
         bad("presence_penalty", "must be in [-2, 2]")
     if not -2.0 <= p.frequency_penalty <= 2.0:

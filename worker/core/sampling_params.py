@@ -40,6 +40,8 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | None = None
+    # the logprob of every prompt token after the first, with the top-N at each position (vLLM's prompt_logprobs)
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0

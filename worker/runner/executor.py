@@ -13,6 +13,7 @@ from hetero_infer.kernels.cpu import native as cpu_native
 from hetero_infer.kernels.cpu import threads as cpu_threads
 from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.quant.quantize import quantize_model, weight_bytes
+from hetero_infer.worker.runner import prompt_logprobs
 from hetero_infer.worker.runner.attention import StepBatch, select_backend
 from hetero_infer.worker.runner.attention.triton_backend import TritonBackend
 from hetero_infer.worker.runner.cuda_graphs import DecodeRunner
@@ -93,6 +94,7 @@ class TorchExecutor:
         self.staging = StagingArea(self.device)  # an eager step's integer inputs: one copy (none on the CPU)
         # a sampled step's host inputs (indices, parameters, penalty and bias keys): one more copy (none on the CPU)
         self.sample_staging = StagingArea(self.device)
+        self._prompt_staging: StagingArea | None = None  # prompt logprobs' runs (made on the first)
         torch.manual_seed(config.seed)
         model = load_model(hf_config, folder, load_format=config.load_format, device=self.device, dtype=self.dtype,
                            max_positions=max_model_len, seed=config.seed)
@@ -202,6 +204,16 @@ class TorchExecutor:
         input_ids, staged = self.staging.pack(lambda pack: (pack.put(ids), self.backend.stage(batch, pack)))
         kv = self._new_kv_cache(batch.num_blocks)
         return self.model(input_ids, self.backend, self.backend.metadata(staged), _layer_caches(kv))
+
+    def prompt_logprobs(self, token_ids: list[int], k: int) -> list[dict[int, float] | None]:
+        """The prompt's logprobs with the top `k` at each position (worker/runner/prompt_logprobs.py), from a run
+        of its own over a KV cache of its own, in chunks of the step's token budget, with staging of its own (an
+        engine step in flight keeps its inputs)."""
+        if self._prompt_staging is None:
+            self._prompt_staging = StagingArea(self.device)
+        return prompt_logprobs.run_prompt(
+            self.model, self.backend, self._prompt_staging, lambda n: _layer_caches(self._new_kv_cache(n)), token_ids,
+            self.block_size, self.config.max_num_batched_tokens, k)
 
     # -- one step -----------------------------------------------------------------------
     @torch.inference_mode()

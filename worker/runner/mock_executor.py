@@ -19,6 +19,7 @@ import torch
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER
+from hetero_infer.worker.runner import prompt_logprobs
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, pending_tokens, sample_logits
 
 MOCK_DEFAULT_NUM_BLOCKS = 4096
@@ -73,6 +74,12 @@ class MockExecutor:
         self.sampler = Sampler(all_logprobs=False)
         self._device_free_at = 0.0  # when the device finishes the steps handed to it so far
         self._last_tokens: dict[int, int] = {}  # seq_id -> the token the previous step sampled for it
+
+    def prompt_logprobs(self, token_ids: list[int], k: int) -> list[dict[int, float] | None]:
+        """The prompt's logprobs under `mock_logits` (position i's logits follow tokens 0..i)."""
+        vocab = self.vocab_size
+        return prompt_logprobs.from_logit_rows(token_ids, k, lambda start, end: torch.stack(
+            [mock_logits(token_ids, token_ids[: i + 1], vocab) for i in range(start, end)]))
 
     def next_token(self, token_ids: list[int], sample_index: int) -> int:
         return self._next_token(token_ids[-1], len(token_ids), sample_index)

@@ -63,6 +63,32 @@ class CompletionFormatter(Formatter):
             offsets.append(ch.advance(raw))
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
+    def _echo_logprobs(self, idx: int) -> dict[str, Any]:
+        """The prompt's part of an echoed choice's logprobs (the request's prompt logprobs): its first token has
+        none (null), as OpenAI's; offsets count from the start of the prompt's text."""
+        p_idx = idx // self.n
+        ids = self.prompts[p_idx].token_ids
+        entries = self.prompt_logprobs.get(p_idx) or [None] * len(ids)
+        ch = Choice()
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        first = self._token_logprobs(ids[:1], [{}], 0)
+        rest = self._token_logprobs(ids[1:], entries[1:], self.top_n or 0)
+        for i, (text, raw, lp, top) in enumerate(first + rest):
+            out["tokens"].append(text)
+            out["token_logprobs"].append(lp if i else None)
+            out["top_logprobs"].append({t: v for t, _, v in top} if i else None)
+            out["text_offset"].append(ch.advance(raw))
+        return out
+
+    def _choice_logprobs(self, idx: int, token_ids: list[int], entries: list[dict[int, float]] | None,
+                         ch: Choice) -> dict[str, Any]:
+        """A choice's logprobs: its generated tokens', after the prompt's when the request echoes it."""
+        generated = self._logprobs(token_ids, entries, ch)
+        if not self.echo:
+            return generated
+        prompt = self._echo_logprobs(idx)
+        return {key: prompt[key] + generated[key] for key in prompt}
+
     def _chunk(self, idx: int, d: SampleDelta, ch: Choice) -> str:
         text = d.text
         if self.token_ids_only:
@@ -75,7 +101,9 @@ class CompletionFormatter(Formatter):
                                     f'"finish_reason":{json_reason(d.finish_reason)}}}')
         if not ch.started and self.echo:
             ch.offset = len(self._prompt_text(idx))
-        logprobs = self._logprobs(d.token_ids, d.logprobs, ch)
+            logprobs = self._choice_logprobs(idx, d.token_ids, d.logprobs, ch)
+        else:
+            logprobs = self._logprobs(d.token_ids, d.logprobs, ch)
         return self._base_chunk(dumps({"index": idx, "text": text, "logprobs": logprobs,
                                        "finish_reason": d.finish_reason}))
 
@@ -85,7 +113,7 @@ class CompletionFormatter(Formatter):
         if self.top_n is not None:
             ch = Choice()
             ch.offset = len(prefix)
-            logprobs = self._logprobs(c.token_ids, c.logprobs, ch)
+            logprobs = self._choice_logprobs(idx, c.token_ids, c.logprobs, ch)
         choice = {"index": idx, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}
         if self.token_ids_only:
             choice["token_ids"] = list(c.token_ids)

@@ -70,6 +70,7 @@ class Formatter(ABC):
         self.choices = [Choice() for _ in range(len(prompts) * n)]
         self.completion_tokens = [0] * len(self.choices)
         self.cached_tokens: dict[str, int] = {}  # per engine request: prompt tokens the prefix cache served
+        self.prompt_logprobs: dict[int, list] = {}  # per prompt (its index), when the request asked for them
         options = getattr(state, "options", None)
         self.prompt_tokens_details = options is None or options.enable_prompt_tokens_details
         self._chunk_head = (f'{{"id":{json_str(self.id)},"object":{json_str(self.chunk_object)},'
@@ -97,17 +98,19 @@ class Formatter(ABC):
         return {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
                 "choices": [], "usage": self.usage()}
 
-    def note_cached(self, delta: RequestDelta) -> None:
-        """Record a request's cached prompt tokens from its first delta (as first admitted, as the metrics do):
-        streamed or not, usage says the same."""
+    def note(self, delta: RequestDelta) -> None:
+        """Record what a request's first delta carries: its cached prompt tokens (as first admitted, as the
+        metrics do: streamed or not, usage says the same) and its prompt logprobs."""
         self.cached_tokens.setdefault(delta.request_id, delta.num_cached_tokens)
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs[self.prompt_index[delta.request_id]] = delta.prompt_logprobs
 
     def chunks(self, deltas: list[RequestDelta]) -> list[str]:
         """Stream chunks (JSON text) for what is new in `deltas` (one chunk per choice that changed)."""
         chunks = []
-        note_cached = self.note_cached
+        note = self.note
         for delta in deltas:
-            note_cached(delta)
+            note(delta)
             base = self.prompt_index[delta.request_id] * self.n
             for i, d in enumerate(delta.samples):
                 idx = base + i
@@ -127,7 +130,7 @@ class Formatter(ABC):
 
     def response(self, outputs: list[RequestOutput]) -> dict[str, Any]:
         """The whole (non-streamed) response from the requests' cumulative outputs (their deltas went through
-        `note_cached`)."""
+        `note`)."""
         found = [(self.prompt_index[out.request_id] * self.n + c.index, c) for out in outputs for c in out.outputs]
         choices = []
         for idx, c in sorted(found, key=lambda x: x[0]):

@@ -59,7 +59,7 @@ async def _collect(stream: OutputStream, requests: list[EngineRequest], fmt: For
         while deltas := await stream.next_deltas():
             for delta in deltas:
                 acc[delta.request_id].add(delta)
-                fmt.note_cached(delta)
+                fmt.note(delta)
     except STREAM_ERRORS as exc:
         raise as_api_error(exc) from None
     return web.Response(body=dumps(fmt.response([a.output() for a in acc.values()])).encode(),

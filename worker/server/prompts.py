@@ -100,6 +100,9 @@ def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionR
         ignore_eos=req.ignore_eos,
         seed=req.seed,
         logprobs=logprobs,
+        # echo with logprobs: the prompt's tokens get theirs too (OpenAI's legacy completions; how evaluation
+        # harnesses score a continuation)
+        prompt_logprobs=logprobs if getattr(req, "echo", False) and logprobs is not None else None,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,

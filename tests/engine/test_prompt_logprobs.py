@@ -1,0 +1,99 @@
+"""Prompt logprobs (`SamplingParams(prompt_logprobs=k)`, vLLM's; OpenAI's `echo` with `logprobs`) of the real
+default model against transformers: each prompt token's logprob given the tokens before it, and the top k at
+that position, whatever the chunking of the prompt and of its logits; generation unchanged beside them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetero_infer import LLM, SamplingParams
+from hetero_infer.worker.core.request_check import RequestError
+from hetero_infer.worker.runner import prompt_logprobs as plp_module
+from hetero_infer.worker.runner.loader import resolve_model
+
+PROMPT = ("The capital of France is Paris, and the capital of Germany is Berlin. The capital of Italy is Rome, "
+          "and the capital of Spain is")
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(max_num_batched_tokens=16, max_model_len=256)  # a 27-token prompt runs in two chunks
+
+
+@pytest.fixture(scope="module")
+def hf_logprobs(llm: LLM) -> tuple[list[int], torch.Tensor]:
+    """The prompt's token ids and transformers' float64 log-softmax after each position (float32 model)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(None)[0], dtype=torch.float32).eval()
+    ids = llm.generate([PROMPT], SamplingParams(max_tokens=1, temperature=0))[0].prompt_token_ids
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits[0]
+    return ids, logits.double().log_softmax(-1)
+
+
+def _check_against_hf(entries, ids: list[int], reference: torch.Tensor, k: int) -> None:
+    assert len(entries) == len(ids) and entries[0] is None
+    for i in range(1, len(ids)):
+        entry, row = entries[i], reference[i - 1]
+        assert entry[ids[i]] == pytest.approx(row[ids[i]].item(), abs=1e-4), i
+        top = row.topk(k).indices.tolist() if k else []
+        assert set(entry) == set(top) | {ids[i]}, i
+        for t in top:
+            assert entry[t] == pytest.approx(row[t].item(), abs=1e-4), (i, t)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_prompt_logprobs_equal_transformers(llm, hf_logprobs, k):
+    ids, reference = hf_logprobs
+    out = llm.generate([PROMPT], SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=k))[0]
+    assert out.prompt_token_ids == ids and len(ids) > 16  # more than one chunk of the step budget
+    _check_against_hf(out.prompt_logprobs, ids, reference, k)
+
+
+def test_chunked_logits_give_the_same_values(llm, hf_logprobs, monkeypatch):
+    """Logits taken 5 rows at a time (their cut falls inside and across the prompt's 16-token chunks)."""
+    ids, reference = hf_logprobs
+    whole = llm.generate([PROMPT], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2))[0]
+    monkeypatch.setattr(plp_module, "LOGITS_ROWS", 5)
+    pieces = llm.generate([PROMPT], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2))[0]
+    _check_against_hf(pieces.prompt_logprobs, ids, reference, 2)
+    for a, b in zip(pieces.prompt_logprobs[1:], whole.prompt_logprobs[1:], strict=True):
+        assert a.keys() == b.keys() and all(a[t] == pytest.approx(b[t], abs=1e-5) for t in a)
+
+
+def test_generation_and_the_prefix_cache_are_unchanged(llm):
+    """The prompt's own run uses a KV cache of its own: the tokens generated beside it, and the prefix cache the
+    next request hits, are those of a request without prompt logprobs; n samples share one list."""
+    plain = llm.generate([PROMPT + " Madrid"], SamplingParams(max_tokens=8, temperature=0))[0]
+    both = llm.generate([PROMPT + " Madrid"], SamplingParams(max_tokens=8, temperature=0, prompt_logprobs=1, n=2))[0]
+    assert plain.prompt_logprobs is None
+    assert [o.token_ids for o in both.outputs] == [plain.outputs[0].token_ids] * 2
+    assert both.num_cached_tokens > 0  # the first request's prompt blocks, hit as without prompt logprobs
+    assert len(both.prompt_logprobs) == len(both.prompt_token_ids)
+
+
+def test_out_of_range_is_refused_and_changes_nothing(llm):
+    engine = llm.engine
+    for bad in (-1, 21):
+        with pytest.raises(RequestError) as info:
+            engine.add_request("bad", PROMPT, [1, 2, 3], SamplingParams(prompt_logprobs=bad))
+        assert info.value.param == "prompt_logprobs"
+    assert not engine.has_unfinished_requests()
+
+
+def test_the_mock_executor_gives_its_own_distribution():
+    """The mock executor's prompt logprobs are those of its `mock_logits`, so that a cluster without GPUs serves
+    the field with the real shapes."""
+    from hetero_infer.worker.runner.mock_executor import mock_logits
+
+    mock = LLM(executor="mock", max_model_len=128)
+    out = mock.generate(["a b c d e"], SamplingParams(max_tokens=2, prompt_logprobs=2))[0]
+    ids = out.prompt_token_ids
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+    vocab = mock.engine.vocab_size
+    for i in range(1, len(ids)):
+        row = mock_logits(ids, ids[:i], vocab).double().log_softmax(-1)
+        assert out.prompt_logprobs[i][ids[i]] == pytest.approx(row[ids[i]].item(), abs=1e-5)
+        assert len(out.prompt_logprobs[i]) in (2, 3)
