@@ -122,3 +122,24 @@ def test_n_greedy_samples_match_hf(llama, head_dim: int, device: str) -> None:
     expected = reference(hf, device, batch)
     assert [[c.token_ids for c in o.outputs] for o in outs] == [[e] * 3 for e in expected]
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_prompt_logprobs_match_hf(llama, head_dim: int, device: str) -> None:
+    """Prompt logprobs (their own run of the prompt, in chunks of a 16-token budget, over a KV cache of their own)
+    against transformers' log-softmax; the generated tokens beside them unchanged."""
+    folder, hf = llama(head_dim)
+    batch = prompts([37, 5], seed=head_dim + 7)
+    llm = engine(folder, device, max_num_batched_tokens=16)
+    outs = llm.generate(prompt_token_ids=batch, sampling_params=SamplingParams(
+        temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, prompt_logprobs=2))
+    assert [o.outputs[0].token_ids for o in outs] == reference(hf, device, batch)
+    for prompt, out in zip(batch, outs, strict=True):
+        with torch.inference_mode():
+            want = hf(torch.tensor([prompt])).logits[0].double().log_softmax(-1)
+        got = out.prompt_logprobs
+        assert got[0] is None and len(got) == len(prompt)
+        for i in range(1, len(prompt)):
+            assert got[i][prompt[i]] == pytest.approx(want[i - 1, prompt[i]].item(), abs=1e-3), i
+            assert set(got[i]) == set(want[i - 1].topk(2).indices.tolist()) | {prompt[i]}, i
