@@ -1,6 +1,7 @@
 """Prompt logprobs (`SamplingParams(prompt_logprobs=k)`, vLLM's; OpenAI's `echo` with `logprobs`) of the real
 default model against transformers: each prompt token's logprob given the tokens before it, and the top k at
-that position, whatever the chunking of the prompt and of its logits; generation unchanged beside them."""
+that position, whatever the chunking of the prompt and of its logits; generation unchanged beside them. (The mock
+executor's, through the engine process and the API: tests/server/test_openai_client.py.)"""
 
 from __future__ import annotations
 
@@ -81,19 +82,3 @@ def test_out_of_range_is_refused_and_changes_nothing(llm):
             engine.add_request("bad", PROMPT, [1, 2, 3], SamplingParams(prompt_logprobs=bad))
         assert info.value.param == "prompt_logprobs"
     assert not engine.has_unfinished_requests()
-
-
-def test_the_mock_executor_gives_its_own_distribution():
-    """The mock executor's prompt logprobs are those of its `mock_logits`, so that a cluster without GPUs serves
-    the field with the real shapes."""
-    from hetero_infer.worker.runner.mock_executor import mock_logits
-
-    mock = LLM(executor="mock", max_model_len=128)
-    out = mock.generate(["a b c d e"], SamplingParams(max_tokens=2, prompt_logprobs=2))[0]
-    ids = out.prompt_token_ids
-    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
-    vocab = mock.engine.vocab_size
-    for i in range(1, len(ids)):
-        row = mock_logits(ids, ids[:i], vocab).double().log_softmax(-1)
-        assert out.prompt_logprobs[i][ids[i]] == pytest.approx(row[ids[i]].item(), abs=1e-5)
-        assert len(out.prompt_logprobs[i]) in (2, 3)

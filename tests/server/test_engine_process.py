@@ -346,9 +346,8 @@ def test_the_engine_process_names_its_model_folder_before_it_loads() -> None:
     try:
         pinned = core.wait_pinned()
         assert (pinned.model, pinned.served_model_name) == (str(resolve_model(None)[0]), default_model_gguf().stem)
-        assert core.wait_ready().model_name == default_model_gguf().stem
     finally:
-        core.stop(5.0)
+        core.stop(0.5)  # while it builds the engine
     assert not core.process.is_alive()
 
     core = EngineProcess(EngineConfig(model="s3://", executor="mock"))
