@@ -358,3 +358,35 @@ def test_the_engine_process_names_its_model_folder_before_it_loads() -> None:
         assert str(info.value) == "malformed model URL 's3://': expected s3://BUCKET/PREFIX"
     finally:
         core.stop(5.0)
+
+
+def test_a_stop_while_loading_ends_server_and_engine_at_once() -> None:
+    """SIGTERM while the engine process still loads the real model: the server exits 0 within a few seconds and
+    its engine process with it (a loading child reads no commands, so it is not asked and waited for)."""
+    from cli_process import CliProcess
+
+    s = CliProcess("serve", "--port", "0", "--engine-process", "--log-format", "json")
+    try:
+        deadline = time.monotonic() + 60
+        while not _children(s.proc.pid):
+            assert time.monotonic() < deadline, s.log()
+            time.sleep(0.05)
+        child = _children(s.proc.pid)[0]
+        started = time.monotonic()
+        assert s.stop(timeout=30) == 0, s.log()
+        assert time.monotonic() - started < 2.0, s.log()
+        assert "stopped while loading the model" in s.log()
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{child}") and _state(child) != "Z":
+            assert time.monotonic() < deadline, "the engine process outlived its server"
+            time.sleep(0.05)
+    finally:
+        s.stop()
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

@@ -182,8 +182,8 @@ async def _load_engine_process(engine_config: EngineConfig, stream_interval: flo
     threading.Thread(target=load, name="engine-load", daemon=True).start()
     try:
         return await future
-    except asyncio.CancelledError:
-        core.stop(2.0)
+    except asyncio.CancelledError:  # stopped while loading: the child reads no commands yet, so no asking it
+        core.stop(0.0)
         raise
 
 
