@@ -395,5 +395,7 @@ def test_echo_with_logprobs_scores_the_prompt(sclient: openai.OpenAI, smodel: st
     assert first.choices[0].logprobs.token_logprobs == lp.token_logprobs
     generated = mock_logits(ids, ids, len(tok)).double().log_softmax(-1)
     assert lp.token_logprobs[-1] == pytest.approx(generated.max().item(), abs=1e-5)  # greedy
+    two = sclient.completions.create(**{**body, "n": 2})  # n choices share the prompt's part
+    assert [c.logprobs.token_logprobs for c in two.choices] == [lp.token_logprobs] * 2
     plain = sclient.completions.create(**{**body, "echo": False})  # without echo: the generated token's only
     assert plain.choices[0].logprobs.token_logprobs == lp.token_logprobs[-1:]

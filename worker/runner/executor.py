@@ -94,7 +94,8 @@ class TorchExecutor:
         self.staging = StagingArea(self.device)  # an eager step's integer inputs: one copy (none on the CPU)
         # a sampled step's host inputs (indices, parameters, penalty and bias keys): one more copy (none on the CPU)
         self.sample_staging = StagingArea(self.device)
-        self._prompt_staging: StagingArea | None = None  # prompt logprobs' runs (made on the first)
+        # prompt logprobs' own runs of a prompt (outside the steps: a step in flight keeps its inputs)
+        self.prompt_staging = StagingArea(self.device)
         torch.manual_seed(config.seed)
         model = load_model(hf_config, folder, load_format=config.load_format, device=self.device, dtype=self.dtype,
                            max_positions=max_model_len, seed=config.seed)
@@ -207,12 +208,9 @@ class TorchExecutor:
 
     def prompt_logprobs(self, token_ids: list[int], k: int) -> list[dict[int, float] | None]:
         """The prompt's logprobs with the top `k` at each position (worker/runner/prompt_logprobs.py), from a run
-        of its own over a KV cache of its own, in chunks of the step's token budget, with staging of its own (an
-        engine step in flight keeps its inputs)."""
-        if self._prompt_staging is None:
-            self._prompt_staging = StagingArea(self.device)
+        of its own over a KV cache of its own, in chunks of the step's token budget, with staging of its own."""
         return prompt_logprobs.run_prompt(
-            self.model, self.backend, self._prompt_staging, lambda n: _layer_caches(self._new_kv_cache(n)), token_ids,
+            self.model, self.backend, self.prompt_staging, lambda n: _layer_caches(self._new_kv_cache(n)), token_ids,
             self.block_size, self.config.max_num_batched_tokens, k)
 
     # -- one step -----------------------------------------------------------------------

@@ -41,6 +41,7 @@ class CompletionFormatter(Formatter):
         self.top_n = req.logprobs
         self.echo = req.echo
         self._echo_text: dict[int, str] = {}
+        self._echo_logprobs_of: dict[int, dict[str, list]] = {}  # per prompt: its part of echoed choices' logprobs
         # A worker without a tokenizer (--skip-tokenizer-init) answers in token ids, with empty text, as vLLM does
         # (no logprobs or echo then: refused before generation).
         self.token_ids_only = state.tokenizer is None
@@ -65,10 +66,13 @@ class CompletionFormatter(Formatter):
 
     def _echo_logprobs(self, idx: int) -> dict[str, Any]:
         """The prompt's part of an echoed choice's logprobs (the request's prompt logprobs): its first token has
-        none (null), as OpenAI's; offsets count from the start of the prompt's text."""
+        none (null), as OpenAI's; offsets count from the start of the prompt's text. Made once per prompt (its n
+        choices share it)."""
         p_idx = idx // self.n
+        if p_idx in self._echo_logprobs_of:
+            return self._echo_logprobs_of[p_idx]
         ids = self.prompts[p_idx].token_ids
-        entries = self.prompt_logprobs.get(p_idx) or [None] * len(ids)
+        entries = self.prompt_logprobs[p_idx]
         ch = Choice()
         out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         first = self._token_logprobs(ids[:1], [{}], 0)
@@ -78,6 +82,7 @@ class CompletionFormatter(Formatter):
             out["token_logprobs"].append(lp if i else None)
             out["top_logprobs"].append({t: v for t, _, v in top} if i else None)
             out["text_offset"].append(ch.advance(raw))
+        self._echo_logprobs_of[p_idx] = out
         return out
 
     def _choice_logprobs(self, idx: int, token_ids: list[int], entries: list[dict[int, float]] | None,
@@ -87,7 +92,7 @@ class CompletionFormatter(Formatter):
         if not self.echo:
             return generated
         prompt = self._echo_logprobs(idx)
-        return {key: prompt[key] + generated[key] for key in prompt}
+        return {key: prompt[key] + generated[key] for key in prompt}  # new lists: the shared part stays as it is
 
     def _chunk(self, idx: int, d: SampleDelta, ch: Choice) -> str:
         text = d.text
