@@ -64,15 +64,59 @@ def test_chunked_logits_give_the_same_values(llm, hf_logprobs, monkeypatch):
         assert a.keys() == b.keys() and all(a[t] == pytest.approx(b[t], abs=1e-5) for t in a)
 
 
-def test_generation_and_the_prefix_cache_are_unchanged(llm):
-    """The prompt's own run uses a KV cache of its own: the tokens generated beside it, and the prefix cache the
-    next request hits, are those of a request without prompt logprobs; n samples share one list."""
+def test_generation_is_unchanged_and_the_prompt_is_computed_then_cached(llm):
+    """The prompt logprobs come from the request's own prefill: the tokens generated beside them are those of a
+    request without them; its prompt is computed whole although the prefix cache holds it (a cached block has no
+    logits), and its blocks serve the next request; n samples share one list."""
     plain = llm.generate([PROMPT + " Madrid"], SamplingParams(max_tokens=8, temperature=0))[0]
     both = llm.generate([PROMPT + " Madrid"], SamplingParams(max_tokens=8, temperature=0, prompt_logprobs=1, n=2))[0]
+    again = llm.generate([PROMPT + " Madrid"], SamplingParams(max_tokens=8, temperature=0))[0]
     assert plain.prompt_logprobs is None
     assert [o.token_ids for o in both.outputs] == [plain.outputs[0].token_ids] * 2
-    assert both.num_cached_tokens > 0  # the first request's prompt blocks, hit as without prompt logprobs
+    assert both.num_cached_tokens == 0 and again.num_cached_tokens > 0
     assert len(both.prompt_logprobs) == len(both.prompt_token_ids)
+    engine = llm.engine
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_prompt_logprobs_take_the_request_s_own_steps(llm, hf_logprobs):
+    """Queued, the request runs nothing; its prompt is computed in the steps' chunks while another request keeps
+    decoding (a token every step), and its logprobs come whole with its first token."""
+    ids, reference = hf_logprobs
+    engine = llm.engine
+    engine.add_request("decoding", None, ids[:5], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    engine.step()
+    engine.add_request("scored", None, ids, SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=2))
+    assert engine.requests["scored"].prompt_logprobs == [None]
+    steps = 0
+    scored = None
+    while scored is None:
+        outs = {o.request_id: o for o in engine.step()}
+        steps += 1
+        assert "decoding" in outs  # the other request got a token in every step
+        if "scored" in outs:
+            scored = outs["scored"]
+    assert steps >= 2  # the prompt took more than one step's token budget
+    _check_against_hf(scored.prompt_logprobs, ids, reference, 2)
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def test_a_preempted_prefill_hands_each_logprob_back_once(llm, hf_logprobs):
+    """Preempted after its first chunk, the request recomputes its prompt from the start: the rows already handed
+    back are not computed again, and the whole list still equals transformers'."""
+    ids, reference = hf_logprobs
+    engine = llm.engine
+    engine.add_request("preempted", None, ids, SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=1))
+    assert engine.step() == []
+    seq = engine.requests["preempted"].seqs[0]
+    assert seq.prompt_logprob_rows == 16 and len(engine.requests["preempted"].prompt_logprobs) == 17
+    engine.scheduler._preempt(seq)
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    assert seq.num_preemptions == 1
+    _check_against_hf(outs[0].prompt_logprobs, ids, reference, 1)
 
 
 def test_out_of_range_is_refused_and_changes_nothing(llm):

@@ -127,8 +127,8 @@ def test_n_greedy_samples_match_hf(llama, head_dim: int, device: str) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_prompt_logprobs_match_hf(llama, head_dim: int, device: str) -> None:
-    """Prompt logprobs (their own run of the prompt, in chunks of a 16-token budget, over a KV cache of their own)
-    against transformers' log-softmax; the generated tokens beside them unchanged."""
+    """Prompt logprobs (from the prompts' own prefill steps, in chunks of a 16-token budget: on CUDA the overlapped
+    steps) against transformers' log-softmax; the generated tokens beside them unchanged."""
     folder, hf = llama(head_dim)
     batch = prompts([37, 5], seed=head_dim + 7)
     llm = engine(folder, device, max_num_batched_tokens=16)

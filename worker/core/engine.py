@@ -57,7 +57,9 @@ class Request:
     error: str | None = None
     # Per sample, what earlier deltas already carried: [end of its tokens in token_ids, logprobs entries].
     sent: list[list[int]] = field(default_factory=list)
-    prompt_logprobs: list[dict[int, float] | None] | None = None  # until the first delta carries them
+    # with `prompt_logprobs`: the entries the steps have handed back so far, until the first delta carries them
+    # all (runner/prompt_logprobs.py)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -148,8 +150,10 @@ class LLMEngine:
         request = Request(request_id, prompt, list(prompt_token_ids), params, seqs)
         if arrival_time is not None:
             request.arrival_time = arrival_time
-        if params.prompt_logprobs is not None:  # computed now, on their own: nothing is queued if this fails
-            request.prompt_logprobs = self.executor.prompt_logprobs(request.prompt_token_ids, params.prompt_logprobs)
+        if params.prompt_logprobs is not None:  # the first sample's prefill steps compute them
+            request.prompt_logprobs = [None]
+            if len(prompt_token_ids) > 1:
+                seqs[0].prompt_logprobs_top = params.prompt_logprobs
         self.requests[request_id] = request
         for seq in seqs:
             self.scheduler.add(seq)
@@ -273,7 +277,14 @@ class LLMEngine:
             sampling, needs_host_tokens = self._sampling_rows(rows)
         handle = self.executor.execute_async(sched, sampling)
         for item in sched.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            if seq.prompt_logprobs_top is not None:  # the step computes the rows of its positions still owed
+                done = min(seq.num_computed_tokens, seq.num_prompt_tokens - 1)
+                if done > seq.prompt_logprob_rows:
+                    seq.prompt_logprob_rows = done
+                if done == seq.num_prompt_tokens - 1:
+                    seq.prompt_logprobs_top = None
         positions = []
         add_position = positions.append
         for seq in rows:
@@ -303,6 +314,11 @@ class LLMEngine:
         except Exception as exc:
             log.exception("engine step failed; failing the %d requests in it", len(step.sched.scheduled))
             return self._fail_step(step.sched.scheduled, f"{type(exc).__name__}: {exc}")
+        requests = self.requests
+        for request_id, entries in step.handle.prompt_logprobs or ():
+            request = requests.get(request_id)  # None: aborted while the step ran
+            if request is not None:
+                request.prompt_logprobs += entries
         live = []  # rows whose sequence still runs (else stopped or aborted while this step ran: token dropped)
         for i, (seq, index) in enumerate(zip(step.rows, step.positions)):
             if seq.status is not _FINISHED:
@@ -320,7 +336,6 @@ class LLMEngine:
                 if seq.status is not _FINISHED and seq.num_computed_tokens // block_size > seq.num_registered_blocks:
                     register(seq)
         now = time.monotonic()
-        requests = self.requests
         touched: dict[str, Request] = {}
         accept = self._accept
         for i in live:
@@ -413,7 +428,11 @@ class LLMEngine:
                                        seq.finish_reason, seq.stop_reason))
         if finished:
             self.requests.pop(request.request_id, None)
-        prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None  # sent once, with the first delta
+        prompt_logprobs = request.prompt_logprobs
+        if prompt_logprobs is not None and len(prompt_logprobs) == len(request.prompt_token_ids):
+            request.prompt_logprobs = None  # sent once, whole, with the first delta (before any sample's tokens)
+        else:
+            prompt_logprobs = None
         return RequestDelta(request.request_id, samples, finished, request.error, [step_end],
                             request.first_scheduled_time, request.first_token_time,
                             request.seqs[0].num_cached_tokens, prompt_logprobs)

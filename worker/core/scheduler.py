@@ -125,7 +125,8 @@ class Scheduler:
                 seq = self.waiting[0]
                 if self._waits_for_prompt_leader(seq):
                     break
-                hits = bm.lookup_prefix(seq)
+                # a prompt whose logprobs are owed computes every token: a cached block has no logits
+                hits = bm.lookup_prefix(seq) if seq.prompt_logprobs_top is None else []
                 num_new = min(seq.num_tokens - len(hits) * bm.block_size, budget)
                 if not bm.can_admit(seq, hits, num_new):
                     break
@@ -145,12 +146,17 @@ class Scheduler:
         return out
 
     def _waits_for_prompt_leader(self, seq: Sequence) -> bool:
-        """Whether `seq`, a later sample of an n > 1 request, should wait for its first sample, which runs and
+        """Whether `seq`, a later sample of an n > 1 request, should wait for its first sample: until the steps
+        that compute the request's prompt logprobs are launched, if it has any; and while the first sample runs and
         has not registered the prompt's shareable full blocks in the prefix cache yet (the engine registers blocks
         once the step that computes their K/V has ended on the host's side, so not in the step that computes them)."""
         leader = seq.prompt_leader
+        if leader is None:
+            return False
+        if leader.prompt_logprobs_top is not None and leader.status is not SequenceStatus.FINISHED:
+            return True  # the request's prompt logprobs come before any of its samples' tokens (first delta)
         bm = self.block_manager
-        if leader is None or not bm.enable_prefix_caching or leader.status is not SequenceStatus.RUNNING:
+        if not bm.enable_prefix_caching or leader.status is not SequenceStatus.RUNNING:
             return False
         shareable = (seq.num_prompt_tokens - 1) // bm.block_size * bm.block_size  # as lookup_prefix finds them
         return leader.num_registered_blocks * bm.block_size < shareable

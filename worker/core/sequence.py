@@ -50,6 +50,10 @@ class Sequence:
     stop_checker: Any = None  # an IncrementalDetokenizer where the request has stop strings (else None)
     num_pending: int = 0  # PLACEHOLDER tokens at the end of token_ids (steps in flight that sample this sequence)
     grammar: Any = None  # structured outputs: the sequence's GrammarState (worker/structured)
+    # prompt logprobs still owed (worker/runner/prompt_logprobs.py): their top-k while any are, else None; and how
+    # many prompt rows' logprobs the steps launched so far compute (a recomputed prefill skips them)
+    prompt_logprobs_top: int | None = None
+    prompt_logprob_rows: int = 0
 
     @property
     def num_tokens(self) -> int:

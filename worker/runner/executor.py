@@ -20,6 +20,7 @@ from hetero_infer.worker.runner.cuda_graphs import DecodeRunner
 from hetero_infer.worker.runner.inputs import StepInputs, placeholder_rows, step_inputs
 from hetero_infer.worker.runner.loader import load_model
 from hetero_infer.worker.runner.models.rotary import head_dim_of
+from hetero_infer.worker.runner.prompt_logprobs import StepPromptLogprobs
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, pending_tokens, sample_logits
 from hetero_infer.worker.runner.staging import StagingArea
 from hetero_infer.worker.runner.step_handle import DeviceStep, DoneStep
@@ -94,8 +95,6 @@ class TorchExecutor:
         self.staging = StagingArea(self.device)  # an eager step's integer inputs: one copy (none on the CPU)
         # a sampled step's host inputs (indices, parameters, penalty and bias keys): one more copy (none on the CPU)
         self.sample_staging = StagingArea(self.device)
-        # prompt logprobs' own runs of a prompt (outside the steps: a step in flight keeps its inputs)
-        self.prompt_staging = StagingArea(self.device)
         torch.manual_seed(config.seed)
         model = load_model(hf_config, folder, load_format=config.load_format, device=self.device, dtype=self.dtype,
                            max_positions=max_model_len, seed=config.seed)
@@ -206,34 +205,33 @@ class TorchExecutor:
         kv = self._new_kv_cache(batch.num_blocks)
         return self.model(input_ids, self.backend, self.backend.metadata(staged), _layer_caches(kv))
 
-    def prompt_logprobs(self, token_ids: list[int], k: int) -> list[dict[int, float] | None]:
-        """The prompt's logprobs with the top `k` at each position (worker/runner/prompt_logprobs.py), from a run
-        of its own over a KV cache of its own, in chunks of the step's token budget, with staging of its own."""
-        return prompt_logprobs.run_prompt(
-            self.model, self.backend, self.prompt_staging, lambda n: _layer_caches(self._new_kv_cache(n)), token_ids,
-            self.block_size, self.config.max_num_batched_tokens, k)
-
     # -- one step -----------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> torch.Tensor:
+    def execute(self, sched: SchedulerOutput) -> tuple[torch.Tensor, StepPromptLogprobs | None]:
         """Run the model on the scheduled tokens; return the logits of the sequences that sample, in the model's
         dtype (the sampler takes float32 copies where it computes with them: a greedy bfloat16 step's argmax
-        reads the bfloat16 logits, and no float32 copy of [rows, vocab] is written)."""
+        reads the bfloat16 logits, and no float32 copy of [rows, vocab] is written), and the prompt logprobs the
+        step owes (runner/prompt_logprobs.py; on the host already: such a step waits for them), else None."""
         if self.thread_governor is not None:
             self.thread_governor.tick()  # fewer threads while other processes hold our cores
         step = step_inputs(sched, self.block_size)
         runner = self.decode_runner
-        if runner is not None and runner.accepts_step(step):  # every row a decode, and every row samples
+        # every row a decode, and every row samples (a prompt row is a prefill's)
+        if runner is not None and not step.prompt_rows and runner.accepts_step(step):
             hidden = runner.run_step(step, self._prev_tokens, self._prev_rows, self._copy_blocks)
-            return self.model.compute_logits(hidden[: len(step.token_ids)])
+            return self.model.compute_logits(hidden[: len(step.token_ids)]), None
         input_ids, meta, logits_index = self._prepare(step)
         if self.cpu_decode is not None and self.cpu_decode.accepts(input_ids.shape[0], logits_index.shape[0]):
             hidden = self.cpu_decode.run(input_ids, meta)
         else:
             hidden = self.model(input_ids, self.backend, meta, self.kv_caches)
+        prompt = None
+        if step.prompt_rows:
+            prompt = prompt_logprobs.step_entries(
+                step.prompt_rows, lambda r, i, end: self.model.compute_logits(hidden[r.row + i : r.row + end]))
         if logits_index.shape[0] != hidden.shape[0]:  # else every row samples (a decode step): no gather
             hidden = hidden[logits_index]
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden), prompt
 
     def _prepare(self, step: StepInputs):
         """(input ids, the backend's metadata, rows whose logits are sampled) of an eager step, its block copies
@@ -264,9 +262,10 @@ class TorchExecutor:
         """Run (CUDA: launch) the step and sample its rows (`sampling`: see `sample_logits`). With `overlaps`
         the sampled tokens stay where the logits are, for the next step's PLACEHOLDER inputs (and the penalties'
         counts of the step after: `pending_tokens`), and reach the host with their logprobs in one copy."""
-        logits = self.execute(sched)
+        logits, prompt = self.execute(sched)
         if not self.overlaps:  # every token on the host before the next step: nothing pending
-            return DoneStep(*sample_logits(self.sampler, logits, sampling, staging=self.sample_staging).on_host())
+            return DoneStep(*sample_logits(self.sampler, logits, sampling, staging=self.sample_staging).on_host(),
+                            prompt)
         seq_ids = [item.seq.seq_id for item in sched.scheduled if item.samples]
         pending = None
         if sampling is not None:
@@ -276,7 +275,7 @@ class TorchExecutor:
         self._prev_tokens = tokens
         self._prev_rows = {seq_id: i for i, seq_id in enumerate(seq_ids)}
         if sample.sampled is not None:
-            return DoneStep([t.token_id for t in sample.sampled], sample.sampled)
+            return DoneStep([t.token_id for t in sample.sampled], sample.sampled, prompt)
         packed = sample.pack()
         host = self._host_buffer(packed)
         host.copy_(packed, non_blocking=True)
@@ -284,7 +283,7 @@ class TorchExecutor:
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        return DeviceStep(event, host, tokens.shape[0], sample.logprobs)
+        return DeviceStep(event, host, tokens.shape[0], sample.logprobs, prompt)
 
     def _host_buffer(self, packed: torch.Tensor) -> torch.Tensor:
         """The next host buffer (the pair alternates) for `packed`: int64 tokens, or float64 tokens and logprobs."""

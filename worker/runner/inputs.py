@@ -1,5 +1,5 @@
 """A scheduled step's model inputs: the new tokens of every scheduled sequence, flattened, with their
-positions and KV-cache slots, and the rows whose logits are sampled."""
+positions and KV-cache slots, the rows whose logits are sampled, and those whose logits give prompt logprobs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER
 from hetero_infer.worker.runner.attention import SeqSpan, StepBatch
+from hetero_infer.worker.runner.prompt_logprobs import PromptRows, rows_of
 
 
 @dataclass
@@ -21,6 +22,7 @@ class StepInputs:
     placeholders: list[tuple[int, int]]
     # (source, destination) KV blocks copied before the step runs (copy-on-write of a shared last block)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    prompt_rows: list[PromptRows] = field(default_factory=list)  # rows whose logits give prompt logprobs
 
 
 def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
@@ -34,6 +36,7 @@ def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
     spans: list[SeqSpan] = []
     logits_index: list[int] = []
     placeholders: list[tuple[int, int]] = []
+    prompt_rows: list[PromptRows] = []
     row = 0
     for item in sched.scheduled:
         seq = item.seq
@@ -44,6 +47,8 @@ def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
         pos.extend(positions)
         slots.extend([table[p // bs] * bs + p % bs for p in positions])
         spans.append(SeqSpan(table, start, n, seq.is_prefill))
+        if seq.prompt_logprobs_top is not None and (rows := rows_of(seq, start, n, row)) is not None:
+            prompt_rows.append(rows)
         row += n
         if tokens[-1] == PLACEHOLDER:  # only ever a sequence's newest token
             placeholders.append((row - 1, seq.seq_id))
@@ -51,7 +56,7 @@ def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
             logits_index.append(row - 1)
     batch = StepBatch(spans, np.array(pos, dtype=np.int64), np.array(slots, dtype=np.int64), bs)
     return StepInputs(np.array(tokens, dtype=np.int64), batch, np.array(logits_index, dtype=np.int64), placeholders,
-                      sched.block_copies)
+                      sched.block_copies, prompt_rows)
 
 
 def placeholder_rows(step: StepInputs, prev_tokens, prev_rows: dict[int, int]) -> tuple[list[int], list[int]]:

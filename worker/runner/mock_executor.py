@@ -19,7 +19,7 @@ import torch
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER
-from hetero_infer.worker.runner import prompt_logprobs
+from hetero_infer.worker.runner.prompt_logprobs import PromptRows, StepPromptLogprobs, rows_of, step_entries
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, pending_tokens, sample_logits
 
 MOCK_DEFAULT_NUM_BLOCKS = 4096
@@ -75,11 +75,26 @@ class MockExecutor:
         self._device_free_at = 0.0  # when the device finishes the steps handed to it so far
         self._last_tokens: dict[int, int] = {}  # seq_id -> the token the previous step sampled for it
 
-    def prompt_logprobs(self, token_ids: list[int], k: int) -> list[dict[int, float] | None]:
-        """The prompt's logprobs under `mock_logits` (position i's logits follow tokens 0..i)."""
+    def step_prompt_logprobs(self, sched: SchedulerOutput) -> StepPromptLogprobs | None:
+        """The prompt logprobs a step owes, under `mock_logits` (position i's logits follow tokens 0..i)."""
+        rows, prompts = [], {}
+        for item in sched.scheduled:
+            seq = item.seq
+            if seq.prompt_logprobs_top is not None:
+                r = rows_of(seq, seq.num_computed_tokens, item.num_new_tokens, 0)
+                if r is not None:
+                    rows.append(r)
+                    prompts[r.request_id] = seq.token_ids[: seq.num_prompt_tokens]
+        if not rows:
+            return None
         vocab = self.vocab_size
-        return prompt_logprobs.from_logit_rows(token_ids, k, lambda start, end: torch.stack(
-            [mock_logits(token_ids, token_ids[: i + 1], vocab) for i in range(start, end)]))
+
+        def logits_of(r: PromptRows, i: int, end: int) -> torch.Tensor:
+            prompt = prompts[r.request_id]
+            return torch.stack([mock_logits(prompt, prompt[: p + 1], vocab)
+                                for p in range(r.position + i, r.position + end)])
+
+        return step_entries(rows, logits_of)
 
     def next_token(self, token_ids: list[int], sample_index: int) -> int:
         return self._next_token(token_ids[-1], len(token_ids), sample_index)
@@ -128,7 +143,7 @@ class MockExecutor:
         seconds = self.step_seconds(sched)
         start = max(time.monotonic(), self._device_free_at) if seconds else 0.0
         self._device_free_at = start + seconds
-        return _MockStep(self._device_free_at, tokens, sampled)
+        return _MockStep(self._device_free_at, tokens, sampled, self.step_prompt_logprobs(sched))
 
 
 @dataclass(slots=True)
@@ -136,6 +151,7 @@ class _MockStep:
     done_at: float  # time.monotonic() at which the modelled device finishes the step
     token_ids: list[int]
     sampled: list | None
+    prompt_logprobs: StepPromptLogprobs | None = None
 
     def result(self) -> tuple[list[int], list | None]:
         wait = self.done_at - time.monotonic()

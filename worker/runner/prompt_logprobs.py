@@ -2,22 +2,45 @@
 token after the first, its logprob given the tokens before it, with the `k` most likely tokens at that position.
 
 What evaluation harnesses score with (lm-evaluation-harness's loglikelihood tasks send `echo=True, logprobs=1`).
-The prompt is run once more for them, on its own: in chunks of at most the step's token budget over a KV cache of
-its own (the engine's cache and its prefix cache are untouched), the logits of at most `LOGITS_ROWS` rows at a
-time, so that neither activations nor [rows, vocabulary] logits grow with the prompt.
+They come from the request's own prefill steps, as vLLM computes them: a step that computes prompt positions
+whose logprobs are still owed (`Sequence.prompt_logprobs_top`) also takes the logits of those rows, `LOGITS_ROWS`
+at a time so that [rows, vocabulary] logits do not grow with the step, and hands the entries back with its tokens.
+Such a sequence computes its whole prompt (no prefix-cache hits: a cached block has no logits), once: a prefill
+recomputed after a preemption skips the rows it has already handed back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-import numpy as np
 import torch
-
-from hetero_infer.worker.runner.attention.base import SeqSpan, StepBatch
 
 LOGITS_ROWS = 256  # rows of [rows, vocab] float32 logits at a time: 150 MiB at a 151,936-token vocabulary
 PromptLogprobs = list[dict[int, float] | None]  # position 0 has no logprob (None), as vLLM reports it
+StepPromptLogprobs = list[tuple[str, list[dict[int, float]]]]  # (request id, the entries a step computed for it)
+
+
+@dataclass(slots=True)
+class PromptRows:
+    """Rows of a step whose logits give prompt logprobs: `len(targets)` rows from `row` (in the step's flattened
+    tokens), at prompt positions from `position`; row i's logits give the logprob of `targets[i]`."""
+
+    request_id: str
+    row: int
+    position: int
+    targets: list[int]
+    k: int
+
+
+def rows_of(seq, start: int, num_new: int, row: int) -> PromptRows | None:
+    """The prompt rows a step owes `seq` when it computes positions start..start+num_new-1 from step row `row`:
+    those not handed back yet, up to the prompt's last but one (the last one's logits sample the first token)."""
+    lo = max(start, seq.prompt_logprob_rows)
+    hi = min(start + num_new, seq.num_prompt_tokens - 1)
+    if hi <= lo:
+        return None
+    return PromptRows(seq.request_id, row + lo - start, lo, seq.token_ids[lo + 1 : hi + 1], seq.prompt_logprobs_top)
 
 
 def entries(logits: torch.Tensor, targets: Sequence[int], k: int) -> list[dict[int, float]]:
@@ -36,36 +59,16 @@ def entries(logits: torch.Tensor, targets: Sequence[int], k: int) -> list[dict[i
     return out
 
 
-def from_logit_rows(token_ids: Sequence[int], k: int, logit_rows: Callable[[int, int], torch.Tensor]) -> PromptLogprobs:
-    """Prompt logprobs from `logit_rows(start, end)`: the next-token logits after positions start..end-1."""
-    out: PromptLogprobs = [None]
-    n = len(token_ids)
-    for start in range(0, n - 1, LOGITS_ROWS):
-        end = min(start + LOGITS_ROWS, n - 1)
-        out += entries(logit_rows(start, end), token_ids[start + 1 : end + 1], k)
-    return out
-
-
-@torch.inference_mode()
-def run_prompt(model, backend, staging, new_kv_cache: Callable[[int], list], token_ids: Sequence[int],
-               block_size: int, chunk_tokens: int, k: int) -> PromptLogprobs:
-    """The model's prompt logprobs of `token_ids`: the prompt run in chunks of `chunk_tokens` over a KV cache of
-    its own (`new_kv_cache(num_blocks)`, the per-layer caches), each chunk's logits taken `LOGITS_ROWS` at a time."""
-    n = len(token_ids)
-    num_blocks = -(-n // block_size)
-    caches = new_kv_cache(num_blocks)
-    table = list(range(num_blocks))  # the prompt's blocks in order: a token's slot is its position
-    out: PromptLogprobs = [None]
-    for start in range(0, n, chunk_tokens):
-        end = min(start + chunk_tokens, n)
-        positions = np.arange(start, end, dtype=np.int64)
-        batch = StepBatch([SeqSpan(table, start, end - start, True)], positions, positions, block_size)
-        ids = list(token_ids[start:end])
-        input_ids, staged = staging.pack(lambda pack, ids=ids, batch=batch: (pack.put(ids), backend.stage(batch, pack)))
-        hidden = model(input_ids, backend, backend.metadata(staged), caches)
-        rows = min(end, n - 1) - start  # the last prompt token predicts a generated one: not a prompt logprob
-        for r in range(0, rows, LOGITS_ROWS):
-            r_end = min(r + LOGITS_ROWS, rows)
-            logits = model.compute_logits(hidden[r:r_end])
-            out += entries(logits, token_ids[start + r + 1 : start + r_end + 1], k)
+def step_entries(rows: list[PromptRows], logits_of: Callable[[PromptRows, int, int], torch.Tensor]
+                 ) -> StepPromptLogprobs:
+    """The entries of a step's prompt rows, from `logits_of(rows, i, end)`: the logits of their rows i..end-1,
+    asked for at most `LOGITS_ROWS` at a time."""
+    out: StepPromptLogprobs = []
+    for r in rows:
+        got: list[dict[int, float]] = []
+        n = len(r.targets)
+        for i in range(0, n, LOGITS_ROWS):
+            end = min(i + LOGITS_ROWS, n)
+            got += entries(logits_of(r, i, end), r.targets[i:end], r.k)
+        out.append((r.request_id, got))
     return out

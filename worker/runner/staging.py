@@ -10,8 +10,7 @@ views. No device tensor is allocated for them and nothing waits for the device.
   a step needs more room than it has (rare: 64 KiB to start, and where the KV pool is sized from the memory
   profile, the profiling step, the largest there is, grows it at start-up).
   The executor keeps a second one for the sampler's inputs of a sampled step
-  (runner/sampling_inputs.py: indices, parameter columns, penalty and bias keys), one more copy for those steps,
-  and a third for the prompt-logprobs runs of a prompt (runner/prompt_logprobs.py), outside the steps.
+  (runner/sampling_inputs.py: indices, parameter columns, penalty and bias keys), one more copy for those steps.
 - `DirectPack`: the same interface with no staging: each array is a tensor on its own (on the CPU a view of the
   host array: nothing is copied there, since the host is the device), for code that prepares one batch outside
   the engine's steps (calibration, tests).

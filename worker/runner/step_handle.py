@@ -1,18 +1,23 @@
 """What `execute_async` returns: a handle on a step the device may still be running. `result()` waits for it
 (the one place the host synchronises with the device) and returns the sampled token ids, one per sequence that
-samples in the step, with each one's `SampledToken` where any row has logprobs (or the host sampler ran)."""
+samples in the step, with each one's `SampledToken` where any row has logprobs (or the host sampler ran).
+`prompt_logprobs`: the prompt logprobs the step computed (runner/prompt_logprobs.py), on the host already (a step
+that computes some waits for them), else None."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hetero_infer.worker.runner.prompt_logprobs import StepPromptLogprobs
 from hetero_infer.worker.runner.sampler import SampledToken, StepLogprobs, unpack_step
 
 StepResult = tuple[list[int], "list[SampledToken] | None"]
 
 
 class StepHandle(Protocol):
+    prompt_logprobs: StepPromptLogprobs | None
+
     def result(self) -> StepResult: ...
 
 
@@ -22,6 +27,7 @@ class DoneStep:
 
     token_ids: list[int]
     sampled: list[SampledToken] | None = None
+    prompt_logprobs: StepPromptLogprobs | None = None
 
     def result(self) -> StepResult:
         return self.token_ids, self.sampled
@@ -36,6 +42,7 @@ class DeviceStep:
     host: Any  # pinned torch.Tensor: the int64 tokens [rows], or with `logprobs` `StepSample.pack`'s float64 layout
     num_rows: int
     logprobs: StepLogprobs | None = None
+    prompt_logprobs: StepPromptLogprobs | None = None
 
     def result(self) -> StepResult:
         if self.event is not None:
