@@ -42,6 +42,8 @@ class Tokenizer:
 
         if gguf_file is not None:
             kwargs["gguf_file"] = gguf_file
+        elif "config" not in kwargs and (config := _model_config_for_tokenizer(Path(path_or_folder))) is not None:
+            kwargs["config"] = config
         hf = AutoTokenizer.from_pretrained(str(path_or_folder), **kwargs)
         eos = set(extra_eos_token_ids or []) | _generation_config_eos(Path(path_or_folder))
         return cls(hf, eos)
@@ -131,6 +133,31 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
             raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
         out.append({**msg, "role": role, "content": content})
     return out
+
+
+def _model_config_for_tokenizer(folder: Path) -> Any:
+    """What `AutoTokenizer` reads of the model's config, where that is all it reads: a folder whose
+    tokenizer_config.json names its tokenizer class (and brings no code of its own). AutoTokenizer would load the
+    model's config class for it (for a Llama model, transformers 5 imports its model-loading and distributed-tensor
+    modules there: seconds of a server's start-up); it reads only the model type, the name and a `tokenizer_class`.
+    None where it may read more: AutoTokenizer loads the config itself."""
+    try:
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+        model_config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(tokenizer_config, dict) or not isinstance(model_config, dict)
+            or not isinstance(tokenizer_config.get("tokenizer_class"), str) or "auto_map" in tokenizer_config
+            or "auto_map" in model_config or not isinstance(model_config.get("model_type"), str)):
+        return None
+    from transformers import PreTrainedConfig
+
+    config = PreTrainedConfig()
+    config.model_type = model_config["model_type"]
+    config._name_or_path = str(folder)
+    if isinstance(model_config.get("tokenizer_class"), str):
+        config.tokenizer_class = model_config["tokenizer_class"]
+    return config
 
 
 def _generation_config_eos(folder: Path) -> set[int]:

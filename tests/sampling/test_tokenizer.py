@@ -103,3 +103,56 @@ def test_special_token_ids_match_decode(smol_tokenizer: Tokenizer) -> None:
     assert {0, 1, 2, 3} <= smol_tokenizer.special_token_ids
     for i in sorted(smol_tokenizer.special_token_ids):
         assert smol_tokenizer.decode([i]) == ""
+
+
+def test_the_model_folder_s_tokenizer_is_transformers_own(smol_folder: Path, tmp_path: Path) -> None:
+    """A model folder's tokenizer is loaded with only what AutoTokenizer reads of the model's config (no model
+    config class: seconds of start-up), and is the one AutoTokenizer loads with the whole config."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from hetero_infer.worker.runner.loader import resolve_model
+
+    folder = resolve_model(None)[0]
+    ours = Tokenizer.from_pretrained(folder).hf
+    theirs = AutoTokenizer.from_pretrained(str(folder))
+    whole = AutoTokenizer.from_pretrained(str(folder), config=AutoConfig.from_pretrained(folder))
+    for reference in (theirs, whole):
+        assert type(ours) is type(reference)
+        assert ours.init_kwargs == reference.init_kwargs
+        assert ours.get_added_vocab() == reference.get_added_vocab() and len(ours) == len(reference)
+        for text in ("Hello world", "日本語 😀", "<|im_start|>user\nhi<|im_end|>", "  lead"):
+            assert ours.encode(text) == reference.encode(text)
+        for messages in CONVERSATIONS:
+            assert ours.apply_chat_template(messages, tokenize=False) == reference.apply_chat_template(
+                messages, tokenize=False)
+
+
+def test_the_config_stand_in_only_where_autotokenizer_reads_no_more(smol_folder: Path, tmp_path: Path) -> None:
+    from hetero_infer.contracts import tokenizer as module
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((smol_folder / name).read_bytes())
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "tokenizer_class": "X"}))
+    config = module._model_config_for_tokenizer(tmp_path)
+    assert (config.model_type, config._name_or_path, config.tokenizer_class) == ("llama", str(tmp_path), "X")
+    tokenizer_config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    for changed in ({**tokenizer_config, "auto_map": {"AutoTokenizer": ["a.B", None]}},
+                    {k: v for k, v in tokenizer_config.items() if k != "tokenizer_class"}):
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(changed))
+        assert module._model_config_for_tokenizer(tmp_path) is None  # AutoTokenizer loads the config itself
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    (tmp_path / "config.json").write_text("{not json")
+    assert module._model_config_for_tokenizer(tmp_path) is None
+
+
+def test_loading_the_tokenizer_imports_no_model_config_class() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom hetero_infer.contracts.tokenizer import load_tokenizer\n"
+            "from hetero_infer.worker.runner.loader import resolve_model\n"
+            "load_tokenizer(resolve_model(None)[0])\n"
+            "print(sorted(m for m in sys.modules if m.startswith('transformers.models.llama')"
+            " or m == 'torch.distributed.tensor'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
