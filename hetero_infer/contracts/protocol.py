@@ -116,6 +116,9 @@ class _Sampling(_Request):
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(max_length=64)] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = Field(None, ge=0, le=20, description=(
+        "vLLM's: each prompt token's logprob and rank, with the top N at its position, in the response's "
+        "`prompt_logprobs` (not with stream, where only 0 is accepted)"))
     # vLLM's structured outputs: the older guided_* fields and the current `structured_outputs` object
     guided_json: dict[str, Any] | bool | str | None = None
     guided_regex: str | None = None
@@ -137,6 +140,8 @@ class _Sampling(_Request):
     def _check_common(self) -> _Sampling:
         if self.stream_options is not None and not self.stream:
             raise _invalid("stream_options", "stream_options is only allowed when stream is true")
+        if self.stream and self.prompt_logprobs:  # a stream's chunks have no place for them (vLLM's rule)
+            raise _invalid("prompt_logprobs", "prompt_logprobs are not available when stream is true")
         return self
 
 
@@ -324,11 +329,24 @@ class CompletionLogprobs(_Response):
     text_offset: list[int]
 
 
+class PromptLogprob(_Response):
+    """vLLM's `Logprob`: one token's logprob at a prompt position, its rank there (1: the most likely) and text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's `prompt_logprobs`: per prompt token, null (the first) or {token id: PromptLogprob} of the top N and itself
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(_Response):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # with the request's prompt_logprobs (or echo with logprobs)
 
 
 class CompletionResponse(_Response):
@@ -385,6 +403,7 @@ class ChatCompletionResponse(_Response):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None  # with the request's prompt_logprobs
 
 
 class DeltaFunctionCall(_Response):

@@ -34,11 +34,17 @@ def hf_logprobs(llm: LLM) -> tuple[list[int], torch.Tensor]:
     return ids, logits.double().log_softmax(-1)
 
 
-def _check_against_hf(entries, ids: list[int], reference: torch.Tensor, k: int) -> None:
+def _check_against_hf(entries, ids: list[int], reference: torch.Tensor, k: int, ranks=None) -> None:
+    """`ranks`: the prompt tokens' ranks beside the entries (vLLM's `Logprob.rank`: the tokens at least as likely,
+    itself included), checked where given, within transformers' float64 rounding of float32 near-ties."""
     assert len(entries) == len(ids) and entries[0] is None
+    assert ranks is None or (len(ranks) == len(ids) and ranks[0] is None)
     for i in range(1, len(ids)):
         entry, row = entries[i], reference[i - 1]
         assert entry[ids[i]] == pytest.approx(row[ids[i]].item(), abs=1e-4), i
+        if ranks is not None:
+            mine = row[ids[i]]
+            assert int((row > mine + 1e-4).sum()) < ranks[i] <= int((row >= mine - 1e-4).sum()), i
         top = row.topk(k).indices.tolist() if k else []
         assert set(entry) == set(top) | {ids[i]}, i
         for t in top:
@@ -50,7 +56,7 @@ def test_prompt_logprobs_equal_transformers(llm, hf_logprobs, k):
     ids, reference = hf_logprobs
     out = llm.generate([PROMPT], SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=k))[0]
     assert out.prompt_token_ids == ids and len(ids) > 16  # more than one chunk of the step budget
-    _check_against_hf(out.prompt_logprobs, ids, reference, k)
+    _check_against_hf(out.prompt_logprobs, ids, reference, k, out.prompt_logprob_ranks)
 
 
 def test_chunked_logits_give_the_same_values(llm, hf_logprobs, monkeypatch):
@@ -97,7 +103,7 @@ def test_prompt_logprobs_take_the_request_s_own_steps(llm, hf_logprobs):
         if "scored" in outs:
             scored = outs["scored"]
     assert steps >= 2  # the prompt took more than one step's token budget
-    _check_against_hf(scored.prompt_logprobs, ids, reference, 2)
+    _check_against_hf(scored.prompt_logprobs, ids, reference, 2, scored.prompt_logprob_ranks)
     while engine.has_unfinished_requests():
         engine.step()
 
@@ -116,7 +122,7 @@ def test_a_preempted_prefill_hands_each_logprob_back_once(llm, hf_logprobs):
     while engine.has_unfinished_requests():
         outs += engine.step()
     assert seq.num_preemptions == 1
-    _check_against_hf(outs[0].prompt_logprobs, ids, reference, 1)
+    _check_against_hf(outs[0].prompt_logprobs, ids, reference, 1, outs[0].prompt_logprob_ranks)
 
 
 def test_out_of_range_is_refused_and_changes_nothing(llm):

@@ -399,3 +399,56 @@ def test_echo_with_logprobs_scores_the_prompt(sclient: openai.OpenAI, smodel: st
     assert [c.logprobs.token_logprobs for c in two.choices] == [lp.token_logprobs] * 2
     plain = sclient.completions.create(**{**body, "echo": False})  # without echo: the generated token's only
     assert plain.choices[0].logprobs.token_logprobs == lp.token_logprobs[-1:]
+
+
+def test_vllm_prompt_logprobs_field(sclient: openai.OpenAI, smodel: str) -> None:
+    """vLLM's `prompt_logprobs` request field (extra_body): the non-streamed response carries, per prompt token,
+    null (the first) or {token id: {logprob, rank, decoded_token}} of the top N and of the prompt token itself
+    (its rank: the tokens at least as likely), in each completions choice and at the top of a chat response;
+    echo with logprobs brings them too (as vLLM); a stream refuses them (but for 0, dropped)."""
+    tok = AutoTokenizer.from_pretrained(resolve_model(None)[0])
+    ids = tok.encode("Rank these prompt tokens")
+
+    def check(got: list, prompt: list[int], k: int) -> None:
+        assert len(got) == len(prompt) and got[0] is None
+        for i in range(1, len(prompt)):
+            row = mock_logits(prompt, prompt[:i], len(tok)).double().log_softmax(-1)
+            top = row.topk(k).indices.tolist() if k else []
+            assert set(got[i]) == {str(t) for t in top} | {str(prompt[i])}, i
+            mine = got[i][str(prompt[i])]
+            assert mine["logprob"] == pytest.approx(row[prompt[i]].item(), abs=1e-5)
+            assert mine["rank"] == int((row >= row[prompt[i]] - 1e-6).sum()), i
+            assert mine["decoded_token"] == tok.decode([prompt[i]], skip_special_tokens=False)
+            for r, t in enumerate(top, start=1):
+                assert got[i][str(t)]["logprob"] == pytest.approx(row[t].item(), abs=1e-5)
+                if t != prompt[i]:
+                    assert got[i][str(t)]["rank"] == r
+
+    r = sclient.completions.create(model=smodel, prompt=ids, max_tokens=1, temperature=0, n=2,
+                                   extra_body={"prompt_logprobs": 3})
+    assert [c.model_extra["prompt_logprobs"] for c in r.choices][0] == r.choices[1].model_extra["prompt_logprobs"]
+    check(r.choices[0].model_extra["prompt_logprobs"], ids, 3)
+    assert r.choices[0].logprobs is None
+    echoed = sclient.completions.create(model=smodel, prompt=ids, max_tokens=1, temperature=0, echo=True, logprobs=2)
+    check(echoed.choices[0].model_extra["prompt_logprobs"], ids, 2)
+    plain = sclient.completions.create(model=smodel, prompt=ids, max_tokens=1, temperature=0)
+    assert "prompt_logprobs" not in (plain.choices[0].model_extra or {})
+
+    messages = [{"role": "user", "content": "Rank me"}]
+    chat = sclient.chat.completions.create(model=smodel, messages=messages, max_tokens=1, temperature=0,
+                                           extra_body={"prompt_logprobs": 0})
+    chat_ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+    chat_ids = chat_ids["input_ids"] if isinstance(chat_ids, dict) or hasattr(chat_ids, "keys") else chat_ids
+    check(chat.model_extra["prompt_logprobs"], list(chat_ids), 0)
+
+    with pytest.raises(openai.BadRequestError) as info:
+        sclient.completions.create(model=smodel, prompt=ids, max_tokens=1, stream=True,
+                                   extra_body={"prompt_logprobs": 1})
+    assert info.value.body["param"] == "prompt_logprobs"
+    streamed = list(sclient.chat.completions.create(model=smodel, messages=messages, max_tokens=1, stream=True,
+                                                    extra_body={"prompt_logprobs": 0}))
+    assert streamed and all("prompt_logprobs" not in (c.model_extra or {}) for c in streamed)
+    for bad in (-1, 21):
+        with pytest.raises(openai.BadRequestError) as info:
+            sclient.completions.create(model=smodel, prompt=ids, max_tokens=1, extra_body={"prompt_logprobs": bad})
+        assert info.value.body["param"] == "prompt_logprobs"

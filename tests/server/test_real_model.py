@@ -87,3 +87,31 @@ def test_echo_with_logprobs_equals_transformers(client: openai.OpenAI) -> None:
             reference[i - 1].topk(2).values.tolist(), abs=1e-4)
     # the generated token: greedy, transformers' argmax after the whole prompt
     assert lp.token_logprobs[-1] == pytest.approx(reference[-1].max().item(), abs=1e-4)
+
+
+def test_vllm_prompt_logprobs_equal_transformers(client: openai.OpenAI) -> None:
+    """vLLM's `prompt_logprobs` field on a chat request: the chat prompt's tokens' logprobs and ranks against
+    transformers' log-softmax of the same float32 model, the top 2 at each position among them."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hetero_infer.worker.runner.loader import resolve_model
+
+    folder = resolve_model(None)[0]
+    tok = AutoTokenizer.from_pretrained(folder)
+    ids = tok.apply_chat_template(QUESTION, add_generation_prompt=True, return_dict=True)["input_ids"]
+    model = client.models.list().data[0].id
+    r = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=1, temperature=0,
+                                       extra_body={"prompt_logprobs": 2})
+    got = r.model_extra["prompt_logprobs"]
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        reference = hf(torch.tensor([ids])).logits[0].double().log_softmax(-1)
+    assert len(got) == len(ids) and got[0] is None
+    for i in range(1, len(ids)):
+        row, mine = reference[i - 1], got[i][str(ids[i])]
+        assert mine["logprob"] == pytest.approx(row[ids[i]].item(), abs=1e-4), i
+        assert int((row > row[ids[i]] + 1e-4).sum()) < mine["rank"] <= int((row >= row[ids[i]] - 1e-4).sum()), i
+        assert mine["decoded_token"] == tok.decode([ids[i]])
+        top = [v for key, v in got[i].items() if key != str(ids[i]) or v["rank"] <= 2]
+        assert sorted(v["logprob"] for v in top)[::-1][:2] == pytest.approx(row.topk(2).values.tolist(), abs=1e-4)

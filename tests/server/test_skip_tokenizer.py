@@ -65,6 +65,7 @@ def test_streamed_token_ids_add_up_to_the_same(server, reference):
     ("/completions", {"prompt": PROMPT, "stop": ["x"]}, "stop"),
     ("/completions", {"prompt": PROMPT, "logprobs": 2}, "logprobs"),
     ("/completions", {"prompt": PROMPT, "echo": True}, "echo"),
+    ("/completions", {"prompt": PROMPT, "prompt_logprobs": 1}, "prompt_logprobs"),
     ("/completions", {"prompt": PROMPT, "response_format": {"type": "json_object"}}, "response_format"),
 ])
 def test_what_needs_a_tokenizer_is_a_clear_400(server, reference, path, body, param):

@@ -60,6 +60,7 @@ class Request:
     # with `prompt_logprobs`: the entries the steps have handed back so far, until the first delta carries them
     # all (runner/prompt_logprobs.py)
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprob_ranks: list[int | None] | None = None  # beside them: the prompt tokens' ranks
 
     @property
     def finished(self) -> bool:
@@ -151,7 +152,7 @@ class LLMEngine:
         if arrival_time is not None:
             request.arrival_time = arrival_time
         if params.prompt_logprobs is not None:  # the first sample's prefill steps compute them
-            request.prompt_logprobs = [None]
+            request.prompt_logprobs, request.prompt_logprob_ranks = [None], [None]
             if len(prompt_token_ids) > 1:
                 seqs[0].prompt_logprobs_top = params.prompt_logprobs
         self.requests[request_id] = request
@@ -315,10 +316,11 @@ class LLMEngine:
             log.exception("engine step failed; failing the %d requests in it", len(step.sched.scheduled))
             return self._fail_step(step.sched.scheduled, f"{type(exc).__name__}: {exc}")
         requests = self.requests
-        for request_id, entries in step.handle.prompt_logprobs or ():
+        for request_id, entries, ranks in step.handle.prompt_logprobs or ():
             request = requests.get(request_id)  # None: aborted while the step ran
             if request is not None:
                 request.prompt_logprobs += entries
+                request.prompt_logprob_ranks += ranks
         live = []  # rows whose sequence still runs (else stopped or aborted while this step ran: token dropped)
         for i, (seq, index) in enumerate(zip(step.rows, step.positions)):
             if seq.status is not _FINISHED:
@@ -428,14 +430,14 @@ class LLMEngine:
                                        seq.finish_reason, seq.stop_reason))
         if finished:
             self.requests.pop(request.request_id, None)
-        prompt_logprobs = request.prompt_logprobs
-        if prompt_logprobs is not None and len(prompt_logprobs) == len(request.prompt_token_ids):
-            request.prompt_logprobs = None  # sent once, whole, with the first delta (before any sample's tokens)
-        else:
-            prompt_logprobs = None
+        prompt_logprobs = ranks = None
+        if request.prompt_logprobs is not None and len(request.prompt_logprobs) == len(request.prompt_token_ids):
+            # sent once, whole, with the first delta (before any sample's tokens)
+            prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
+            ranks, request.prompt_logprob_ranks = request.prompt_logprob_ranks, None
         return RequestDelta(request.request_id, samples, finished, request.error, [step_end],
                             request.first_scheduled_time, request.first_token_time,
-                            request.seqs[0].num_cached_tokens, prompt_logprobs)
+                            request.seqs[0].num_cached_tokens, prompt_logprobs, ranks)
 
     # -- observability ------------------------------------------------------------------
     def stats(self) -> EngineStats:

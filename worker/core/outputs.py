@@ -33,8 +33,10 @@ class RequestOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # set when the request failed inside the engine (finish_reason "error")
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (vLLM's `num_cached_tokens`)
-    # with `prompt_logprobs`: per prompt token, {its id: logprob} plus the top-N (None for the first), as vLLM's
+    # with `prompt_logprobs`: per prompt token, {its id: logprob} plus the top-N (None for the first), as vLLM's;
+    # and each prompt token's rank there (vLLM's `Logprob.rank`: the tokens at least as likely, itself included)
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprob_ranks: list[int | None] | None = None
 
 
 @dataclass(slots=True)
@@ -70,6 +72,7 @@ class RequestDelta:
     first_token_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served when it was (last) admitted; merged: the first
     prompt_logprobs: list[dict[int, float] | None] | None = None  # in a request's first delta only
+    prompt_logprob_ranks: list[int | None] | None = None  # with them
 
     @property
     def num_new_tokens(self) -> int:
@@ -104,12 +107,12 @@ class RequestDelta:
         if self.first_token_time is None:
             self.first_token_time = later.first_token_time
         if self.prompt_logprobs is None:
-            self.prompt_logprobs = later.prompt_logprobs
+            self.prompt_logprobs, self.prompt_logprob_ranks = later.prompt_logprobs, later.prompt_logprob_ranks
 
     def __reduce__(self) -> tuple:
         return RequestDelta, (self.request_id, self.samples, self.finished, self.error, self.step_times,
                               self.first_scheduled_time, self.first_token_time, self.num_cached_tokens,
-                              self.prompt_logprobs)
+                              self.prompt_logprobs, self.prompt_logprob_ranks)
 
 
 class OutputAccumulator:
@@ -154,7 +157,7 @@ class OutputAccumulator:
         if delta.first_token_time is not None:
             out.metrics.setdefault("first_token_time", delta.first_token_time)
         if delta.prompt_logprobs is not None:
-            out.prompt_logprobs = delta.prompt_logprobs
+            out.prompt_logprobs, out.prompt_logprob_ranks = delta.prompt_logprobs, delta.prompt_logprob_ranks
 
     def output(self) -> RequestOutput:
         """The cumulative output so far (a copy: later deltas do not change it)."""
@@ -168,4 +171,5 @@ class OutputAccumulator:
             [CompletionOutput(s.index, s.text, list(s.token_ids), s.cumulative_logprob,
                               None if s.logprobs is None else list(s.logprobs), s.finish_reason, s.stop_reason)
              for s in out.outputs],
-            out.finished, dict(out.metrics), out.error, out.num_cached_tokens, out.prompt_logprobs)
+            out.finished, dict(out.metrics), out.error, out.num_cached_tokens, out.prompt_logprobs,
+            out.prompt_logprob_ranks)

@@ -1,5 +1,6 @@
 """Prompt logprobs (vLLM's `SamplingParams.prompt_logprobs`, OpenAI's `echo` with `logprobs`): for every prompt
-token after the first, its logprob given the tokens before it, with the `k` most likely tokens at that position.
+token after the first, its logprob given the tokens before it and its rank there (vLLM's `Logprob.rank`: how many
+tokens are at least as likely, itself included), with the `k` most likely tokens at that position.
 
 What evaluation harnesses score with (lm-evaluation-harness's loglikelihood tasks send `echo=True, logprobs=1`).
 They come from the request's own prefill steps, as vLLM computes them: a step that computes prompt positions
@@ -18,7 +19,9 @@ import torch
 
 LOGITS_ROWS = 256  # rows of [rows, vocab] float32 logits at a time: 150 MiB at a 151,936-token vocabulary
 PromptLogprobs = list[dict[int, float] | None]  # position 0 has no logprob (None), as vLLM reports it
-StepPromptLogprobs = list[tuple[str, list[dict[int, float]]]]  # (request id, the entries a step computed for it)
+PromptRanks = list[int | None]  # the prompt tokens' ranks, position 0's None
+# (request id, the entries a step computed for it, their prompt tokens' ranks)
+StepPromptLogprobs = list[tuple[str, list[dict[int, float]], list[int]]]
 
 
 @dataclass(slots=True)
@@ -43,11 +46,14 @@ def rows_of(seq, start: int, num_new: int, row: int) -> PromptRows | None:
     return PromptRows(seq.request_id, row + lo - start, lo, seq.token_ids[lo + 1 : hi + 1], seq.prompt_logprobs_top)
 
 
-def entries(logits: torch.Tensor, targets: Sequence[int], k: int) -> list[dict[int, float]]:
-    """Per row of `logits` [R, vocab] (float32 or wider): {its target: logprob} plus the `k` most likely tokens'."""
+def entries(logits: torch.Tensor, targets: Sequence[int], k: int) -> tuple[list[dict[int, float]], list[int]]:
+    """Per row of `logits` [R, vocab] (float32 or wider): {its target: logprob} plus the `k` most likely tokens'
+    (those first, most likely first), and the target's rank."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     target = torch.as_tensor(list(targets), dtype=torch.long, device=logprobs.device)
-    chosen = logprobs.gather(1, target[:, None])[:, 0].tolist()
+    chosen_t = logprobs.gather(1, target[:, None])
+    ranks = (logprobs >= chosen_t).sum(dim=-1).tolist()
+    chosen = chosen_t[:, 0].tolist()
     if k > 0:
         top_values, top_ids = logprobs.topk(k, dim=-1)
         top_values, top_ids = top_values.tolist(), top_ids.tolist()
@@ -56,7 +62,7 @@ def entries(logits: torch.Tensor, targets: Sequence[int], k: int) -> list[dict[i
         entry = dict(zip(top_ids[row], top_values[row], strict=True)) if k > 0 else {}
         entry[t] = lp
         out.append(entry)
-    return out
+    return out, ranks
 
 
 def step_entries(rows: list[PromptRows], logits_of: Callable[[PromptRows, int, int], torch.Tensor]
@@ -66,9 +72,12 @@ def step_entries(rows: list[PromptRows], logits_of: Callable[[PromptRows, int, i
     out: StepPromptLogprobs = []
     for r in rows:
         got: list[dict[int, float]] = []
+        ranks: list[int] = []
         n = len(r.targets)
         for i in range(0, n, LOGITS_ROWS):
             end = min(i + LOGITS_ROWS, n)
-            got += entries(logits_of(r, i, end), r.targets[i:end], r.k)
-        out.append((r.request_id, got))
+            e, rk = entries(logits_of(r, i, end), r.targets[i:end], r.k)
+            got += e
+            ranks += rk
+        out.append((r.request_id, got, ranks))
     return out

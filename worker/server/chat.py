@@ -14,7 +14,7 @@ from jinja2 import TemplateError
 
 from hetero_infer.contracts.chat_prompt import chat_template_inputs
 from hetero_infer.contracts.protocol import ChatCompletionRequest, NamedToolChoice
-from hetero_infer.worker.core.outputs import CompletionOutput, SampleDelta
+from hetero_infer.worker.core.outputs import CompletionOutput, RequestOutput, SampleDelta
 from hetero_infer.worker.server.errors import bad_request
 from hetero_infer.worker.server.formatting import Choice, Formatter, dumps, json_reason, json_str
 from hetero_infer.worker.server.generate import generate
@@ -24,6 +24,7 @@ from hetero_infer.worker.server.prompts import (
     Prompt,
     off_loop_if,
     parse_body,
+    prompt_logprobs_of,
     request_sampling_params,
 )
 from hetero_infer.worker.server.state import ServerState, get_state
@@ -99,6 +100,13 @@ class ChatFormatter(Formatter):
         self.tool_mode = req.tool_mode
         self.parser: ToolParser | None = parser_for_template(chat_template(state)) if self.tool_mode == "auto" else None
         self.max_calls = None if req.parallel_tool_calls else 1  # auto; `required` has it in its schema
+        self.prompt_top = prompt_logprobs_of(req)
+
+    def response(self, outputs: list[RequestOutput]) -> dict[str, Any]:
+        out = super().response(outputs)
+        if self.prompt_top is not None:  # vLLM's: the one prompt's, beside the choices
+            out["prompt_logprobs"] = self.vllm_prompt_logprobs(0)
+        return out
 
     def _logprobs(self, token_ids: list[int], entries: list[dict[int, float]] | None) -> dict[str, Any]:
         content = []

@@ -11,7 +11,13 @@ from hetero_infer.contracts.protocol import CompletionRequest
 from hetero_infer.worker.core.outputs import CompletionOutput, SampleDelta
 from hetero_infer.worker.server.formatting import Choice, Formatter, dumps, json_reason, json_str
 from hetero_infer.worker.server.generate import generate
-from hetero_infer.worker.server.prompts import Prompt, completion_prompts, parse_body, request_sampling_params
+from hetero_infer.worker.server.prompts import (
+    Prompt,
+    completion_prompts,
+    parse_body,
+    prompt_logprobs_of,
+    request_sampling_params,
+)
 from hetero_infer.worker.server.state import get_state
 from hetero_infer.worker.server.structured import prepare_grammar
 
@@ -40,6 +46,7 @@ class CompletionFormatter(Formatter):
         super().__init__(state, req.n, prompts)
         self.top_n = req.logprobs
         self.echo = req.echo
+        self.prompt_top = prompt_logprobs_of(req)
         self._echo_text: dict[int, str] = {}
         self._echo_logprobs_of: dict[int, dict[str, list]] = {}  # per prompt: its part of echoed choices' logprobs
         # A worker without a tokenizer (--skip-tokenizer-init) answers in token ids, with empty text, as vLLM does
@@ -122,4 +129,6 @@ class CompletionFormatter(Formatter):
         choice = {"index": idx, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}
         if self.token_ids_only:
             choice["token_ids"] = list(c.token_ids)
+        if self.prompt_top is not None:
+            choice["prompt_logprobs"] = self.vllm_prompt_logprobs(idx // self.n)
         return choice

@@ -71,6 +71,10 @@ class Formatter(ABC):
         self.completion_tokens = [0] * len(self.choices)
         self.cached_tokens: dict[str, int] = {}  # per engine request: prompt tokens the prefix cache served
         self.prompt_logprobs: dict[int, list] = {}  # per prompt (its index), when the request asked for them
+        self.prompt_logprob_ranks: dict[int, list] = {}  # beside them: the prompt tokens' ranks
+        # the request's prompt logprobs' top N (`prompts.prompt_logprobs_of`), where it has them
+        self.prompt_top: int | None = None
+        self._vllm_prompt_logprobs: dict[int, list] = {}
         options = getattr(state, "options", None)
         self.prompt_tokens_details = options is None or options.enable_prompt_tokens_details
         self._chunk_head = (f'{{"id":{json_str(self.id)},"object":{json_str(self.chunk_object)},'
@@ -103,7 +107,9 @@ class Formatter(ABC):
         metrics do: streamed or not, usage says the same) and its prompt logprobs."""
         self.cached_tokens.setdefault(delta.request_id, delta.num_cached_tokens)
         if delta.prompt_logprobs is not None:
-            self.prompt_logprobs[self.prompt_index[delta.request_id]] = delta.prompt_logprobs
+            p_idx = self.prompt_index[delta.request_id]
+            self.prompt_logprobs[p_idx] = delta.prompt_logprobs
+            self.prompt_logprob_ranks[p_idx] = delta.prompt_logprob_ranks
 
     def chunks(self, deltas: list[RequestDelta]) -> list[str]:
         """Stream chunks (JSON text) for what is new in `deltas` (one chunk per choice that changed)."""
@@ -138,6 +144,33 @@ class Formatter(ABC):
             choices.append(self._choice(idx, c))
         return {"id": self.id, "object": self.object_name, "created": self.created, "model": self.model,
                 "choices": choices, "usage": self.usage()}
+
+    def vllm_prompt_logprobs(self, p_idx: int) -> list[dict[str, dict[str, Any]] | None]:
+        """vLLM's `prompt_logprobs` of prompt `p_idx`: per token, None for the first, else {token id: {logprob,
+        rank, decoded_token}} of the `prompt_top` most likely tokens at its position (ranks 1..N) and of the
+        prompt token itself (its own rank), each decoded alone, special tokens included (as vLLM decodes them).
+        Made once per prompt (its n choices share it)."""
+        made = self._vllm_prompt_logprobs.get(p_idx)
+        if made is not None:
+            return made
+        decode, decoded = self.state.tokenizer.decode, {}
+
+        def text_of(t: int) -> str:
+            if t not in decoded:
+                decoded[t] = decode([t], skip_special_tokens=False)
+            return decoded[t]
+
+        out: list[dict[str, dict[str, Any]] | None] = [None]
+        ids, ranks, k = self.prompts[p_idx].token_ids, self.prompt_logprob_ranks[p_idx], self.prompt_top or 0
+        for pos, entry in enumerate(self.prompt_logprobs[p_idx][1:], start=1):
+            top = sorted(entry.items(), key=lambda kv: kv[1], reverse=True)[:k] if k else []
+            d = {str(t): {"logprob": finite(lp), "rank": r, "decoded_token": text_of(t)}
+                 for r, (t, lp) in enumerate(top, start=1)}
+            tid = ids[pos]
+            d[str(tid)] = {"logprob": finite(entry[tid]), "rank": ranks[pos], "decoded_token": text_of(tid)}
+            out.append(d)
+        self._vllm_prompt_logprobs[p_idx] = out
+        return out
 
     def _base_chunk(self, choice: str) -> str:
         """A whole chunk around one choice's JSON (the constant parts are encoded once per request)."""

@@ -60,6 +60,18 @@ async def off_loop_if(cond: bool, fn: Any, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs))
 
 
+def prompt_logprobs_of(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """How many of the most likely tokens the request's prompt logprobs hold at each position (None: it has none):
+    vLLM's `prompt_logprobs`, and echo with logprobs (OpenAI's legacy completions; how evaluation harnesses score
+    a continuation), the larger of the two where both are given; a stream's `prompt_logprobs` (0: the only one
+    it may have) is dropped, as vLLM drops it."""
+    echoed = req.logprobs if isinstance(req, CompletionRequest) and req.echo else None
+    asked = None if req.stream else req.prompt_logprobs
+    if echoed is None or asked is None:
+        return asked if echoed is None else echoed
+    return max(echoed, asked)
+
+
 def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionRequest, prompt: Prompt,
                             prompt_param: str | None = None) -> SamplingParams:
     """The engine's sampling parameters for one prompt of a parsed request (max_tokens resolved), checked
@@ -80,6 +92,8 @@ def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionR
             state.require_tokenizer("logprobs", "logprobs")
         if getattr(req, "echo", False):
             state.require_tokenizer("echo", "echo")
+        if req.prompt_logprobs is not None:
+            state.require_tokenizer("prompt_logprobs", "prompt_logprobs")
     if requested is None:  # the rest of the context (at least 1: a prompt that fills it fails the check)
         room = limits.max_model_len - len(prompt.token_ids)
         requested = max(1, room if default is None else min(default, room))
@@ -100,9 +114,7 @@ def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionR
         ignore_eos=req.ignore_eos,
         seed=req.seed,
         logprobs=logprobs,
-        # echo with logprobs: the prompt's tokens get theirs too (OpenAI's legacy completions; how evaluation
-        # harnesses score a continuation)
-        prompt_logprobs=logprobs if getattr(req, "echo", False) and logprobs is not None else None,
+        prompt_logprobs=prompt_logprobs_of(req),
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
