@@ -159,7 +159,8 @@ class CompletionRequest(_Sampling):
               # long lists) are tried right after text. Pydantic's default "smart" mode would validate them
               # against every list member, collecting an error per element (6x the time of the whole request).
               union_mode="left_to_right")
-    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description="default 16")
+    max_tokens: int | None = Field(None, ge=0, le=INT32_MAX,
+                                   description="default 16; 0 with echo: the prompt alone (vLLM's echo without generation)")
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=MAX_N,
@@ -167,8 +168,16 @@ class CompletionRequest(_Sampling):
     suffix: str | None = Field(None, description="not supported (no fill-in-the-middle): must be empty")
     response_format: ResponseFormat | None = None
 
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: the prompt comes back (with its logprobs), nothing generated (as vLLM and
+        OpenAI's legacy completions score a prompt)."""
+        return self.echo and self.max_tokens == 0
+
     @model_validator(mode="after")
     def _check(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise _invalid("max_tokens", "max_tokens must be at least 1 (0 only with echo: the prompt alone)")
         if self.best_of is not None and self.best_of < self.n:
             raise _invalid("best_of", f"best_of ({self.best_of}) must be greater than or equal to n ({self.n})")
         if self.best_of is not None and self.best_of > 1 and self.stream:

@@ -452,3 +452,26 @@ def test_vllm_prompt_logprobs_field(sclient: openai.OpenAI, smodel: str) -> None
         with pytest.raises(openai.BadRequestError) as info:
             sclient.completions.create(model=smodel, prompt=ids, max_tokens=1, extra_body={"prompt_logprobs": bad})
         assert info.value.body["param"] == "prompt_logprobs"
+
+
+def test_echo_alone_with_max_tokens_0(sclient: openai.OpenAI, smodel: str) -> None:
+    """echo with max_tokens 0 (vLLM's echo without generation, OpenAI's legacy scoring call): the prompt and its
+    logprobs, nothing generated (no text, no token, no completion tokens), streamed or not; max_tokens 0 without
+    echo is a 400."""
+    tok = AutoTokenizer.from_pretrained(resolve_model(None)[0])
+    ids = tok.encode("Only score this prompt")
+    body = {"model": smodel, "prompt": ids, "echo": True, "logprobs": 1, "temperature": 0}
+    alone = sclient.completions.create(**body, max_tokens=0)
+    scored = sclient.completions.create(**body, max_tokens=1)
+    c = alone.choices[0]
+    assert c.text == tok.decode(ids) and scored.choices[0].text.startswith(c.text) and len(scored.choices[0].text) > len(c.text)
+    assert c.logprobs.tokens == scored.choices[0].logprobs.tokens[: len(ids)] and len(c.logprobs.tokens) == len(ids)
+    assert c.logprobs.token_logprobs == scored.choices[0].logprobs.token_logprobs[: len(ids)]
+    assert c.finish_reason == "length" and alone.usage.completion_tokens == 0
+    assert alone.usage.prompt_tokens == len(ids)
+    chunks = [ch for ch in sclient.completions.create(**body, max_tokens=0, stream=True) if ch.choices]
+    assert "".join(ch.choices[0].text for ch in chunks) == c.text
+    assert [t for ch in chunks if ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens] == c.logprobs.tokens
+    with pytest.raises(openai.BadRequestError) as info:
+        sclient.completions.create(model=smodel, prompt=ids, max_tokens=0)
+    assert info.value.body["param"] == "max_tokens"

@@ -47,11 +47,24 @@ class CompletionFormatter(Formatter):
         self.top_n = req.logprobs
         self.echo = req.echo
         self.prompt_top = prompt_logprobs_of(req)
-        self._echo_text: dict[int, str] = {}
-        self._echo_logprobs_of: dict[int, dict[str, list]] = {}  # per prompt: its part of echoed choices' logprobs
+        self.echo_only = req.echo_only
         # A worker without a tokenizer (--skip-tokenizer-init) answers in token ids, with empty text, as vLLM does
         # (no logprobs or echo then: refused before generation).
         self.token_ids_only = state.tokenizer is None
+        self._echo_text: dict[int, str] = {}
+        self._echo_logprobs_of: dict[int, dict[str, list]] = {}  # per prompt: its part of echoed choices' logprobs
+
+    def shown(self, d: SampleDelta) -> SampleDelta:
+        if not self.echo_only:
+            return d
+        return SampleDelta([], "", None if d.logprobs is None else [], d.cumulative_logprob, d.finish_reason,
+                           d.stop_reason)
+
+    def shown_output(self, c: CompletionOutput) -> CompletionOutput:
+        if not self.echo_only:
+            return c
+        return CompletionOutput(c.index, "", [], c.cumulative_logprob, None if c.logprobs is None else [],
+                                c.finish_reason, c.stop_reason)
 
     def _prompt_text(self, idx: int) -> str:
         p_idx = idx // self.n

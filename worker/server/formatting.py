@@ -123,6 +123,7 @@ class Formatter(ABC):
                 ch = self.choices[idx]
                 if ch.done:
                     continue
+                d = self.shown(d)
                 new_tokens = len(d.token_ids)
                 if not d.text and not new_tokens and d.finish_reason is None and ch.started:
                     continue
@@ -140,6 +141,7 @@ class Formatter(ABC):
         found = [(self.prompt_index[out.request_id] * self.n + c.index, c) for out in outputs for c in out.outputs]
         choices = []
         for idx, c in sorted(found, key=lambda x: x[0]):
+            c = self.shown_output(c)
             self.completion_tokens[idx] = len(c.token_ids)
             choices.append(self._choice(idx, c))
         return {"id": self.id, "object": self.object_name, "created": self.created, "model": self.model,
@@ -171,6 +173,15 @@ class Formatter(ABC):
             out.append(d)
         self._vllm_prompt_logprobs[p_idx] = out
         return out
+
+    def shown(self, d: SampleDelta) -> SampleDelta:
+        """What a response shows of a sample's delta: all of it, but where the request asked for none of its
+        generated tokens (echo alone)."""
+        return d
+
+    def shown_output(self, c: CompletionOutput) -> CompletionOutput:
+        """What a response shows of a sample's whole output (as `shown`)."""
+        return c
 
     def _base_chunk(self, choice: str) -> str:
         """A whole chunk around one choice's JSON (the constant parts are encoded once per request)."""

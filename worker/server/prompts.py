@@ -84,7 +84,8 @@ def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionR
                            if req.max_completion_tokens is not None else "max_tokens")
     else:
         logprobs = req.logprobs
-        requested, default = req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
+        # echo alone: one token is generated (the step that computes the prompt samples one) and not returned
+        requested, default = 1 if req.echo_only else req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
         names = ParamNames(prompt_param or "prompt", "max_tokens")
     limits = state.limits
     if not limits.has_tokenizer:  # what the response would have to render as text
