@@ -24,7 +24,12 @@ from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
 from hetero_infer.worker.core.stats import ITERATION_TOKENS_BUCKETS, EngineStats
-from hetero_infer.worker.runner.loader import load_hf_config, resolve_engine_model, served_name
+from hetero_infer.worker.runner.loader import (
+    load_hf_config,
+    resolve_engine_model,
+    served_name,
+    serving_fields,
+)
 from hetero_infer.worker.runner.sampler import SamplingRow, make_generator, takes_argmax
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
 
@@ -89,7 +94,8 @@ class LLMEngine:
         self.config = config
         folder, name = resolve_engine_model(config)
         self.model_name = served_name(config, name)
-        hf_config = load_hf_config(folder)
+        # the mock runs no model: config.json's own fields where they are the config class's
+        hf_config = (serving_fields(folder) if config.executor == "mock" else None) or load_hf_config(folder)
         self.max_model_len = _max_model_len(config, hf_config)
         self.tokenizer = load_tokenizer(folder, config.skip_tokenizer_init)  # None: token ids in and out
         if config.executor == "mock":

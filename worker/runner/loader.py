@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from hetero_infer.contracts.engine_options import EngineConfig
@@ -195,6 +196,12 @@ def load_hf_config(folder: Path):
     """The transformers config object of a model folder, with a clear error for unsupported models."""
     from transformers import AutoConfig
 
+    _supported_config_json(folder)
+    return AutoConfig.from_pretrained(folder)
+
+
+def _supported_config_json(folder: Path) -> dict:
+    """The folder's config.json, or a clear error for an unsupported model."""
     raw = json.loads((folder / "config.json").read_text())
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_ARCHITECTURES:
@@ -203,7 +210,31 @@ def load_hf_config(folder: Path):
             f"unsupported architecture {model_type!r} ({raw.get('architectures')}) in {folder}; "
             f"supported: {supported}"
         )
-    return AutoConfig.from_pretrained(folder)
+    return raw
+
+
+# What an engine without a model (the mock executor) reads of the config: the context length (with the sliding
+# window that bounds it), the vocabulary and the EOS ids.
+_SERVING_FIELDS = ("max_position_embeddings", "vocab_size", "eos_token_id")
+
+
+def serving_fields(folder: Path) -> SimpleNamespace | None:
+    """config.json's own values of `_SERVING_FIELDS` and the sliding window, where they are what the model's
+    config class would hold: every field stated, and the window stated where the class would default it (Mistral)
+    or gate it (Qwen2/3's `use_sliding_window`, default off); None where not (`load_hf_config` then). Spares an
+    engine that runs no model the config class (for a Llama model, transformers 5 imports its model-loading and
+    distributed-tensor modules with it: seconds of start-up)."""
+    raw = _supported_config_json(folder)
+    model_type = raw["model_type"]
+    if any(raw.get(name) is None for name in _SERVING_FIELDS):
+        return None
+    window = raw.get("sliding_window")
+    if model_type == "mistral" and "sliding_window" not in raw:
+        return None
+    if model_type in ("qwen2", "qwen3") and window is not None and "use_sliding_window" not in raw:
+        return None
+    fields = {name: raw[name] for name in _SERVING_FIELDS}
+    return SimpleNamespace(**fields, sliding_window=window, use_sliding_window=raw.get("use_sliding_window", True))
 
 
 def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
