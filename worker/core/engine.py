@@ -30,6 +30,7 @@ from hetero_infer.worker.runner.loader import (
     served_name,
     serving_fields,
 )
+from hetero_infer.worker.runner.prompt_logprobs import mark_launched
 from hetero_infer.worker.runner.sampler import SamplingRow, make_generator, takes_argmax
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
 
@@ -287,11 +288,7 @@ class LLMEngine:
             seq = item.seq
             seq.num_computed_tokens += item.num_new_tokens
             if seq.prompt_logprobs_top is not None:  # the step computes the rows of its positions still owed
-                done = min(seq.num_computed_tokens, seq.num_prompt_tokens - 1)
-                if done > seq.prompt_logprob_rows:
-                    seq.prompt_logprob_rows = done
-                if done == seq.num_prompt_tokens - 1:
-                    seq.prompt_logprobs_top = None
+                mark_launched(seq)
         positions = []
         add_position = positions.append
         for seq in rows:

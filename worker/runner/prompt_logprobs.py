@@ -18,8 +18,6 @@ from dataclasses import dataclass
 import torch
 
 LOGITS_ROWS = 256  # rows of [rows, vocab] float32 logits at a time: 150 MiB at a 151,936-token vocabulary
-PromptLogprobs = list[dict[int, float] | None]  # position 0 has no logprob (None), as vLLM reports it
-PromptRanks = list[int | None]  # the prompt tokens' ranks, position 0's None
 # (request id, the entries a step computed for it, their prompt tokens' ranks)
 StepPromptLogprobs = list[tuple[str, list[dict[int, float]], list[int]]]
 
@@ -44,6 +42,17 @@ def rows_of(seq, start: int, num_new: int, row: int) -> PromptRows | None:
     if hi <= lo:
         return None
     return PromptRows(seq.request_id, row + lo - start, lo, seq.token_ids[lo + 1 : hi + 1], seq.prompt_logprobs_top)
+
+
+def mark_launched(seq) -> None:
+    """After a step computed `seq`'s tokens up to `num_computed_tokens`: the prompt rows it owes are launched up to
+    there (`rows_of` skips them from now on, preempted or not), and none are owed once the prompt's last but one is."""
+    last = seq.num_prompt_tokens - 1
+    done = min(seq.num_computed_tokens, last)
+    if done > seq.prompt_logprob_rows:
+        seq.prompt_logprob_rows = done
+    if done == last:
+        seq.prompt_logprobs_top = None
 
 
 def entries(logits: torch.Tensor, targets: Sequence[int], k: int) -> tuple[list[dict[int, float]], list[int]]:

@@ -155,13 +155,7 @@ class Formatter(ABC):
         made = self._vllm_prompt_logprobs.get(p_idx)
         if made is not None:
             return made
-        decode, decoded = self.state.tokenizer.decode, {}
-
-        def text_of(t: int) -> str:
-            if t not in decoded:
-                decoded[t] = decode([t], skip_special_tokens=False)
-            return decoded[t]
-
+        text_of = self.state.decoded_token
         out: list[dict[str, dict[str, Any]] | None] = [None]
         ids, ranks, k = self.prompts[p_idx].token_ids, self.prompt_logprob_ranks[p_idx], self.prompt_top or 0
         for pos, entry in enumerate(self.prompt_logprobs[p_idx][1:], start=1):

@@ -38,6 +38,7 @@ class ServerState:
         self._idle = asyncio.Event()
         self._idle.set()
         self._token_text: dict[int, str] = {}
+        self._decoded_token: dict[int, str] = {}
 
     # ----------------------------------------------------------------- engine
     def start_engine(self, engine: Any, *, max_num_seqs: int, tokenizer: Any = None,
@@ -103,6 +104,13 @@ class ServerState:
         text = self._token_text.get(token_id)
         if text is None:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    def decoded_token(self, token_id: int) -> str:
+        """The token decoded alone, special tokens included: vLLM's `Logprob.decoded_token`."""
+        text = self._decoded_token.get(token_id)
+        if text is None:
+            text = self._decoded_token[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
 
     # ----------------------------------------------------------------- admission
