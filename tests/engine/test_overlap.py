@@ -90,7 +90,10 @@ def test_step_n_plus_1_is_launched_before_step_n_is_read():
     class Recorded:
         def __init__(self, handle, k: int) -> None:
             self.handle, self.k = handle, k
-            self.prompt_logprobs = handle.prompt_logprobs
+
+        @property
+        def prompt_logprobs(self):
+            return self.handle.prompt_logprobs
 
         def result(self):
             events.append(f"result {self.k}")

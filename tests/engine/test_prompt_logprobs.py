@@ -132,3 +132,29 @@ def test_out_of_range_is_refused_and_changes_nothing(llm):
             engine.add_request("bad", PROMPT, [1, 2, 3], SamplingParams(prompt_logprobs=bad))
         assert info.value.param == "prompt_logprobs"
     assert not engine.has_unfinished_requests()
+
+
+def test_a_step_reads_none_of_its_prompt_logprobs_back():
+    """A step only launches its prompt logprobs (on CUDA the host goes on to the next step meanwhile): on the meta
+    device, where reading any value back raises, the step computes them all, and only `entries()` reads them."""
+    rows = [plp_module.PromptRows("a", 0, 0, [5, 7, 9], 2), plp_module.PromptRows("b", 3, 4, [1], 0)]
+    copy = plp_module.step_entries(rows, lambda r, i, end: torch.zeros(end - i, 50, device="meta"))
+    assert copy.values.device.type == "meta" and tuple(copy.values.shape) == (3 * (2 + 2 * 2) + 1 * 2,)
+    with pytest.raises((NotImplementedError, RuntimeError)):
+        copy.entries()
+
+
+def test_the_overlapped_steps_hand_them_back_equal(llm, hf_logprobs):
+    """The CUDA control flow on the CPU (tokens left a tensor, the next step's inputs patched from it): chunked
+    prompt logprobs, while another request decodes, still equal transformers'."""
+    ids, reference = hf_logprobs
+    ex, engine = llm.engine.executor, llm.engine
+    assert not ex.overlaps and not engine._overlap
+    ex.overlaps = engine._overlap = True
+    try:
+        outs = llm.generate([PROMPT[:40], PROMPT], [SamplingParams(max_tokens=6, temperature=0, ignore_eos=True),
+                                                    SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=3)])
+    finally:
+        ex.overlaps = engine._overlap = False
+    _check_against_hf(outs[1].prompt_logprobs, ids, reference, 3, outs[1].prompt_logprob_ranks)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

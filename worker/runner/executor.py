@@ -20,7 +20,7 @@ from hetero_infer.worker.runner.cuda_graphs import DecodeRunner
 from hetero_infer.worker.runner.inputs import StepInputs, placeholder_rows, step_inputs
 from hetero_infer.worker.runner.loader import load_model
 from hetero_infer.worker.runner.models.rotary import head_dim_of
-from hetero_infer.worker.runner.prompt_logprobs import StepPromptLogprobs
+from hetero_infer.worker.runner.prompt_logprobs import PromptLogprobsCopy
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, pending_tokens, sample_logits
 from hetero_infer.worker.runner.staging import StagingArea
 from hetero_infer.worker.runner.step_handle import DeviceStep, DoneStep
@@ -207,11 +207,11 @@ class TorchExecutor:
 
     # -- one step -----------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> tuple[torch.Tensor, StepPromptLogprobs | None]:
+    def execute(self, sched: SchedulerOutput) -> tuple[torch.Tensor, PromptLogprobsCopy | None]:
         """Run the model on the scheduled tokens; return the logits of the sequences that sample, in the model's
         dtype (the sampler takes float32 copies where it computes with them: a greedy bfloat16 step's argmax
         reads the bfloat16 logits, and no float32 copy of [rows, vocab] is written), and the prompt logprobs the
-        step owes (runner/prompt_logprobs.py; on the host already: such a step waits for them), else None."""
+        step owes (runner/prompt_logprobs.py; on their way to the host, the step not waited for), else None."""
         if self.thread_governor is not None:
             self.thread_governor.tick()  # fewer threads while other processes hold our cores
         step = step_inputs(sched, self.block_size)

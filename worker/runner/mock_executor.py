@@ -19,8 +19,9 @@ import torch
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER
-from hetero_infer.worker.runner.prompt_logprobs import PromptRows, StepPromptLogprobs, rows_of, step_entries
+from hetero_infer.worker.runner.prompt_logprobs import PromptLogprobsCopy, PromptRows, rows_of, step_entries
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, pending_tokens, sample_logits
+from hetero_infer.worker.runner.step_handle import CarriesPromptLogprobs
 
 MOCK_DEFAULT_NUM_BLOCKS = 4096
 _FIRST_ORDINARY_TOKEN = 100  # keep clear of special tokens at the start of the vocabulary
@@ -75,7 +76,7 @@ class MockExecutor:
         self._device_free_at = 0.0  # when the device finishes the steps handed to it so far
         self._last_tokens: dict[int, int] = {}  # seq_id -> the token the previous step sampled for it
 
-    def step_prompt_logprobs(self, sched: SchedulerOutput) -> StepPromptLogprobs | None:
+    def step_prompt_logprobs(self, sched: SchedulerOutput) -> PromptLogprobsCopy | None:
         """The prompt logprobs a step owes, under `mock_logits` (position i's logits follow tokens 0..i)."""
         rows, prompts = [], {}
         for item in sched.scheduled:
@@ -147,11 +148,11 @@ class MockExecutor:
 
 
 @dataclass(slots=True)
-class _MockStep:
+class _MockStep(CarriesPromptLogprobs):
     done_at: float  # time.monotonic() at which the modelled device finishes the step
     token_ids: list[int]
     sampled: list | None
-    prompt_logprobs: StepPromptLogprobs | None = None
+    prompt: PromptLogprobsCopy | None = None
 
     def result(self) -> tuple[list[int], list | None]:
         wait = self.done_at - time.monotonic()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -55,38 +56,77 @@ def mark_launched(seq) -> None:
         seq.prompt_logprobs_top = None
 
 
-def entries(logits: torch.Tensor, targets: Sequence[int], k: int) -> tuple[list[dict[int, float]], list[int]]:
-    """Per row of `logits` [R, vocab] (float32 or wider): {its target: logprob} plus the `k` most likely tokens'
-    (those first, most likely first), and the target's rank."""
+def packed_rows(logits: torch.Tensor, targets: Sequence[int], k: int) -> torch.Tensor:
+    """Per row of `logits` [R, vocab] (any float dtype), where they are: [R, 2 + 2k] float64 of the target's logprob,
+    its rank, then the `k` most likely tokens' logprobs and ids (most likely first). Nothing reaches the host here:
+    on CUDA the targets go up through pinned memory, and no result is read (`PromptLogprobsCopy` brings them)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    target = torch.as_tensor(list(targets), dtype=torch.long, device=logprobs.device)
-    chosen_t = logprobs.gather(1, target[:, None])
-    ranks = (logprobs >= chosen_t).sum(dim=-1).tolist()
-    chosen = chosen_t[:, 0].tolist()
+    cuda = logprobs.device.type == "cuda"
+    target = torch.tensor(list(targets), dtype=torch.long, pin_memory=cuda).to(logprobs.device, non_blocking=True)
+    chosen = logprobs.gather(1, target[:, None])
+    ranks = (logprobs >= chosen).sum(dim=-1, keepdim=True)
+    parts = [chosen.double(), ranks.double()]
     if k > 0:
         top_values, top_ids = logprobs.topk(k, dim=-1)
-        top_values, top_ids = top_values.tolist(), top_ids.tolist()
-    out = []
-    for row, (t, lp) in enumerate(zip(targets, chosen, strict=True)):
-        entry = dict(zip(top_ids[row], top_values[row], strict=True)) if k > 0 else {}
-        entry[t] = lp
-        out.append(entry)
-    return out, ranks
+        parts += [top_values.double(), top_ids.double()]  # token ids and ranks are exact in float64
+    return torch.cat(parts, dim=1)
+
+
+@dataclass(slots=True)
+class PromptLogprobsCopy:
+    """A step's prompt logprobs on their way to the host: every `PromptRows`' `packed_rows`, flattened into one
+    vector and copied in one transfer behind the step's kernels (on CUDA into pinned memory, `event` marking the
+    copy's end), so that a step computing them does not hold the host. `entries()` waits for the copy (the first
+    time) and gives the `StepPromptLogprobs`."""
+
+    values: torch.Tensor  # float64 [sum over groups of len(targets) * (2 + 2k)]
+    groups: list[tuple[str, list[int], int]]  # (request id, targets, k), in the order of `values`
+    event: Any = None
+    _entries: StepPromptLogprobs | None = None
+
+    @classmethod
+    def launch(cls, parts: list[torch.Tensor], groups: list[tuple[str, list[int], int]]) -> PromptLogprobsCopy:
+        values = torch.cat([p.flatten() for p in parts])
+        if values.device.type != "cuda":
+            return cls(values, groups)
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return cls(host, groups, event)
+
+    def entries(self) -> StepPromptLogprobs:
+        if self._entries is None:
+            if self.event is not None:
+                self.event.synchronize()
+            self._entries = unpack(self.values.tolist(), self.groups)
+        return self._entries
+
+
+def unpack(flat: list[float], groups: list[tuple[str, list[int], int]]) -> StepPromptLogprobs:
+    """`PromptLogprobsCopy.values` on the host, as entries: per row {its target: logprob} after the `k` most likely
+    tokens' (most likely first), and the target's rank."""
+    out: StepPromptLogprobs = []
+    at = 0
+    for request_id, targets, k in groups:
+        width = 2 + 2 * k
+        got: list[dict[int, float]] = []
+        ranks: list[int] = []
+        for t in targets:
+            row = flat[at : at + width]
+            at += width
+            entry = dict(zip(map(int, row[2 + k :]), row[2 : 2 + k], strict=True))
+            entry[t] = row[0]
+            got.append(entry)
+            ranks.append(int(row[1]))
+        out.append((request_id, got, ranks))
+    return out
 
 
 def step_entries(rows: list[PromptRows], logits_of: Callable[[PromptRows, int, int], torch.Tensor]
-                 ) -> StepPromptLogprobs:
-    """The entries of a step's prompt rows, from `logits_of(rows, i, end)`: the logits of their rows i..end-1,
-    asked for at most `LOGITS_ROWS` at a time."""
-    out: StepPromptLogprobs = []
-    for r in rows:
-        got: list[dict[int, float]] = []
-        ranks: list[int] = []
-        n = len(r.targets)
-        for i in range(0, n, LOGITS_ROWS):
-            end = min(i + LOGITS_ROWS, n)
-            e, rk = entries(logits_of(r, i, end), r.targets[i:end], r.k)
-            got += e
-            ranks += rk
-        out.append((r.request_id, got, ranks))
-    return out
+                 ) -> PromptLogprobsCopy:
+    """A step's prompt rows' entries, from `logits_of(rows, i, end)`: the logits of their rows i..end-1, asked for
+    at most `LOGITS_ROWS` at a time, on their way to the host."""
+    parts = [packed_rows(logits_of(r, i, min(i + LOGITS_ROWS, len(r.targets))), r.targets[i : i + LOGITS_ROWS], r.k)
+             for r in rows for i in range(0, len(r.targets), LOGITS_ROWS)]
+    return PromptLogprobsCopy.launch(parts, [(r.request_id, r.targets, r.k) for r in rows])
