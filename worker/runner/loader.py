@@ -165,7 +165,9 @@ def convert_gguf(gguf: Path, name: str | None = None, dtype: str = "float32") ->
             return done
     out = model_cache_dir() / f"{name or gguf.stem}-{key}"
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from hetero_infer.contracts.tokenizer import Tokenizer
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     logger.info("converting %s once into %s (%s safetensors)", gguf, out, dtype)
@@ -173,7 +175,7 @@ def convert_gguf(gguf: Path, name: str | None = None, dtype: str = "float32") ->
         progress.set_step("dequantizing weights (1/3)")
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
         progress.set_step("tokenizer (2/3)")
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = Tokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).hf
         progress.set_step("writing safetensors (3/3)")
         # The weights are plain floats now; the GGUF quantization marker would make the folder unloadable.
         if hasattr(model.config, "quantization_config"):
