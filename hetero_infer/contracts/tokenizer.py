@@ -30,23 +30,18 @@ class Tokenizer:
     def from_pretrained(
         cls,
         path_or_folder: str | Path,
-        gguf_file: str | None = None,
         extra_eos_token_ids: Iterable[int] | None = None,
         **kwargs: Any,
     ) -> Tokenizer:
-        """Load from a HF folder or hub id (or a GGUF file in `path_or_folder`).
+        """Load from a HF folder or hub id (a GGUF file's: `loader.gguf_tokenizer`).
 
         A local folder's generation_config.json eos ids are added to the eos set.
         """
         from transformers import AutoTokenizer  # imported here: the HTTP side listens before it loads torch
 
-        if gguf_file is not None:
-            kwargs["gguf_file"] = gguf_file
-        elif "config" not in kwargs and (config := _model_config_for_tokenizer(Path(path_or_folder))) is not None:
+        if "config" not in kwargs and (config := _model_config_for_tokenizer(Path(path_or_folder))) is not None:
             kwargs["config"] = config
         hf = AutoTokenizer.from_pretrained(str(path_or_folder), **kwargs)
-        if gguf_file is not None:
-            _take_gguf_special_tokens(hf, Path(path_or_folder) / gguf_file)
         eos = set(extra_eos_token_ids or []) | _generation_config_eos(Path(path_or_folder))
         return cls(hf, eos)
 
@@ -160,22 +155,6 @@ def _model_config_for_tokenizer(folder: Path) -> Any:
     if isinstance(model_config.get("tokenizer_class"), str):
         config.tokenizer_class = model_config["tokenizer_class"]
     return config
-
-
-def _take_gguf_special_tokens(hf: PreTrainedTokenizerBase, gguf: Path) -> None:
-    """The GGUF file's own BOS and EOS (`tokenizer.ggml.{bos,eos}_token_id`) on a tokenizer transformers built from
-    it: transformers 5.17 gave SmolLM2's GGUF `<|im_start|>` (its BOS) as EOS too, where the file says `<|im_end|>`.
-    Where the file names none, or an id outside the vocabulary, transformers' choice stands."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(gguf).fields
-    for name in ("bos", "eos"):
-        field = fields.get(f"tokenizer.ggml.{name}_token_id")
-        if field is None or not field.data:
-            continue
-        token_id = int(field.parts[field.data[0]][0])
-        if 0 <= token_id < len(hf) and getattr(hf, f"{name}_token_id") != token_id:
-            setattr(hf, f"{name}_token", hf.convert_ids_to_tokens(token_id))
 
 
 def _generation_config_eos(folder: Path) -> set[int]:

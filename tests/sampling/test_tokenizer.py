@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from hetero_infer.contracts.tokenizer import Tokenizer
+from hetero_infer.worker.runner.loader import gguf_tokenizer
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello!"}],
@@ -27,7 +28,7 @@ def test_vocab_and_eos(smol_tokenizer: Tokenizer) -> None:
     assert extra.eos_token_ids == {0, 2, 7}
 
 
-def test_a_gguf_s_own_bos_and_eos_win(smol_gguf: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gguf_s_own_bos_and_eos_win(smol_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """transformers 5.17 built SmolLM2's GGUF tokenizer with `<|im_start|>` (the BOS) as EOS: the file's
     `tokenizer.ggml.eos_token_id` (`<|im_end|>`) wins over what transformers gives."""
     import transformers
@@ -40,7 +41,7 @@ def test_a_gguf_s_own_bos_and_eos_win(smol_gguf: tuple[str, str], monkeypatch: p
         return hf
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", as_5_17)
-    tokenizer = Tokenizer.from_pretrained(*smol_gguf[:1], gguf_file=smol_gguf[1])
+    tokenizer = gguf_tokenizer(smol_gguf)
     assert tokenizer.hf.eos_token == "<|im_end|>" and tokenizer.eos_token_ids == {2}
     assert tokenizer.hf.bos_token == "<|im_start|>"
 

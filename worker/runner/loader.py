@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.tokenizer import Tokenizer
 from hetero_infer.model_source import fetch_model
 from hetero_infer.paths import model_cache_dir
 from hetero_infer.progress import Progress
@@ -167,15 +168,13 @@ def convert_gguf(gguf: Path, name: str | None = None, dtype: str = "float32") ->
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hetero_infer.contracts.tokenizer import Tokenizer
-
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     logger.info("converting %s once into %s (%s safetensors)", gguf, out, dtype)
     with Progress(f"converting {gguf.name}") as progress:
         progress.set_step("dequantizing weights (1/3)")
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
         progress.set_step("tokenizer (2/3)")
-        tokenizer = Tokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).hf
+        tokenizer = gguf_tokenizer(gguf).hf
         progress.set_step("writing safetensors (3/3)")
         # The weights are plain floats now; the GGUF quantization marker would make the folder unloadable.
         if hasattr(model.config, "quantization_config"):
@@ -192,6 +191,26 @@ def convert_gguf(gguf: Path, name: str | None = None, dtype: str = "float32") ->
     else:
         tmp.rename(out)
     return out
+
+
+def gguf_tokenizer(gguf: Path) -> Tokenizer:
+    """The tokenizer transformers builds from a GGUF file, with the file's own BOS and EOS
+    (`tokenizer.ggml.{bos,eos}_token_id`) where transformers chose others: 5.17 gave SmolLM2's GGUF `<|im_start|>`
+    (its BOS) as EOS too, where the file says `<|im_end|>`. An id the file lacks, or outside the vocabulary, leaves
+    transformers' choice."""
+    from gguf import GGUFReader
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    fields = GGUFReader(gguf).fields
+    for name in ("bos", "eos"):
+        field = fields.get(f"tokenizer.ggml.{name}_token_id")
+        if field is None or not field.data:
+            continue
+        token_id = int(field.parts[field.data[0]][0])
+        if 0 <= token_id < len(hf) and getattr(hf, f"{name}_token_id") != token_id:
+            setattr(hf, f"{name}_token", hf.convert_ids_to_tokens(token_id))
+    return Tokenizer(hf)
 
 
 def load_hf_config(folder: Path):
