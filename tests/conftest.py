@@ -35,3 +35,41 @@ def _project_environment_unchanged():
         os.environ.update(before)
         changed = sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k))
         pytest.fail(f"the test left the environment changed: {', '.join(changed)} (use monkeypatch.setenv)")
+
+
+# What a start-up test means by the model's config classes: the Llama family's modules, and torch's
+# distributed-tensor module, which transformers imports with them.
+_MODEL_CONFIG_MODULES = "m.startswith('transformers.models.llama') or m == 'torch.distributed.tensor'"
+
+
+def _config_modules_after(code: str) -> tuple[set[str], str]:
+    """(the `_MODEL_CONFIG_MODULES` imported, what else it printed) once `code` has run in a fresh process."""
+    import subprocess
+
+    code += f"\nprint(sorted(m for m in sys.modules if {_MODEL_CONFIG_MODULES}))\n"
+    out = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True, text=True,
+                         timeout=180, check=True)
+    *printed, modules = out.stdout.strip().splitlines()
+    return set(eval(modules)), "\n".join(printed)
+
+
+@pytest.fixture(scope="session")
+def model_config_imports(tmp_path_factory: pytest.TempPathFactory):
+    """Function: code -> (the model config modules it imports beyond transformers' own, what it printed).
+    Transformers' own: those `AutoTokenizer` imports for a folder holding only the default model's tokenizer
+    files (none with transformers 5.24; with 5.17 `torch.distributed.tensor` and Llama 4's image processor,
+    whatever the folder)."""
+    import shutil
+
+    from hetero_infer.worker.runner.loader import resolve_model
+
+    folder = tmp_path_factory.mktemp("tokenizer-only")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(resolve_model(None)[0] / name, folder / name)
+    own, _ = _config_modules_after(f"from transformers import AutoTokenizer\nAutoTokenizer.from_pretrained({str(folder)!r})")
+
+    def beyond_transformers(code: str) -> tuple[set[str], str]:
+        modules, printed = _config_modules_after(code)
+        return modules - own, printed
+
+    return beyond_transformers

@@ -164,14 +164,10 @@ def test_the_config_stand_in_only_where_autotokenizer_reads_no_more(smol_folder:
     assert module._model_config_for_tokenizer(tmp_path) is None
 
 
-def test_loading_the_tokenizer_imports_no_model_config_class() -> None:
-    import subprocess
-    import sys
-
-    code = ("import sys\nfrom hetero_infer.contracts.tokenizer import load_tokenizer\n"
-            "from hetero_infer.worker.runner.loader import resolve_model\n"
-            "load_tokenizer(resolve_model(None)[0])\n"
-            "print(sorted(m for m in sys.modules if m.startswith('transformers.models.llama')"
-            " or m == 'torch.distributed.tensor'))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.strip() == "[]", out.stdout
+def test_loading_the_tokenizer_imports_no_model_config_class(model_config_imports) -> None:
+    """The model folder's tokenizer imports none of the model's config classes beyond those transformers imports
+    for any tokenizer (none, with transformers 5.24)."""
+    extra, _ = model_config_imports("from hetero_infer.contracts.tokenizer import load_tokenizer\n"
+                                    "from hetero_infer.worker.runner.loader import resolve_model\n"
+                                    "load_tokenizer(resolve_model(None)[0])")
+    assert extra == set()
