@@ -50,8 +50,11 @@ def test_disabled_by_environment(monkeypatch):
 
 
 def _mixed_step(dtype, block_size=4, heads=4, kv_heads=2, d=64):
-    """Two decodes, a prefill chunk over a cached prefix and a fresh prompt, over a cache already holding the
-    cached tokens, with rotary tables of a Llama config: (batch, rope, q, k, v, k_cache, v_cache)."""
+    """Two decodes, prefill chunks over a cached prefix and fresh prompts, small and large (with the SDPA threshold
+    of the test below: the paged kernel, or SDPA over the gathered blocks, the small ones' rows on both sides of a
+    large one's), over a
+    cache already holding the cached tokens, with rotary tables of a Llama config: (batch, rope, q, k, v, k_cache,
+    v_cache)."""
     from transformers import LlamaConfig
 
     from hetero_infer.worker.runner.attention import SeqSpan, StepBatch
@@ -61,7 +64,7 @@ def _mixed_step(dtype, block_size=4, heads=4, kv_heads=2, d=64):
     config = LlamaConfig(hidden_size=heads * d, num_attention_heads=heads, num_key_value_heads=kv_heads)
     rope = RotaryEmbedding.from_config(config, 64, dtype, "cpu")
     # (cached tokens, new tokens, is_prefill): decodes first, as the scheduler orders them
-    shapes = [(6, 1, False), (19, 1, False), (5, 6, True), (0, 4, True)]
+    shapes = [(6, 1, False), (19, 1, False), (5, 6, True), (9, 10, True), (0, 4, True), (0, 12, True)]
     blocks = torch.randperm(32, generator=gen).tolist()
     spans, positions, slots = [], [], []
     for start, n, prefill in shapes:
@@ -83,8 +86,10 @@ def _mixed_step(dtype, block_size=4, heads=4, kv_heads=2, d=64):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_cpu_backend_matches_reference_backend_on_a_mixed_step(dtype, tol):
-    from hetero_infer.worker.runner.attention import CpuBackend, TorchBackend
+def test_cpu_backend_matches_reference_backend_on_a_mixed_step(dtype, tol, monkeypatch):
+    from hetero_infer.worker.runner.attention import CpuBackend, TorchBackend, cpu_backend
+
+    monkeypatch.setattr(cpu_backend, "SDPA_MIN_PAIRS", 60)  # chunks of 145 and 78 pairs take SDPA, of 51 and 10 not
 
     batch, rope, q, k, v, k_cache, v_cache = _mixed_step(dtype)
     outs, caches = [], []
@@ -93,6 +98,8 @@ def test_cpu_backend_matches_reference_backend_on_a_mixed_step(dtype, tol):
         qkv = torch.cat((q, k, v), dim=1).clone()  # the C path rotates q and k in place
         h, kvh = q.shape[1], k.shape[1]
         meta = backend.prepare(batch)
+        if isinstance(backend, CpuBackend):
+            assert [(p.start, p.num_tokens) for p in meta.prefills] == [(9, 10), (0, 12)]
         outs.append(backend.attention(qkv[:, :h], qkv[:, h : h + kvh], qkv[:, h + kvh :], (kc, vc), meta, 0.125))
         caches.append((kc, vc))
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)

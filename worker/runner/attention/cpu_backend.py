@@ -1,8 +1,12 @@
 """The CPU backend: the project's C kernels (kernels/cpu/csrc/, built by `cpu_native`).
 
-Rotary and the cache write are one pass (`cpu_ops.rope_and_cache`); then every row, prefill rows too,
-attends over its causal prefix straight from the block pool (`cpu_paged_attention`): one call per layer,
-no gather, cached prefixes included. Norms and the activation are the fused C ops of `cpu_ops`.
+Rotary and the cache write are one pass (`cpu_ops.rope_and_cache`). Then decode rows, and the rows of
+short prefill chunks, attend over their causal prefix straight from the block pool (`cpu_paged_attention`:
+one call per layer, no gather, cached prefixes included); a prefill chunk with enough work (`takes_sdpa`)
+gathers its sequence's K/V from its blocks and runs torch's scaled-dot-product attention (its flash kernel for
+the CPU, GQA, causal with the chunk's offset), which reuses each K/V row across the chunk's queries where the
+paged kernel reads it once per query row: 2-5x faster past the crossover (docs/cpu.md). Norms and the activation
+are the fused C ops of `cpu_ops`.
 """
 
 from __future__ import annotations
@@ -11,20 +15,54 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from hetero_infer.kernels.cpu import ops as cpu_ops
 from hetero_infer.kernels.cpu import paged_attention as cpu_paged_attention
 from hetero_infer.worker.runner.attention import torch_backend
-from hetero_infer.worker.runner.attention.base import KVCache, QKNorm, StepBatch, normed_qk, pad_tables
+from hetero_infer.worker.runner.attention.base import (
+    KVCache,
+    QKNorm,
+    SeqSpan,
+    StepBatch,
+    normed_qk,
+    pad_tables,
+)
 from hetero_infer.worker.runner.models.rotary import RotaryEmbedding
+
+# A prefill chunk whose rows attend this many (query, key) pairs or more, over two rows or more, attends with SDPA.
+# The paged kernel's cost grows with the pairs, SDPA's has a floor (the gather, the call): on the 2-vCPU AMD EPYC,
+# float32, 9 query and 3 KV heads of 64 (benchmarks/cpu_prefill_attention.py), they cross near 2,048 pairs (a
+# fresh 64-token prompt: 0.20 ms both; 8 rows after 256 cached: 0.20 against 0.17 ms); at a fresh 2,048-token
+# prompt SDPA takes 46 ms against 227 ms.
+SDPA_MIN_PAIRS = 2048
+
+
+def takes_sdpa(span: SeqSpan) -> bool:
+    n = span.num_tokens
+    return n > 1 and n * span.start + n * (n + 1) // 2 >= SDPA_MIN_PAIRS
+
+
+@dataclass(frozen=True)
+class PrefillSpan:
+    """A prefill chunk attended with SDPA: rows `row .. row + num_tokens - 1` of the step, positions from `start`
+    of their sequence, whose K/V lie in `blocks` (int64, the blocks up to the chunk's last position)."""
+
+    row: int
+    num_tokens: int
+    start: int
+    blocks: torch.Tensor
 
 
 @dataclass(frozen=True)
 class CpuAttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
-    block_tables: torch.Tensor  # [T, max_blocks] int32: each row's sequence's block table
-    context_lens: torch.Tensor  # [T] int32: each row's causal context (its prefix and itself)
+    # the rows the paged kernel attends (every row where `prefills` is empty: the fused decode step reads these):
+    block_tables: torch.Tensor  # [R, max_blocks] int32: each row's sequence's block table
+    context_lens: torch.Tensor  # [R] int32: each row's causal context (its prefix and itself)
+    paged_rows: torch.Tensor | None = None  # [R] int64: which rows of the step those are (None: all, in order)
+    prefills: tuple[PrefillSpan, ...] = ()
 
 
 def available(dtype: torch.dtype) -> bool:
@@ -39,15 +77,27 @@ class CpuBackend:
         self.rope = rope
 
     def prepare(self, batch: StepBatch) -> CpuAttentionMetadata:
-        spans = batch.spans
-        tables = pad_tables([s.block_table for s in spans])
-        if len(spans) != len(batch.positions):  # prefill chunks: their sequence's table on each of their rows
-            tables = np.repeat(tables, [s.num_tokens for s in spans], axis=0)
+        spans, bs = batch.spans, batch.block_size
+        prefills, paged, rows, row = [], [], [], 0
+        for s in spans:
+            if takes_sdpa(s):
+                prefills.append(PrefillSpan(row, s.num_tokens, s.start,
+                                            torch.tensor(s.block_table[: -(-s.end // bs)], dtype=torch.long)))
+            else:
+                paged.append(s)
+                rows.extend(range(row, row + s.num_tokens))
+            row += s.num_tokens
+        positions = batch.positions if not prefills else batch.positions[rows]
+        tables = pad_tables([s.block_table for s in paged]) if paged else np.zeros((0, 1), dtype=np.int32)
+        if len(paged) != len(positions):  # prefill chunks: their sequence's table on each of their rows
+            tables = np.repeat(tables, [s.num_tokens for s in paged], axis=0)
         return CpuAttentionMetadata(
             slot_mapping=torch.from_numpy(batch.slot_mapping),
             positions=torch.from_numpy(batch.positions),
             block_tables=torch.from_numpy(tables),
-            context_lens=torch.from_numpy(np.add(batch.positions, 1, dtype=np.int32)),
+            context_lens=torch.from_numpy(np.add(positions, 1, dtype=np.int32)),
+            paged_rows=torch.tensor(rows, dtype=torch.long) if prefills else None,
+            prefills=tuple(prefills),
         )
 
     def stage(self, batch: StepBatch, pack) -> CpuAttentionMetadata:
@@ -62,7 +112,16 @@ class CpuBackend:
         k_cache, v_cache = kv_cache
         cpu_ops.rope_and_cache(q, k, v, meta.positions, self.rope.cos, self.rope.sin, k_cache, v_cache,
                                meta.slot_mapping)  # q and k rotated in place
-        return cpu_paged_attention.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+        if not meta.prefills:
+            return cpu_paged_attention.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+        out = torch.empty(q.shape, dtype=q.dtype)
+        if meta.paged_rows.numel():
+            out.index_copy_(0, meta.paged_rows, cpu_paged_attention.paged_decode(
+                q.index_select(0, meta.paged_rows), k_cache, v_cache, meta.block_tables, meta.context_lens, scale))
+        for p in meta.prefills:
+            end = p.row + p.num_tokens
+            out[p.row : end] = prefill_attention(q[p.row : end], k_cache, v_cache, p.start, p.blocks, scale)
+        return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
         if x.dim() != 2 or not x.is_contiguous():  # the per-head q/k norms of Qwen3: [T, heads, D] views
@@ -73,3 +132,21 @@ class CpuBackend:
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return cpu_ops.silu_and_mul(gate_up)
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
+                      blocks: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of a prefill chunk's queries `q` [n, H, D] (positions start .. start + n - 1) over its sequence's
+    keys and values up to its last position, read from `blocks` of the cache, causal: [n, H, D]."""
+    n, _, d = q.shape
+    length = start + n
+    _, bs, kvh, _ = k_cache.shape
+    k = k_cache.index_select(0, blocks).view(1, -1, kvh, d)[:, :length].transpose(1, 2)  # [1, KVH, L, D]
+    v = v_cache.index_select(0, blocks).view(1, -1, kvh, d)[:, :length].transpose(1, 2)
+    qh = q.to(k.dtype).unsqueeze(0).transpose(1, 2)  # [1, H, n, D]: the 4-D form takes the flash kernel
+    if start == 0:
+        o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    else:  # row i sees positions up to start + i
+        mask = torch.ones(n, length, dtype=torch.bool).tril(diagonal=start)
+        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return o[0].transpose(0, 1).to(q.dtype)
