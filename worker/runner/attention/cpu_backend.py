@@ -46,12 +46,14 @@ def takes_sdpa(span: SeqSpan) -> bool:
 @dataclass(frozen=True)
 class PrefillSpan:
     """A prefill chunk attended with SDPA: rows `row .. row + num_tokens - 1` of the step, positions from `start`
-    of their sequence, whose K/V lie in `blocks` (int64, the blocks up to the chunk's last position)."""
+    of their sequence, whose K/V lie in `blocks` (int64, the blocks up to the chunk's last position); built once a
+    step, read by every layer."""
 
     row: int
     num_tokens: int
     start: int
     blocks: torch.Tensor
+    mask: torch.Tensor | None  # [num_tokens, start + num_tokens] bool, True where a row sees a key (None: fresh, causal)
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,8 @@ class CpuBackend:
         for s in spans:
             if takes_sdpa(s):
                 prefills.append(PrefillSpan(row, s.num_tokens, s.start,
-                                            torch.tensor(s.block_table[: -(-s.end // bs)], dtype=torch.long)))
+                                            torch.tensor(s.block_table[: -(-s.end // bs)], dtype=torch.long),
+                                            causal_mask(s.start, s.num_tokens) if s.start else None))
             else:
                 paged.append(s)
                 rows.extend(range(row, row + s.num_tokens))
@@ -120,7 +123,7 @@ class CpuBackend:
                 q.index_select(0, meta.paged_rows), k_cache, v_cache, meta.block_tables, meta.context_lens, scale))
         for p in meta.prefills:
             end = p.row + p.num_tokens
-            out[p.row : end] = prefill_attention(q[p.row : end], k_cache, v_cache, p.start, p.blocks, scale)
+            out[p.row : end] = prefill_attention(q[p.row : end], k_cache, v_cache, p.start, p.blocks, scale, p.mask)
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
@@ -134,10 +137,16 @@ class CpuBackend:
         return cpu_ops.silu_and_mul(gate_up)
 
 
+def causal_mask(start: int, n: int) -> torch.Tensor:
+    """[n, start + n] bool: row i (position start + i) sees keys 0 .. start + i."""
+    return torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
+
+
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
-                      blocks: torch.Tensor, scale: float) -> torch.Tensor:
+                      blocks: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of a prefill chunk's queries `q` [n, H, D] (positions start .. start + n - 1) over its sequence's
-    keys and values up to its last position, read from `blocks` of the cache, causal: [n, H, D]."""
+    keys and values up to its last position, read from `blocks` of the cache, causal (`mask`: `causal_mask`'s,
+    made here where not given): [n, H, D]."""
     n, _, d = q.shape
     length = start + n
     _, bs, kvh, _ = k_cache.shape
@@ -146,7 +155,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     qh = q.to(k.dtype).unsqueeze(0).transpose(1, 2)  # [1, H, n, D]: the 4-D form takes the flash kernel
     if start == 0:
         o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    else:  # row i sees positions up to start + i
-        mask = torch.ones(n, length, dtype=torch.bool).tril(diagonal=start)
+    else:
+        mask = causal_mask(start, n) if mask is None else mask
         o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return o[0].transpose(0, 1).to(q.dtype)
