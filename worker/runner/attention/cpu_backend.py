@@ -34,7 +34,7 @@ from hetero_infer.worker.runner.models.rotary import RotaryEmbedding
 # The paged kernel's cost grows with the pairs, SDPA's has a floor (the gather, the call): on the 2-vCPU AMD EPYC,
 # float32, 9 query and 3 KV heads of 64 (benchmarks/cpu_prefill_attention.py), they cross near 2,048 pairs (a
 # fresh 64-token prompt: 0.20 ms both; 8 rows after 256 cached: 0.20 against 0.17 ms); at a fresh 2,048-token
-# prompt SDPA takes 46 ms against 227 ms.
+# prompt SDPA takes 46 ms against 241 ms.
 SDPA_MIN_PAIRS = 2048
 
 
