@@ -116,6 +116,10 @@ class TorchExecutor:
             self.cpu_paths = cpu_linear.paths_by_layer(self.model)
             log.info("CPU linear kernels (%s): %s", "measured" if selector else "defaults",
                      "; ".join(f"{k} {v}" for k, v in self.cpu_paths.items()))
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16:
+            warning = cpu_linear.bfloat16_warning(cpu_linear.bfloat16_slowdown())
+            if warning:
+                log.warning(warning)
         self.thread_governor: cpu_threads.ThreadGovernor | None = None
         if self.device.type == "cpu":
             self.cpu_paths["attention"] = _cpu_attention_path(self.backend)
