@@ -44,13 +44,14 @@ _MODEL_CONFIG_MODULES = "m.startswith('transformers.models.llama') or m == 'torc
 
 def _config_modules_after(code: str) -> tuple[set[str], str]:
     """(the `_MODEL_CONFIG_MODULES` imported, what else it printed) once `code` has run in a fresh process."""
+    import ast
     import subprocess
 
     code += f"\nprint(sorted(m for m in sys.modules if {_MODEL_CONFIG_MODULES}))\n"
     out = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True, text=True,
                          timeout=180, check=True)
     *printed, modules = out.stdout.strip().splitlines()
-    return set(eval(modules)), "\n".join(printed)
+    return set(ast.literal_eval(modules)), "\n".join(printed)
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ import ctypes
 import functools
 import logging
 import os
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -281,21 +282,13 @@ class PackedLinear(nn.Module):
 
 def bfloat16_slowdown(rows: int = 64, size: int = 512, repeats: int = 3) -> float:
     """How many times longer PyTorch's bfloat16 matmul (every bfloat16 linear's fallback) takes than its float32
-    one on this CPU, by timing both (medians): around 1 or less with bfloat16 instructions (AVX512_BF16, AMX),
-    ~100 without (2-vCPU AVX2 AMD EPYC: 1 GFLOP/s against 125)."""
-    import time
-
-    x = torch.randn(rows, size)
-    w = torch.randn(size, size)
+    one on this CPU, by timing both (medians, after a first call each): around 1 or less with bfloat16
+    instructions (AVX512_BF16, AMX), ~100 without (2-vCPU AVX2 AMD EPYC: 1 GFLOP/s against 125)."""
+    x, w = torch.randn(rows, size), torch.randn(size, size)
 
     def median_s(a: torch.Tensor, b: torch.Tensor) -> float:
         torch.mm(a, b)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            torch.mm(a, b)
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
+        return statistics.median(select.clock(lambda: torch.mm(a, b)) for _ in range(repeats))
 
     return median_s(x.bfloat16(), w.bfloat16()) / max(median_s(x, w), 1e-9)
 

@@ -81,15 +81,18 @@ class CpuBackend:
     def prepare(self, batch: StepBatch) -> CpuAttentionMetadata:
         spans, bs = batch.spans, batch.block_size
         prefills, paged, rows, row = [], [], [], 0
-        for s in spans:
-            if takes_sdpa(s):
-                prefills.append(PrefillSpan(row, s.num_tokens, s.start,
-                                            torch.tensor(s.block_table[: -(-s.end // bs)], dtype=torch.long),
-                                            causal_mask(s.start, s.num_tokens) if s.start else None))
-            else:
-                paged.append(s)
-                rows.extend(range(row, row + s.num_tokens))
-            row += s.num_tokens
+        if len(spans) != len(batch.positions):  # else a decode step (a row per sequence): nothing for SDPA to take
+            for s in spans:
+                if takes_sdpa(s):
+                    prefills.append(PrefillSpan(row, s.num_tokens, s.start,
+                                                torch.tensor(s.block_table[: -(-s.end // bs)], dtype=torch.long),
+                                                causal_mask(s.start, s.num_tokens) if s.start else None))
+                else:
+                    paged.append(s)
+                    rows.extend(range(row, row + s.num_tokens))
+                row += s.num_tokens
+        if not prefills:
+            paged = spans
         positions = batch.positions if not prefills else batch.positions[rows]
         tables = pad_tables([s.block_table for s in paged]) if paged else np.zeros((0, 1), dtype=np.int32)
         if len(paged) != len(positions):  # prefill chunks: their sequence's table on each of their rows
