@@ -144,13 +144,18 @@ def bench_cmd(shape: str, out_json: Path, *, requests: int, min_prompt: int, max
 
 
 def peer_cmd(shape: str, out_json: Path, which: str, *, requests: int, min_prompt: int, max_prompt: int,
-             min_output: int, max_output: int) -> list[str]:
+             min_output: int, max_output: int, deadline_s: float | None = None) -> list[str]:
     return [sys.executable, str(Path(__file__)), "peer", str(SHAPES / shape), which, str(out_json),
-            *map(str, (requests, min_prompt, max_prompt, min_output, max_output))]
+            *map(str, (requests, min_prompt, max_prompt, min_output, max_output)),
+            *([f"--deadline-s={deadline_s:.0f}"] if deadline_s is not None else [])]
 
 
-def peer(folder: str, which: str, out_json: str, *workload: str) -> None:
-    """One transformers peer on the bench's own workload (random weights from the shape's config.json)."""
+PEER_BUILD_S = 30  # a peer's start-up before its clock (imports, the model built and filled on the GPU, warm-up)
+
+
+def peer(folder: str, which: str, out_json: str, *workload: str, deadline_s: float | None = None) -> None:
+    """One transformers peer on the bench's own workload (random weights from the shape's config.json). The
+    continuous-batching peer stops at `deadline_s` of generation and writes how far it got (not a rate)."""
     import torch
 
     from hetero_infer.bench import throughput as T
@@ -158,9 +163,18 @@ def peer(folder: str, which: str, out_json: str, *workload: str) -> None:
 
     n, pmin, pmax, omin, omax = map(int, workload)
     prompts, outputs = T.Workload(n, pmin, pmax, omin, omax, 0).build(load_hf_config(Path(folder)).vocab_size)
-    fn = {"hf-generate": T.run_hf_generate, "hf-cb": T.run_hf_continuous}[which]
-    r = fn(Path(folder), torch.bfloat16, torch.device(os.environ.get("GPU_CHECK_DEVICE", "cuda")), prompts, outputs,
-           load_format="dummy")
+    device = torch.device(os.environ.get("GPU_CHECK_DEVICE", "cuda"))
+    if which == "hf-cb":
+        try:
+            r = T.run_hf_continuous(Path(folder), torch.bfloat16, device, prompts, outputs, load_format="dummy",
+                                    deadline_s=deadline_s)
+        except TimeoutError as e:
+            Path(out_json).write_text(json.dumps({"system": "transformers continuous batching",
+                                                  "status": f"did not finish: {e}"}))
+            print(f"PEER did not finish: {e}")
+            return
+    else:
+        r = T.run_hf_generate(Path(folder), torch.bfloat16, device, prompts, outputs, load_format="dummy")
     Path(out_json).write_text(json.dumps({"system": r.system, "output_tokens": r.output_tokens, "seconds": r.seconds,
                                           "tokens_per_s": r.tokens_per_s}))
     print(f"PEER {r.system}: {r.output_tokens} tokens in {r.seconds:.2f} s = {r.tokens_per_s:.1f} tok/s")
@@ -175,7 +189,7 @@ TUNE_SEARCH_S = 100  # tune_kernels.py's own deadline (compiles and timings); th
 W1 = dict(requests=1, min_prompt=128, max_prompt=128, min_output=512, max_output=512)
 W64 = dict(requests=64, min_prompt=128, max_prompt=128, min_output=128, max_output=128)
 BENCH_PLAN = [  # (name, shape, workload, ours' extra flags, peer, peer timeout)
-    ("qwen3-nano", "qwen3-0.6b", NANO, (), "hf-cb", 90),  # the slowest: last, with what the budget leaves
+    ("qwen3-nano", "qwen3-0.6b", NANO, (), "hf-cb", 300),  # the slowest: last, with what the budget leaves
     ("qwen3-one", "qwen3-0.6b", W1, ("--gpu-memory-utilization", "0.3"), "hf-generate", 60),  # 40 s was too short (H100)
     ("llama8b-one", "llama-3-8b", {**W1, "min_output": 256, "max_output": 256}, (), "hf-generate", 40),
     ("llama8b-64", "llama-3-8b", W64, (), "hf-generate", 40),
@@ -189,6 +203,16 @@ def parse_phases(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"unknown phase(s) {', '.join(unknown) or '(none given)'}; "
                                          f"known: {', '.join(PHASES)}")
     return [p for p in PHASES if p in names]
+
+
+def parse_workloads(text: str) -> list[str]:
+    names = [w.strip() for w in text.split(",") if w.strip()]
+    known = [p[0] for p in BENCH_PLAN]
+    unknown = sorted(set(names) - set(known))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown workload(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"known: {', '.join(known)}")
+    return names
 
 
 def tune_cmd(out: Path, search_s: float) -> list[str]:
@@ -224,8 +248,10 @@ def kernel_configs_source(out: Path, tune_rec: dict | None, given: Path | None, 
     return {"HETERO_INFER_KERNEL_CONFIGS": str(path.resolve())}, {"source": str(path), "entries": entries}
 
 
-def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | None = None) -> int:
+def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | None = None,
+          workloads: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
+    plan = [p for p in BENCH_PLAN if workloads is None or p[0] in workloads]
     run = Run(out, budget_s)
     import torch
     import transformers
@@ -259,7 +285,7 @@ def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | 
     kernel_env, results["kernel_configs"] = kernel_configs_source(out, tune_rec, kernel_configs, env["device"])
     print("kernel configs:", json.dumps(results["kernel_configs"]), flush=True)
     if "bench" in phases:
-        for name, shape, wl, extra, _, _ in BENCH_PLAN:  # ours first: a peer that runs long takes no number of ours
+        for name, shape, wl, extra, _, _ in plan:  # ours first: a peer that runs long takes no number of ours
             ours_json = out / f"{name}.json"
             rec = run.phase(name, bench_cmd(shape, ours_json, extra=extra, **wl), 30, 120, env=kernel_env)
             entry = results["benches"][name] = {"shape": shape, "workload": wl, "ours": rec["status"]}
@@ -271,9 +297,11 @@ def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | 
         if (out / "profile.json").is_file():
             results["profile"] = json.loads((out / "profile.json").read_text())
     if "peers" in phases:
-        for name, shape, wl, _, peer_name, peer_timeout in sorted(BENCH_PLAN, key=lambda p: p[5]):  # quickest first
+        for name, shape, wl, _, peer_name, peer_timeout in sorted(plan, key=lambda p: p[5]):  # quickest first
             peer_json = out / f"{name}-peer.json"
-            prec = run.phase(f"{name}-peer", peer_cmd(shape, peer_json, peer_name, **wl), 20, peer_timeout)
+            deadline = max(min(peer_timeout, run.left()) - PEER_BUILD_S, 5) if peer_name == "hf-cb" else None
+            prec = run.phase(f"{name}-peer", peer_cmd(shape, peer_json, peer_name, **wl, deadline_s=deadline), 20,
+                             peer_timeout)
             entry = results["benches"].setdefault(name, {"shape": shape, "workload": wl, "ours": "not run"})
             entry["peer"] = json.loads(peer_json.read_text()) if peer_json.is_file() else {
                 "system": peer_name, "status": prec["status"]}
@@ -383,16 +411,20 @@ def main(argv: list[str] | None = None) -> int:
     pc.add_argument("--kernel-configs", type=Path,
                     help="a tuned table (an earlier call's OUT/kernel_configs.json) for the bench and profile "
                          "phases, when this call does not tune")
+    pc.add_argument("--workloads", type=parse_workloads,
+                    help=f"comma-separated, the bench and peers phases' workloads (default all: "
+                         f"{','.join(p[0] for p in BENCH_PLAN)})")
     pe = sub.add_parser("peer")
     pe.add_argument("args", nargs="+")
+    pe.add_argument("--deadline-s", type=float)
     a = p.parse_args(argv)
     if a.cmd == "prepare":
         prepare(a.python_version)
         return 0
     if a.cmd == "peer":
-        peer(*a.args)
+        peer(*a.args, deadline_s=a.deadline_s)
         return 0
-    return check(a.out, a.budget_s, a.phases, a.kernel_configs)
+    return check(a.out, a.budget_s, a.phases, a.kernel_configs, a.workloads)
 
 
 if __name__ == "__main__":

@@ -273,3 +273,37 @@ def test_the_default_run_is_suite_bench_and_peers_inside_eight_minutes(tmp_path,
     for name, _cmd, _env, timeout in started:
         assert t + timeout <= gc.DEFAULT_BUDGET_S + 1e-6, name  # each phase's timeout ends inside the budget
         t += seconds[name]
+
+
+def test_workloads_pick_the_benches_and_their_peers(tmp_path, monkeypatch) -> None:
+    """`--workloads qwen3-nano`: ours and its peer alone; the continuous-batching peer's generation deadline is
+    what its phase's timeout leaves after its start-up, so it reports how far it got rather than being killed."""
+    import argparse
+
+    import pytest
+
+    gc = _gpu_check()
+    started = _fake_run(gc, monkeypatch, tmp_path, {"qwen3-nano": 30})
+    assert gc.main(["check", str(tmp_path), "--phases", "bench,peers", "--workloads", "qwen3-nano",
+                    "--budget-s", "280"]) == 0
+    assert [s[0] for s in started] == ["qwen3-nano", "qwen3-nano-peer"]
+    peer_cmd, peer_timeout = started[1][1], started[1][3]
+    assert peer_timeout == 250 and f"--deadline-s={250 - gc.PEER_BUILD_S}" in peer_cmd
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown workload.*qwen3-nan\\b"):
+        gc.parse_workloads("qwen3-nan")
+
+
+def test_the_continuous_batching_peer_runs_each_request_to_its_own_length(tmp_path, monkeypatch) -> None:
+    """The nano workload's transformers peer (on the CPU here, a tiny shape): every request gets its own
+    max_new_tokens, so the peer produces the tokens ours does; past its deadline it says how far it got."""
+    from hetero_infer.bench.throughput import Workload
+
+    gc = _gpu_check()
+    monkeypatch.setenv("GPU_CHECK_DEVICE", "cpu")
+    shape, out = str(gc.SHAPES / "tiny-qwen3"), tmp_path / "peer.json"
+    gc.peer(shape, "hf-cb", str(out), "4", "8", "16", "2", "9")
+    _, outputs = Workload(4, 8, 16, 2, 9, 0).build(4096)
+    report = json.loads(out.read_text())
+    assert report["output_tokens"] == sum(outputs) and report["tokens_per_s"] > 0
+    gc.peer(shape, "hf-cb", str(out), "4", "8", "16", "2000", "2000", deadline_s=0)
+    assert json.loads(out.read_text())["status"].startswith("did not finish: transformers continuous batching: 0 of 4")
