@@ -3,7 +3,7 @@
 Workload: N requests of random token ids (prompt lengths uniform in [min, max]), a fixed or
 uniform number of new tokens, greedy, no early EOS. Peers on the same model, dtype and
 workload in the same invocation: transformers' batched `generate` (padded) and its
-continuous batching (`generate_batch`). Also reported: the matmul and memory roofline of
+continuous batching (its manager, each request to its own length). Also reported: the matmul and memory roofline of
 our decode steps (measured peaks), the KV-cache slot waste, and the scheduler's CPU time
 per step at 256 running sequences (mock executor). On the CPU, for ours: the kernel each layer
 type got per row bucket (measured at load, kernels/cpu/select.py), the decode steps' weight
