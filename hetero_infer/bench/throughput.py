@@ -297,9 +297,10 @@ def run_hf_continuous(folder, dtype, device, prompts, outputs, load_format: str 
     if device.type != "cuda":  # sized from free GPU memory there; on the CPU it would take gigabytes it does not need
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-        page = 256
-        cb_config = ContinuousBatchingConfig(num_blocks=sum(-(-(len(p) + n) // page) for p, n in zip(prompts, outputs)),
-                                             max_batch_tokens=max(map(len, prompts)) + len(prompts))
+        cb_config = ContinuousBatchingConfig()
+        page = getattr(cb_config, "page_size", None) or cb_config.block_size  # 5.17 calls it block_size
+        cb_config.num_blocks = sum(-(-(len(p) + n) // page) for p, n in zip(prompts, outputs))
+        cb_config.max_batch_tokens = max(map(len, prompts)) + len(prompts)
     with model.continuous_batching_context_manager(generation_config=config, block=True, timeout=5,
                                                    continuous_batching_config=cb_config,
                                                    warmup=device.type == "cuda",  # it captures CUDA graphs

@@ -134,13 +134,18 @@ def test_out_of_range_is_refused_and_changes_nothing(llm):
     assert not engine.has_unfinished_requests()
 
 
-def test_a_step_reads_none_of_its_prompt_logprobs_back():
+def test_a_step_reads_none_of_its_prompt_logprobs_back(monkeypatch):
     """A step only launches its prompt logprobs (on CUDA the host goes on to the next step meanwhile): on the meta
     device, where reading any value back raises, the step computes them all, and only `entries()` reads them."""
+    pinned = []  # the targets go up as CUDA's do, through pinned memory (none on this machine: recorded instead)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, *a: pinned.append(t.nbytes) or t)
     rows = [plp_module.PromptRows("a", 0, 0, [5, 7, 9], 2), plp_module.PromptRows("b", 3, 4, [1], 0)]
     copy = plp_module.step_entries(rows, lambda r, i, end: torch.zeros(end - i, 50, device="meta"))
     assert copy.values.device.type == "meta" and tuple(copy.values.shape) == (3 * (2 + 2 * 2) + 1 * 2,)
-    with pytest.raises(NotImplementedError, match="meta tensor"):  # what reading a meta tensor back raises
+    assert pinned == [3 * 8, 1 * 8]  # each group's int64 targets
+    # torch's own error for reading a meta tensor's values ("Cannot copy out of meta tensor; no data!"): the read is
+    # in `entries()`, nowhere before it
+    with pytest.raises(NotImplementedError, match="meta tensor"):
         copy.entries()
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from hetero_infer.worker.runner.staging import to_device
+
 LOGITS_ROWS = 256  # rows of [rows, vocab] float32 logits at a time: 150 MiB at a 151,936-token vocabulary
 # (request id, the entries a step computed for it, their prompt tokens' ranks)
 StepPromptLogprobs = list[tuple[str, list[dict[int, float]], list[int]]]
@@ -61,8 +63,7 @@ def packed_rows(logits: torch.Tensor, targets: Sequence[int], k: int) -> torch.T
     its rank, then the `k` most likely tokens' logprobs and ids (most likely first). Nothing reaches the host here:
     on CUDA the targets go up through pinned memory, and no result is read (`PromptLogprobsCopy` brings them)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    cuda = logprobs.device.type == "cuda"
-    target = torch.tensor(list(targets), dtype=torch.long, pin_memory=cuda).to(logprobs.device, non_blocking=True)
+    target = to_device(torch.tensor(list(targets), dtype=torch.long), logprobs.device)
     chosen = logprobs.gather(1, target[:, None])
     ranks = (logprobs >= chosen).sum(dim=-1, keepdim=True)
     parts = [chosen.double(), ranks.double()]
