@@ -4,6 +4,7 @@ network, 64 MiB of files carried), in phases that can be run in one call or spli
     python benchmarks/gpu_check.py prepare                                      # here, with network
     bash benchmarks/gpu_check.sh OUT                                            # there: suite, bench, peers (< 8 min)
     bash benchmarks/gpu_check.sh OUT --phases tune,profile,peers --budget-s 300 # there, a second call
+    bash benchmarks/gpu_check.sh OUT --phases bench,peers --workloads qwen3-nano  # one workload and its peer
 
 Phases, always in this order under one deadline (each phase in a process of its own, with its own timeout, its
 log under OUT; a phase that no longer fits is skipped and said so); estimates from the H100 runs so far:
@@ -196,23 +197,22 @@ BENCH_PLAN = [  # (name, shape, workload, ours' extra flags, peer, peer timeout)
 ]
 
 
-def parse_phases(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = sorted(set(names) - set(PHASES))
+def _known_names(text: str, known: list[str], what: str) -> list[str]:
+    """The comma-separated names of `text`, in `known`'s order; an unknown or no name is argparse's error."""
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    unknown = sorted(names - set(known))
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown phase(s) {', '.join(unknown) or '(none given)'}; "
-                                         f"known: {', '.join(PHASES)}")
-    return [p for p in PHASES if p in names]
+        raise argparse.ArgumentTypeError(f"unknown {what}(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"known: {', '.join(known)}")
+    return [n for n in known if n in names]
+
+
+def parse_phases(text: str) -> list[str]:
+    return _known_names(text, list(PHASES), "phase")
 
 
 def parse_workloads(text: str) -> list[str]:
-    names = [w.strip() for w in text.split(",") if w.strip()]
-    known = [p[0] for p in BENCH_PLAN]
-    unknown = sorted(set(names) - set(known))
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown workload(s) {', '.join(unknown) or '(none given)'}; "
-                                         f"known: {', '.join(known)}")
-    return names
+    return _known_names(text, [p[0] for p in BENCH_PLAN], "workload")
 
 
 def tune_cmd(out: Path, search_s: float) -> list[str]:
