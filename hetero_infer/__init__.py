@@ -19,10 +19,6 @@ if not os.path.isdir(os.path.join(_here, "operator")) and os.path.isdir(os.path.
     __path__.append(os.path.dirname(_here))
 del _here
 
-from hetero_infer import _moved  # noqa: E402  (old import names of the shared contracts)
-
-_moved.install()
-
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput"]
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-GROUP = "hetero-infer.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "InferenceDeployment"
-PLURAL = "inferencedeployments"
+from hetero_infer.contracts import metric_names as _metrics
+from hetero_infer.contracts.kube import API_VERSION, GROUP, KIND, PLURAL, VERSION  # noqa: F401  (the router's too)
+
 SINGULAR = "inferencedeployment"
 SHORT_NAME = "infd"
 CRD_NAME = f"{PLURAL}.{GROUP}"
@@ -50,9 +48,9 @@ WORKER_PORT_NAME = "http"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 # Worker metric names the HPA scales on (docs/contracts.md: the worker's metrics are a contract).
-METRIC_KV_CACHE_USAGE = "hetero_infer_kv_cache_usage_ratio"
-METRIC_REQUESTS_WAITING = "hetero_infer_num_requests_waiting"
-METRIC_REQUESTS_RUNNING = "hetero_infer_num_requests_running"
+METRIC_KV_CACHE_USAGE = _metrics.KV_CACHE_USAGE
+METRIC_REQUESTS_WAITING = _metrics.REQUESTS_WAITING
+METRIC_REQUESTS_RUNNING = _metrics.REQUESTS_RUNNING
 
 # Default worker images; the operator's --worker-image / --worker-gpu-image flags override them.
 DEFAULT_WORKER_IMAGE = "ghcr.io/hetero-infer/worker:0.1.0-cpu"
@@ -61,9 +59,9 @@ DEFAULT_WORKER_GPU_IMAGE = "ghcr.io/hetero-infer/worker:0.1.0-cuda"
 DEFAULT_ROUTER_IMAGE = "ghcr.io/hetero-infer/operator:0.1.0"
 
 # The router's gauge of requests waiting for a ready worker (router/metrics.py): what scale-from-zero reads.
-METRIC_ROUTER_REQUESTS_HELD = "hetero_infer_router_requests_held"
-METRIC_ROUTER_IN_FLIGHT = "hetero_infer_router_requests_in_flight"
-METRIC_ROUTER_ROUTED = "hetero_infer_router_requests_routed_total"
+METRIC_ROUTER_REQUESTS_HELD = _metrics.ROUTER_REQUESTS_HELD
+METRIC_ROUTER_IN_FLIGHT = _metrics.ROUTER_IN_FLIGHT
+METRIC_ROUTER_ROUTED = _metrics.ROUTER_ROUTED + "_total"
 
 # Condition types in status.conditions.
 COND_READY = "Ready"

@@ -9,7 +9,6 @@ and an explicit JSON merge patch behaves the same on every client version.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -17,11 +16,16 @@ from urllib.parse import quote, urlencode
 
 import urllib3
 
+from hetero_infer.contracts.kube import (  # noqa: F401  (shared with the router)
+    SERVICE_ACCOUNT_TOKEN,
+    authorization_header,
+    in_cluster,
+    load_configuration,
+)
 from hetero_infer.operator import constants as c
 
 MERGE_PATCH = "application/merge-patch+json"
 STATUS_WRITE_ATTEMPTS = 5
-SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
 @dataclass(frozen=True)
@@ -63,35 +67,6 @@ KINDS_BY_NAME = {k.kind: k for k in (INFERENCE_DEPLOYMENT, DEPLOYMENT, SERVICE, 
 
 def kind_of(manifest: Mapping[str, Any]) -> Kind:
     return KINDS_BY_NAME[manifest["kind"]]
-
-
-def in_cluster() -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.exists(SERVICE_ACCOUNT_TOKEN)
-
-
-def load_configuration() -> Any:
-    """A `kubernetes.client.Configuration`: in-cluster credentials in a pod, else the kubeconfig.
-
-    $KUBECONFIG is read at call time (the kubernetes package reads it once at import), so a
-    re-login after the variable changed uses the new file.
-    """
-    from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
-
-    cfg = k8s_client.Configuration()
-    if in_cluster():
-        k8s_config.load_incluster_config(client_configuration=cfg)
-    else:
-        path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        k8s_config.load_kube_config(config_file=path, client_configuration=cfg)
-    return cfg
-
-
-def authorization_header(cfg: Any) -> str | None:
-    """The Authorization header value (client versions differ in where they keep the token)."""
-    if not cfg.api_key:
-        return None
-    return cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or None
 
 
 class ApiError(Exception):

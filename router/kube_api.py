@@ -50,7 +50,7 @@ def api_access() -> ApiAccess:
         context = ssl.create_default_context(cafile=os.path.join(SERVICE_ACCOUNT_DIR, "ca.crt"))
         server = f"[{host}]" if ":" in host else host
         return ApiAccess(f"https://{server}:{port}", bearer, context)
-    from hetero_infer.operator import kube
+    from hetero_infer.contracts import kube
 
     cfg = kube.load_configuration()
     context: ssl.SSLContext | bool | None = None

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from hetero_infer.contracts import metric_names
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.routed = Counter("hetero_infer_router_requests_routed", "requests sent to a worker (every attempt)",
+        self.routed = Counter(metric_names.ROUTER_ROUTED, "requests sent to a worker (every attempt)",
                               ["worker", "policy"], registry=r)
         self.responses = Counter("hetero_infer_router_responses", "responses returned to clients", ["code"],
                                  registry=r)
@@ -21,7 +23,7 @@ class RouterMetrics:
                                              registry=r)
         self.retries = Counter("hetero_infer_router_retries", "attempts given up before the first byte",
                                ["worker", "reason"], registry=r)
-        self.held = Gauge("hetero_infer_router_requests_held", "requests waiting for a ready worker", registry=r)
+        self.held = Gauge(metric_names.ROUTER_REQUESTS_HELD, "requests waiting for a ready worker", registry=r)
         self.held_total = Counter("hetero_infer_router_held_requests", "requests that had to wait for a worker",
                                   registry=r)
         self.scale_from_zero = Counter("hetero_infer_router_scale_from_zero",
@@ -33,7 +35,7 @@ class RouterMetrics:
         self.ttft = Histogram("hetero_infer_router_upstream_ttft_seconds",
                               "from sending a request to a worker to its first body byte", ["worker"],
                               buckets=_LATENCY_BUCKETS, registry=r)
-        self.in_flight = Gauge("hetero_infer_router_requests_in_flight", "requests open to a worker", ["worker"],
+        self.in_flight = Gauge(metric_names.ROUTER_IN_FLIGHT, "requests open to a worker", ["worker"],
                                registry=r)
         self.index_blocks = Gauge("hetero_infer_router_index_blocks",
                                   "blocks the prefix index holds per worker (at scrape time)", ["worker"], registry=r)

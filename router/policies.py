@@ -23,12 +23,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from hetero_infer.router.hashing import rendezvous
-
-Policy = Literal["prefix", "least-load", "round-robin"]
-POLICIES: tuple[str, ...] = ("prefix", "least-load", "round-robin")
 
 # A prefix above 1/SMALL_POOL_SHARE of its home's pool is costly to duplicate (the pool holds only a few such
 # prefixes): its home may take up to SMALL_POOL_FACTOR times the mean load while it has room.

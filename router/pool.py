@@ -17,14 +17,15 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from hetero_infer.contracts import metric_names
 from hetero_infer.contracts.block_hashes import HASH_NAME, BlockReport
 from hetero_infer.router.index import PrefixIndex
 from hetero_infer.router.policies import EndpointState
 
 logger = logging.getLogger("hetero_infer.router")
 
-LOAD_METRICS = {"hetero_infer_num_requests_running": "running", "hetero_infer_num_requests_waiting": "waiting",
-                "hetero_infer_kv_cache_usage_ratio": "kv_usage"}
+LOAD_METRICS = {metric_names.REQUESTS_RUNNING: "running", metric_names.REQUESTS_WAITING: "waiting",
+                metric_names.KV_CACHE_USAGE: "kv_usage"}
 BLOCKS_PATH = "/v1/cache/blocks"
 _NAME_END = re.compile(r"[{\s]")
 

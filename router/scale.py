@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from hetero_infer.operator import constants as c
+from hetero_infer.contracts import kube as c
 from hetero_infer.router.kube_api import ApiAccess, api_access, in_cluster_namespace
 
 logger = logging.getLogger("hetero_infer.router.scale")

@@ -53,9 +53,9 @@ def load_tokenizer(name: str | None) -> Any:
         from hetero_infer.contracts.tokenizer import Tokenizer
 
         if name == "default":
-            from hetero_infer.worker.runner.loader import resolve_model
+            from hetero_infer.contracts.default_model import default_tokenizer
 
-            name = str(resolve_model(None)[0])
+            return default_tokenizer()
         return Tokenizer.from_pretrained(name)
     except Exception as exc:  # any failure leaves the router working, approximately
         logger.warning("tokenizer %r unavailable (%s): hashing prompt text instead", name, exc)

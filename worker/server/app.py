@@ -12,9 +12,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from hetero_infer.contracts import hosts
+from hetero_infer.contracts import cors, hosts
 from hetero_infer.contracts.auth import check_api_key
-from hetero_infer.worker.server import cors
 from hetero_infer.worker.server.cache_blocks import cache_blocks
 from hetero_infer.worker.server.chat import create_chat_completion
 from hetero_infer.worker.server.completions import create_completion

@@ -24,14 +24,13 @@ from typing import Any
 
 from aiohttp import web
 
-from hetero_infer.contracts import hosts
+from hetero_infer.contracts import cors, hosts
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.contracts.options import add_flags, environment_values, load_options
 from hetero_infer.contracts.server_options import LOG_FORMATS, LOG_LEVELS, ServerOptions
 from hetero_infer.model_source import ModelSourceError
 from hetero_infer.worker.cli_args import ENV_PREFIX, add_engine_args
 from hetero_infer.worker.frontend.gc_freeze import freeze_startup_objects
-from hetero_infer.worker.server import cors
 
 logger = logging.getLogger("hetero_infer.server")
 

@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from hetero_infer.contracts import metric_names as names
 from hetero_infer.worker.core.stats import ITERATION_TOKENS_BUCKETS
 from hetero_infer.worker.frontend.timing import RequestTiming
 
@@ -72,11 +73,11 @@ class Series:
 
 
 ENGINE_SERIES = (
-    Series("hetero_infer_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc", "gauge",
+    Series(names.KV_CACHE_USAGE, names.VLLM_KV_CACHE_USAGE, "gauge",
            "Fraction of KV-cache blocks in use (0..1; 1 means 100%).", "kv_cache_usage"),
-    Series("hetero_infer_num_requests_running", "vllm:num_requests_running", "gauge",
+    Series(names.REQUESTS_RUNNING, names.VLLM_REQUESTS_RUNNING, "gauge",
            "Requests in the running batch.", "num_running"),
-    Series("hetero_infer_num_requests_waiting", "vllm:num_requests_waiting", "gauge",
+    Series(names.REQUESTS_WAITING, names.VLLM_REQUESTS_WAITING, "gauge",
            "Requests waiting to be scheduled.", "num_waiting"),
     Series("hetero_infer_prompt_tokens", "vllm:prompt_tokens", "counter", "Prompt tokens processed.",
            "prompt_tokens_total"),
@@ -123,7 +124,7 @@ class EngineStatsCollector(Collector):
         healthy = GaugeMetricFamily("hetero_infer_engine_healthy", "1 while the engine loop is healthy.",
                                     labels=[LABEL])
         info_labels = [LABEL, *self._cache_info]
-        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache's configuration "
+        info = GaugeMetricFamily(names.VLLM_CACHE_CONFIG_INFO, "Information of the KV cache's configuration "
                                  "(vLLM-compatible; the value is always 1).", labels=info_labels)
         if s is not None:
             healthy.add_metric([model], 1.0 if self._healthy() else 0.0)

@@ -7,8 +7,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from hetero_infer.contracts import protocol as p
 from hetero_infer.worker.server import extras as x
-from hetero_infer.worker.server import protocol as p
 
 _REF = "#/components/schemas/{model}"
 _ERROR_STATUSES = {
