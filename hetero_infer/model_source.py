@@ -20,13 +20,13 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from hetero_infer.paths import model_cache_dir
-from hetero_infer.progress import DEFAULT_INTERVAL_S, Progress, human_bytes
+from hetero_infer.progress import DEFAULT_INTERVAL_S, Progress, human_bytes, library_bars_off
 
 logger = logging.getLogger("hetero_infer.model_source")
 
@@ -252,7 +252,7 @@ def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
     report = Progress(str(ref), total, lambda: _folder_bytes(blobs) - base, interval=interval) if missing \
         else nullcontext()
     try:
-        with report, _hub_bars_off():
+        with report, library_bars_off(transformers=False):
             folder = hub.snapshot_download(ref.location, revision=revision, cache_dir=s.cache, token=s.token,
                                            endpoint=s.endpoint, allow_patterns=names)
     except Exception as exc:
@@ -287,20 +287,6 @@ def _check_complete(ref: ModelRef, folder: Path, weights: bool = True) -> None:
         shards = set(json.loads(index.read_text())["weight_map"].values())
         if not shards <= set(names):
             raise ModelSourceError(f"{ref}: the cached copy lacks {', '.join(sorted(shards - set(names)))}")
-
-
-@contextmanager
-def _hub_bars_off():
-    """huggingface_hub's own bars (one per file, or aggregated, by version) give way to Progress's."""
-    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-
-    was_off = are_progress_bars_disabled()
-    disable_progress_bars()
-    try:
-        yield
-    finally:
-        if not was_off:
-            enable_progress_bars()
 
 
 # -- S3-compatible stores -----------------------------------------------------------------------------------

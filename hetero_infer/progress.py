@@ -9,7 +9,9 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from types import TracebackType
 
 logger = logging.getLogger("hetero_infer.progress")
@@ -98,3 +100,39 @@ class Progress:
                 self._bar.refresh()
             else:
                 self.log.info("%s", self.line())
+
+
+@contextmanager
+def library_bars_off(hub: bool = True, transformers: bool = True) -> Iterator[None]:
+    """The progress bars huggingface_hub and transformers draw themselves (one per file; "Converting and
+    de-quantizing GGUF tensors", "Writing model shards") give way to Progress's: a bar on a terminal, log lines
+    elsewhere, where their carriage returns would only garble a pod's log. Restored on exit."""
+    undo: list[Callable[[], None]] = []
+    try:
+        if hub:
+            from huggingface_hub.utils import (
+                are_progress_bars_disabled,
+                disable_progress_bars,
+                enable_progress_bars,
+            )
+
+            if not are_progress_bars_disabled():
+                disable_progress_bars()
+                undo.append(enable_progress_bars)
+        if transformers:
+            from transformers.utils import logging as hf_logging
+
+            if hf_logging.is_progress_bar_enabled():
+                hf_logging.disable_progress_bar()
+                undo.append(hf_logging.enable_progress_bar)
+            # The GGUF reader draws its bar with tqdm directly, past transformers' switch.
+            import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+            bar = getattr(gguf_utils, "tqdm", None)
+            if bar is not None:
+                gguf_utils.tqdm = partial(bar, disable=True)
+                undo.append(lambda: setattr(gguf_utils, "tqdm", bar))
+        yield
+    finally:
+        for step in reversed(undo):
+            step()

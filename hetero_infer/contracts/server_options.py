@@ -10,7 +10,7 @@ from typing import Any
 
 from hetero_infer.contracts.options import InvalidOption
 
-LOG_FORMATS = ("json", "text")
+LOG_FORMATS = ("auto", "json", "text")  # auto: text on a terminal, JSON otherwise (a pod, a pipe, a file)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -43,7 +43,7 @@ class ServerOptions:
     retry_after: int = 1  # Retry-After sent with 429
     stream_interval: float = 0.01  # wake the event loop for new outputs at most this often (seconds)
     log_level: str = "info"
-    log_format: str = "json"
+    log_format: str = "auto"
     access_log: bool = True
     # usage.prompt_tokens_details.cached_tokens in responses (vLLM's flag; off there, on here as in OpenAI's API)
     enable_prompt_tokens_details: bool = True

@@ -6,23 +6,32 @@ mask; the default model's tokenizer, so compiles cost what they cost in producti
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import openai
 import pytest
 from server_proc import ServerProcess, http
 
-# A string of at most ~1e8 characters: xgrammar needs seconds to compile it for a 49k-token vocabulary
-# (the issue measured a 2.56 s pause of every stream); each number is a fresh schema, past any cache.
+# The servers here load tests/server/slow_compile/sitecustomize.py: a grammar that names its marker compiles
+# SLOW_COMPILE_S seconds longer, on every xgrammar release (a schema slow by accident of one release compiled
+# in 15 ms on the next). Each number is a fresh schema, past any cache.
+_SLOW_COMPILE = Path(__file__).parent / "slow_compile"
+SLOW_COMPILE_S = 8.0
 _fresh = itertools.count()
 
 
 def slow_schema() -> dict:
-    return {"type": "object", "properties": {"s": {"type": "string", "maxLength": 100000007 + next(_fresh)}},
-            "required": ["s"]}
+    return {"type": "object", "properties": {f"slow_compile_marker{next(_fresh)}": {"type": "string"}}}
+
+
+def _slow_compile_env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(_SLOW_COMPILE), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "SLOW_COMPILE_S": str(SLOW_COMPILE_S)}
 
 
 def schema_format(schema: dict) -> dict:
@@ -67,7 +76,8 @@ class GapWatcher:
 @contextmanager
 def _server(*args: str) -> Iterator[ServerProcess]:
     # 10 ms steps: a 1000-token stream lasts ~10 s, across the compiles
-    s = ServerProcess("--max-model-len", "2048", "--mock-logits", "--mock-step-latency-s", "0.01", *args)
+    s = ServerProcess("--max-model-len", "2048", "--mock-logits", "--mock-step-latency-s", "0.01", *args,
+                      env=_slow_compile_env())
     try:
         yield s
     finally:
@@ -141,12 +151,12 @@ def test_a_schema_that_compiles_too_long_is_a_400_and_holds_nothing(timeout_serv
     error = info.value.body
     assert error["code"] == "grammar_compile_timeout" and error["param"] == "response_format", error
     assert error["type"] == "invalid_request_error" and "0.5 s" in error["message"]
-    assert 0.5 <= elapsed < 5, elapsed  # the bound, plus what a loaded machine adds (the compile takes 3-24 s)
+    assert 0.5 <= elapsed < SLOW_COMPILE_S / 2, elapsed  # the bound, plus what a loaded machine adds
     # vLLM's field, streamed: the same 400, before any event
     r = http("POST", timeout_server.base_url + "/completions", {
         "model": model, "prompt": "x", "max_tokens": 4, "stream": True, "guided_json": slow_schema()})
     assert r.status == 400 and r.json()["error"]["param"] == "guided_json", r.text
-    assert watcher.join() < 3.0  # the stream alongside went on (compiled on the loop it paused 3-24 s)
+    assert watcher.join() < 3.0  # the stream alongside went on (compiled on the loop it would pause SLOW_COMPILE_S)
     m = timeout_server.metrics()
     assert m[key] == rejected + 2
     assert m["hetero_infer_num_requests_running"] == 0 and m["hetero_infer_num_requests_waiting"] == 0

@@ -77,3 +77,23 @@ def test_other_handlers_get_each_record() -> None:
     logger.warning("c")
     writer.stop()
     assert seen == ["a b", "c"]
+
+
+class _Stream:
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_auto_format_is_text_on_a_terminal_and_json_elsewhere() -> None:
+    from hetero_infer.contracts.server_options import ServerOptions
+    from hetero_infer.worker.server.logs import JsonFormatter, TextFormatter, formatter
+
+    assert ServerOptions().log_format == "auto"
+    assert isinstance(formatter("auto", _Stream(True)), TextFormatter)
+    assert isinstance(formatter("auto", _Stream(False)), JsonFormatter)
+    assert isinstance(formatter("auto", object()), JsonFormatter)  # no isatty: a collector, not a person
+    assert isinstance(formatter("json", _Stream(True)), JsonFormatter)
+    assert isinstance(formatter("text", _Stream(False)), TextFormatter)

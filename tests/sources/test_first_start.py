@@ -4,6 +4,7 @@ executor answering to the model name "mock"."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 
@@ -152,3 +153,36 @@ def test_a_new_gguf_is_converted_through_transformers_in_its_dtype(dtype, tmp_pa
         loader.convert_gguf(gguf, dtype=dtype)
     assert asked == [(tmp_path, "m.gguf", getattr(torch, dtype))]
     assert not list((tmp_path / "models").glob("m-*"))  # nothing half-converted is left as if complete
+
+
+def test_a_conversion_in_a_log_draws_no_library_bars(tmp_path, monkeypatch):
+    """Into a log (stderr not a terminal), transformers' own bars ("Converting and de-quantizing GGUF tensors",
+    drawn with tqdm directly; "Writing model shards", through its switch) are off while the GGUF converts, and
+    back on afterwards; the conversion's progress goes to log lines instead."""
+    import sys
+
+    import transformers
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    import hetero_infer.worker.runner.loader as loader
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    monkeypatch.setenv("HETERO_INFER_MODEL_CACHE", str(tmp_path / "models"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(64))
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def from_pretrained(folder, gguf_file=None, dtype=None):
+        seen.append((hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm(range(2)).disable))
+        raise Stop
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    assert hf_logging.is_progress_bar_enabled()
+    with pytest.raises(Stop):
+        loader.convert_gguf(gguf)
+    assert seen == [(False, True)]
+    assert hf_logging.is_progress_bar_enabled() and not gguf_utils.tqdm(range(2), file=open(os.devnull, "w")).disable

@@ -93,12 +93,15 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, *, offline: bool = False) -> None:
         config = with_batch_budget(config, offline)
         self.config = config
+        started = time.perf_counter()
         folder, name = resolve_engine_model(config)
+        log.info("model %s: %s (resolved in %.1f s)", name, folder, time.perf_counter() - started)
         self.model_name = served_name(config, name)
         # the mock runs no model: config.json's own fields where they are the config class's
         hf_config = (serving_fields(folder) if config.executor == "mock" else None) or load_hf_config(folder)
         self.max_model_len = _max_model_len(config, hf_config)
         self.tokenizer = load_tokenizer(folder, config.skip_tokenizer_init)  # None: token ids in and out
+        log.info("config and tokenizer loaded (%.1f s so far)", time.perf_counter() - started)
         if config.executor == "mock":
             from hetero_infer.worker.runner.mock_executor import MockExecutor
 
@@ -109,6 +112,8 @@ class LLMEngine:
 
             self.executor = TorchExecutor(config, hf_config, folder, self.max_model_len)
         self.vocab_size = self.executor.vocab_size
+        log.info("engine ready in %.1f s: executor %s, %d KV blocks of %d tokens", time.perf_counter() - started,
+                 config.executor, self.executor.num_blocks, config.block_size)
         self.block_manager = BlockManager(self.executor.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.memory_threshold

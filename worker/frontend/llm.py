@@ -7,6 +7,7 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.log_config import configure_default_logging
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.outputs import RequestOutput
 from hetero_infer.worker.core.sampling_params import SamplingParams
@@ -22,6 +23,7 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        configure_default_logging()  # each start-up phase and its time on stderr, unless the program logs already
         self.engine = LLMEngine(EngineConfig.from_dict({"model": model, **kwargs}), offline=True)
         self._ids = itertools.count()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -96,6 +97,7 @@ class TorchExecutor:
         # a sampled step's host inputs (indices, parameters, penalty and bias keys): one more copy (none on the CPU)
         self.sample_staging = StagingArea(self.device)
         torch.manual_seed(config.seed)
+        started = time.perf_counter()
         model = load_model(hf_config, folder, load_format=config.load_format, device=self.device, dtype=self.dtype,
                            max_positions=max_model_len, seed=config.seed)
         self.model = model.eval()
@@ -108,11 +110,15 @@ class TorchExecutor:
             log.info("weights quantized to %s: %d layers, %.1f MiB -> %.1f MiB", report.method, report.num_quantized,
                      report.bytes_before / 2**20, report.bytes_after / 2**20)
         else:
-            log.info("weights: %.1f MiB (%s)", self.weight_bytes / 2**20, str(self.dtype).removeprefix("torch."))
+            log.info("weights: %.1f MiB (%s), loaded in %.1f s", self.weight_bytes / 2**20,
+                     str(self.dtype).removeprefix("torch."), time.perf_counter() - started)
         self.cpu_paths: dict[str, str] = {}  # layer type -> the kernel measured fastest per row bucket
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and cpu_linear.available():
             selector = cpu_linear.LinearSelector() if cpu_linear.enabled() else None
-            log.info("packed %d linear layers for the CPU GEMMs", self.model.pack_for_cpu(selector))
+            started = time.perf_counter()
+            packed = self.model.pack_for_cpu(selector)
+            log.info("packed %d linear layers for the CPU GEMMs in %.1f s (kernel choices %s)", packed,
+                     time.perf_counter() - started, "measured or cached" if selector else "built in")
             self.cpu_paths = cpu_linear.paths_by_layer(self.model)
             log.info("CPU linear kernels (%s): %s", "measured" if selector else "defaults",
                      "; ".join(f"{k} {v}" for k, v in self.cpu_paths.items()))
@@ -137,11 +143,13 @@ class TorchExecutor:
         self.kv_caches = _layer_caches(self.kv_cache)
         self.cpu_decode: cpu_decode_step.FusedDecodeStack | None = None  # a decode step's layers in one C call
         if self.device.type == "cpu" and self.cpu_paths:
+            started = time.perf_counter()
             self.cpu_decode = cpu_decode_step.FusedDecodeStack.build(self.model, self.backend, self.kv_caches,
                                                                      self.dtype)
             if self.cpu_decode:  # its measurement may have moved a bucket's linears onto the fused step's GEMM
                 self.cpu_paths.update(cpu_linear.paths_by_layer(self.model))
             self.cpu_paths["decode_step"] = self.cpu_decode.label if self.cpu_decode else "per op"
+            log.info("CPU decode step: %s (chosen in %.1f s)", self.cpu_paths["decode_step"], time.perf_counter() - started)
         self.decode_runner: DecodeRunner | None = None
         if self.device.type == "cuda" and isinstance(self.backend, TritonBackend):
             max_batch = min(config.max_num_seqs, config.max_num_batched_tokens)

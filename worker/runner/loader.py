@@ -30,7 +30,7 @@ from hetero_infer.contracts.default_model import (  # noqa: F401  (the default m
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.model_source import fetch_model
 from hetero_infer.paths import model_cache_dir
-from hetero_infer.progress import Progress
+from hetero_infer.progress import Progress, library_bars_off
 
 if TYPE_CHECKING:  # torch is imported where a model is built: resolving one (pin_model) must not need it
     import torch
@@ -156,7 +156,7 @@ def convert_gguf(gguf: Path, name: str | None = None, dtype: str = "float32") ->
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     logger.info("converting %s once into %s (%s safetensors)", gguf, out, dtype)
-    with Progress(f"converting {gguf.name}") as progress:
+    with Progress(f"converting {gguf.name}") as progress, library_bars_off(hub=False, transformers=not progress.tty):
         progress.set_step("dequantizing weights (1/3)")
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
         progress.set_step("tokenizer (2/3)")

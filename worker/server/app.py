@@ -20,7 +20,13 @@ from hetero_infer.worker.server.completions import create_completion
 from hetero_infer.worker.server.errors import APIError
 from hetero_infer.worker.server.extras import add_routes as add_vllm_routes
 from hetero_infer.worker.server.ids import new_id
-from hetero_infer.worker.server.logs import ACCESS_LOGGER, CLIENT_CLOSED, CLIENT_CLOSED_KEY, log_access
+from hetero_infer.worker.server.logs import (
+    ACCESS_LOGGER,
+    CLIENT_CLOSED,
+    CLIENT_CLOSED_KEY,
+    REQUEST_ID_KEY,
+    log_access,
+)
 from hetero_infer.worker.server.metrics import CONTENT_TYPE
 from hetero_infer.worker.server.openapi import build_openapi
 from hetero_infer.worker.server.state import DRAINING, STATE_KEY, ServerState, get_state
@@ -39,18 +45,18 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 # Paths that need the API key when the server has keys (vLLM's /tokenize and /detokenize run the tokenizer too).
 _PROTECTED = ("/v1/", "/tokenize", "/detokenize")
-_START = "start"  # time.monotonic() when the request reached the app
+_START = web.RequestKey("start", float)  # time.monotonic() when the request reached the app
 
 
 @web.middleware
 async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Use the client's X-Request-Id when it is sane, else a fresh one; echo it in the response."""
     given = request.headers.get("X-Request-Id", "")
-    request["request_id"] = given if _REQUEST_ID.match(given) else new_id()
+    request[REQUEST_ID_KEY] = given if _REQUEST_ID.match(given) else new_id()
     request[_START] = time.monotonic()
     response = await handler(request)
     if not response.prepared:
-        response.headers["X-Request-Id"] = request["request_id"]
+        response.headers["X-Request-Id"] = request[REQUEST_ID_KEY]
     return response
 
 
@@ -82,7 +88,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                        time.monotonic() - request.get(_START, time.monotonic()), 0)
         raise
     except Exception:
-        logger.exception("unhandled error", extra={"request_id": request.get("request_id")})
+        logger.exception("unhandled error", extra={"request_id": request.get(REQUEST_ID_KEY)})
         response = APIError(500, "internal server error", code="internal_error").response()
     state.metrics.http_request(route_name, CLIENT_CLOSED if request.get(CLIENT_CLOSED_KEY) else response.status)
     return response

@@ -57,7 +57,7 @@ _SERVER_HELP = {
     "stream_interval": "deliver new tokens to the HTTP side at most every this many seconds; steps in between "
     "are coalesced into one chunk (default 0.01; only matters when steps are faster than that)",
     "log_level": f"one of {', '.join(LOG_LEVELS)}",
-    "log_format": f"one of {', '.join(LOG_FORMATS)} (default json)",
+    "log_format": f"one of {', '.join(LOG_FORMATS)} (default auto: text when stderr is a terminal, else json)",
     "access_log": "log one line per HTTP request (default on)",
     "enable_prompt_tokens_details": "report the prompt tokens served by the prefix cache in responses, as "
     "usage.prompt_tokens_details.cached_tokens (default on, as OpenAI does; vLLM's flag, off there)",

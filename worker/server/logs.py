@@ -1,4 +1,4 @@
-"""Logging: JSON lines (default) or text, and an access logger that writes one record per request.
+"""Logging: text on a terminal, JSON lines otherwise (`--log-format auto`, the default; or either one), and an access logger that writes one record per request.
 
 Access records carry the request id, method, path (never the query string), status, duration and the
 response size; health probes are logged only when their answer changes. Headers are never logged, so API keys never reach the logs. Records are formatted and written
@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from aiohttp.abc import AbstractAccessLogger
-from aiohttp.web import BaseRequest, StreamResponse
+from aiohttp.web import BaseRequest, RequestKey, StreamResponse
 
 from hetero_infer.model_source import quiet_http_client_logs
 
@@ -148,7 +148,11 @@ class LogWriter(logging.Handler):
         self._write_out()  # never started, or did not stop in time
 
 
-def formatter(fmt: str) -> logging.Formatter:
+def formatter(fmt: str, stream: Any = None) -> logging.Formatter:
+    """`auto`: text for a person at a terminal, JSON lines for whatever collects the logs of a pod or a pipe."""
+    if fmt == "auto":
+        isatty = getattr(stream if stream is not None else sys.stderr, "isatty", None)
+        fmt = "text" if isatty is not None and isatty() else "json"
     return JsonFormatter() if fmt == "json" else TextFormatter()
 
 
@@ -156,7 +160,7 @@ def setup_child_logging(level: str, fmt: str) -> None:
     """Logging of the engine process: its records go to the stderr it shares with the server, in the server's
     format and level, written at once (it logs little: loading, failures)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter(fmt))
+    handler.setFormatter(formatter(fmt, sys.stderr))
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
@@ -169,7 +173,7 @@ def setup_logging(level: str, fmt: str) -> LogWriter:
     """Log records are formatted and written by a background thread, so the event loop never waits on
     stderr. Returns the writer: `stop()` it before exiting to flush what is queued."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter(fmt))
+    handler.setFormatter(formatter(fmt, sys.stderr))
     writer = LogWriter(handler)
     # Neither format shows threads, processes or source locations: do not look them up for every record (the
     # "Optimization" section of the logging documentation).
@@ -221,7 +225,7 @@ def log_access(logger: logging.Logger, request: BaseRequest, status: int, second
     logger.info(
         "%s %s %s", request.method, request.path, status,
         extra={
-            "request_id": request.get("request_id"),
+            "request_id": request.get(REQUEST_ID_KEY),
             "method": request.method,
             "path": request.path,
             "status": status,
@@ -244,4 +248,5 @@ class AccessLogger(AbstractAccessLogger):
             log_access(self.logger, request, status, time, response.body_length)
 
 
-CLIENT_CLOSED_KEY = "client_closed"  # set on a request whose client left mid-response (logged, counted as 499)
+REQUEST_ID_KEY = RequestKey("request_id", str)  # the request's id (X-Request-Id), set by the first middleware
+CLIENT_CLOSED_KEY = RequestKey("client_closed", bool)  # set on a request whose client left mid-response (logged, counted as 499)

@@ -12,7 +12,7 @@ from aiohttp.abc import AbstractStreamWriter
 from hetero_infer.worker.frontend.stream import OutputStream
 from hetero_infer.worker.server.errors import STREAM_ERRORS, APIError, as_api_error
 from hetero_infer.worker.server.formatting import Formatter, dumps
-from hetero_infer.worker.server.logs import CLIENT_CLOSED_KEY
+from hetero_infer.worker.server.logs import CLIENT_CLOSED_KEY, REQUEST_ID_KEY
 
 logger = logging.getLogger("hetero_infer.server")
 
@@ -45,7 +45,7 @@ async def stream_events(request: web.Request, stream: OutputStream, fmt: Formatt
         "Content-Type": "text/event-stream",
         "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no",
-        "X-Request-Id": request.get("request_id", ""),
+        "X-Request-Id": request.get(REQUEST_ID_KEY, ""),
     })
     fmt.set_include_usage(include_usage)
     writer = await resp.prepare(request)
@@ -72,9 +72,9 @@ async def stream_events(request: web.Request, stream: OutputStream, fmt: Formatt
         await resp.write_eof(b"data: " + dumps(err.body()).encode() + b"\n\n" + DONE)
     except ConnectionError:  # client went away; the caller's `finally` aborts the requests
         request[CLIENT_CLOSED_KEY] = True  # logged and counted as 499
-        logger.info("client disconnected mid-stream", extra={"request_id": request.get("request_id")})
+        logger.info("client disconnected mid-stream", extra={"request_id": request.get(REQUEST_ID_KEY)})
     except Exception:  # a bug of ours: the response is prepared, so the error middleware can send no other
-        logger.exception("stream failed", extra={"request_id": request.get("request_id")})
+        logger.exception("stream failed", extra={"request_id": request.get(REQUEST_ID_KEY)})
         err = APIError(500, "internal server error", code="internal_error")
         await resp.write_eof(b"data: " + dumps(err.body()).encode() + b"\n\n" + DONE)
     finally:
