@@ -263,6 +263,8 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cach
         "readinessProbe": probe("/readyz", period=5, failures=2),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
         "securityContext": security,
+        # a worker stopped after its engine died exits 1 with the error last in its log: the pod's last state says it
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod = spec.pod
     pod_spec: dict[str, Any] = {

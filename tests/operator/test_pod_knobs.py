@@ -22,9 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # The children the operator rendered before these fields existed (main at f3ab0a4, the commit before them:
 # `children(Owner("smol", "models", "uid-1"), parse_spec(SPEC, "smol"))`, `diff.fingerprint` of each). A
 # difference here rolls every such worker in every cluster at the operator's upgrade: make it on purpose.
+# Rolled on purpose once since: the worker container's terminationMessagePolicy FallbackToLogsOnError (issue 44: a
+# worker whose engine died exits 1 with the error as its pod's termination message).
 BEFORE = {
     "cpu": ({"model": {"name": "smol"}}, {
-        "Deployment": "ffc4a01d886467fecbb2a32119386adb", "Service": "42f27a0ca16a660644ce302f81ce94b2",
+        "Deployment": "a106ee37fa99c94f7e864528c23cee0f", "Service": "42f27a0ca16a660644ce302f81ce94b2",
         "PodDisruptionBudget": "a11945136c329513c5de7512cad966db"}),
     # With a nodeSelector the Deployment's metadata gains the spec-keys annotation (one metadata patch at the
     # upgrade, so that a key dropped later is removed); its spec, the pods included, is what it was.
@@ -32,15 +34,15 @@ BEFORE = {
                           "resources": {"gpus": 1}, "engine": {"dtype": "bfloat16", "maxModelLen": 4096,
                                                                "memoryThreshold": 0.85},
                           "env": [{"name": "A", "value": "b"}], "nodeSelector": {"gpu": "h100"}}, {
-        "Deployment.spec": "324f0fc8e97377ee0b380c3549d9114c", "Service": "42f27a0ca16a660644ce302f81ce94b2",
+        "Deployment.spec": "96343bd13f2fa0dc5e31fe449a0c8157", "Service": "42f27a0ca16a660644ce302f81ce94b2",
         "PodDisruptionBudget": "a11945136c329513c5de7512cad966db"}),
     "hpa": ({"model": {"name": "m"}, "executor": "mock",
              "autoscaling": {"enabled": True, "mode": "hpa", "minReplicas": 1, "maxReplicas": 4}}, {
-        "Deployment": "647496c54e298081b33a275432bd5f16", "Service": "42f27a0ca16a660644ce302f81ce94b2",
+        "Deployment": "ce69d0c7df426e158864bfbe861891da", "Service": "42f27a0ca16a660644ce302f81ce94b2",
         "PodDisruptionBudget": "a11945136c329513c5de7512cad966db",
         "HorizontalPodAutoscaler": "03c81be90510bf755faf5ebd90cb6600"}),
     "router (its workers)": ({"model": {"name": "m", "path": "/models/m"}, "router": {"enabled": True}}, {
-        "Deployment": "4e8ddd93ed905c5e83449f1149383e22", "PodDisruptionBudget": "a11945136c329513c5de7512cad966db"}),
+        "Deployment": "8f9e52c7923eff6a5617bd40acc9d8bb", "PodDisruptionBudget": "a11945136c329513c5de7512cad966db"}),
 }
 
 KNOBS = {

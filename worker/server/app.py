@@ -104,7 +104,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    alive, status, error = get_state(request).liveness()
+    body = {"status": status} if error is None else {"status": status, "error": error}
+    return web.json_response(body, status=200 if alive else 503)
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -254,6 +254,7 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
                 f"process pid {core.pid}" if core is not None else "thread")
 
     await stopper
+    alive, _, engine_error = state.liveness()
     state.phase = DRAINING
     logger.info("draining: %d request(s) in flight, grace %.1f s", state.active_requests, options.shutdown_grace)
     if not await state.wait_idle(options.shutdown_grace):
@@ -262,5 +263,8 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
         await state.wait_idle(5.0)
     await runner.cleanup()
     async_engine.shutdown()
+    if not alive:  # a non-zero exit: the pod's termination message (FallbackToLogsOnError) carries the reason
+        logger.error("stopped after an engine failure: %s", engine_error)
+        return 1
     logger.info("stopped")
     return 0

@@ -92,6 +92,15 @@ class ServerState:
             return False, FAILED, self.load_error
         return self.phase == READY, self.phase, None
 
+    def liveness(self) -> tuple[bool, str, str | None]:
+        """(alive, status word, error) for /healthz, the liveness probe: alive while loading, serving and
+        draining, not once a started engine has died. A dead engine never comes back in this process, so the
+        kubelet should restart the pod (after the probe's failureThreshold) rather than let it hold its GPU;
+        /readyz, /healthz's body and the log keep saying why until then."""
+        if self._engine is not None and not self._engine.healthy and self.phase in (READY, DRAINING):
+            return False, "engine_failed", self._engine.error
+        return True, "ok", None
+
     def require_tokenizer(self, what: str, param: str | None = None) -> Any:
         """The tokenizer; a 400 naming `what` when this worker runs without one (--skip-tokenizer-init)."""
         if self.tokenizer is None:
