@@ -6,6 +6,10 @@ import sys
 
 import pytest
 
+# `LLM` runs its engine in this process in the tests (they look inside it: `llm.engine`; and a process per LLM would
+# add seconds to each): tests/engine/test_llm_process.py covers the default, the engine in its own process.
+os.environ.setdefault("HETERO_INFER_LLM_ENGINE_PROCESS", "0")
+
 
 @pytest.fixture(autouse=True)
 def _kernel_backend_unchanged():

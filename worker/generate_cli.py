@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
             max_tokens=args.max_tokens,
         )
-        llm = LLM(**config.to_dict())
+        llm = LLM(**config.to_dict(), engine_process=False)  # one prompt: a second process only adds start-up
         if args.prompt_token_ids is not None:
             if args.chat:
                 raise ValueError("--chat needs a text --prompt")

@@ -87,12 +87,17 @@ def _worker(spec: str) -> None:
 
 
 def run_tree(pythonpath: str | None, configs: list[tuple[int, float]], steps: int) -> dict:
+    return run_in_tree(os.path.abspath(__file__), pythonpath, {"configs": configs, "steps": steps})
+
+
+def run_in_tree(script: str, pythonpath: str | None, spec: dict) -> dict:
+    """Run `script --worker SPEC` in a fresh process that imports `hetero_infer` from `pythonpath` (None: this
+    one); the JSON it prints after "RESULT "."""
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     env["TQDM_DISABLE"] = "1"
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker",
-                           json.dumps({"configs": configs, "steps": steps})],
+    proc = subprocess.run([sys.executable, script, "--worker", json.dumps(spec)],
                           env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True, check=False)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):

@@ -1,16 +1,47 @@
-"""`LLM`: offline batched generation in the shape Python users know from vLLM."""
+"""`LLM`: offline batched generation in the shape Python users know from vLLM.
+
+As in vLLM V1, the engine core runs in its own process by default (`engine_process`): the caller's process
+checks and submits the requests, then turns the engine's token-id deltas into text and `RequestOutput`s while
+the engine process runs its next steps, so that detokenization and output assembly never hold the engine's
+loop. It is the server's engine process and client (worker/frontend/process.py), driven from a private event
+loop. `engine_process=False` runs the engine in this process (`llm.engine`; what tests that look inside it use).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import itertools
+import logging
+import os
+import weakref
 from collections.abc import Sequence as Seq
 from typing import Any
 
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.log_config import configure_default_logging
-from hetero_infer.worker.core.engine import LLMEngine
+from hetero_infer.worker.core.busy_loop import EngineRequest
 from hetero_infer.worker.core.outputs import RequestOutput
+from hetero_infer.worker.core.request_check import EngineLimits, check_request
 from hetero_infer.worker.core.sampling_params import SamplingParams
+
+# "0" runs `LLM`'s engine in the caller's process, "1" in its own; unset (or "auto"): its own where at least two
+# CPUs are usable, as the server decides (ServerOptions.use_engine_process)
+ENGINE_PROCESS_ENV = "HETERO_INFER_LLM_ENGINE_PROCESS"
+
+
+def default_engine_process(environ: dict[str, str] | None = None) -> bool:
+    value = (os.environ if environ is None else environ).get(ENGINE_PROCESS_ENV, "auto").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value != "auto":
+        raise ValueError(f"{ENGINE_PROCESS_ENV}={value!r}: must be 0, 1 or auto")
+    from hetero_infer.contracts.server_options import ENGINE_PROCESS_MIN_CPUS
+    from hetero_infer.cpu_quota import usable_cpus
+
+    return usable_cpus() >= ENGINE_PROCESS_MIN_CPUS
 
 
 class LLM:
@@ -20,15 +51,58 @@ class LLM:
     max_num_blocks, max_num_seqs, max_model_len, max_num_batched_tokens, memory_threshold,
     executor ("torch" | "mock"), load_format ("auto" | "safetensors" | "gguf" | "dummy": random weights from
     config.json alone), skip_tokenizer_init (token ids in and out, no tokenizer files needed), ...
+
+    `engine_process`: run the engine core in a child process (None: the `HETERO_INFER_LLM_ENGINE_PROCESS`
+    variable, else yes where at least two CPUs are usable). `shutdown()` (or the end of a `with` block, or the
+    interpreter's exit) stops it.
     """
 
-    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, model: str | None = None, *, engine_process: bool | None = None, **kwargs: Any) -> None:
         configure_default_logging()  # each start-up phase and its time on stderr, unless the program logs already
-        self.engine = LLMEngine(EngineConfig.from_dict({"model": model, **kwargs}), offline=True)
+        config = EngineConfig.from_dict({"model": model, **kwargs})
+        if engine_process is None:
+            engine_process = default_engine_process()
         self._ids = itertools.count()
+        self._engine: Any = None
+        self._remote: _EngineProcessDriver | None = None
+        if engine_process:
+            self._remote = _EngineProcessDriver(config)
+            self._finalizer = weakref.finalize(self, self._remote.close)
+            self.tokenizer = self._remote.client.detokenizer.tokenizer
+            self.limits = self._remote.limits
+        else:
+            from hetero_infer.worker.core.engine import LLMEngine
+
+            self._engine = LLMEngine(config, offline=True)
+            self.tokenizer = self._engine.tokenizer
+            self.limits = self._engine.limits
+
+    @property
+    def engine(self) -> Any:
+        """The `LLMEngine`, when it runs in this process (`engine_process=False`)."""
+        if self._engine is None:
+            raise AttributeError("this LLM's engine runs in its own process: create it with engine_process=False "
+                                 "to reach the engine object")
+        return self._engine
+
+    @property
+    def engine_pid(self) -> int | None:
+        """The engine process's id (None: the engine runs in this process)."""
+        return None if self._remote is None else self._remote.core.pid
 
     def get_tokenizer(self):
-        return self.engine.tokenizer
+        return self.tokenizer
+
+    def shutdown(self) -> None:
+        """Stop the engine process (if any); this LLM generates no more."""
+        if self._remote is not None:
+            self._finalizer()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def generate(
         self,
@@ -67,10 +141,10 @@ class LLM:
         return self._run([None] * len(token_lists), token_lists, sampling_params, use_tqdm)
 
     def _tokenizer(self, what: str):
-        if self.engine.tokenizer is None:
+        if self.tokenizer is None:
             raise ValueError(f"a tokenizer is needed for {what}, and this LLM has none (skip_tokenizer_init=True): pass "
                              "prompt_token_ids")
-        return self.engine.tokenizer
+        return self.tokenizer
 
     def _run(self, texts, token_lists, sampling_params, use_tqdm) -> list[RequestOutput]:
         if sampling_params is None:
@@ -82,31 +156,133 @@ class LLM:
         )
         if len(params) != len(token_lists):
             raise ValueError(f"{len(params)} sampling params for {len(token_lists)} prompts")
-        max_tokens = [self.engine.check_request(ids, p) for ids, p in zip(token_lists, params)]  # all or nothing
-        order: dict[str, int] = {}
-        for i, (text, ids, p, m) in enumerate(zip(texts, token_lists, params, max_tokens)):
-            request_id = f"llm-{next(self._ids)}"
-            order[request_id] = i
-            self.engine.add_request(request_id, text, ids, p, max_tokens=m)
-        results: list[RequestOutput | None] = [None] * len(token_lists)
+        if self._remote is not None and any(p.logits_processors for p in params):
+            raise ValueError("logits_processors run inside the engine, which this LLM runs in its own process: "
+                             "create the LLM with engine_process=False to use them")
+        limits: EngineLimits = self.limits
+        max_tokens = [check_request(ids, p, limits) for ids, p in zip(token_lists, params)]  # all or nothing
+        requests = [EngineRequest(f"llm-{next(self._ids)}", text, ids, p, m)
+                    for text, ids, p, m in zip(texts, token_lists, params, max_tokens)]
         bar = None
         if use_tqdm:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(token_lists), desc="Generating", unit="req")
+            bar = tqdm(total=len(requests), desc="Generating", unit="req")
         try:
-            while any(r is None for r in results):
-                for out in self.engine.step():
-                    if out.error is not None:
-                        raise RuntimeError(f"generation failed: {out.error}")
-                    if out.finished and out.request_id in order:
+            if self._remote is not None:
+                return self._remote.generate(requests, bar)
+            return _generate_here(self._engine, requests, bar)
+        finally:
+            if bar:
+                bar.close()
+
+
+def _generate_here(engine: Any, requests: list[EngineRequest], bar: Any) -> list[RequestOutput]:
+    """The requests' final outputs, in order, from an engine in this process (`LLMEngine.step` makes the text)."""
+    order = {r.request_id: i for i, r in enumerate(requests)}
+    results: list[RequestOutput | None] = [None] * len(requests)
+    for r in requests:
+        engine.add_request(r.request_id, r.prompt, r.prompt_token_ids, r.params, max_tokens=r.max_tokens)
+    left = len(requests)
+    try:
+        while left:
+            for out in engine.step():
+                if out.error is not None:
+                    raise RuntimeError(f"generation failed: {out.error}")
+                if out.finished and out.request_id in order:
+                    results[order[out.request_id]] = out
+                    left -= 1
+                    if bar:
+                        bar.update()
+    finally:
+        for request_id, i in order.items():
+            if results[i] is None:
+                engine.abort_request(request_id)
+    return results  # type: ignore[return-value]
+
+
+class _EngineProcessDriver:
+    """An `EngineProcess` and its `ProcessEngineClient` on a private event loop: `generate` submits a batch and runs
+    the loop until every request has ended (the client reads the child's pipe and makes the text meanwhile)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        from hetero_infer.worker.frontend.process import (
+            EngineProcess,
+            ProcessEngineClient,
+            load_parent_tokenizer,
+        )
+
+        # Only finished requests are handed over (no stream to feed): one delta per request, its whole output.
+        # the child's start-up records at this process's level for the package (`configure_default_logging`)
+        level = logging.getLevelName(logging.getLogger("hetero_infer").getEffectiveLevel()).lower()
+        self.core = EngineProcess(config, float("inf"), (level, "text"), offline=True)
+        self.core.start()
+        try:
+            if not config.skip_tokenizer_init:
+                from hetero_infer.contracts.tokenizer import import_tokenizer_library
+
+                import_tokenizer_library()  # while the child resolves the model, as the server does
+            tokenizer = load_parent_tokenizer(self.core.wait_pinned())  # while the child builds the engine
+            self.limits: EngineLimits = self.core.wait_ready()
+        except BaseException:
+            self.core.stop(2.0)
+            raise
+        self.loop = asyncio.new_event_loop()
+        self.client = ProcessEngineClient(self.core, tokenizer=tokenizer)
+        self.client.start(self.loop)
+
+    def generate(self, requests: list[EngineRequest], bar: Any) -> list[RequestOutput]:
+        from hetero_infer.worker.frontend.client import EngineDeadError, RequestFailedError
+
+        if self.loop.is_closed():
+            raise RuntimeError("this LLM is shut down")
+        stream = self.client.submit(requests)
+        order = {r.request_id: i for i, r in enumerate(requests)}
+        results: list[RequestOutput | None] = [None] * len(requests)
+
+        async def collect() -> None:
+            while outputs := await stream.next():
+                for out in outputs:
+                    if out.finished:
                         results[order[out.request_id]] = out
                         if bar:
                             bar.update()
+
+        try:
+            self._run(collect())
+        except RequestFailedError as exc:
+            raise RuntimeError(f"generation failed: {exc}") from None
+        except EngineDeadError as exc:
+            raise RuntimeError(f"the engine process failed: {exc}") from None
         finally:
-            for request_id, i in order.items():
-                if results[i] is None:
-                    self.engine.abort_request(request_id)
-            if bar:
-                bar.close()
+            if not stream.done:  # a failure, or an interrupt: the others are no longer wanted
+                self.client.abort(stream)
         return results  # type: ignore[return-value]
+
+    def _run(self, coro: Any) -> None:
+        """Run `coro` on the private loop: on this thread, or, where this thread runs an event loop of its own (a
+        notebook), on a helper thread. An interrupt cancels it."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                return pool.submit(self._run, coro).result()
+        task = self.loop.create_task(coro)
+        try:
+            self.loop.run_until_complete(task)
+        except BaseException:
+            if not task.done():
+                task.cancel()
+                try:
+                    self.loop.run_until_complete(task)
+                except BaseException:
+                    pass
+            raise
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.client.shutdown(5.0)
+        self.loop.close()

@@ -20,6 +20,7 @@ pipe or when its parent process id changes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import itertools
 import logging
@@ -28,7 +29,9 @@ import os
 import pickle
 import select
 import signal
+import sys
 import threading
+import types
 from typing import Any
 
 from hetero_infer.contracts.engine_options import EngineConfig
@@ -47,7 +50,7 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 _PIPE_SIZE = 1 << 20
 
 # Messages (child -> parent). While loading: _M_PINNED (the config with its model resolved into a folder), then
-# _M_READY or _M_LOAD_ERROR (the exception's type name and message).
+# _M_READY or _M_LOAD_ERROR (the exception's type name and message, and the exception where it can be raised as is).
 _M_READY, _M_LOAD_ERROR, _M_BATCH, _M_FATAL, _M_GRAMMAR, _M_PINNED = 0, 1, 2, 3, 4, 5
 # A command (parent -> child) that the child's link handles itself, never the busy loop: compile a grammar on the
 # engine's compile threads, (token, spec, deadline); the answer comes back as _M_GRAMMAR (token, error or None).
@@ -66,7 +69,7 @@ def _set_parent_death_signal() -> None:
 
 
 def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: int, interval: float,
-                log: tuple[str, str] | None) -> None:
+                log: tuple[str, str] | None, offline: bool = False) -> None:
     _set_parent_death_signal()
     if log is not None:
         from hetero_infer.worker.server.logs import setup_child_logging
@@ -88,10 +91,10 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
         out_conn.send_bytes(pickle.dumps((_M_PINNED, config), _PROTO))
         from hetero_infer.worker.core.engine import LLMEngine
 
-        engine = LLMEngine(config)
+        engine = LLMEngine(config, offline=offline)
         limits = engine.limits
     except BaseException as exc:
-        out_conn.send_bytes(pickle.dumps((_M_LOAD_ERROR, (type(exc).__name__, str(exc))), _PROTO))
+        out_conn.send_bytes(pickle.dumps((_M_LOAD_ERROR, (type(exc).__name__, str(exc), _portable(exc))), _PROTO))
         return
     freeze_startup_objects()
     logger.info(
@@ -108,6 +111,20 @@ def _child_main(config: EngineConfig, cmd_conn: Any, out_conn: Any, parent_pid: 
             out_conn.send_bytes(pickle.dumps((_M_FATAL, f"engine failure: {type(exc).__name__}: {exc}"), _PROTO))
         except Exception:
             pass
+
+
+def _portable(exc: BaseException) -> BaseException | None:
+    """`exc` itself where the parent can raise it as it is (a built-in exception or the model source's, that
+    pickles), else None."""
+    from hetero_infer.model_source import ModelSourceError
+
+    if not isinstance(exc, Exception) or (type(exc).__module__ != "builtins" and not isinstance(exc, ModelSourceError)):
+        return None
+    try:
+        pickle.loads(pickle.dumps(exc, _PROTO))
+    except Exception:
+        return None
+    return exc
 
 
 class _PipeLink:
@@ -158,6 +175,23 @@ class _PipeLink:
 
 
 # ============================================================================ parent
+@contextlib.contextmanager
+def _main_module_hidden():
+    """`spawn` runs the parent's main script again in the child (to find what it pickled by reference there); an
+    `LLM(...)` at a script's top level, with no `if __name__ == "__main__":` guard, would then start an engine
+    in the engine's own start-up. The child needs nothing of it (its config and commands are the package's own
+    types), so it is not told of it."""
+    main = sys.modules.get("__main__")
+    if main is None or (getattr(main, "__file__", None) is None and getattr(main, "__spec__", None) is None):
+        yield
+        return
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 def _frame(data: bytes) -> bytes:
     """One message as `multiprocessing.Connection.send_bytes` frames it (what the child's `recv_bytes` reads):
     a signed 32-bit big-endian length, or -1 and a 64-bit one."""
@@ -172,14 +206,16 @@ class EngineProcess:
     (the child downloads or converts the model first: the parent's own imports and tokenizer load run meanwhile),
     `wait_ready()` for its limits."""
 
-    def __init__(self, config: EngineConfig, stream_interval: float = 0.0, log: tuple[str, str] | None = None) -> None:
-        """log: (level, format) of the server's logging, for the child's records (None: Python's defaults)."""
+    def __init__(self, config: EngineConfig, stream_interval: float = 0.0, log: tuple[str, str] | None = None,
+                 offline: bool = False) -> None:
+        """log: (level, format) of the server's logging, for the child's records (None: Python's defaults);
+        offline: the engine serves a caller that waits for whole results (`LLM`: see `LLMEngine`)."""
         ctx = multiprocessing.get_context("spawn")
         self._cmd_recv, self.cmd_conn = ctx.Pipe(duplex=False)
         self.out_conn, self._out_send = ctx.Pipe(duplex=False)
         self.process = ctx.Process(
             target=_child_main, name="engine-core", daemon=True,
-            args=(config, self._cmd_recv, self._out_send, os.getpid(), stream_interval, log))
+            args=(config, self._cmd_recv, self._out_send, os.getpid(), stream_interval, log, offline))
         self.pinned: EngineConfig | None = None
         self.limits: EngineLimits | None = None
         self.initial_stats: Any = None
@@ -187,7 +223,8 @@ class EngineProcess:
 
     def start(self) -> None:
         """Spawn the child (call this on the main thread: the parent-death signal follows the creating thread)."""
-        self.process.start()
+        with _main_module_hidden():
+            self.process.start()
         self._cmd_recv.close()  # the child's ends: closed here, so that either side's death reads as EOF
         self._out_send.close()
         for conn in (self.cmd_conn, self.out_conn):  # room for bursts, so that neither side waits on the other
@@ -217,7 +254,9 @@ class EngineProcess:
             raise RuntimeError(f"the engine process exited while loading (exit code {self.process.exitcode})") from None
         if kind == _M_LOAD_ERROR:
             self.process.join(5)
-            name, message = item
+            name, message, exc = item
+            if exc is not None:
+                raise exc
             raise ModelSourceError(message) if name == ModelSourceError.__name__ else RuntimeError(f"{name}: {message}")
         if kind == _M_PINNED:
             self.pinned = item
