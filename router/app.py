@@ -12,6 +12,7 @@ the upstream connection, and the worker aborts the request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -28,6 +29,7 @@ from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.router import policies
 from hetero_infer.router.index import PrefixIndex
 from hetero_infer.router.metrics import RouterMetrics
+from hetero_infer.router.models import model_not_found, pick_target, union_cards
 from hetero_infer.router.pool import Worker, WorkerPool
 from hetero_infer.router.prompt import request_hashes
 from hetero_infer.router.scale import ScaleFromZero
@@ -65,31 +67,84 @@ class Router:
         self.metrics = RouterMetrics()
         self.index = PrefixIndex(options.approx_capacity_blocks, options.text_chunks_per_block)
         self.pool = WorkerPool(options.worker, self.index, options.block_size, options.health_interval_s,
-                               on_change=self._count_ready, api_key=options.worker_api_key)
-        self._rr = 0
+                               on_change=self._pool_changed, api_key=options.worker_api_key)
+        self.aliases = options.aliases
+        self._rr: dict[str | None, int] = {}
         self.session: aiohttp.ClientSession | None = None
-        self._tokenizer_task: asyncio.Task | None = None
-        self.scaler: ScaleFromZero | None = None  # --scale-target (cli.add_scale_from_zero)
-        self._set_tokenizer_mode("folder" if tokenizer is not None else "text")
+        # --tokenizer workers: each model's, fetched from its workers (None: for workers that do not list models)
+        self.tokenizers: dict[str | None, Any] = {}
+        self._tokenizer_tasks: dict[str | None, asyncio.Task] = {}
+        self.scaler: ScaleFromZero | None = None  # --scale-target (cli.add_scale_from_zero): any model's
+        self.scalers: dict[str, ScaleFromZero] = {}  # per model (the cluster router: one per InferenceDeployment)
+        self._set_tokenizer_mode()
 
-    def _set_tokenizer_mode(self, mode: str) -> None:
+    # -- models and their tokenizers -----------------------------------------------------------
+    def _set_tokenizer_mode(self) -> None:
+        if self.tokenizer is not None:
+            mode = "folder"
+        else:
+            served = set().union(*(w.models for w in self.pool.ready()))
+            mode = ("workers" if self.tokenizers and all(self.tokenizer_for(m) is not None for m in served)
+                    else "text")
         for m in MODES:
             self.metrics.tokenizer_mode.labels(m).set(1 if m == mode else 0)
 
-    def _use_workers_tokenizer(self, tokenizer: Any, url: str) -> None:
-        self.tokenizer = tokenizer
-        self._set_tokenizer_mode("workers")
+    def tokenizer_for(self, model: str | None) -> Any:
+        """The tokenizer that hashes a request for `model`: --tokenizer's, else its workers'; None: text hashes."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        if model is None and len(self.tokenizers) == 1:
+            return next(iter(self.tokenizers.values()))
+        return self.tokenizers.get(model) or self.tokenizers.get(None)
 
-    def _count_ready(self) -> None:
+    def _pool_changed(self) -> None:
         self.metrics.workers_ready.set(len(self.pool.ready()))
+        if self.session is not None and self.tokenizer is None and source_of(self.options.tokenizer) == "workers":
+            for worker in self.pool.ready():
+                # A worker that does not list its models (another server) may still serve its tokenizer: the
+                # tokenizer of unknown models (None), fetched from any worker.
+                wanted: set[str | None] = set(worker.models) if worker.cards is not None else {None}
+                for model in wanted - set(self._tokenizer_tasks):
+                    fetcher = WorkersTokenizer(self.pool, functools.partial(self._fetched, model),
+                                               self.options.worker_api_key, model=model)
+                    self._tokenizer_tasks[model] = asyncio.create_task(fetcher.run(self.session))
+        self._set_tokenizer_mode()
+
+    def _fetched(self, model: str | None, tokenizer: Any, url: str) -> None:
+        self.tokenizers[model] = tokenizer
+        self._set_tokenizer_mode()
+
+    def served_models(self) -> set[str]:
+        """What the router answers to: the models of its workers (ready or not), its aliases, --served-model and
+        the models it can scale from zero."""
+        return (set().union(*(w.models for w in self.pool.workers.values())) | set(self.aliases)
+                | set(self.options.served_model) | set(self.scalers))
+
+    def unknown_model(self, model: str | None) -> bool:
+        """A model no worker serves, once every worker has said what it serves (before that, or with no worker at
+        all, a request is held as for a known model: a worker that appears may serve it)."""
+        if model is None or model in self.aliases or model in self.options.served_model or model in self.scalers:
+            return False
+        known = self.pool.known_models()
+        return bool(self.pool.workers) and known is not None and model not in known
+
+    def resolve(self, model: str | None, hashes: list[int]) -> str | None:
+        """The model a request for `model` goes to: an alias's target (chosen by its prompt's first block), or
+        itself."""
+        targets = self.aliases.get(model) if model is not None else None
+        if not targets:
+            return model
+        return pick_target(targets, hashes[0] if hashes else None)
 
     # -- choosing -----------------------------------------------------------------------------
     def choose(self, candidates: list[Worker], hashes: list[int], policy: str,
-               exact: bool = True) -> policies.Decision:
+               exact: bool = True, model: str | None = None) -> policies.Decision:
+        """Among `candidates` (the ready workers of `model`): the policies see only them, so load bounds and prefix
+        affinity are per model."""
         states = [w.state() for w in candidates]
         if policy == "round-robin":
-            decision = policies.round_robin(states, self._rr)
-            self._rr += 1
+            decision = policies.round_robin(states, self._rr.get(model, 0))
+            self._rr[model] = self._rr.get(model, 0) + 1
         elif policy == "least-load":
             decision = policies.least_load(states)
         else:
@@ -112,15 +167,28 @@ class Router:
         hashes: list[int] = []
         exact = True
         policy = self.options.policy
+        asked = payload.get("model") if isinstance(payload, dict) and isinstance(payload.get("model"), str) else None
+        if self.unknown_model(asked):
+            assert asked is not None
+            response = model_not_found(asked, self.served_models()).response()
+            self.metrics.responses.labels(str(response.status)).inc()
+            return response
+        model = asked
         if isinstance(payload, dict) and request.method == "POST":
-            if policy == "prefix":
-                tokenizer = self.tokenizer
+            if policy == "prefix" or asked in self.aliases:
+                # An alias's target is chosen by the prompt's first block: hashed with the alias's first target's
+                # tokenizer (a canary serves the same tokenizer).
+                tokenizer = self.tokenizer_for(self.aliases[asked][0][0] if asked in self.aliases else asked)
                 args = (payload, tokenizer, self.options.block_size, self.options.text_chunk_bytes, body)
                 # Hashing ids or text is cheap, tokenizing is not: a thread hop only for the tokenizer's long prompts.
                 if tokenizer is None or len(body) <= _INLINE_TOKENIZE_BYTES:
                     hashes, exact = request_hashes(*args)
                 else:
                     hashes, exact = await asyncio.get_running_loop().run_in_executor(None, request_hashes, *args)
+            model = self.resolve(asked, hashes)
+            if model != asked:
+                payload["model"] = model
+                body = json.dumps(payload).encode()
         elif policy == "prefix":
             policy = "least-load"
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
@@ -128,24 +196,27 @@ class Router:
             headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
             if self.options.worker_api_key:
                 headers["Authorization"] = f"Bearer {self.options.worker_api_key}"
-        response = await self._route(request, body, headers, hashes, policy, exact)
+        response = await self._route(request, body, headers, hashes, policy, exact, model)
         self.metrics.responses.labels(str(response.status)).inc()
         return response
 
     async def _route(self, request: web.Request, body: bytes, headers: dict[str, str], hashes: list[int],
-                     policy: str, exact: bool = True) -> web.StreamResponse:
+                     policy: str, exact: bool = True, model: str | None = None) -> web.StreamResponse:
         tried: set[str] = set()
         refusal: tuple[int, dict[str, str], bytes] | None = None
         deadline = time.monotonic() + self.options.hold_timeout_s
         for _ in range(self.options.max_attempts):
-            candidates = self.pool.ready(tried)
+            candidates = self.pool.ready(tried, model)
             if not candidates:
-                if tried and self.pool.ready():
-                    break  # every ready worker has refused this request
-                candidates = await self._hold(tried, deadline)
+                if tried and self.pool.ready(model=model):
+                    break  # every ready worker of the model has refused this request
+                candidates = await self._hold(tried, deadline, model)
                 if not candidates:
+                    if self.unknown_model(model):  # the workers that came up serve other models
+                        assert model is not None
+                        return model_not_found(model, self.served_models()).response()
                     break
-            decision = self.choose(candidates, hashes, policy, exact)
+            decision = self.choose(candidates, hashes, policy, exact, model)
             worker = self.pool.workers[decision.url]
             tried.add(worker.url)
             route = None
@@ -166,24 +237,26 @@ class Router:
         if refusal is not None:
             status, resp_headers, data = refusal
             return web.Response(status=status, body=data, headers=resp_headers)
-        if not self.pool.ready():
-            return _error(503, "no worker is ready; try again later", "service_unavailable",
+        if not self.pool.ready(model=model):
+            what = f"no worker of `{model}` is ready" if model is not None else "no worker is ready"
+            return _error(503, f"{what}; try again later", "service_unavailable",
                           {"Retry-After": str(self.options.retry_after_s)})
         return _error(502, "no worker could take the request", "bad_gateway",
                       {"Retry-After": str(self.options.retry_after_s)})
 
-    async def _hold(self, tried: set[str], deadline: float) -> list[Worker]:
-        # Only reached with no ready worker at all (_route): with --scale-target, ask for one at once.
+    async def _hold(self, tried: set[str], deadline: float, model: str | None = None) -> list[Worker]:
+        # Only reached with no ready worker of the model (_route): with a scale target for it, ask for one at once.
         self.metrics.held.inc()
         self.metrics.held_total.inc()
-        if self.scaler is not None:
-            self.scaler.held_started()
+        scaler = self.scalers.get(model, self.scaler) if model is not None else self.scaler
+        if scaler is not None:
+            scaler.held_started()
         start = time.monotonic()
         try:
-            return await self.pool.wait_ready(tried, deadline)
+            return await self.pool.wait_ready(tried, deadline, model, give_up=lambda: self.unknown_model(model))
         finally:
-            if self.scaler is not None:
-                self.scaler.held_ended()
+            if scaler is not None:
+                scaler.held_ended()
             self.metrics.held.dec()
             self.metrics.hold_seconds.observe(time.monotonic() - start)
 
@@ -248,6 +321,22 @@ class Router:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def list_models(self, request: web.Request) -> web.Response:
+        """The union of the workers' models (ready or not: a model scaled to zero is still served, held), and the
+        aliases and models declared to the router."""
+        cards = union_cards((w.cards or () for w in self.pool.workers.values()),
+                            [*self.aliases, *self.options.served_model, *self.scalers])
+        return web.json_response({"object": "list", "data": cards})
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        cards = union_cards((w.cards or () for w in self.pool.workers.values()),
+                            [*self.aliases, *self.options.served_model, *self.scalers])
+        for card in cards:
+            if card["id"] == name:
+                return web.json_response(card)
+        return model_not_found(name, self.served_models()).response()
+
     async def readyz(self, request: web.Request) -> web.Response:
         # Ready with no worker too: requests are held, which is what scale-from-zero needs.
         return web.json_response({"status": "ready", "workers_ready": len(self.pool.ready()),
@@ -267,15 +356,14 @@ class Router:
                                              connector=aiohttp.TCPConnector(limit=0, force_close=False))
         await self.pool.start(self.session)
         if self.tokenizer is None and source_of(self.options.tokenizer) == "workers":
-            logger.info("tokenizer: the workers' (GET /v1/tokenizer/files from the first ready worker, loaded in the "
-                        "background); prompt text hashed until then")
-            fetcher = WorkersTokenizer(self.pool, self._use_workers_tokenizer, self.options.worker_api_key)
-            self._tokenizer_task = asyncio.create_task(fetcher.run(self.session))
+            logger.info("tokenizer: the workers' (GET /v1/tokenizer/files from the first ready worker of each model, "
+                        "loaded in the background); prompt text hashed until then")
 
     async def on_cleanup(self, app: web.Application) -> None:
-        if self._tokenizer_task is not None:
-            self._tokenizer_task.cancel()
-            await asyncio.gather(self._tokenizer_task, return_exceptions=True)
+        tasks = list(self._tokenizer_tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.pool.stop()
         if self.session is not None:
             await self.session.close()
@@ -302,6 +390,8 @@ def create_app(router: Router) -> web.Application:
     app.router.add_get("/healthz", router.healthz)
     app.router.add_get("/readyz", router.readyz)
     app.router.add_get("/metrics", router.metrics_endpoint)
+    app.router.add_get("/v1/models", router.list_models)
+    app.router.add_get("/v1/models/{model:.+}", router.get_model)  # served names may contain "/"
     app.router.add_route("*", "/v1/{tail:.*}", router.proxy)
     app.on_startup.append(router.on_startup)
     app.on_cleanup.append(router.on_cleanup)

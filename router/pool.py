@@ -12,7 +12,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -20,6 +20,7 @@ import aiohttp
 from hetero_infer.contracts import metric_names
 from hetero_infer.contracts.block_hashes import HASH_NAME, BlockReport
 from hetero_infer.router.index import PrefixIndex
+from hetero_infer.router.models import model_ids
 from hetero_infer.router.policies import EndpointState
 
 logger = logging.getLogger("hetero_infer.router")
@@ -27,6 +28,7 @@ logger = logging.getLogger("hetero_infer.router")
 LOAD_METRICS = {metric_names.REQUESTS_RUNNING: "running", metric_names.REQUESTS_WAITING: "waiting",
                 metric_names.KV_CACHE_USAGE: "kv_usage"}
 BLOCKS_PATH = "/v1/cache/blocks"
+MODELS_PATH = "/v1/models"
 _NAME_END = re.compile(r"[{\s]")
 
 
@@ -41,6 +43,16 @@ class Worker:
     reports_blocks: bool | None = None  # None: not asked yet
     max_num_seqs: int | None = None  # from its block report
     num_blocks: int | None = None  # its KV pool, from its block report
+    cards: list[dict] | None = None  # its GET /v1/models (None: not known yet; kept while it is away)
+
+    @property
+    def models(self) -> set[str]:
+        return {c["id"] for c in self.cards or ()}
+
+    def serves(self, model: str | None) -> bool:
+        """Whether a request for `model` may go here: any request while its models are not known (a worker that
+        does not list them is sent everything, as before routing by model)."""
+        return model is None or self.cards is None or model in self.models
 
     def state(self) -> EndpointState:
         return EndpointState(self.url, self.in_flight, self.running, self.waiting, self.kv_usage, self.max_num_seqs,
@@ -86,7 +98,7 @@ def parse_report(data: dict, block_size: int) -> BlockReport | None:
 
 class WorkerPool:
     def __init__(self, urls: Iterable[str], index: PrefixIndex, block_size: int, interval_s: float,
-                 on_change: callable | None = None, api_key: str | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, api_key: str | None = None) -> None:
         self.workers = {u: Worker(u) for u in urls}
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.index = index
@@ -98,9 +110,17 @@ class WorkerPool:
         self.session: aiohttp.ClientSession | None = None
 
     # -- state --------------------------------------------------------------------------------
-    def ready(self, exclude: Iterable[str] = ()) -> list[Worker]:
+    def ready(self, exclude: Iterable[str] = (), model: str | None = None) -> list[Worker]:
+        """The ready workers not in `exclude` that serve `model` (any, for None)."""
         skip = set(exclude)
-        return [w for w in self.workers.values() if w.ready and w.url not in skip]
+        return [w for w in self.workers.values() if w.ready and w.url not in skip and w.serves(model)]
+
+    def known_models(self) -> set[str] | None:
+        """Every model a worker of the pool has listed (ready or not); None while a worker's list is not known (it
+        may serve any model)."""
+        if any(w.cards is None for w in self.workers.values()):
+            return None
+        return set().union(*(w.models for w in self.workers.values()))
 
     def _set_ready(self, worker: Worker, ready: bool, why: str = "") -> None:
         if worker.ready == ready:
@@ -112,6 +132,10 @@ class WorkerPool:
             logger.warning("worker %s left the pool: %s", worker.url, why)
         else:
             logger.info("worker %s joined the pool", worker.url)
+        self._notify()
+
+    def _notify(self) -> None:
+        """The pool changed (a worker joined or left, or its models did): tell the router, wake the waiters."""
         if self.on_change:
             self.on_change()
         self._changed.set()
@@ -121,11 +145,13 @@ class WorkerPool:
         """A request could not reach it: out of the pool until its /readyz answers again."""
         self._set_ready(self.workers[url], False, why)
 
-    async def wait_ready(self, exclude: Iterable[str], deadline: float) -> list[Worker]:
-        """Ready workers not in `exclude`, waiting for one until `deadline` (time.monotonic); [] at the deadline."""
-        while not (found := self.ready(exclude)):
+    async def wait_ready(self, exclude: Iterable[str], deadline: float, model: str | None = None,
+                         give_up: Callable[[], bool] | None = None) -> list[Worker]:
+        """Ready workers not in `exclude` serving `model`, waiting for one until `deadline` (time.monotonic) or until
+        `give_up()` says so after a change; [] then."""
+        while not (found := self.ready(exclude, model)):
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or (give_up is not None and give_up()):
                 return []
             try:
                 await asyncio.wait_for(self._changed.wait(), remaining)
@@ -167,6 +193,7 @@ class WorkerPool:
         if not ok:
             self._set_ready(worker, False, why)
             return
+        await self._poll_models(worker, timeout)
         async with self.session.get(worker.url + "/metrics", timeout=timeout) as r:
             if r.status == 200:
                 load = parse_load(await r.text())
@@ -176,6 +203,25 @@ class WorkerPool:
         if worker.reports_blocks is not False:
             await self._poll_blocks(worker, timeout)
         self._set_ready(worker, True)
+
+    async def _poll_models(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
+        """Its GET /v1/models, every round (adapters come and go); a worker that does not answer it keeps what it
+        said last (None: it is sent requests for any model)."""
+        assert self.session is not None
+        async with self.session.get(worker.url + MODELS_PATH, timeout=timeout, headers=self._auth) as r:
+            if r.status != 200:
+                return
+            try:
+                cards = model_ids(await r.json(content_type=None))
+            except ValueError as exc:
+                logger.warning("worker %s answered GET %s with no model list: %s", worker.url, MODELS_PATH, exc)
+                return
+        if worker.cards is None or {c["id"] for c in cards} != worker.models:
+            logger.info("worker %s serves %s", worker.url, ", ".join(sorted(c["id"] for c in cards)) or "nothing")
+            worker.cards = cards
+            self._notify()
+        else:
+            worker.cards = cards
 
     async def _poll_blocks(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
         assert self.session is not None

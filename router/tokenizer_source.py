@@ -98,11 +98,12 @@ def fetch_and_load(body: bytes) -> tuple[Any, TokenizerFiles]:
 
 
 class WorkersTokenizer:
-    """Fetches the tokenizer from a ready worker, retrying as workers appear; calls `on_loaded` once."""
+    """Fetches the tokenizer from a ready worker (of `model`), retrying as workers appear; calls `on_loaded` once."""
 
     def __init__(self, pool: WorkerPool, on_loaded: Callable[[Any, str], None], api_key: str | None = None,
-                 retry_s: float = 30.0) -> None:
+                 retry_s: float = 30.0, model: str | None = None) -> None:
         self.pool = pool
+        self.model = model  # fetched from a worker serving this model (None: any)
         self.on_loaded = on_loaded
         self.retry_s = retry_s  # how long a worker that did not serve the files is left alone
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -111,20 +112,25 @@ class WorkersTokenizer:
         self._warned_none = False
 
     def _recently_refused(self, now: float) -> set[str]:
-        return {u for u, t in self._refused.items() if now - t < self.retry_s}
+        """Workers not to ask now: those that did not serve the files lately and, for a named model, those that do
+        not list it (a worker whose models are unknown is asked by the unnamed fetcher only)."""
+        skip = {u for u, t in self._refused.items() if now - t < self.retry_s}
+        if self.model is not None:
+            skip |= {w.url for w in self.pool.workers.values() if self.model not in w.models}
+        return skip
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         while True:
             now = time.monotonic()
             refused = self._recently_refused(now)
-            candidates = self.pool.ready(refused)
+            candidates = self.pool.ready(refused, self.model)
             if not candidates:
-                if refused and not self._warned_none:
+                if any(now - t < self.retry_s for t in self._refused.values()) and not self._warned_none:
                     self._warned_none = True
                     logger.warning("tokenizer: the ready workers do not serve theirs (GET %s): prompts are hashed "
                                    "as text (approximate prefix index); asking again every %.0f s", FILES_PATH,
                                    self.retry_s)
-                await self.pool.wait_ready(refused, now + self.retry_s)
+                await self.pool.wait_ready(refused, now + self.retry_s, self.model)
                 continue
             url = candidates[0].url
             loaded = await self._try(session, url)

@@ -51,6 +51,12 @@ HELP = {
     "shutdown_grace_s": "on SIGTERM: seconds the router still finishes what it holds and streams (default 60)",
     "worker_api_key": "the workers' --api-key, sent only on the router's own requests (block reports, "
     "GET /v1/cache/blocks; the tokenizer, GET /v1/tokenizer/files); clients' requests carry their own Authorization header",
+    "model_alias": "NAME=MODEL[:WEIGHT]: requests for NAME go to MODEL (a rename); repeat NAME with several models "
+    "and weights for a canary (chat=a:9 and chat=a-v2:1 send a tenth of chat's prompts to a-v2, each prompt prefix "
+    "always to the same one). Repeatable; the environment variable takes a comma-separated list",
+    "served_model": "a model the router holds requests for (and scales from zero, with --scale-target) even while "
+    "no worker of it has been seen; without it, a model none of the known workers serves is a 404 model_not_found "
+    "(repeatable)",
     "allowed_hosts": hosts.HELP,  # the same guard as the workers' (contracts/hosts.py)
     **cors.HELP,  # answered at the router, the same as the workers' options (worker/server/cors.py)
     "log_level": "debug, info, warning or error (default info)",
@@ -82,6 +88,8 @@ class RouterOptions:
     worker_api_key: str | None = field(default=None, repr=False)  # never printed
     api_key: list[str] = field(default_factory=list, repr=False)  # never printed
     shutdown_grace_s: float = 60.0
+    model_alias: list[str] = field(default_factory=list)
+    served_model: list[str] = field(default_factory=list)
     allowed_hosts: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)
     allowed_methods: list[str] = field(default_factory=lambda: ["*"])
@@ -94,8 +102,19 @@ class RouterOptions:
         """Text chunks (the no-tokenizer hashes) that one KV block of text stands for."""
         return self.block_size * TEXT_BYTES_PER_TOKEN / self.text_chunk_bytes
 
+    @property
+    def aliases(self) -> dict[str, tuple[tuple[str, float], ...]]:
+        """--model-alias as NAME -> ((MODEL, weight), ...)."""
+        return parse_aliases(self.model_alias)
+
     def __post_init__(self) -> None:
         self.worker = [u.strip().rstrip("/") for w in self.worker for u in w.split(",") if u.strip()]
+        self.model_alias = [a.strip() for v in self.model_alias for a in v.split(",") if a.strip()]
+        self.served_model = [m.strip() for v in self.served_model for m in v.split(",") if m.strip()]
+        try:
+            parse_aliases(self.model_alias)
+        except ValueError as exc:
+            raise InvalidOption("model_alias", f"invalid router option model_alias={self.model_alias!r}: {exc}") from None
         for name in ("block_size", "max_attempts", "approx_capacity_blocks", "text_chunk_bytes", "min_slack"):
             if getattr(self, name) < 1:
                 raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: must be >= 1")
@@ -123,3 +142,29 @@ class RouterOptions:
         for url in self.worker:
             if not url.startswith(("http://", "https://")):
                 raise InvalidOption("worker", f"invalid router option worker={url!r}: must be an http(s) URL")
+
+
+def parse_aliases(entries: list[str]) -> dict[str, tuple[tuple[str, float], ...]]:
+    """`NAME=MODEL[:WEIGHT]` entries as NAME -> ((MODEL, weight), ...); ValueError on a malformed one. A WEIGHT is
+    the text after the last ':' when it is a number (so model names may contain ':'); default 1."""
+    out: dict[str, list[tuple[str, float]]] = {}
+    for entry in entries:
+        name, sep, target = entry.partition("=")
+        name, target = name.strip(), target.strip()
+        if not sep or not name or not target:
+            raise ValueError(f"{entry!r} is not NAME=MODEL[:WEIGHT]")
+        model, weight = target, 1.0
+        head, colon, tail = target.rpartition(":")
+        if colon:
+            try:
+                weight = float(tail)
+            except ValueError:
+                pass
+            else:
+                model = head.strip()
+        if not model or not weight > 0 or weight == float("inf"):
+            raise ValueError(f"{entry!r}: the model must be named and its weight a positive number")
+        if any(m == model for m, _ in out.get(name, ())):
+            raise ValueError(f"{entry!r}: {model!r} is listed twice for {name!r}")
+        out.setdefault(name, []).append((model, weight))
+    return {name: tuple(targets) for name, targets in out.items()}

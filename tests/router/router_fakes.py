@@ -26,6 +26,7 @@ class FakeWorker:
     block_log: BlockLog | None = None  # serve /v1/cache/blocks from it
     waiting: int = 0  # reported on /metrics
     kv_usage: float = 0.0
+    models: list[str] | None = None  # served on GET /v1/models (None: the endpoint is absent, as another server)
     requests: list[dict] = field(default_factory=list)
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     cut: asyncio.Event = field(default_factory=asyncio.Event)
@@ -38,7 +39,14 @@ class FakeWorker:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/cache/blocks", self.blocks)
+        app.router.add_get("/v1/models", self.list_models)
         return app
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        if self.models is None:
+            return web.Response(status=404)
+        return web.json_response({"object": "list", "data": [{"id": m, "object": "model", "owned_by": self.name}
+                                                             for m in self.models]})
 
     async def readyz(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.ready else 503)
@@ -56,6 +64,8 @@ class FakeWorker:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(await request.json())
+        if self.models is not None and self.requests[-1].get("model") not in self.models:
+            return web.json_response({"error": {"message": "not mine", "code": "model_not_found"}}, status=404)
         if self.refuse:
             return web.json_response({"error": {"message": "busy"}}, status=self.refuse, headers={"X-From": self.name})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-From": self.name})

@@ -84,7 +84,7 @@ async def test_a_dead_worker_is_retried_elsewhere_and_leaves_the_pool():
 async def test_no_second_send_once_a_byte_went_back():
     a, b = FakeWorker("a", drop_after_first=True), FakeWorker("b")
     async with cluster(a, b, policy="round-robin") as (router, url, s):
-        router._rr = sorted([a.url, b.url]).index(a.url)
+        router._rr = {None: sorted([a.url, b.url]).index(a.url)}
         with pytest.raises(aiohttp.ClientPayloadError):
             async with s.post(url + "/v1/completions", json={"prompt": "x", "stream": True}) as r:
                 assert (await r.content.readline()).startswith(b"data:")

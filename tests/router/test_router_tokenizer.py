@@ -203,7 +203,7 @@ async def test_workers_that_do_not_serve_it_leave_text_hashes_until_one_does() -
     router, runner, url = await start_router(RouterOptions(worker=[other_url], health_interval_s=0.02))
     try:
         await wait_for(lambda: other.asked >= 1, what="the router asked for the tokenizer")
-        assert router.tokenizer is None and mode(router) == {"workers": 0, "folder": 0, "text": 1}
+        assert not router.tokenizers and mode(router) == {"workers": 0, "folder": 0, "text": 1}
         payload = {"model": "m", "messages": [{"role": "user", "content": "same system prompt " * 20}]}
         async with aiohttp.ClientSession() as s, s.post(url + "/v1/chat/completions", json=payload) as r:
             assert r.status == 200
@@ -214,7 +214,7 @@ async def test_workers_that_do_not_serve_it_leave_text_hashes_until_one_does() -
             membership = Membership(router.pool)  # as discovery adds a worker
             membership.apply({ours})
             try:
-                await wait_for(lambda: router.tokenizer is not None, 120, "the tokenizer from the worker serving it")
+                await wait_for(lambda: router.tokenizers, 120, "the tokenizer from the worker serving it")
                 assert mode(router) == {"workers": 1, "folder": 0, "text": 0}
                 assert other.asked == 1
             finally:
@@ -237,7 +237,7 @@ async def test_chat_prompts_through_the_router_are_exact_hits_with_default_optio
                                                                block_size=BLOCK))
         try:
             assert RouterOptions().tokenizer == "workers"
-            await wait_for(lambda: router.tokenizer is not None, 120, "the workers' tokenizer")
+            await wait_for(lambda: router.tokenizers, 120, "the workers' tokenizer")
             assert mode(router) == {"workers": 1, "folder": 0, "text": 0}
             workers = dict(zip(urls, engines))
             total = 0
@@ -281,11 +281,11 @@ async def test_workers_with_an_api_key_give_it_for_the_routers_key(key: str | No
                                                              worker_api_key=key))
         try:
             if loads:
-                await wait_for(lambda: router.tokenizer is not None, 120, "the tokenizer with the key")
+                await wait_for(lambda: router.tokenizers, 120, "the tokenizer with the key")
                 assert mode(router)["workers"] == 1
             else:
                 await wait_for(lambda: any(r.getMessage().startswith("tokenizer:") and "--worker-api-key" in
                                            r.getMessage() for r in caplog.records), what="the warning about the key")
-                assert router.tokenizer is None and mode(router)["text"] == 1
+                assert not router.tokenizers and mode(router)["text"] == 1
         finally:
             await runner.cleanup()
