@@ -54,7 +54,16 @@ def quiet_http_client_logs() -> None:
 
 
 class ModelSourceError(Exception):
-    """A model reference that cannot be resolved: one line naming the source and the reason."""
+    """A model reference that cannot be resolved: one line naming the source and the reason. `permanent`: no retry
+    can help (not found, access denied, not a model); `hetero-infer fetch` then exits EXIT_PERMANENT, on which the
+    operator's download Job fails at once (its podFailurePolicy) instead of retrying for minutes."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+EXIT_PERMANENT = 3  # `hetero-infer fetch`'s status for a ModelSourceError that is permanent (1: worth a retry)
 
 
 @dataclass(frozen=True)
@@ -151,9 +160,10 @@ def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
 def _check_model_files(ref: ModelRef, names: Iterable[str], weights: bool = True) -> None:
     names = set(names)
     if "config.json" not in names:
-        raise ModelSourceError(f"{ref}: no config.json at its top level: not a Hugging Face model")
+        raise ModelSourceError(f"{ref}: no config.json at its top level: not a Hugging Face model", permanent=True)
     if weights and not any(n.endswith(".safetensors") for n in names):
-        raise ModelSourceError(f"{ref}: no .safetensors weights (.bin/.pth checkpoints are not loaded)")
+        raise ModelSourceError(f"{ref}: no .safetensors weights (.bin/.pth checkpoints are not loaded)",
+                               permanent=True)
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -216,7 +226,7 @@ def _hub_error(ref: ModelRef, exc: BaseException) -> ModelSourceError | None:
         why = f"the Hub answered HTTP {status}"
     else:
         return None
-    return ModelSourceError(redact(f"{ref}: {why}"))
+    return ModelSourceError(redact(f"{ref}: {why}"), permanent=True)
 
 
 def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
@@ -302,7 +312,7 @@ def _s3_error(ref: ModelRef, exc: BaseException) -> ModelSourceError | None:
 
     if isinstance(exc, NoCredentialsError):
         return ModelSourceError(f"{ref}: no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-                                "or a profile)")
+                                "or a profile)", permanent=True)
     if not isinstance(exc, ClientError):
         return None
     code = str(exc.response.get("Error", {}).get("Code", ""))
@@ -315,7 +325,7 @@ def _s3_error(ref: ModelRef, exc: BaseException) -> ModelSourceError | None:
         return None
     else:
         why = f"the store answered {code or status}"
-    return ModelSourceError(redact(f"{ref}: {why}"))
+    return ModelSourceError(redact(f"{ref}: {why}"), permanent=True)
 
 
 def _s3_client() -> Any:
@@ -348,7 +358,7 @@ def fetch_s3(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S, client: Any
                                     f"using the cached copy {target}"))
         return target
     if not objects:
-        raise ModelSourceError(f"{ref}: no objects under this prefix")
+        raise ModelSourceError(f"{ref}: no objects under this prefix", permanent=True)
     sizes = {k: o["Size"] for k, o in objects.items()}
     names = select_model_files(sizes, weights)
     _check_model_files(ref, names, weights)
@@ -413,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         folder, _ = fetch_model(args.model, interval=args.progress_interval)
     except ModelSourceError as exc:
         logger.error("%s", exc)
-        return 1
+        return EXIT_PERMANENT if exc.permanent else 1
     if args.gguf_dtype and folder.is_file() and folder.suffix.lower() == ".gguf":
         from hetero_infer.worker.runner.loader import convert_gguf  # torch: only here, only for a GGUF
 

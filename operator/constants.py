@@ -38,6 +38,9 @@ OPTIONAL_INFERENCE_POOL = "inference-pool"
 MODEL_CACHE_KEY_ANNOTATION = f"{GROUP}/model-cache-key"
 # On a download Job: the url it fetches (what status.model reports while it runs).
 MODEL_URL_ANNOTATION = f"{GROUP}/model-url"
+# On a download Job: the claim it writes into (with the cache key: which Job an InferenceDeployment on a shared claim
+# may wait on though another one created it).
+MODEL_CACHE_CLAIM_ANNOTATION = f"{GROUP}/model-cache-claim"
 
 # Annotation prefix for kopf's own bookkeeping (progress, last handled spec).
 KOPF_ANNOTATION_PREFIX = f"operator.{GROUP}"

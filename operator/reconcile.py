@@ -187,7 +187,8 @@ def sync_cache(client: kube.Client, owner: Owner, spec: InferenceSpec, defaults:
     except kube.ApiError as e:
         outcome.errors.append(f"model cache for {source}: {e}")
         return CacheStep(None, served)
-    stale = fetch_job_name(owner, served) if state.ready and served and served != key else None
+    stale = fetch_job_name(owner, served, spec.model.cache.claim_name) if state.ready and served and served != key \
+        else None
     return CacheStep(state, key if state.ready else served, stale)
 
 
@@ -206,6 +207,14 @@ def pod_downloads(client: kube.Client, owner: Owner, spec: InferenceSpec, outcom
     return init_state(url, pods, log)
 
 
+def _same_download(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Whether `live` fetches the same source into the same folder of the same claim as `desired` would."""
+    keys = (c.MODEL_CACHE_KEY_ANNOTATION, c.MODEL_CACHE_CLAIM_ANNOTATION)
+    have = (live.get("metadata") or {}).get("annotations") or {}
+    want = desired["metadata"]["annotations"]
+    return all(have.get(k) is not None and have.get(k) == want.get(k) for k in keys)
+
+
 def _ensure_job(client: kube.Client, desired: Mapping[str, Any], owner: Owner, outcome: Outcome,
                 record: Recorder) -> dict[str, Any] | None:
     """The download Job as it is: created when missing; one whose spec changed (a Job's pod template is
@@ -213,6 +222,8 @@ def _ensure_job(client: kube.Client, desired: Mapping[str, Any], owner: Owner, o
     desired = with_fingerprint(desired)
     name, ns = desired["metadata"]["name"], owner.namespace
     live = client.get(kube.JOB, ns, name)
+    if live is not None and not owned_by(live, owner.uid) and _same_download(live, desired):
+        return live  # another InferenceDeployment's Job fills this folder of the shared claim: wait on it
     if live is not None and not owned_by(live, owner.uid):
         result = ChildResult("Job", name, "conflict", live, f"Job {ns}/{name} exists but is not owned by this "
                                                              "InferenceDeployment; rename or delete it")

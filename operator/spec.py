@@ -17,7 +17,17 @@ from typing import Any
 from hetero_infer.contracts import cors  # the router's and workers' CORS rules, not a copy
 from hetero_infer.contracts.engine_options import DTYPES, EXECUTORS, Quantization
 from hetero_infer.contracts.router_options import RouterOptions
-from hetero_infer.operator.spec_pod import POD_FIELDS, PodSpec, SecretKeyRef, parse_pod, parse_secret_key_ref
+from hetero_infer.operator import constants as c
+from hetero_infer.operator.spec_pod import (
+    POD_FIELDS,
+    PodSpec,
+    SecretKeyRef,
+    parse_labels,
+    parse_name,
+    parse_pod,
+    parse_secret_key_ref,
+    parse_volumes,
+)
 from hetero_infer.operator.spec_reader import (
     DNS1035,
     DNS1123_SUBDOMAIN,
@@ -73,6 +83,15 @@ MODEL_URL = re.compile(
     r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?)$")
 MODEL_URL_FORMS = "hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX or pvc://CLAIM/PATH"
 DEFAULT_DOWNLOAD_SIZE = "20Gi"
+DEFAULT_FETCH_BACKOFF_LIMIT = 6  # Kubernetes' default, stated: about 10 minutes of retries before the Job fails
+# What the download Job mounts itself (manifests/cache.py): extra volumes and mounts must not take these.
+DOWNLOAD_OWN_VOLUMES = ("tmp", "model", "source")
+DOWNLOAD_OWN_MOUNT_PATHS = ("/tmp", "/models", "/source")
+DEFAULT_GPU_RESOURCE = c.GPU_RESOURCE
+# An extended resource (a device plugin's): DOMAIN/NAME, not in kubernetes.io's namespaces. MIG slices are such
+# names too (nvidia.com/mig-1g.10gb).
+EXTENDED_RESOURCE = re.compile(r"^(?![^/]*kubernetes\.io/)[a-z0-9]([-a-z0-9.]*[a-z0-9])?/"
+                               r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 CACHE_URL_SCHEMES = ("hf://", "s3://")  # what the download Job fetches into spec.model.cache
 MAX_NAME_LENGTH = 63  # the name is also the Service's name: a DNS-1035 label
 WORKERS_SERVICE_SUFFIX = "-workers"  # with the router, the worker Service is <name>-workers
@@ -101,6 +120,26 @@ class HostPathSource:
 
 
 @dataclass(frozen=True)
+class DownloadSpec:
+    """spec.model.cache.download: where the download Job runs, as whom, with what (each only when given)."""
+
+    image: str | None = None  # default: the operator's CPU worker image (a download needs no CUDA)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    affinity: dict[str, Any] | None = None
+    service_account_name: str | None = None  # e.g. IRSA / Workload Identity: credentials without static keys
+    priority_class_name: str | None = None
+    annotations: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    volumes: tuple[dict[str, Any], ...] = ()  # e.g. a private CA bundle (AWS_CA_BUNDLE, REQUESTS_CA_BUNDLE)
+    volume_mounts: tuple[dict[str, Any], ...] = ()
+    active_deadline_seconds: int | None = None
+    backoff_limit: int = DEFAULT_FETCH_BACKOFF_LIMIT
+    cpu: str | None = None
+    memory: str | None = None
+
+
+@dataclass(frozen=True)
 class CacheSpec:
     """spec.model.cache: a ReadWriteMany volume the download Job fills once and the workers mount read-only;
     an existing claim (`claim_name`), or one the operator creates (`size`, `storage_class_name`)."""
@@ -108,6 +147,7 @@ class CacheSpec:
     claim_name: str | None = None
     size: str | None = None
     storage_class_name: str | None = None  # None: the cluster's default class
+    download: DownloadSpec = field(default_factory=DownloadSpec)
 
 
 @dataclass(frozen=True)
@@ -125,6 +165,7 @@ class ModelSpec:
 @dataclass(frozen=True)
 class ResourcesSpec:
     gpus: int = DEFAULT_GPUS
+    gpu_resource: str = DEFAULT_GPU_RESOURCE  # the device plugin's resource: amd.com/gpu, nvidia.com/mig-1g.10gb, ...
     cpu: str | None = None
     memory: str | None = None
 
@@ -260,9 +301,12 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
     executor = r.string(spec, "executor", "spec", DEFAULT_EXECUTOR, enum=EXECUTORS)
     replicas = r.integer(spec, "replicas", "spec", DEFAULT_REPLICAS, minimum=0)
 
-    res = r.obj(spec.get("resources"), "spec.resources", ("gpus", "cpu", "memory"))
+    res = r.obj(spec.get("resources"), "spec.resources", ("gpus", "gpuResource", "cpu", "memory"))
     resources = ResourcesSpec(
         gpus=r.integer(res, "gpus", "spec.resources", DEFAULT_GPUS, minimum=0, maximum=MAX_GPUS),
+        gpu_resource=r.string(res, "gpuResource", "spec.resources", DEFAULT_GPU_RESOURCE, pattern=EXTENDED_RESOURCE,
+                              what="a device plugin's extended resource name such as nvidia.com/gpu, amd.com/gpu "
+                                   "or nvidia.com/mig-1g.10gb (DOMAIN/NAME, not in kubernetes.io)"),
         cpu=r.quantity(res, "cpu", "spec.resources"),
         memory=r.quantity(res, "memory", "spec.resources"),
     )
@@ -293,11 +337,8 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
 
     rollout = _parse_rollout(r, spec.get("rollout"), gpu=resources.gpus > 0)
     node_selector = string_map(r, spec.get("nodeSelector"), "spec.nodeSelector")
-    tolerations = _parse_tolerations(r, spec.get("tolerations"))
-    affinity = spec.get("affinity")
-    if affinity is not None and not isinstance(affinity, Mapping):
-        r.bad("spec.affinity", f"must be an object, got {type_name(affinity)}")
-        affinity = None
+    tolerations = _parse_tolerations(r, spec.get("tolerations"), "spec.tolerations")
+    affinity = _parse_affinity(r, spec.get("affinity"), "spec.affinity")
     env = _parse_env(r, spec.get("env"))
     router = _parse_router(r, spec.get("router"))
     pod = parse_pod(r, spec)
@@ -312,7 +353,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
     return InferenceSpec(
         model=model, image=image, executor=executor, replicas=replicas, resources=resources,
         engine=engine, autoscaling=autoscaling, service=service, rollout=rollout, node_selector=node_selector,
-        tolerations=tolerations, affinity=dict(affinity) if affinity else None, env=env, router=router, pod=pod,
+        tolerations=tolerations, affinity=affinity, env=env, router=router, pod=pod,
         api_key=api_key,
     )
 
@@ -362,7 +403,7 @@ def _parse_cache(r: Reader, raw: Any, url: str | None, gguf: str | None) -> Cach
         return None
     p = "spec.model.cache"
     before = len(r.problems)
-    ca = r.obj(raw, p, ("claimName", "storageClassName", "size"))
+    ca = r.obj(raw, p, ("claimName", "storageClassName", "size", "download"))
     claim = r.string(ca, "claimName", p, pattern=DNS1123_SUBDOMAIN, what="a PersistentVolumeClaim's name")
     storage_class = r.string(ca, "storageClassName", p, pattern=DNS1123_SUBDOMAIN, what="a StorageClass's name")
     size = r.quantity(ca, "size", p)
@@ -375,9 +416,34 @@ def _parse_cache(r: Reader, raw: Any, url: str | None, gguf: str | None) -> Cach
         r.bad(p, "needs spec.model.url hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX (what the download Job "
                  "fetches), or a .gguf file (path, or pvc/pvc:// with a subPath) that it converts once, got "
                  f"{'url ' + repr(url) if url else 'neither'}")
+    download = _parse_download(r, ca.get("download"), f"{p}.download")
     if len(r.problems) > before:
         return None
-    return CacheSpec(claim_name=claim, size=size, storage_class_name=storage_class)
+    return CacheSpec(claim_name=claim, size=size, storage_class_name=storage_class, download=download)
+
+
+def _parse_download(r: Reader, raw: Any, p: str) -> DownloadSpec:
+    d = r.obj(raw, p, ("image", "nodeSelector", "tolerations", "affinity", "serviceAccountName", "priorityClassName",
+                       "podAnnotations", "podLabels", "volumes", "volumeMounts", "activeDeadlineSeconds",
+                       "backoffLimit", "resources"))
+    res = r.obj(d.get("resources"), f"{p}.resources", ("cpu", "memory"))
+    volumes, mounts = parse_volumes(r, d, p, DOWNLOAD_OWN_VOLUMES, DOWNLOAD_OWN_MOUNT_PATHS)
+    return DownloadSpec(
+        image=r.string(d, "image", p),
+        node_selector=string_map(r, d.get("nodeSelector"), f"{p}.nodeSelector"),
+        tolerations=tuple(_parse_tolerations(r, d.get("tolerations"), f"{p}.tolerations")),
+        affinity=_parse_affinity(r, d.get("affinity"), f"{p}.affinity"),
+        service_account_name=parse_name(r, d, "serviceAccountName", p),
+        priority_class_name=parse_name(r, d, "priorityClassName", p),
+        annotations=string_map(r, d.get("podAnnotations"), f"{p}.podAnnotations"),
+        labels=parse_labels(r, d.get("podLabels"), f"{p}.podLabels"),
+        volumes=volumes,
+        volume_mounts=mounts,
+        active_deadline_seconds=r.integer(d, "activeDeadlineSeconds", p, minimum=60, maximum=7 * 86400),
+        backoff_limit=r.integer(d, "backoffLimit", p, DEFAULT_FETCH_BACKOFF_LIMIT, minimum=0, maximum=100),
+        cpu=r.quantity(res, "cpu", f"{p}.resources"),
+        memory=r.quantity(res, "memory", f"{p}.resources"),
+    )
 
 
 def _sub_path(r: Reader, data: Mapping, path: str) -> str | None:
@@ -517,15 +583,22 @@ def _parse_rollout(r: Reader, raw: Any, gpu: bool) -> RolloutSpec:
     return RolloutSpec(strategy, surge, unavailable)
 
 
-def _parse_tolerations(r: Reader, raw: Any) -> list[dict[str, Any]]:
+def _parse_affinity(r: Reader, raw: Any, path: str) -> dict[str, Any] | None:
+    if raw is not None and not isinstance(raw, Mapping):
+        r.bad(path, f"must be an object, got {type_name(raw)}")
+        return None
+    return dict(raw) if raw else None
+
+
+def _parse_tolerations(r: Reader, raw: Any, path: str) -> list[dict[str, Any]]:
     if raw is None:
         return []
     if not isinstance(raw, list):
-        r.bad("spec.tolerations", f"must be an array, got {type_name(raw)}")
+        r.bad(path, f"must be an array, got {type_name(raw)}")
         return []
     out = []
     for i, item in enumerate(raw):
-        p = f"spec.tolerations[{i}]"
+        p = f"{path}[{i}]"
         t = r.obj(item, p, ("key", "operator", "value", "effect", "tolerationSeconds"))
         r.string(t, "key", p)
         r.string(t, "operator", p, enum=TOLERATION_OPERATORS)

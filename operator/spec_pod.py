@@ -78,9 +78,8 @@ def parse_secret_key_ref(r: Reader, raw: Any, path: str) -> SecretKeyRef | None:
 def parse_pod(r: Reader, spec: Mapping[str, Any]) -> PodSpec:
     """The pod-level fields of `spec` (its top level: POD_FIELDS)."""
     p = "spec"
-    names = {}
-    for key in ("serviceAccountName", "priorityClassName", "runtimeClassName"):
-        names[key] = r.string(spec, key, p, pattern=DNS1123_SUBDOMAIN, what="a DNS-1123 subdomain name")
+    names = {key: parse_name(r, spec, key, p) for key in ("serviceAccountName", "priorityClassName",
+                                                           "runtimeClassName")}
     drain = r.integer(spec, "drainSeconds", p, DEFAULT_DRAIN_SECONDS, minimum=0, maximum=MAX_SECONDS)
     least_grace = PRESTOP_SLEEP_SECONDS + drain
     grace = r.integer(spec, "terminationGracePeriodSeconds", p, least_grace + DRAIN_MARGIN_SECONDS, minimum=0,
@@ -88,35 +87,35 @@ def parse_pod(r: Reader, spec: Mapping[str, Any]) -> PodSpec:
     if grace < least_grace:
         r.bad(f"{p}.terminationGracePeriodSeconds", f"must be at least {least_grace} (the preStop's "
               f"{PRESTOP_SLEEP_SECONDS} s plus drainSeconds {drain}), got {grace}")
-    volumes = _objects(r, spec.get("volumes"), f"{p}.volumes", required=("name",))
-    mounts = _objects(r, spec.get("volumeMounts"), f"{p}.volumeMounts", required=("name", "mountPath"))
-    _check_volumes(r, volumes, mounts)
-    labels = string_map(r, spec.get("podLabels"), f"{p}.podLabels")
-    for key in sorted(set(labels) & {c.LABEL_OWNER, c.LABEL_COMPONENT, c.LABEL_NAME, c.LABEL_INSTANCE,
-                                     c.LABEL_MANAGED_BY}):
-        r.bad(f"{p}.podLabels.{key}", "is set by the operator (it selects the pods)")
-    spread = _objects(r, spec.get("topologySpreadConstraints"), f"{p}.topologySpreadConstraints",
-                      required=("maxSkew", "topologyKey", "whenUnsatisfiable"))
-    for i, item in enumerate(spread):
-        q = f"{p}.topologySpreadConstraints[{i}]"
-        r.integer(item, "maxSkew", q, minimum=1)
-        r.string(item, "topologyKey", q)
-        r.string(item, "whenUnsatisfiable", q, enum=WHEN_UNSATISFIABLE)
+    volumes, mounts = parse_volumes(r, spec, p, OWN_VOLUMES, OWN_MOUNT_PATHS)
+    labels = parse_labels(r, spec.get("podLabels"), f"{p}.podLabels")
+    spread = parse_spread(r, spec.get("topologySpreadConstraints"), f"{p}.topologySpreadConstraints")
     return PodSpec(
         image_pull_secrets=_pull_secrets(r, spec.get("imagePullSecrets"), f"{p}.imagePullSecrets"),
         service_account_name=names["serviceAccountName"],
         priority_class_name=names["priorityClassName"],
         runtime_class_name=names["runtimeClassName"],
-        topology_spread_constraints=tuple(spread),
+        topology_spread_constraints=spread,
         annotations=string_map(r, spec.get("podAnnotations"), f"{p}.podAnnotations"),
         labels=labels,
-        volumes=tuple(volumes),
-        volume_mounts=tuple(mounts),
+        volumes=volumes,
+        volume_mounts=mounts,
         startup_timeout_seconds=r.integer(spec, "startupTimeoutSeconds", p, DEFAULT_STARTUP_TIMEOUT_SECONDS,
                                           minimum=STARTUP_PROBE_PERIOD_SECONDS, maximum=MAX_SECONDS),
         drain_seconds=drain,
         termination_grace_period_seconds=grace,
     )
+
+
+def parse_spread(r: Reader, raw: Any, path: str) -> tuple[dict[str, Any], ...]:
+    """core/v1 TopologySpreadConstraints (their labelSelector is the user's to give)."""
+    spread = _objects(r, raw, path, required=("maxSkew", "topologyKey", "whenUnsatisfiable"))
+    for i, item in enumerate(spread):
+        q = f"{path}[{i}]"
+        r.integer(item, "maxSkew", q, minimum=1)
+        r.string(item, "topologyKey", q)
+        r.string(item, "whenUnsatisfiable", q, enum=WHEN_UNSATISFIABLE)
+    return tuple(spread)
 
 
 def _objects(r: Reader, raw: Any, path: str, required: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -147,16 +146,35 @@ def _pull_secrets(r: Reader, raw: Any, path: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _check_volumes(r: Reader, volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]) -> None:
+def parse_volumes(r: Reader, data: Mapping[str, Any], p: str, own_volumes: tuple[str, ...],
+                  own_mount_paths: tuple[str, ...]) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
+    """`p`.volumes and `p`.volumeMounts (extra core/v1 ones, beside the operator's own names and paths)."""
+    volumes = _objects(r, data.get("volumes"), f"{p}.volumes", required=("name",))
+    mounts = _objects(r, data.get("volumeMounts"), f"{p}.volumeMounts", required=("name", "mountPath"))
     names = [v.get("name") for v in volumes]
     for i, name in enumerate(names):
-        if name in OWN_VOLUMES:
-            r.bad(f"spec.volumes[{i}].name", f"{name!r} is the operator's own volume")
+        if name in own_volumes:
+            r.bad(f"{p}.volumes[{i}].name", f"{name!r} is the operator's own volume")
         elif names.index(name) != i:
-            r.bad(f"spec.volumes[{i}].name", f"{name!r} is given twice")
+            r.bad(f"{p}.volumes[{i}].name", f"{name!r} is given twice")
     for i, mount in enumerate(mounts):
         if mount.get("name") is not None and mount.get("name") not in names:
-            r.bad(f"spec.volumeMounts[{i}].name", f"{mount.get('name')!r} names no volume of spec.volumes")
+            r.bad(f"{p}.volumeMounts[{i}].name", f"{mount.get('name')!r} names no volume of {p}.volumes")
         path = str(mount.get("mountPath") or "").rstrip("/")
-        if path in OWN_MOUNT_PATHS:
-            r.bad(f"spec.volumeMounts[{i}].mountPath", f"{path!r} is the operator's own mount")
+        if path in own_mount_paths:
+            r.bad(f"{p}.volumeMounts[{i}].mountPath", f"{path!r} is the operator's own mount")
+    return tuple(volumes), tuple(mounts)
+
+
+def parse_labels(r: Reader, raw: Any, path: str) -> dict[str, str]:
+    """Extra pod labels: not the ones the operator selects its pods by."""
+    labels = string_map(r, raw, path)
+    for key in sorted(set(labels) & {c.LABEL_OWNER, c.LABEL_COMPONENT, c.LABEL_NAME, c.LABEL_INSTANCE,
+                                     c.LABEL_MANAGED_BY}):
+        r.bad(f"{path}.{key}", "is set by the operator (it selects the pods)")
+    return labels
+
+
+def parse_name(r: Reader, data: Mapping[str, Any], key: str, path: str) -> str | None:
+    """The name of a ServiceAccount, PriorityClass or RuntimeClass."""
+    return r.string(data, key, path, pattern=DNS1123_SUBDOMAIN, what="a DNS-1123 subdomain name")

@@ -1,10 +1,17 @@
 """spec.model.cache: the claim the operator creates (with cache.size) and the download Job that fills one folder
 of the cache per source and revision (common.cache_key), which the workers then mount read-only.
 
-The Job runs the worker's image: `hetero-infer fetch URL --link /models/KEY/model` with the credentials Secret
+The Job runs `hetero-infer fetch URL --link /models/KEY/model` in the operator's CPU worker image (a download needs
+no CUDA; spec.model.cache.download.image, or the worker's image for a GGUF inside it) with the credentials Secret
 as its environment, HF_HOME and HETERO_INFER_MODEL_CACHE under /models/KEY, and restartPolicy Never, so every
 failed attempt leaves a pod whose termination message (the log's last lines) says why; the Job controller
-retries with exponential back-off (10 s, 20 s, ... capped at 6 min) up to FETCH_BACKOFF_LIMIT times.
+retries with exponential back-off (10 s, 20 s, ... capped at 6 min) up to backoffLimit times, except a failure
+no retry can help (not found, access denied: fetch's EXIT_PERMANENT), which fails the Job at once
+(podFailurePolicy). spec.model.cache.download places it (nodeSelector, tolerations, affinity, priority), names
+who it runs as (serviceAccountName: IRSA, Workload Identity) and adds volumes (a private CA bundle).
+
+On an existing claim (cache.claimName) shared by several InferenceDeployments, one Job per claim and source
+writes a folder (fetch_job_name): the first to need it creates it, the others wait on the same Job.
 """
 
 from __future__ import annotations
@@ -12,11 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hetero_infer.model_source import EXIT_PERMANENT
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.manifests.common import (
     MODEL_CACHE_SUFFIX,
     Owner,
     WorkerDefaults,
+    cache_claim_name,
     cache_key,
     common_labels,
     fetch_job_name,
@@ -31,9 +40,9 @@ from hetero_infer.operator.manifests.worker import (
     worker_image,
     worker_memory,
 )
-from hetero_infer.operator.spec import InferenceSpec
+from hetero_infer.operator.spec import DEFAULT_FETCH_BACKOFF_LIMIT, InferenceSpec
 
-FETCH_BACKOFF_LIMIT = 6  # Kubernetes' default, stated: about 10 minutes of retries before the Job fails
+FETCH_BACKOFF_LIMIT = DEFAULT_FETCH_BACKOFF_LIMIT
 CACHE_ACCESS_MODES = ["ReadWriteMany"]  # one download, every worker on any node reads it
 SOURCE_MOUNT = "/source"  # a GGUF's claim, read-only, in the download Job
 
@@ -81,32 +90,66 @@ def cache_claim(owner: Owner, spec: InferenceSpec) -> dict[str, Any] | None:
     }
 
 
+def download_image(spec: InferenceSpec, defaults: WorkerDefaults) -> str:
+    """download.image; else the worker's image for a GGUF inside it (the file is there), else the operator's CPU
+    worker image: `hetero-infer fetch` needs no CUDA, and a CPU node pool need not pull a CUDA image."""
+    assert spec.model.cache is not None
+    if spec.model.cache.download.image:
+        return spec.model.cache.download.image
+    if spec.model.path is not None:  # a .gguf file in the worker's image
+        return worker_image(spec, defaults)
+    return defaults.image
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Fail the Job at once when the fetch says no retry can help (a 401/403/404: EXIT_PERMANENT, or a bad command
+    line), and do not count a pod a node drain or preemption took (DisruptionTarget) as a failed attempt."""
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": "fetch-model", "operator": "In",
+                                              "values": [2, EXIT_PERMANENT]}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]}
+
+
 def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, claim: str) -> dict[str, Any]:
     """The Job that fetches the model (fetch_source) into its folder of the cache claim `claim`."""
     assert spec.model.cache is not None, "a download Job needs spec.model.cache"
+    dl = spec.model.cache.download
     source = fetch_source(spec, defaults)
     key = cache_key(source.name)
     options = ("--gguf-dtype", source.gguf_dtype) if source.gguf_dtype else ()
-    container = fetch_container(spec, worker_image(spec, defaults), defaults, container_security(), cached=key,
+    container = fetch_container(spec, download_image(spec, defaults), defaults, container_security(), cached=key,
                                 source=source.argument, options=options)
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}},
                                      {"name": "model", "persistentVolumeClaim": {"claimName": claim}}]
     if source.gguf_dtype:  # the conversion holds the whole model in memory, as the worker does: the worker's room
         memory = worker_memory(spec)
         container["resources"] = {"requests": {"cpu": "1", "memory": memory}, "limits": {"memory": memory}}
+    if dl.cpu or dl.memory:
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        requests["cpu"] = dl.cpu or requests["cpu"]
+        requests["memory"] = limits["memory"] = dl.memory or requests["memory"]
     if source.claim is not None:
         volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}})
         container["volumeMounts"].append({"name": "source", "mountPath": SOURCE_MOUNT, "readOnly": True})
-    meta = metadata(owner, fetch_job_name(owner, key), c.COMPONENT_MODEL_CACHE)
-    meta["annotations"] = {c.MODEL_URL_ANNOTATION: source.name, c.MODEL_CACHE_KEY_ANNOTATION: key}
+    volumes += [dict(v) for v in dl.volumes]
+    container["volumeMounts"] += [dict(m) for m in dl.volume_mounts]
+    meta = metadata(owner, fetch_job_name(owner, key, spec.model.cache.claim_name), c.COMPONENT_MODEL_CACHE)
+    meta["annotations"] = {c.MODEL_URL_ANNOTATION: source.name, c.MODEL_CACHE_KEY_ANNOTATION: key,
+                           c.MODEL_CACHE_CLAIM_ANNOTATION: cache_claim_name(owner, spec)}
+    template_meta: dict[str, Any] = {"labels": {**dl.labels, **common_labels(owner.name, c.COMPONENT_MODEL_CACHE)}}
+    if dl.annotations:
+        template_meta["annotations"] = dict(dl.annotations)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": meta,
         "spec": {
-            "backoffLimit": FETCH_BACKOFF_LIMIT,
+            "backoffLimit": dl.backoff_limit,
+            "activeDeadlineSeconds": dl.active_deadline_seconds,
+            "podFailurePolicy": pod_failure_policy(),
             "template": {
-                "metadata": {"labels": common_labels(owner.name, c.COMPONENT_MODEL_CACHE)},
+                "metadata": template_meta,
                 "spec": {
                     "restartPolicy": "Never",
                     "containers": [container],
@@ -115,6 +158,11 @@ def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cl
                     "enableServiceLinks": False,
                     "securityContext": pod_security(),
                     "imagePullSecrets": image_pull_secrets(spec, defaults),
+                    "serviceAccountName": dl.service_account_name,
+                    "priorityClassName": dl.priority_class_name,
+                    "nodeSelector": dict(dl.node_selector) or None,
+                    "tolerations": [dict(t) for t in dl.tolerations] or None,
+                    "affinity": dl.affinity,
                 },
             },
         },
@@ -122,4 +170,4 @@ def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cl
 
 
 __all__ = ["CACHE_ACCESS_MODES", "FETCH_BACKOFF_LIMIT", "MODEL_MOUNT", "SOURCE_MOUNT", "FetchSource", "cache_claim",
-           "cache_key", "download_job", "fetch_source"]
+           "cache_key", "download_image", "download_job", "fetch_source", "pod_failure_policy"]

@@ -131,7 +131,11 @@ def cache_claim_name(owner: Owner, spec: InferenceSpec) -> str:
     return cache.claim_name if cache is not None and cache.claim_name else owner.name + MODEL_CACHE_SUFFIX
 
 
-def fetch_job_name(owner: Owner, key: str) -> str:
+def fetch_job_name(owner: Owner, key: str, shared_claim: str | None = None) -> str:
     """The download Job of one cache folder (cache_key: its url's digest ends it); a DNS-1123 label, as its pods
-    carry it as a label value."""
+    carry it as a label value. On an existing claim (`shared_claim`, cache.claimName) that other InferenceDeployments
+    may share, named by the claim and the folder: one Job per claim and source, never two writing one folder."""
+    if shared_claim:
+        prefix = re.sub(r"[^a-z0-9-]", "-", shared_claim[:40]).strip("-")
+        return f"{prefix}{FETCH_JOB_INFIX}{url_digest(shared_claim + '/' + key)}"
     return f"{owner.name[:40].rstrip('-')}{FETCH_JOB_INFIX}{key.rsplit('-', 1)[-1]}"

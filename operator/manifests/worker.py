@@ -131,8 +131,8 @@ def _resources(spec: InferenceSpec) -> dict[str, Any]:
         requests["ephemeral-storage"] = spec.model.download_size
     limits: dict[str, Any] = {"memory": memory}  # no CPU limit: throttling hurts latency more than it saves
     if gpu:
-        requests[c.GPU_RESOURCE] = str(spec.resources.gpus)
-        limits[c.GPU_RESOURCE] = str(spec.resources.gpus)
+        requests[spec.resources.gpu_resource] = str(spec.resources.gpus)
+        limits[spec.resources.gpu_resource] = str(spec.resources.gpus)
     return {"requests": requests, "limits": limits}
 
 
@@ -202,10 +202,19 @@ def fetch_container(spec: InferenceSpec, image: str, defaults: WorkerDefaults,
     }
 
 
+def gpu_taints(resource: str) -> list[str]:
+    """The NoSchedule taints GPU nodes commonly carry for `resource`: its own name (nvidia.com/gpu, amd.com/gpu),
+    and nvidia.com/gpu for NVIDIA's other resources (MIG slices: the node is still tainted nvidia.com/gpu)."""
+    return [resource] + ([c.GPU_RESOURCE] if resource.startswith("nvidia.com/") and resource != c.GPU_RESOURCE
+                         else [])
+
+
 def _tolerations(spec: InferenceSpec) -> list[dict[str, Any]] | None:
     tolerations = [dict(t) for t in spec.tolerations]
-    if spec.resources.gpus > 0 and not any(t.get("key") == c.GPU_RESOURCE for t in tolerations):
-        tolerations.append({"key": c.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    if spec.resources.gpus > 0:
+        for key in gpu_taints(spec.resources.gpu_resource):
+            if not any(t.get("key") == key for t in tolerations):
+                tolerations.append({"key": key, "operator": "Exists", "effect": "NoSchedule"})
     return tolerations or None
 
 

@@ -118,7 +118,7 @@ def test_schema_defaults_match_the_operator_defaults(crd: dict[str, Any]) -> Non
                     router={"inferencePool": {"endpointPicker": "epp"}})
     filled = defaulted(crd, obj)["spec"]
     assert filled["executor"] == s.DEFAULT_EXECUTOR and filled["replicas"] == s.DEFAULT_REPLICAS
-    assert filled["resources"] == {"gpus": s.DEFAULT_GPUS}
+    assert filled["resources"] == {"gpus": s.DEFAULT_GPUS, "gpuResource": s.DEFAULT_GPU_RESOURCE}
     assert filled["service"] == {"type": s.DEFAULT_SERVICE_TYPE, "port": s.DEFAULT_SERVICE_PORT}
     a = filled["autoscaling"]
     assert a["mode"] == s.DEFAULT_MODE and a["minReplicas"] == s.DEFAULT_MIN_REPLICAS
@@ -243,6 +243,21 @@ BAD = {
                                      "terminationGracePeriodSeconds"),
     "grace shorter than the default drain": (with_spec(terminationGracePeriodSeconds=30),
                                              "terminationGracePeriodSeconds"),
+    "gpu resource without a domain": (with_spec(resources={"gpus": 1, "gpuResource": "gpu"}), "gpuResource"),
+    "gpu resource in kubernetes.io": (with_spec(resources={"gpus": 1, "gpuResource": "kubernetes.io/gpu"}),
+                                      "gpuResource"),
+    "download with an unknown field": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {
+        "size": "5Gi", "download": {"nodeSelectors": {}}}}), "nodeSelectors"),
+    "download service account not a DNS name": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {
+        "size": "5Gi", "download": {"serviceAccountName": "S3 Reader"}}}), "serviceAccountName"),
+    "download deadline under a minute": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {
+        "size": "5Gi", "download": {"activeDeadlineSeconds": 5}}}), "activeDeadlineSeconds"),
+    "download volume named like the Job's own": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {
+        "size": "5Gi", "download": {"volumes": [{"name": "model", "emptyDir": {}}]}}}), "model"),
+    "download mount of a volume that is not there": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {
+        "size": "5Gi", "download": {"volumeMounts": [{"name": "ca", "mountPath": "/ca"}]}}}), "volume"),
+    "download toleration with an unknown operator": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {
+        "size": "5Gi", "download": {"tolerations": [{"key": "k", "operator": "Maybe"}]}}}), "operator"),
     "name too long for the worker Service": ({**with_spec(router={"enabled": True}),
                                               "metadata": {"name": "x" * 56, "namespace": "default"}}, "55"),
 }

@@ -227,11 +227,14 @@ def test_the_download_job_fills_the_folder_the_workers_serve(hub, tmp_path: Path
     # Its refusals, as the failed pod's termination message carries them.
     missing_job = download_job(OWNER, spec_with(url="hf://org/missing", cache={"claimName": "s"}), WorkerDefaults(), "s")
     missing = run_job_command(missing_job, cache, {"HF_ENDPOINT": hub.url, "HF_TOKEN": hub.token})
-    assert missing.returncode == 1 and failure_reason(error_line(missing.stderr)) == NOT_FOUND, missing.stderr
+    assert failure_reason(error_line(missing.stderr)) == NOT_FOUND, missing.stderr
+    # ... with a status the Job's podFailurePolicy fails the Job on at once, instead of ~10 minutes of retries
+    assert fails_the_job_at_once(missing_job, missing.returncode), missing.returncode
     # Without a token the Hub answers 401 for a repository it does not have (it tells no one which private ones
     # exist): a token is what to try first.
     anonymous = run_job_command(missing_job, cache, {"HF_ENDPOINT": hub.url})
     assert "not found or not authorized (HTTP 401)" in error_line(anonymous.stderr)
+    assert fails_the_job_at_once(missing_job, anonymous.returncode)
     assert failure_reason(error_line(anonymous.stderr)) == UNAUTHORIZED
     private = Repo(private=True)
     private.add_commit(files)
@@ -239,7 +242,24 @@ def test_the_download_job_fills_the_folder_the_workers_serve(hub, tmp_path: Path
     refused = run_job_command(download_job(OWNER, spec_with(url="hf://org/private", cache={"claimName": "s"}),
                                            WorkerDefaults(), "s"), cache, {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_wrong"})
     line = error_line(refused.stderr)
-    assert refused.returncode == 1 and failure_reason(line) == UNAUTHORIZED and "hf_wrong" not in refused.stderr
+    assert failure_reason(line) == UNAUTHORIZED and "hf_wrong" not in refused.stderr
+    assert fails_the_job_at_once(missing_job, refused.returncode)
+    # An unreachable Hub is worth a retry: that status is counted against backoffLimit instead.
+    unreachable = run_job_command(missing_job, cache, {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "2"})
+    assert unreachable.returncode == 1 and not fails_the_job_at_once(missing_job, unreachable.returncode), \
+        unreachable.stderr
+
+
+def fails_the_job_at_once(job: dict, exit_code: int) -> bool:
+    """Kubernetes' podFailurePolicy onExitCodes rule, as the Job controller applies it to the fetch container."""
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    for rule in job["spec"]["podFailurePolicy"]["rules"]:
+        codes = rule.get("onExitCodes")
+        if codes and codes.get("containerName") in (None, container["name"]) and exit_code != 0:
+            hit = exit_code in codes["values"]
+            if hit == (codes["operator"] == "In"):
+                return rule["action"] == "FailJob"
+    return False
 
 
 # -- a GGUF converted once into the cache ---------------------------------------------------------------------

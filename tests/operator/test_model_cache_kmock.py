@@ -26,8 +26,8 @@ def cached(**model: Any) -> dict[str, Any]:
     return infd(model=spec, replicas=2)
 
 
-def job_name(url: str = URL) -> str:
-    return fetch_job_name(Owner("smol", NS, ""), cache_key(url))
+def job_name(url: str = URL, claim: str | None = None) -> str:
+    return fetch_job_name(Owner("smol", NS, ""), cache_key(url), claim)
 
 
 def condition(kmock: Any, kind: str) -> dict[str, Any] | None:
@@ -218,16 +218,79 @@ async def test_an_existing_claim_is_waited_for_and_never_created(kmock: Any, ope
     await create(kmock, cached(url="s3://models/llama/8b", cache={"claimName": "shared-models"}))
     await wait_for(lambda: "shared-models" in (condition(kmock, c.COND_MODEL_READY) or {}).get("message", ""),
                    what="waiting for the claim")
-    assert live(kmock, JOBS, job_name("s3://models/llama/8b")) is None and live(kmock, PVCS, "smol-model-cache") is None
+    assert live(kmock, JOBS, job_name("s3://models/llama/8b", "shared-models")) is None
+    assert live(kmock, PVCS, "smol-model-cache") is None
     rsp = await kmock.post(f"/api/v1/namespaces/{NS}/persistentvolumeclaims", json={
         "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "shared-models", "namespace": NS},
         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "100Gi"}}}})
     assert rsp.status == 200
     # Not a child of this InferenceDeployment: the resync (or an edit) notices it.
     await patch(kmock, INFD_PATH, {"spec": {"replicas": 3}})
-    job = await wait_for(lambda: live(kmock, JOBS, job_name("s3://models/llama/8b")), what="the Job")
+    job = await wait_for(lambda: live(kmock, JOBS, job_name("s3://models/llama/8b", "shared-models")), what="the Job")
     assert {"name": "model", "persistentVolumeClaim": {"claimName": "shared-models"}} in \
         job["spec"]["template"]["spec"]["volumes"]
+
+
+async def test_two_deployments_on_one_claim_and_url_share_one_download_job(kmock: Any, operator: Any) -> None:
+    """Two InferenceDeployments of one model on one existing claim: one Job writes its folder (named by the claim and
+    the source, not by either owner); the second waits on it, and both start their workers once it completed."""
+    await operator()
+    rsp = await kmock.post(f"/api/v1/namespaces/{NS}/persistentvolumeclaims", json={
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "shared-models", "namespace": NS},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "100Gi"}}}})
+    assert rsp.status == 200
+    model = {"name": "tiny", "url": URL, "cache": {"claimName": "shared-models"}}
+    first = await create(kmock, infd("first", model=model))
+    name = job_name(URL, "shared-models")
+    job = await wait_for(lambda: live(kmock, JOBS, name), what="the shared download Job")
+    assert [o["uid"] for o in job["metadata"]["ownerReferences"]] == [first["metadata"]["uid"]]
+    await create(kmock, infd("second", model=model))
+    await wait_for(lambda: (live(kmock, INFD, "second") or {}).get("status", {}).get("model", {}).get("phase")
+                   == "Pending", what="the second one waiting on the first one's Job")
+    assert [k for k in kmock.objects if k[0] == JOBS and not kmock.objects[k].deleted] == [(JOBS, NS, name)]
+    assert not any(e.get("reason") == "ChildConflict" for e in events(kmock))
+    await job_status(kmock, name, COMPLETE)
+    for owner in ("first", "second"):
+        dep = await wait_for(lambda o=owner: live(kmock, DEPLOYMENTS, o), what=f"{owner}'s workers")
+        assert dep["metadata"]["annotations"][c.MODEL_CACHE_KEY_ANNOTATION] == cache_key(URL)
+
+
+async def test_the_download_job_runs_where_and_as_whom_the_spec_says(kmock: Any, operator: Any) -> None:
+    """spec.model.cache.download reaches the Job: a CPU node pool, a workload-identity ServiceAccount, a private CA
+    bundle from a ConfigMap, a priority, a deadline and the fail-fast policy; an image of its own."""
+    await operator()
+    download = {
+        "image": "registry.example.com/hetero-infer/fetch:1",
+        "nodeSelector": {"pool": "cpu"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+        "serviceAccountName": "model-reader",
+        "priorityClassName": "batch-low",
+        "podLabels": {"azure.workload.identity/use": "true"},
+        "podAnnotations": {"eks.amazonaws.com/sts-regional-endpoints": "true"},
+        "volumes": [{"name": "ca", "configMap": {"name": "corp-ca"}}],
+        "volumeMounts": [{"name": "ca", "mountPath": "/etc/corp-ca", "readOnly": True}],
+        "activeDeadlineSeconds": 7200,
+        "backoffLimit": 2,
+        "resources": {"cpu": "2", "memory": "1Gi"},
+    }
+    await create(kmock, cached(url="s3://models/llama/8b", credentialsSecret=None,
+                               cache={"size": "50Gi", "download": download}))
+    job = await wait_for(lambda: live(kmock, JOBS, job_name("s3://models/llama/8b")), what="the download Job")
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert spec["activeDeadlineSeconds"] == 7200 and spec["backoffLimit"] == 2
+    assert spec["podFailurePolicy"]["rules"][0]["action"] == "FailJob"
+    assert pod["nodeSelector"] == {"pool": "cpu"} and pod["tolerations"] == download["tolerations"]
+    assert pod["affinity"] == download["affinity"]
+    assert pod["serviceAccountName"] == "model-reader" and pod["priorityClassName"] == "batch-low"
+    assert job["spec"]["template"]["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    assert job["spec"]["template"]["metadata"]["annotations"] == download["podAnnotations"]
+    assert {v["name"]: v.get("configMap", {}).get("name") for v in pod["volumes"]}["ca"] == "corp-ca"
+    (fetch,) = pod["containers"]
+    assert fetch["image"] == download["image"]
+    assert {"name": "ca", "mountPath": "/etc/corp-ca", "readOnly": True} in fetch["volumeMounts"]
+    assert fetch["resources"] == {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
 
 
 async def test_a_gguf_on_a_claim_is_converted_once_for_gpu_workers(kmock: Any, operator: Any) -> None:

@@ -138,13 +138,14 @@ def test_a_repository_without_a_model_is_refused(hub_env):
 
 def test_fetch_command(hub_env, model_files, capsys, caplog):
     from hetero_infer.cli import main
+    from hetero_infer.model_source import EXIT_PERMANENT
 
     _publish(hub_env, model_files)
     assert main(["fetch", "hf://org/tiny"]) == 0
     folder = capsys.readouterr().out.strip()
     assert set(os.listdir(folder)) == MODEL_FILES
     caplog.clear()
-    assert main(["fetch", "hf://org/missing"]) == 1
+    assert main(["fetch", "hf://org/missing"]) == EXIT_PERMANENT  # the download Job fails at once (no retries)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and errors[0].startswith("hf://org/missing: repository not found")
 
