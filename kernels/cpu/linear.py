@@ -164,12 +164,19 @@ def unsupported(kind: str, weight: torch.Tensor) -> str | None:
     if kind == "gemm_bf16":
         if weight.dtype != torch.bfloat16 or weight.shape[1] % 2:
             return "the bfloat16 GEMM takes bfloat16 weights with an even K"
-        return None if _gemm_bf16() is not None else "no AVX512_BF16 in this build of the C kernels"
+        return None if _gemm_bf16() is not None else _missing("bfloat16 GEMM", "AVX512_BF16 or AVX2 + FMA")
     if kind == "gemm_f32":
         if weight.dtype != torch.float32:
             return "the float32 GEMM takes float32 weights"
-        return None if _gemm_f32() is not None else "no AVX-512F in this build of the C kernels"
+        return None if _gemm_f32() is not None else _missing("float32 GEMM", "AVX-512F or AVX2 + FMA")
     return f"unknown linear kernel {kind!r}"
+
+
+def _missing(kernel: str, needs: str) -> str:
+    """Why the library has no `kernel`: no library, or the ISA level it was built for."""
+    if native.library() is None:
+        return "the C kernels are off or could not be built"
+    return f"no {kernel} in this build of the C kernels (ISA level {native.isa()}; it needs {needs})"
 
 
 def pack_as(kind: str, weight: torch.Tensor) -> PackedWeight:

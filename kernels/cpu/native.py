@@ -1,7 +1,8 @@
 """The CPU kernels in `kernels/cpu/csrc/`, compiled once with the system C compiler and loaded through ctypes.
 
 One shared library holds them all (paged attention, fused norm/rotary/activation, the bfloat16 and float32
-GEMMs). It is built with `-march=native` into the cache folder, keyed by a digest of the sources, flags,
+GEMMs). It is built with `-march=native` (or the ISA level HETERO_INFER_CPU_ISA forces: `avx2` builds the
+AVX2 + FMA kernels an AVX2-only CPU runs, on any CPU that has AVX2; `portable` the plain C ones) into the cache folder, keyed by a digest of the sources, flags,
 compiler and CPU features, so a change to any of them rebuilds it (about two seconds; no torch headers are needed). Its OpenMP
 calls resolve to the libgomp torch has already loaded, so the kernels share torch's thread pool. Without a
 C compiler, or with HETERO_INFER_CPU_KERNEL=0, `library()` is None and the engine keeps its PyTorch paths.
@@ -19,6 +20,7 @@ import platform
 import shutil
 import subprocess
 import sysconfig
+import time
 from pathlib import Path
 
 import torch
@@ -33,10 +35,36 @@ SOURCES = Path(__file__).parent / "csrc"
 FLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-shared", "-fPIC"]
 
 
+# HETERO_INFER_CPU_ISA -> the -march of the build, and the CPU flags it needs (a library with instructions the
+# CPU lacks dies of SIGILL at its first call, so such a request is refused)
+ISA_LEVELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "native": ("native", ()),
+    "avx512": ("native", ("avx512f",)),
+    "avx2": ("x86-64-v3", ("avx2", "fma")),  # AVX2 + FMA, no AVX-512: what an AVX2-only CPU builds natively
+    "portable": ("x86-64-v2", ()),  # no AVX: the portable C paths
+}
+
+
+def isa_request() -> str:
+    """The ISA level asked for: HETERO_INFER_CPU_ISA (native, avx512, avx2, portable), "native" when unset.
+    ValueError for an unknown level or one this CPU cannot run."""
+    level = os.environ.get("HETERO_INFER_CPU_ISA", "native").strip().lower() or "native"
+    if level not in ISA_LEVELS:
+        raise ValueError(f"HETERO_INFER_CPU_ISA={level!r}: expected one of {', '.join(ISA_LEVELS)}")
+    missing = [flag for flag in ISA_LEVELS[level][1] if flag not in cpu_flags()]
+    if missing and platform.machine() in ("x86_64", "AMD64"):
+        raise ValueError(f"HETERO_INFER_CPU_ISA={level}: this CPU lacks {', '.join(missing)}")
+    if level != "native" and platform.machine() not in ("x86_64", "AMD64"):
+        raise ValueError(f"HETERO_INFER_CPU_ISA={level}: x86-64 levels, and this is {platform.machine()}")
+    return level
+
+
 def _march() -> str:
-    """-march for the build: the CPU it runs on, unless HETERO_INFER_CPU_MARCH names a target (e.g. x86-64-v2
-    for a library that a cache folder shares between unlike machines; it also tests the portable paths)."""
-    return "-march=" + os.environ.get("HETERO_INFER_CPU_MARCH", "native")
+    """-march for the build: HETERO_INFER_CPU_MARCH where it names a target (e.g. x86-64-v2 for a library that a
+    cache folder shares between unlike machines), else the level HETERO_INFER_CPU_ISA asks for (the CPU it runs
+    on by default)."""
+    march = os.environ.get("HETERO_INFER_CPU_MARCH")
+    return "-march=" + (march or ISA_LEVELS[isa_request()][0])
 
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -93,7 +121,9 @@ def _build() -> ctypes.CDLL | None:
     flags = [_march(), *FLAGS]
     folder = cache_dir() / "cpu_kernels"
     lib_path = folder / f"hetero_infer_cpu_{build_digest(cc)}.so"
-    if not lib_path.is_file():
+    start = time.perf_counter()
+    built = not lib_path.is_file()
+    if built:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = lib_path.with_suffix(f".{os.getpid()}.tmp")
         sources = [str(f) for f in files if f.suffix == ".c"]
@@ -103,7 +133,12 @@ def _build() -> ctypes.CDLL | None:
             log.warning("building the CPU kernels failed, using the PyTorch paths:\n%s", proc.stderr[-2000:])
             return None
         os.replace(tmp, lib_path)
-    return ctypes.CDLL(str(lib_path))
+    lib = ctypes.CDLL(str(lib_path))
+    level_fn = lib.kernels_isa
+    level_fn.restype = ctypes.c_char_p
+    log.info("CPU kernels: %s in %.2f s (%s, ISA level %s)", "built" if built else "loaded the cached build",
+             time.perf_counter() - start, flags[0], level_fn().decode())
+    return lib
 
 
 def library() -> ctypes.CDLL | None:
@@ -112,13 +147,19 @@ def library() -> ctypes.CDLL | None:
     if os.environ.get("HETERO_INFER_CPU_KERNEL", "1") == "0":
         return None
     if not _tried:
-        _tried = True
         try:
-            _lib = _build()
+            _lib = _build()  # a bad HETERO_INFER_CPU_ISA raises its ValueError here, at every call
         except OSError as exc:
             log.warning("CPU kernels unavailable: %s", exc)
             _lib = None
+        _tried = True
     return _lib
+
+
+def isa() -> str:
+    """The ISA level of the loaded library: "avx512+bf16", "avx512", "avx2", "portable"; "" without it."""
+    fn = function("kernels_isa", [], ctypes.c_char_p)
+    return fn().decode() if fn is not None else ""
 
 
 def function(name: str, argtypes: list, restype=None):

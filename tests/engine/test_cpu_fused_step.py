@@ -65,7 +65,7 @@ def _record(llm):
 
     def recording_execute(sched):
         out = execute(sched)
-        logits.append(out.clone())
+        logits.append(out[0].clone())  # (logits, prompt logprobs)
         return out
 
     ex.execute = recording_execute

@@ -15,7 +15,8 @@ from hetero_infer.kernels.cpu import native, select
 
 # Skipped only without AVX-512F: test_gemm_f32_runs_where_the_build_has_avx512f (not skipped) fails where the CPU
 # has it and the kernel is missing.
-needs_gemm_f32 = pytest.mark.skipif(cpu_linear._gemm_f32() is None, reason="no AVX-512F build of the C kernels")
+needs_gemm_f32 = pytest.mark.skipif(cpu_linear._gemm_f32() is None,
+                                    reason="no AVX-512F or AVX2 + FMA build of the C kernels")
 
 # (rows, in K, out N): rows across the micro-kernels' 8/4/2/1 groups, N across masked 16-column vectors of a
 # 48-column panel, K = 3000 and 1536 past one pass of rows (PASS_BYTES / 4K rows: 32 and 64)
@@ -56,16 +57,22 @@ def test_gemm_f32_zero_rows_and_layout():
     w = torch.randn(50, 9)
     packed = cpu_linear.pack_as("gemm_f32", w)
     panel = cpu_linear._f32_panel()
-    assert packed.data.shape == (2, 9, panel)  # 50 columns -> two panels of 48, zero past column 50
-    assert torch.equal(packed.data[0], w[:panel].T) and torch.equal(packed.data[1, :, : 50 - panel], w[panel:].T)
-    assert not packed.data[1, :, 50 - panel :].any()
+    full = 50 // panel  # 50 columns -> whole panels (one of 48 with AVX-512, three of 16 with AVX2), then a part
+    assert packed.data.shape == (full + 1, 9, panel)
+    for p in range(full):
+        assert torch.equal(packed.data[p], w[p * panel : (p + 1) * panel].T)
+    assert torch.equal(packed.data[full, :, : 50 - full * panel], w[full * panel :].T)
+    assert not packed.data[full, :, 50 - full * panel :].any()  # zero past column 50
     assert cpu_linear.packed_linear(torch.empty(0, 9), packed, None).shape == (0, 50)
 
 
 def test_gemm_f32_runs_where_the_build_has_avx512f():
     built = native.library() is not None and os.environ.get("HETERO_INFER_CPU_MARCH", "native") == "native"
-    if built:
-        assert (cpu_linear._gemm_f32() is not None) == ("avx512f" in native.cpu_flags())
+    if built:  # AVX-512F, or AVX2 + FMA (the level HETERO_INFER_CPU_ISA may force: both need the CPU's flags)
+        flags = native.cpu_flags()
+        level = native.isa_request()
+        expected = level != "portable" and ("avx512f" in flags or {"avx2", "fma"} <= flags)
+        assert (cpu_linear._gemm_f32() is not None) == expected
     w = torch.randn(4, 4)
     assert "gemm_f32" in cpu_linear.CANDIDATES[torch.float32]
     assert (cpu_linear.unsupported("gemm_f32", w) is None) == (cpu_linear._gemm_f32() is not None)

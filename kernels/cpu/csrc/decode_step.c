@@ -156,8 +156,9 @@ void silu_mul_span_##S(const T* g, const T* u, T* o, int n);                    
 void gemm_##S##_share(const T* x, int M, int K, const T* packed, int N, const float* bias, T* out, int tid,      \
                       int nt);
 
-/* where the dtype's GEMM is built (gemm.c, gemm_f32.c guard theirs alike) */
-#if HAVE_AVX512 && defined(__AVX512BF16__) && defined(__AVX512BW__)
+/* where the dtype's GEMM is built (simd.h: AVX512_BF16 or AVX2 + FMA for bfloat16, AVX-512F or AVX2 + FMA for
+   float32) */
+#if HAVE_GEMM_BF16
 #define HAVE_STEP_BF16 1
 DECLARE_KERNELS(bf16, uint16_t)
 DEFINE_STEP(bf16, uint16_t)
@@ -166,7 +167,7 @@ DEFINE_STEP(bf16, uint16_t)
 long decode_step_bf16(void) { return -1; }
 #endif
 
-#if HAVE_AVX512
+#if HAVE_GEMM_F32
 #define HAVE_STEP_F32 1
 DECLARE_KERNELS(f32, float)
 DEFINE_STEP(f32, float)

@@ -1,4 +1,6 @@
-/* bfloat16 GEMM for linear layers, out[M, N] = x[M, K] @ W[N, K]^T (+ bias), on CPUs with AVX512_BF16.
+/* bfloat16 GEMM for linear layers, out[M, N] = x[M, K] @ W[N, K]^T (+ bias), on CPUs with AVX512_BF16 (VDPBF16PS)
+ * or, without it, AVX2 + FMA (the AVX2 section at the end: the bfloat16 weights widened to float32 in
+ * registers, the same packed layout).
  *
  * Why: at decode batch sizes a linear layer streams its whole weight from memory for little compute, and
  * oneDNN's kernel does the two one after the other (measured on the default model: time at M = 32 is
@@ -22,13 +24,9 @@
  */
 #include "simd.h"
 #include <omp.h>
+#include <stdio.h>
 
-#if HAVE_AVX512 && defined(__AVX512BF16__) && defined(__AVX512BW__)
-#define HAVE_GEMM_BF16 1
-
-/* A panel is NR * 16 output columns; MR rows of x times one panel keep MR * NR accumulators in registers,
-   so each broadcast of an x pair feeds NR VDPBF16PS (a broadcast costs a vector-pipe slot too). */
-enum { NR = 4, PANEL = NR * 16 };
+#if HAVE_GEMM_BF16
 
 /* How far ahead (bytes) the quantized kernels prefetch the integers they stream: without it, reading them
    from memory ran at 11 GB/s on one core (measured on the dev box: 4-8 KB ahead gave 22-26 GB/s). */
@@ -42,6 +40,48 @@ typedef struct {
     const float* zeros;
     int group;
 } Panel;
+
+enum { ROWS_PER_PASS = 240 }; /* x rows kept in L2 while every panel passes over them (a multiple of 6) */
+
+
+/* Into how many blocks of rows each panel's work is cut, so that the (panel, block) items split evenly over
+   the threads: with 2 threads, the default model's o and down projections have 9 panels (5 / 4 per thread,
+   one thread idle a ninth of the call); as 18 items they split 9 / 9 (measured 1.09-1.17x at 16-64 rows on
+   the dev box, docs/benchmarks.md). Blocks keep at least 6 rows (one micro tile); a thread's items stay
+   contiguous, so each panel is still streamed by one thread (two at a boundary). */
+static int row_blocks(int rows, int panels, int threads) {
+    int most = rows / 6 > 1 ? rows / 6 : 1, b = 1;
+    while (b < most && (panels * b) % threads && panels * b < 8 * threads) b++;
+    return b;
+}
+
+/* The first row of block i of `blocks`: a multiple of 6 (whole micro tiles) nearest to an even cut */
+static inline int block_start(int rows, int blocks, int i) {
+    if (i >= blocks) return rows;
+    int s = ((int)((long)rows * i / blocks) + 3) / 6 * 6;
+    return s < rows ? s : rows;
+}
+
+/* A thread's buffer `which` (0: a dequantized panel; 1: x widened to float32, AVX2), kept from call to call: a
+   fresh allocation of this size (up to K * 128 bytes) is an mmap and page faults on every call. */
+static void* thread_buffer(int which, size_t bytes) {
+    static __thread void* buf[2];
+    static __thread size_t cap[2];
+    if (bytes > cap[which]) {
+        free(buf[which]);
+        cap[which] = (bytes + 4095) & ~(size_t)4095;
+        buf[which] = aligned_alloc(64, cap[which]);
+        if (!buf[which]) cap[which] = 0;
+    }
+    return buf[which];
+}
+
+
+#if GEMM_BF16_DPBF16
+
+/* A panel is NR * 16 output columns; MR rows of x times one panel keep MR * NR accumulators in registers,
+   so each broadcast of an x pair feeds NR VDPBF16PS (a broadcast costs a vector-pipe slot too). */
+enum { NR = 4, PANEL = NR * 16 };
 
 /* The bfloat16 pairs of columns 16j .. 16j + 15 at pair row kp */
 static inline __m512bh w_bf16(Panel w, int kp, int j) {
@@ -205,8 +245,6 @@ static inline void int4_rows4(const uint32_t* x, int kh, Panel w, const float* x
     int4_rows4_half(x, kh, right, xsum, groups, bias ? bias + 16 * half : 0, out + 16 * half, ldo, cols + half, 0);
 }
 
-enum { ROWS_PER_PASS = 240 }; /* x rows kept in L2 while every panel passes over them (a multiple of 6) */
-
 static inline void column_masks(int N, int p, __mmask16* cols) {
     for (int j = 0; j < NR; j++) {
         int left = N - p * PANEL - 16 * j;
@@ -227,24 +265,6 @@ static inline void panel_rows(const uint32_t* x32, int m0, int rows, int kh, int
         else if (left >= 2) { micro_2(xm, kh, w, b, scale, om, N, cols, 0, 0); m += 2; }
         else { micro_1(xm, kh, w, b, scale, om, N, cols, 0, 0); m += 1; }
     }
-}
-
-/* Into how many blocks of rows each panel's work is cut, so that the (panel, block) items split evenly over
-   the threads: with 2 threads, the default model's o and down projections have 9 panels (5 / 4 per thread,
-   one thread idle a ninth of the call); as 18 items they split 9 / 9 (measured 1.09-1.17x at 16-64 rows on
-   the dev box, docs/benchmarks.md). Blocks keep at least 6 rows (one micro tile); a thread's items stay
-   contiguous, so each panel is still streamed by one thread (two at a boundary). */
-static int row_blocks(int rows, int panels, int threads) {
-    int most = rows / 6 > 1 ? rows / 6 : 1, b = 1;
-    while (b < most && (panels * b) % threads && panels * b < 8 * threads) b++;
-    return b;
-}
-
-/* The first row of block i of `blocks`: a multiple of 6 (whole micro tiles) nearest to an even cut */
-static inline int block_start(int rows, int blocks, int i) {
-    if (i >= blocks) return rows;
-    int s = ((int)((long)rows * i / blocks) + 3) / 6 * 6;
-    return s < rows ? s : rows;
 }
 
 /* Thread tid's share (of nt) of out[M, N] = x @ W^T (+ bias), called by every thread of a parallel region:
@@ -271,15 +291,6 @@ void gemm_bf16_share(const uint16_t* x, int M, int K, const uint16_t* packed, in
     }
 }
 
-int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, const float* bias, uint16_t* out) {
-    if (K % 2) return -1;
-    int panels = (N + PANEL - 1) / PANEL, first = M < ROWS_PER_PASS ? M : ROWS_PER_PASS;
-    int par = (size_t)panels * first * K >= 32768;
-    _Pragma("omp parallel if (par)")
-    gemm_bf16_share(x, M, K, packed, N, bias, out, omp_get_thread_num(), omp_get_num_threads());
-    return 0;
-}
-
 /* A quantized panel -> bfloat16 pairs in dst [kh][PANEL] */
 static void dequant_panel(int bits, Panel w, int kh, uint32_t* dst) {
     int row_bytes = bits == 8 ? 2 * PANEL : PANEL;
@@ -290,20 +301,6 @@ static void dequant_panel(int bits, Panel w, int kh, uint32_t* dst) {
             _mm512_store_si512(dst + (size_t)kp * PANEL + 16 * j, (__m512i)(bits == 8 ? w_int8(w, kp, j)
                                                                                        : w_int4(w, kp, j)));
     }
-}
-
-/* A thread's dequantized panel, kept from call to call: a fresh allocation of this size (up to K * 128 bytes)
-   is an mmap and page faults on every call. */
-static uint32_t* thread_panel(size_t bytes) {
-    static __thread uint32_t* buf;
-    static __thread size_t cap;
-    if (bytes > cap) {
-        free(buf);
-        cap = (bytes + 4095) & ~(size_t)4095;
-        buf = aligned_alloc(64, cap);
-        if (!buf) cap = 0;
-    }
-    return buf;
 }
 
 /* Up to FUSED_ROWS rows, the micro kernels dequantize in registers (each call converts the panel once); more
@@ -364,7 +361,7 @@ static int gemm_quantized(int bits, const uint16_t* x, int M, int K, const void*
         int par = (size_t)panels * (rows + 1) * K >= 32768; /* + 1: dequantizing a panel */
         _Pragma("omp parallel if (par)")
         {
-            uint32_t* buf = fused ? 0 : thread_panel((size_t)kh * PANEL * 4);
+            uint32_t* buf = fused ? 0 : thread_buffer(0, (size_t)kh * PANEL * 4);
             if (!fused && !buf) {
                 _Pragma("omp atomic write")
                 failed = 1;
@@ -388,6 +385,226 @@ static int gemm_quantized(int bits, const uint16_t* x, int M, int K, const void*
     return failed ? -2 : 0;
 }
 
+#else /* AVX2 + FMA (also an AVX-512 CPU without AVX512_BF16) */
+/* AVX2 + FMA, no bfloat16 dot product: the same packed layout (panels of 64 columns whose row kp holds each
+   column's pair), each group of 8 pairs widened to two float32 vectors (the even k's weights: a shift; the odd
+   k's: a mask) and multiplied by x widened to float32 once per pass (a thread buffer, so each element is one
+   broadcast load). Float32 FMA sums in k order; the bias (and, for INT8, the per-column scale) applied to
+   the finished sums, then one rounding to bfloat16 (nearest even). Tiles: one row over all 8 groups (the
+   panel streams front to back: decode), two rows over 4 groups, four over 2 (8 accumulators each). */
+enum { PANEL = 64, GROUPS = PANEL / 8 };
+
+/* Columns 8g .. 8g + 7 at pair row kp: the even k's and the odd k's weights as float32 */
+static inline void w_pairs(const uint32_t* w, int kp, int g, __m256* even, __m256* odd) {
+    __m256i v = _mm256_loadu_si256((const __m256i*)(w + (size_t)kp * PANEL + 8 * g));
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* MR rows of x (float32, ldx apart) over NC groups of 8 columns from group g0 of a panel: out[m][8g + c] =
+   (sum_k x[m][k] w[k][8g + c]) (* scale) (+ bias), the first `valid` columns of the panel stored. bias and
+   scale (when set) hold the panel's 64 columns. */
+#define DEFINE_MICRO2(NAME, MR, NC)                                                                       \
+static inline void NAME(const float* x, int ldx, int kh, const uint32_t* w, int g0, const float* bias,     \
+                        const float* scale, uint16_t* out, int ldo, int valid) {                          \
+    __m256 acc[MR][NC];                                                                                   \
+    _Pragma("GCC unroll 8")                                                                               \
+    for (int m = 0; m < MR; m++) {                                                                        \
+        _Pragma("GCC unroll 8")                                                                           \
+        for (int j = 0; j < NC; j++) acc[m][j] = _mm256_setzero_ps();                                     \
+    }                                                                                                     \
+    for (int kp = 0; kp < kh; kp++) {                                                                     \
+        if (MR == 1) {                                                                                    \
+            __m256 xe = _mm256_broadcast_ss(x + 2 * kp), xo = _mm256_broadcast_ss(x + 2 * kp + 1);        \
+            _Pragma("GCC unroll 8")                                                                       \
+            for (int j = 0; j < NC; j++) {                                                                \
+                __m256 we, wo;                                                                            \
+                w_pairs(w, kp, g0 + j, &we, &wo);                                                         \
+                acc[0][j] = _mm256_fmadd_ps(xo, wo, _mm256_fmadd_ps(xe, we, acc[0][j]));                  \
+            }                                                                                             \
+        } else {                                                                                          \
+            __m256 we[NC], wo[NC];                                                                        \
+            _Pragma("GCC unroll 8")                                                                       \
+            for (int j = 0; j < NC; j++) w_pairs(w, kp, g0 + j, &we[j], &wo[j]);                          \
+            _Pragma("GCC unroll 8")                                                                       \
+            for (int m = 0; m < MR; m++) {                                                                \
+                __m256 xe = _mm256_broadcast_ss(x + (size_t)m * ldx + 2 * kp);                            \
+                __m256 xo = _mm256_broadcast_ss(x + (size_t)m * ldx + 2 * kp + 1);                        \
+                _Pragma("GCC unroll 8")                                                                   \
+                for (int j = 0; j < NC; j++)                                                              \
+                    acc[m][j] = _mm256_fmadd_ps(xo, wo[j], _mm256_fmadd_ps(xe, we[j], acc[m][j]));        \
+            }                                                                                             \
+        }                                                                                                 \
+    }                                                                                                     \
+    _Pragma("GCC unroll 8")                                                                               \
+    for (int j = 0; j < NC; j++) {                                                                        \
+        int col = 8 * (g0 + j);                                                                           \
+        if (col >= valid) break;                                                                          \
+        __m256 bj = bias ? _mm256_loadu_ps(bias + col) : _mm256_setzero_ps();                             \
+        __m256 sj = scale ? _mm256_loadu_ps(scale + col) : _mm256_setzero_ps();                           \
+        _Pragma("GCC unroll 8")                                                                           \
+        for (int m = 0; m < MR; m++) {                                                                    \
+            __m256 v = scale ? _mm256_mul_ps(acc[m][j], sj) : acc[m][j];                                  \
+            if (bias) v = _mm256_add_ps(v, bj);                                                           \
+            uint16_t* o = out + (size_t)m * ldo + col;                                                    \
+            if (col + 8 <= valid) {                                                                       \
+                store_bf16x8(o, v);                                                                       \
+            } else {                                                                                      \
+                uint16_t tmp[8];                                                                          \
+                store_bf16x8(tmp, v);                                                                     \
+                memcpy(o, tmp, sizeof(uint16_t) * (size_t)(valid - col));                                 \
+            }                                                                                             \
+        }                                                                                                 \
+    }                                                                                                     \
+}
+
+DEFINE_MICRO2(micro2_4x2, 4, 2)
+DEFINE_MICRO2(micro2_2x4, 2, 4)
+DEFINE_MICRO2(micro2_1x8, 1, GROUPS)
+
+/* rows r0 .. r0 + rows - 1 of the pass's x (float32 [*, K]) over one panel (bfloat16 pairs [kh][PANEL]):
+   out (the pass's first row, the panel's first column) rows r0 ..; bias and scale: the panel's columns or
+   NULL; valid: the panel's real columns (PANEL but in the last one) */
+static void panel_rows2(const float* xf, int r0, int rows, int K, const uint32_t* w, const float* bias,
+                        const float* scale, uint16_t* out, int N, int valid) {
+    float bpad[PANEL], spad[PANEL]; /* the last panel's bias and scale, zero past its real columns */
+    if (valid < PANEL) {
+        for (int c = 0; c < PANEL; c++) {
+            bpad[c] = bias && c < valid ? bias[c] : 0.0f;
+            spad[c] = scale && c < valid ? scale[c] : 0.0f;
+        }
+        bias = bias ? bpad : 0;
+        scale = scale ? spad : 0;
+    }
+    int kh = K / 2, groups = (valid + 7) / 8;
+    for (int m = r0; m < r0 + rows;) {
+        const float* xm = xf + (size_t)m * K;
+        uint16_t* om = out + (size_t)m * N;
+        int left = r0 + rows - m;
+        if (left >= 4) {
+            for (int g = 0; g < groups; g += 2) micro2_4x2(xm, K, kh, w, g, bias, scale, om, N, valid);
+            m += 4;
+        } else if (left >= 2) {
+            for (int g = 0; g < groups; g += 4) micro2_2x4(xm, K, kh, w, g, bias, scale, om, N, valid);
+            m += 2;
+        } else {
+            micro2_1x8(xm, K, kh, w, 0, bias, scale, om, N, valid);
+            m += 1;
+        }
+    }
+}
+
+/* rows of bfloat16 x [rows, K] as float32 in this thread's buffer (exact); NULL without memory */
+static float* widen_rows(const uint16_t* x, int rows, int K) {
+    size_t n = (size_t)rows * K, i = 0;
+    float* xf = thread_buffer(1, n * sizeof(float));
+    if (!xf) return 0;
+    for (; i + 8 <= n; i += 8) _mm256_store_ps(xf + i, load_bf16x8(x + i));
+    for (; i < n; i++) xf[i] = bf16_to_f32(x[i]);
+    return xf;
+}
+
+void gemm_bf16_share(const uint16_t* x, int M, int K, const uint16_t* packed, int N, const float* bias,
+                     uint16_t* out, int tid, int nt) {
+    int kh = K / 2, panels = (N + PANEL - 1) / PANEL;
+    const uint32_t* w32 = (const uint32_t*)packed;
+    for (int m0 = 0; m0 < M; m0 += ROWS_PER_PASS) {
+        int rows = M - m0 < ROWS_PER_PASS ? M - m0 : ROWS_PER_PASS;
+        int blocks = row_blocks(rows, panels, nt), items = panels * blocks;
+        int lo = (int)((long)items * tid / nt), hi = (int)((long)items * (tid + 1) / nt);
+        if (lo >= hi) continue;
+        const float* xf = widen_rows(x + (size_t)m0 * K, rows, K);
+        if (!xf) { /* a few hundred KB at most; the share has no error path (it runs inside the fused step) */
+            fprintf(stderr, "gemm_bf16: out of memory widening x\n");
+            abort();
+        }
+        for (int it = lo; it < hi; it++) {
+            int p = it / blocks, r0 = block_start(rows, blocks, it % blocks);
+            int valid = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
+            panel_rows2(xf, r0, block_start(rows, blocks, it % blocks + 1) - r0, K, w32 + (size_t)p * kh * PANEL,
+                        bias ? bias + (size_t)p * PANEL : 0, 0, out + (size_t)m0 * N + (size_t)p * PANEL, N, valid);
+        }
+    }
+}
+
+/* 8 float32 pairs' halves -> 8 bfloat16 pairs (even | odd << 16), each rounded to nearest even */
+static inline __m256i pairs_bf16(__m256 even, __m256 odd) {
+    return _mm256_or_si256(bf16_bits8(even), _mm256_slli_epi32(bf16_bits8(odd), 16));
+}
+
+/* A quantized panel -> bfloat16 pairs in dst [kh][PANEL]: INT8 [kh][PANEL][2] the integers (exact); INT4
+   [kh][PANEL] bytes (low nibble k = 2kp, high 2kp + 1) as ((q - zero) * scale) rounded to bfloat16 */
+static void dequant_panel(int bits, Panel w, int kh, uint32_t* dst) {
+    int row_bytes = bits == 8 ? 2 * PANEL : PANEL;
+    for (int kp = 0; kp < kh; kp++) {
+        for (int l = 0; l < row_bytes; l += 64)
+            _mm_prefetch((const char*)w.data + (size_t)kp * row_bytes + l + DEQUANT_PREFETCH, _MM_HINT_T0);
+        for (int g = 0; g < GROUPS; g++) {
+            __m256i v;
+            if (bits == 8) { /* 8 pairs = 16 bytes; as int16 lanes: each pair's even byte low, odd byte high */
+                __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)((const int8_t*)w.data
+                                                                                   + ((size_t)kp * PANEL + 8 * g) * 2)));
+                __m256i even = _mm256_srai_epi32(_mm256_slli_epi32(q, 16), 16), odd = _mm256_srai_epi32(q, 16);
+                v = pairs_bf16(_mm256_cvtepi32_ps(even), _mm256_cvtepi32_ps(odd));
+            } else {
+                size_t at = (size_t)(2 * kp / w.group) * PANEL + 8 * g;
+                __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)((const uint8_t*)w.data
+                                                                                  + (size_t)kp * PANEL + 8 * g)));
+                __m256 s = _mm256_loadu_ps(w.scales + at), z = _mm256_loadu_ps(w.zeros + at);
+                __m256 w0 = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(d, _mm256_set1_epi32(15))), z), s);
+                __m256 w1 = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(d, 4)), z), s);
+                v = pairs_bf16(w0, w1);
+            }
+            _mm256_store_si256((__m256i*)(dst + (size_t)kp * PANEL + 8 * g), v);
+        }
+    }
+}
+
+/* W8A16 / W4A16 (layouts as in the AVX-512 section): per panel, dequantized into this thread's bfloat16
+   panel (it stays in L2), then every row of the pass over it */
+static int gemm_quantized(int bits, const uint16_t* x, int M, int K, const void* q, const float* scales,
+                          const float* zeros, int G, int N, const float* bias, uint16_t* out) {
+    if (K % 2 || (bits == 4 && (G <= 0 || G % 2 || K % G))) return -1;
+    int kh = K / 2, panels = (N + PANEL - 1) / PANEL, groups = bits == 4 ? K / G : 0;
+    size_t panel_bytes = (size_t)kh * PANEL * (bits == 8 ? 2 : 1);
+    int failed = 0;
+    for (int m0 = 0; m0 < M; m0 += ROWS_PER_PASS) {
+        int rows = M - m0 < ROWS_PER_PASS ? M - m0 : ROWS_PER_PASS;
+        int par = (size_t)panels * (rows + 1) * K >= 32768; /* + 1: dequantizing a panel */
+        _Pragma("omp parallel if (par)")
+        {
+            uint32_t* buf = thread_buffer(0, (size_t)kh * PANEL * 4);
+            const float* xf = buf ? widen_rows(x + (size_t)m0 * K, rows, K) : 0;
+            if (!xf) {
+                _Pragma("omp atomic write")
+                failed = 1;
+            }
+            _Pragma("omp for schedule(static)")
+            for (int p = 0; p < panels; p++) {
+                if (!xf) continue;
+                Panel w = {(const char*)q + (size_t)p * panel_bytes, bits == 4 ? scales + (size_t)p * groups * PANEL : 0,
+                           bits == 4 ? zeros + (size_t)p * groups * PANEL : 0, G};
+                int valid = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
+                dequant_panel(bits, w, kh, buf);
+                panel_rows2(xf, 0, rows, K, buf, bias ? bias + (size_t)p * PANEL : 0,
+                            bits == 8 ? scales + (size_t)p * PANEL : 0, out + (size_t)m0 * N + (size_t)p * PANEL, N,
+                            valid);
+            }
+        }
+    }
+    return failed ? -2 : 0;
+}
+#endif
+
+int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, const float* bias, uint16_t* out) {
+    if (K % 2) return -1;
+    int panels = (N + PANEL - 1) / PANEL, first = M < ROWS_PER_PASS ? M : ROWS_PER_PASS;
+    int par = (size_t)panels * first * K >= 32768;
+    _Pragma("omp parallel if (par)")
+    gemm_bf16_share(x, M, K, packed, N, bias, out, omp_get_thread_num(), omp_get_num_threads());
+    return 0;
+}
+
 int gemm_w8a16(const uint16_t* x, int M, int K, const int8_t* q, const float* scales, int N, const float* bias,
                uint16_t* out) {
     return gemm_quantized(8, x, M, K, q, scales, 0, 0, N, bias, out);
@@ -397,8 +614,8 @@ int gemm_w4a16(const uint16_t* x, int M, int K, const uint8_t* q, const float* s
                int N, const float* bias, uint16_t* out) {
     return gemm_quantized(4, x, M, K, q, scales, zeros, G, N, bias, out);
 }
+
 #else
-#define HAVE_GEMM_BF16 0
 int gemm_bf16(const uint16_t* x, int M, int K, const uint16_t* packed, int N, const float* bias, uint16_t* out) {
     (void)x; (void)M; (void)K; (void)packed; (void)N; (void)bias; (void)out;
     return -1;

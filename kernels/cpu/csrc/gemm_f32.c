@@ -1,4 +1,5 @@
-/* float32 GEMM for linear layers, out[M, N] = x[M, K] @ W[N, K]^T (+ bias), on CPUs with AVX-512F.
+/* float32 GEMM for linear layers, out[M, N] = x[M, K] @ W[N, K]^T (+ bias), on CPUs with AVX-512F or AVX2 + FMA
+ * (the same code over 256-bit vectors: panels of 16 columns, 6-row tiles; see the micro kernels).
  *
  * Why: at decode batch sizes (8-64 rows) oneDNN's float32 packed-weight GEMM reached about half of the
  * machine's matmul rate on the AMD EPYC dev box with the weights coming from memory. Here each thread streams
@@ -20,18 +21,26 @@
 
 #include <omp.h>
 
+#if HAVE_GEMM_F32
+
 #if HAVE_AVX512
-#define HAVE_GEMM_F32 1
-
+/* A panel is NR vectors of 16 columns; Cols says which columns of each vector are real (the last panel's) */
 enum { NR = 3, PANEL = NR * 16, MR = 8 };
+typedef struct { __mmask16 m[NR]; } Cols;
 
-/* x rows per pass: x of one pass (rows * K floats) stays within this many bytes of L2 */
-enum { PASS_BYTES = 384 * 1024 };
+static inline Cols f32_cols(int N, int p) {
+    Cols cols;
+    for (int j = 0; j < NR; j++) {
+        int left = N - p * PANEL - 16 * j;
+        cols.m[j] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+    }
+    return cols;
+}
 
 /* ROWS rows of x over one panel: out[m][c] = sum_k x[m][k] w[k][c] (+ bias[c]) */
 #define DEFINE_MICRO_F32(NAME, ROWS)                                                                      \
 static inline void NAME(const float* x, int K, const float* w, const float* bias, float* out, int ldo,     \
-                        const __mmask16* cols) {                                                           \
+                        Cols cols) {                                                                       \
     __m512 acc[ROWS][NR];                                                                                 \
     _Pragma("GCC unroll 8")                                                                               \
     for (int m = 0; m < ROWS; m++) {                                                                      \
@@ -51,35 +60,79 @@ static inline void NAME(const float* x, int K, const float* w, const float* bias
     }                                                                                                     \
     _Pragma("GCC unroll 4")                                                                               \
     for (int j = 0; j < NR; j++) {                                                                        \
-        if (!cols[j]) continue;                                                                           \
-        __m512 bj = bias ? _mm512_maskz_loadu_ps(cols[j], bias + 16 * j) : _mm512_setzero_ps();           \
+        if (!cols.m[j]) continue;                                                                         \
+        __m512 bj = bias ? _mm512_maskz_loadu_ps(cols.m[j], bias + 16 * j) : _mm512_setzero_ps();         \
         _Pragma("GCC unroll 8")                                                                           \
         for (int m = 0; m < ROWS; m++)                                                                    \
-            _mm512_mask_storeu_ps(out + (size_t)m * ldo + 16 * j, cols[j],                                \
+            _mm512_mask_storeu_ps(out + (size_t)m * ldo + 16 * j, cols.m[j],                              \
                                   bias ? _mm512_add_ps(acc[m][j], bj) : acc[m][j]);                       \
     }                                                                                                     \
 }
+#else
+/* AVX2 + FMA: 16 ymm registers hold a 6 x 16 tile (12 accumulators, 2 weight vectors, 1 broadcast), the
+   classic Haswell shape; panels of 16 columns (the model's widths split evenly over two threads). */
+enum { NR = 2, PANEL = NR * 8, MR = 6 };
+typedef struct { int valid; } Cols; /* real columns of the panel (PANEL but in the last one) */
 
-DEFINE_MICRO_F32(f32_rows8, 8)
+static inline Cols f32_cols(int N, int p) {
+    int left = N - p * PANEL;
+    return (Cols){left < PANEL ? left : PANEL};
+}
+
+#define DEFINE_MICRO_F32(NAME, ROWS)                                                                      \
+static inline void NAME(const float* x, int K, const float* w, const float* bias, float* out, int ldo,     \
+                        Cols cols) {                                                                       \
+    __m256 acc[ROWS][NR];                                                                                 \
+    _Pragma("GCC unroll 8")                                                                               \
+    for (int m = 0; m < ROWS; m++) {                                                                      \
+        _Pragma("GCC unroll 4")                                                                           \
+        for (int j = 0; j < NR; j++) acc[m][j] = _mm256_setzero_ps();                                     \
+    }                                                                                                     \
+    for (int k = 0; k < K; k++) {                                                                         \
+        __m256 wj[NR];                                                                                    \
+        _Pragma("GCC unroll 4")                                                                           \
+        for (int j = 0; j < NR; j++) wj[j] = _mm256_loadu_ps(w + (size_t)k * PANEL + 8 * j);             \
+        _Pragma("GCC unroll 8")                                                                           \
+        for (int m = 0; m < ROWS; m++) {                                                                  \
+            __m256 a = _mm256_broadcast_ss(x + (size_t)m * K + k);                                        \
+            _Pragma("GCC unroll 4")                                                                       \
+            for (int j = 0; j < NR; j++) acc[m][j] = _mm256_fmadd_ps(a, wj[j], acc[m][j]);                \
+        }                                                                                                 \
+    }                                                                                                     \
+    if (cols.valid == PANEL) {                                                                            \
+        _Pragma("GCC unroll 4")                                                                           \
+        for (int j = 0; j < NR; j++) {                                                                    \
+            __m256 bj = bias ? _mm256_loadu_ps(bias + 8 * j) : _mm256_setzero_ps();                       \
+            _Pragma("GCC unroll 8")                                                                       \
+            for (int m = 0; m < ROWS; m++)                                                                \
+                _mm256_storeu_ps(out + (size_t)m * ldo + 8 * j, bias ? _mm256_add_ps(acc[m][j], bj) : acc[m][j]); \
+        }                                                                                                 \
+        return;                                                                                           \
+    }                                                                                                     \
+    for (int m = 0; m < ROWS; m++) { /* the last panel: its real columns only */                          \
+        float tmp[PANEL];                                                                                 \
+        for (int j = 0; j < NR; j++) _mm256_storeu_ps(tmp + 8 * j, acc[m][j]);                            \
+        for (int c = 0; c < cols.valid; c++) out[(size_t)m * ldo + c] = bias ? tmp[c] + bias[c] : tmp[c]; \
+    }                                                                                                     \
+}
+#endif
+
+/* x rows per pass: x of one pass (rows * K floats) stays within this many bytes of L2 */
+enum { PASS_BYTES = 384 * 1024 };
+
+DEFINE_MICRO_F32(f32_rows_mr, MR)
 DEFINE_MICRO_F32(f32_rows4, 4)
 DEFINE_MICRO_F32(f32_rows2, 2)
 DEFINE_MICRO_F32(f32_rows1, 1)
 
-static inline void f32_column_masks(int N, int p, __mmask16* cols) {
-    for (int j = 0; j < NR; j++) {
-        int left = N - p * PANEL - 16 * j;
-        cols[j] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-    }
-}
-
 /* rows m0 .. m0 + rows - 1 of x over panel p: out[:, p * PANEL ...] */
 static inline void f32_panel_rows(const float* x, int m0, int rows, int K, const float* w, const float* bias,
-                                  float* out, int N, const __mmask16* cols) {
+                                  float* out, int N, Cols cols) {
     for (int m = 0; m < rows;) {
         const float* xm = x + (size_t)(m0 + m) * K;
         float* om = out + (size_t)(m0 + m) * N;
         int left = rows - m;
-        if (left >= 8) { f32_rows8(xm, K, w, bias, om, N, cols); m += 8; }
+        if (left >= MR) { f32_rows_mr(xm, K, w, bias, om, N, cols); m += MR; }
         else if (left >= 4) { f32_rows4(xm, K, w, bias, om, N, cols); m += 4; }
         else if (left >= 2) { f32_rows2(xm, K, w, bias, om, N, cols); m += 2; }
         else { f32_rows1(xm, K, w, bias, om, N, cols); m += 1; }
@@ -102,10 +155,8 @@ void gemm_f32_share(const float* x, int M, int K, const float* packed, int N, co
     for (int m0 = 0; m0 < M; m0 += per_pass) {
         int rows = M - m0 < per_pass ? M - m0 : per_pass;
         for (int p = lo; p < hi; p++) {
-            __mmask16 cols[NR];
-            f32_column_masks(N, p, cols);
             f32_panel_rows(x, m0, rows, K, packed + (size_t)p * K * PANEL, bias ? bias + (size_t)p * PANEL : 0,
-                           out + (size_t)p * PANEL, N, cols);
+                           out + (size_t)p * PANEL, N, f32_cols(N, p));
         }
     }
 }
@@ -119,7 +170,6 @@ int gemm_f32(const float* x, int M, int K, const float* packed, int N, const flo
     return 0;
 }
 #else
-#define HAVE_GEMM_F32 0
 int gemm_f32(const float* x, int M, int K, const float* packed, int N, const float* bias, float* out) {
     (void)x; (void)M; (void)K; (void)packed; (void)N; (void)bias; (void)out;
     return -1;

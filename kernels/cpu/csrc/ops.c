@@ -127,20 +127,63 @@ void silu_and_mul_bf16(const uint16_t* gu, uint16_t* out, int rows, int n) {
         silu_mul_span_bf16(gu + (size_t)r * 2 * n, gu + (size_t)r * 2 * n + n, out + (size_t)r * n, n);
 }
 #else
-#define DEFINE_SILU(NAME, T, LOAD, STORE, ROUND)                                                        \
-void NAME(const T* gu, T* out, int rows, int n) {                                                        \
-    int par = (rows * n / 256) >= 64;                                                                             \
-    PAR_ROWS for (int r = 0; r < rows; r++) {                                                                     \
-        const T* g = gu + (size_t)r * 2 * n;                                                             \
-        const T* u = g + n;                                                                              \
-        T* o = out + (size_t)r * n;                                                                      \
-        for (int i = 0; i < n; i++) {                                                                    \
-            float gv = LOAD(g[i]);                                                                       \
-            o[i] = STORE(ROUND(gv / (1.0f + expf(-gv))) * LOAD(u[i]));                                   \
-        }                                                                                                \
+#if HAVE_AVX2
+static inline __m256 silu256(__m256 g) {
+    __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+static inline __m256 round_bf16x8(__m256 x) { /* float32 -> nearest bfloat16, kept as float32 */
+    return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits8(x), 16));
+}
+
+/* 8 lanes of silu(g) * u; the bfloat16 one rounds silu(g) to bfloat16 first, as PyTorch does */
+static inline __m256 silu_mul8_f32(const float* g, const float* u) {
+    return _mm256_mul_ps(silu256(_mm256_loadu_ps(g)), _mm256_loadu_ps(u));
+}
+static inline __m256 silu_mul8_bf16(const uint16_t* g, const uint16_t* u) {
+    return _mm256_mul_ps(round_bf16x8(silu256(load_bf16x8(g))), load_bf16x8(u));
+}
+static inline void store8_f32(float* o, __m256 v) { _mm256_storeu_ps(o, v); }
+#define store8_bf16 store_bf16x8
+
+/* one row's (or a column range's) silu(g) * u: the body of silu_and_mul, which the fused decode step
+   (decode_step.c) also runs on column ranges; a tail of fewer than 8 goes through the same lanes */
+#define DEFINE_SPAN(S, T)                                                                                \
+void silu_mul_span_##S(const T* g, const T* u, T* o, int n) {                                            \
+    int i = 0;                                                                                           \
+    for (; i + 8 <= n; i += 8) store8_##S(o + i, silu_mul8_##S(g + i, u + i));                          \
+    if (i < n) {                                                                                         \
+        T tg[8] = {0}, tu[8] = {0}, to[8];                                                               \
+        memcpy(tg, g + i, sizeof(T) * (size_t)(n - i));                                                  \
+        memcpy(tu, u + i, sizeof(T) * (size_t)(n - i));                                                  \
+        store8_##S(to, silu_mul8_##S(tg, tu));                                                           \
+        memcpy(o + i, to, sizeof(T) * (size_t)(n - i));                                                  \
     }                                                                                                    \
 }
-DEFINE_SILU(silu_and_mul_f32, float, ID, ID, rd_f32)
-DEFINE_SILU(silu_and_mul_bf16, uint16_t, bf16_to_f32, f32_to_bf16, rd_bf16)
+#else
+/* portable: silu(g) = g / (1 + exp(-g)), rounded as PyTorch rounds it */
+#define DEFINE_SPAN(S, T)                                                                                \
+void silu_mul_span_##S(const T* g, const T* u, T* o, int n) {                                            \
+    for (int i = 0; i < n; i++) {                                                                        \
+        float gv = LOAD_##S(g[i]);                                                                       \
+        o[i] = STORE_##S(rd_##S(gv / (1.0f + expf(-gv))) * LOAD_##S(u[i]));                              \
+    }                                                                                                    \
+}
+#define LOAD_f32(x) (x)
+#define STORE_f32(x) (x)
+#define LOAD_bf16 bf16_to_f32
+#define STORE_bf16 f32_to_bf16
+#endif
+
+#define DEFINE_SILU(S, T)                                                                                \
+DEFINE_SPAN(S, T)                                                                                        \
+void silu_and_mul_##S(const T* gu, T* out, int rows, int n) {                                            \
+    int par = (rows * n / 256) >= 64;                                                                    \
+    PAR_ROWS for (int r = 0; r < rows; r++)                                                              \
+        silu_mul_span_##S(gu + (size_t)r * 2 * n, gu + (size_t)r * 2 * n + n, out + (size_t)r * n, n);   \
+}
+DEFINE_SILU(f32, float)
+DEFINE_SILU(bf16, uint16_t)
 #endif
 

@@ -358,3 +358,6 @@ const char* paged_decode_variant(void) {
     return "portable";
 #endif
 }
+
+/* the ISA level the library was built for (simd.h): "avx512+bf16", "avx512", "avx2" or "portable" */
+const char* kernels_isa(void) { return ISA_LEVEL; }
