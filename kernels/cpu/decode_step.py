@@ -257,7 +257,7 @@ def _unsupported(model: nn.Module, backend, dtype: torch.dtype) -> tuple[str | N
     if getattr(backend, "name", None) != "cpu":
         return f"attention backend {getattr(backend, 'name', backend)!r} (the C backend only)", ()
     if not available(dtype):
-        return f"no fused {dtype} step in this build of the C kernels", ()
+        return missing_step_reason(dtype), ()
     kind = _KERNELS[dtype][1]
     plans: list[tuple[str, ...]] = []
     for i, layer in enumerate(model.layers):
@@ -275,6 +275,20 @@ def _unsupported(model: nn.Module, backend, dtype: torch.dtype) -> tuple[str | N
     if backend.rope.cos.dtype != dtype or not backend.rope.cos.is_contiguous():
         return f"rotary tables not {dtype}", ()
     return None, covered
+
+
+# what running per op costs, as measured (docs/cpu.md, "The decode step in one C call")
+PER_OP_COST = ("each decode step runs per op instead: ~270 Python/ctypes calls and ~200 thread fork/joins more a "
+               "step (on the dev box 23.4 against 17.4 ms a one-row float32 step, and worse beside other work)")
+
+
+def missing_step_reason(dtype: torch.dtype) -> str:
+    """Why the library has no fused step of `dtype`, and what that costs (the log line of `build`)."""
+    if native.library() is None:
+        return f"the C kernels are off or could not be built; {PER_OP_COST}"
+    needs = "AVX512_BF16 or AVX2 + FMA" if dtype == torch.bfloat16 else "AVX-512F or AVX2 + FMA"
+    return (f"no fused {dtype} step in this build of the C kernels: it needs {needs}, and the library was built at "
+            f"ISA level {native.isa()} ({native.level_reason()}); {PER_OP_COST}")
 
 
 def _projections(model: nn.Module) -> list:

@@ -156,6 +156,18 @@ def library() -> ctypes.CDLL | None:
     return _lib
 
 
+def level_reason() -> str:
+    """Why the library has the ISA level it has: the target or level asked for, else the CPU's flags."""
+    if os.environ.get("HETERO_INFER_CPU_MARCH"):
+        return f"HETERO_INFER_CPU_MARCH={os.environ['HETERO_INFER_CPU_MARCH']} names its target"
+    if isa_request() != "native":
+        return f"HETERO_INFER_CPU_ISA={isa_request()} asks for it"
+    flags = cpu_flags()
+    has = [name for name, need in (("AVX-512F", {"avx512f"}), ("AVX512_BF16", {"avx512_bf16"}),
+                                   ("AVX2 + FMA", {"avx2", "fma"})) if need <= flags]
+    return f"this CPU ({cpu_model() or platform.machine()}) has {', '.join(has) if has else 'none of AVX-512 and AVX2 + FMA'}"
+
+
 def isa() -> str:
     """The ISA level of the loaded library: "avx512+bf16", "avx512", "avx2", "portable"; "" without it."""
     fn = function("kernels_isa", [], ctypes.c_char_p)

@@ -14,35 +14,36 @@ from hetero_infer import LLM, SamplingParams
 from hetero_infer.kernels.cpu import decode_step, native
 
 # Skipped only where the build target lacks the instructions: test_fused_step_is_built_wherever_the_build_target_
-# has_avx512_bf16 fails instead when a target that has them gets no fused step (a broken build must not read as a
-# skip).
-needs_fused = pytest.mark.skipif(not decode_step.available(), reason="no AVX512_BF16 in this CPU's kernel build")
-# float32: test_fused_f32_step_is_built_wherever_the_build_target_has_avx512f fails instead where it is missing
+# has_them fails instead when a target that has them gets no fused step (a broken build must not read as a skip).
+needs_fused = pytest.mark.skipif(not decode_step.available(),
+                                 reason="no AVX512_BF16 or AVX2 + FMA in this CPU's kernel build")
 needs_fused_f32 = pytest.mark.skipif(not decode_step.available(torch.float32),
-                                     reason="no AVX-512F in this CPU's kernel build")
+                                     reason="no AVX-512F or AVX2 + FMA in this CPU's kernel build")
 
 
-def _build_target_has(cpu_flag: str, *macros: str) -> bool:
+def _build_target_has(cpu_flags: set[str], *macros: str) -> bool:
     """Whether the kernel library's build target has an instruction set: for -march=native the CPU's own flags
-    (so a build that leaves out what the CPU has fails the guards), for a HETERO_INFER_CPU_MARCH target what the
-    compiler defines for that target."""
-    march = os.environ.get("HETERO_INFER_CPU_MARCH", "native")
+    (so a build that leaves out what the CPU has fails the guards), for another target (HETERO_INFER_CPU_MARCH,
+    or the level HETERO_INFER_CPU_ISA forces) what the compiler defines for that target."""
+    march = native._march().removeprefix("-march=")
     if march == "native":
-        return cpu_flag in native.cpu_flags()
+        return cpu_flags <= native.cpu_flags()
     defined = subprocess.run([native._compiler(), f"-march={march}", "-dM", "-E", "-x", "c", os.devnull],
                              capture_output=True, text=True, check=True).stdout
     return all(f"#define {m} 1" in defined for m in macros)
 
 
-def test_fused_step_is_built_wherever_the_build_target_has_avx512_bf16():
-    assert native.library() is not None, "the C kernels did not build"
-    assert decode_step.available() == _build_target_has("avx512_bf16", "__AVX512F__", "__AVX512BW__",
-                                                         "__AVX512BF16__")
+AVX2_FMA = ({"avx2", "fma"}, "__AVX2__", "__FMA__")
 
 
-def test_fused_f32_step_is_built_wherever_the_build_target_has_avx512f():
+def test_fused_step_is_built_wherever_the_build_target_has_them():
+    """bfloat16: AVX512_BF16 (VDPBF16PS) or AVX2 + FMA (widened to float32); float32: AVX-512F or AVX2 + FMA."""
     assert native.library() is not None, "the C kernels did not build"
-    assert decode_step.available(torch.float32) == _build_target_has("avx512f", "__AVX512F__")
+    assert decode_step.available() == (
+        _build_target_has({"avx512_bf16"}, "__AVX512F__", "__AVX512BW__", "__AVX512BF16__")
+        or _build_target_has(*AVX2_FMA))
+    assert decode_step.available(torch.float32) == (_build_target_has({"avx512f"}, "__AVX512F__")
+                                                    or _build_target_has(*AVX2_FMA))
 
 
 def _engine(folder, monkeypatch, fused: bool, dtype: str = "bfloat16", **kwargs):

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from hetero_infer.kernels.cpu import linear as cpu_linear
+from hetero_infer.kernels.cpu import native as cpu_native
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
@@ -25,6 +26,11 @@ def test_packed_linear_matches_nn_linear(dtype, tol, bias, rows):
         torch.testing.assert_close(packed(x[:, :].t().contiguous().t()).float(), linear(x).float(), atol=tol, rtol=tol)
 
 
+def native_build() -> bool:
+    """The library built for this CPU (no HETERO_INFER_CPU_MARCH target; HETERO_INFER_CPU_ISA may lower it)."""
+    return os.environ.get("HETERO_INFER_CPU_MARCH", "native") == "native"
+
+
 def bf16_gemm_here() -> bool:
     return cpu_linear._gemm_bf16() is not None
 
@@ -33,12 +39,12 @@ def bf16_gemm_here() -> bool:
 @pytest.mark.parametrize("bias", [True, False])
 def test_bf16_gemm_against_float64(rows, k, n, bias):
     """The C bfloat16 GEMM: exact bf16 products, float32 sums, one rounding to bfloat16 at the end."""
-    native = os.environ.get("HETERO_INFER_CPU_MARCH", "native") == "native"
-    with open("/proc/cpuinfo") as f:
-        cpu_has_it = "avx512_bf16" in f.read()
-    assert bf16_gemm_here() == (native and cpu_has_it), "built wherever the CPU (and the -march) has it"
+    if native_build():  # AVX512_BF16, else AVX2 + FMA (bfloat16 widened to float32); the portable level: none
+        flags = cpu_native.cpu_flags()
+        expected = cpu_native.isa_request() != "portable" and ("avx512_bf16" in flags or {"avx2", "fma"} <= flags)
+        assert bf16_gemm_here() == expected, "built wherever the CPU (and the level asked for) has it"
     if not bf16_gemm_here():
-        pytest.skip("no AVX512_BF16 in this build: the oneDNN path is tested above")
+        pytest.skip("no AVX512_BF16 or AVX2 + FMA in this build: the oneDNN path is tested above")
     gen = torch.Generator().manual_seed(rows * k + n)
     linear = nn.Linear(k, n, bias=bias).to(torch.bfloat16)
     with torch.no_grad():
@@ -88,7 +94,7 @@ def test_quantized_gemm_against_float64(rows, k, n, bias, method):
     bfloat16 step of the largest output."""
     assert cpu_linear.quantized_gemm_available() == bf16_gemm_here()
     if not bf16_gemm_here():
-        pytest.skip("no AVX512_BF16 in this build: quantized layers use the kernels' reference there")
+        pytest.skip("no bfloat16 GEMM in this build: quantized layers use the kernels' reference there")
     from hetero_infer.kernels import reference
 
     gen = torch.Generator().manual_seed(rows * k + n)

@@ -10,7 +10,7 @@ import torch
 from hetero_infer.kernels.cpu import linear as cpu_linear
 from hetero_infer.kernels.cpu import weight_arena
 
-pytestmark = pytest.mark.skipif(cpu_linear._gemm_bf16() is None, reason="no AVX512_BF16 in this build of the "
+pytestmark = pytest.mark.skipif(cpu_linear._gemm_bf16() is None, reason="no AVX512_BF16 or AVX2 + FMA in this build of the "
                                 "C kernels (tests/engine/test_cpu_linear.py::test_bf16_gemm_against_float64 fails where the CPU has it "
                                 "and the kernel is missing)")
 

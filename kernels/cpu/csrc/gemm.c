@@ -414,13 +414,20 @@ static inline void NAME(const float* x, int ldx, int kh, const uint32_t* w, int 
         for (int j = 0; j < NC; j++) acc[m][j] = _mm256_setzero_ps();                                     \
     }                                                                                                     \
     for (int kp = 0; kp < kh; kp++) {                                                                     \
-        if (MR == 1) {                                                                                    \
-            __m256 xe = _mm256_broadcast_ss(x + 2 * kp), xo = _mm256_broadcast_ss(x + 2 * kp + 1);        \
+        if (MR <= 2) { /* x broadcast once, then each group decoded and used (16 registers: no spills) */  \
+            __m256 xe[MR], xo[MR];                                                                        \
+            _Pragma("GCC unroll 2")                                                                       \
+            for (int m = 0; m < MR; m++) {                                                                \
+                xe[m] = _mm256_broadcast_ss(x + (size_t)m * ldx + 2 * kp);                                \
+                xo[m] = _mm256_broadcast_ss(x + (size_t)m * ldx + 2 * kp + 1);                            \
+            }                                                                                             \
             _Pragma("GCC unroll 8")                                                                       \
             for (int j = 0; j < NC; j++) {                                                                \
                 __m256 we, wo;                                                                            \
                 w_pairs(w, kp, g0 + j, &we, &wo);                                                         \
-                acc[0][j] = _mm256_fmadd_ps(xo, wo, _mm256_fmadd_ps(xe, we, acc[0][j]));                  \
+                _Pragma("GCC unroll 2")                                                                   \
+                for (int m = 0; m < MR; m++)                                                              \
+                    acc[m][j] = _mm256_fmadd_ps(xo[m], wo, _mm256_fmadd_ps(xe[m], we, acc[m][j]));        \
             }                                                                                             \
         } else {                                                                                          \
             __m256 we[NC], wo[NC];                                                                        \

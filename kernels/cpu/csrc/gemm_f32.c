@@ -109,8 +109,10 @@ static inline void NAME(const float* x, int K, const float* w, const float* bias
         }                                                                                                 \
         return;                                                                                           \
     }                                                                                                     \
+    _Pragma("GCC unroll 8") /* constant indices into acc keep it in registers */                         \
     for (int m = 0; m < ROWS; m++) { /* the last panel: its real columns only */                          \
         float tmp[PANEL];                                                                                 \
+        _Pragma("GCC unroll 4")                                                                           \
         for (int j = 0; j < NR; j++) _mm256_storeu_ps(tmp + 8 * j, acc[m][j]);                            \
         for (int c = 0; c < cols.valid; c++) out[(size_t)m * ldo + c] = bias ? tmp[c] + bias[c] : tmp[c]; \
     }                                                                                                     \
