@@ -22,6 +22,8 @@ _HELP = {
     "block_size": "tokens per KV-cache block",
     "max_num_blocks": "KV-cache blocks in the pool (default: sized from memory)",
     "max_num_seqs": "most sequences running in one step",
+    "scheduling_policy": "fcfs (default): arrival order; priority: by each request's `priority` (lower first, then "
+    "arrival), a waiting request preempting running ones of lower priority even when max_num_seqs is full",
     "max_model_len": "longest prompt + output (default: the model's context length)",
     "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes); default from the device as vLLM "
     "chooses it: 2048 on the CPU; GPUs of at least 70 GiB but not A100: 8192 serving, 16384 offline; other GPUs "

@@ -33,6 +33,8 @@ class EngineConfig:
     # None: from the device, as vLLM chooses it (`batch_token_budget`)
     max_num_batched_tokens: int | None = None
     memory_threshold: float = 0.9
+    # fcfs: arrival order; priority: each request's `priority` (lower first, then arrival), preempting lower ones
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     quantization: Quantization | None = None

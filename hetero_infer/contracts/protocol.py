@@ -20,6 +20,7 @@ MAX_PROMPTS = 256
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
+INT32_MIN = -(2**31)
 
 
 def _invalid(param: str, message: str) -> PydanticCustomError:
@@ -116,6 +117,9 @@ class _Sampling(_Request):
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(max_length=64)] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    priority: int = Field(0, ge=INT32_MIN, le=INT32_MAX, description=(
+        "vLLM's: with --scheduling-policy priority, lower values run first (and preempt higher ones); ignored "
+        "under fcfs"))
     prompt_logprobs: int | None = Field(None, ge=0, le=20, description=(
         "vLLM's: each prompt token's logprob and rank, with the top N at its position, in the response's "
         "`prompt_logprobs` (not with stream, where only 0 is accepted)"))

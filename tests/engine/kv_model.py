@@ -79,10 +79,11 @@ class Sim:
     """Requests through the real scheduler and block manager, the KV pool modelled slot by slot."""
 
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int = 8, budget: int = 64,
-                 memory_threshold: float | None = 0.9, enable_prefix_caching: bool = True) -> None:
+                 memory_threshold: float | None = 0.9, enable_prefix_caching: bool = True,
+                 policy: str = "fcfs") -> None:
         self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching)
         threshold = {} if memory_threshold is None else {"memory_threshold": memory_threshold}
-        self.sched = Scheduler(self.bm, max_num_seqs, budget, **threshold)
+        self.sched = Scheduler(self.bm, max_num_seqs, budget, **threshold, policy=policy)
         self.kv = KVPool(block_size)
         self.seqs: list[Sequence] = []  # every sequence ever made, children included
         self.arrival: dict[int, int] = {}  # seq_id -> arrival rank of its request
@@ -97,10 +98,10 @@ class Sim:
         """What the engine admits at all: one request alone fits the pool."""
         return self.bm.blocks_for(prompt_len + max_tokens) <= self.bm.num_blocks
 
-    def add(self, prompt: list[int], max_tokens: int, n: int = 1) -> Sequence:
+    def add(self, prompt: list[int], max_tokens: int, n: int = 1, priority: int = 0) -> Sequence:
         """Queue a request: its n samples, as the engine fans them out; returns the first."""
         rank = len(set(self.arrival.values()))
-        params = SamplingParams(max_tokens=max_tokens, n=n)
+        params = SamplingParams(max_tokens=max_tokens, n=n, priority=priority)
         seqs = [Sequence(f"r{rank}", list(prompt), len(prompt), params, max_tokens, sample_index=i)
                 for i in range(n)]
         for seq in seqs:
@@ -150,8 +151,13 @@ class Sim:
                 self.sched.finish(seq, "length")
 
     def check_fcfs(self) -> None:
-        """Preempted sequences wait ahead of every request not yet admitted; those keep arrival order."""
+        """Preempted sequences wait ahead of every request not yet admitted; those keep arrival order. Under the
+        priority policy: every waiting sequence in (priority, arrival) order, preempted or not."""
         waiting = list(self.sched.waiting)
+        if self.sched.policy == "priority":
+            ranks = [(s.params.priority, self.arrival[s.seq_id], s.sample_index) for s in waiting]
+            assert ranks == sorted(ranks), "waiting sequences out of priority order"
+            return
         preempted = [s for s in waiting if s.seq_id in self.ever_ran]
         fresh = [s for s in waiting if s.seq_id not in self.ever_ran]
         assert waiting == preempted + fresh, "a preempted sequence waits behind a new request"

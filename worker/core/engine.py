@@ -116,7 +116,8 @@ class LLMEngine:
                  config.executor, self.executor.num_blocks, config.block_size)
         self.block_manager = BlockManager(self.executor.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.memory_threshold
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.memory_threshold,
+            config.scheduling_policy,
         )
         self.eos_token_ids = sorted(eos_token_ids(folder, hf_config, self.tokenizer))
         self._eos = frozenset(self.eos_token_ids)

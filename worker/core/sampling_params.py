@@ -53,6 +53,8 @@ class SamplingParams:
     # sample this many and return the `n` with the highest cumulative logprob (vLLM's `best_of`); None: n
     best_of: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # the request's priority under `scheduling_policy="priority"` (lower runs first, as vLLM's); ignored under fcfs
+    priority: int = 0
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

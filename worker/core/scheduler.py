@@ -5,6 +5,12 @@ waiting sequences (FCFS: the queue head is never skipped, so nothing starves). W
 pool runs short, the most recently admitted running sequence is preempted (its blocks are
 freed and it is recomputed later from its tokens, ahead of newer requests).
 
+Under `policy="priority"` (vLLM's `--scheduling-policy priority`) the waiting queue is ordered by (the request's
+`priority`, lower first; arrival), a preempted sequence goes back to its place in that order, the victim of a
+preemption is the running sequence of the lowest priority (latest arrival among equals), and a waiting sequence of
+higher priority than a running one takes its place when `max_num_seqs` or the memory threshold keeps it out
+(vLLM's gap: a full batch of low-priority streams would otherwise keep it waiting until one of them ends).
+
 A request with n > 1 is n sequences queued together (vLLM V1's fan-out): each is admitted on
 its own, so every one counts against max_num_seqs. The later ones wait at the head of the
 queue until the first has computed the prompt's full blocks, then take them from the prefix
@@ -13,8 +19,10 @@ cache instead of computing them again.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
@@ -51,6 +59,14 @@ class SchedulerOutput:
         return n
 
 
+SchedulingPolicy = Literal["fcfs", "priority"]
+
+
+def rank(seq: Sequence) -> tuple[int, int]:
+    """Scheduling order under the priority policy: priority (lower first), then arrival."""
+    return (seq.params.priority, seq.seq_id)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -58,7 +74,11 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         memory_threshold: float = 0.9,
+        policy: SchedulingPolicy = "fcfs",
     ) -> None:
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"unknown scheduling policy {policy!r}: fcfs or priority")
+        self.policy = policy
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -69,7 +89,35 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        if self.policy == "priority":
+            self._enqueue(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _enqueue(self, seq: Sequence) -> None:
+        """Into the waiting queue at its rank (priority policy)."""
+        self.waiting.insert(bisect.bisect_right(self.waiting, rank(seq), key=rank), seq)
+
+    def _victim(self, skip: set[int]) -> Sequence:
+        """The running sequence to preempt, not one in `skip`: the most recently admitted (fcfs), the lowest ranked
+        (priority)."""
+        if self.policy == "priority":
+            return max((s for s in self.running if s.seq_id not in skip), key=rank)
+        return next(s for s in reversed(self.running) if s.seq_id not in skip)
+
+    def _preempt_for_priority(self, out: SchedulerOutput) -> None:
+        """Priority policy: while the head of the queue is kept out by max_num_seqs or the memory threshold and
+        outranks a running sequence, that sequence makes room for it."""
+        bm = self.block_manager
+        while self.waiting and self.running:
+            head = self.waiting[0]
+            if len(self.running) < self.max_num_seqs and bm.usage < self.memory_threshold:
+                return  # it is admitted the ordinary way
+            victim = self._victim(set())
+            if rank(victim) <= rank(head):
+                return
+            self._preempt(victim)
+            out.num_preempted += 1
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -80,11 +128,17 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions_total += 1
-        self.waiting.appendleft(seq)
+        if self.policy == "priority":
+            self._enqueue(seq)
+        else:
+            self.waiting.appendleft(seq)
 
     def schedule(self) -> SchedulerOutput:
         bm = self.block_manager
         out = SchedulerOutput()
+        if self.policy == "priority" and self.waiting:
+            self._preempt_for_priority(out)
+        out_of_memory = False
         budget = self.max_num_batched_tokens
         decodes, prefills = [], []
         for s in self.running:
@@ -106,9 +160,10 @@ class Scheduler:
             allocated = allocate_slots(seq, num_new)
             while not allocated:
                 # seq itself is never scheduled yet, so a victim always exists
-                victim = next(s for s in reversed(self.running) if s.seq_id not in scheduled_ids)
+                victim = self._victim(scheduled_ids)
                 self._preempt(victim)
                 out.num_preempted += 1
+                out_of_memory = True
                 if victim is seq:
                     break
                 allocated = bm.allocate_slots(seq, num_new)
@@ -118,7 +173,7 @@ class Scheduler:
             scheduled_ids.add(seq.seq_id)
             budget -= num_new
 
-        if out.num_preempted == 0:
+        if not out_of_memory:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 if self.running and bm.usage >= self.memory_threshold:
                     break

@@ -124,6 +124,7 @@ def request_sampling_params(state: Any, req: CompletionRequest | ChatCompletionR
         logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
         best_of=getattr(req, "best_of", None),
         structured_outputs=constraint[1] if constraint else None,
+        priority=req.priority,
     )
     if params.best_of is not None and params.best_of > state.max_num_seqs:
         raise bad_request(f"best_of ({params.best_of}) is larger than this server's max_num_seqs "
