@@ -27,6 +27,7 @@ from hetero_infer.contracts.auth import api_key_middleware
 from hetero_infer.contracts.errors import APIError
 from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.router import policies
+from hetero_infer.router.flow import FlowControl, Shed, priority_of, tenant_of
 from hetero_infer.router.index import PrefixIndex
 from hetero_infer.router.metrics import RouterMetrics
 from hetero_infer.router.models import model_not_found, pick_target, union_cards
@@ -43,6 +44,7 @@ _DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer
                  "origin"}
 _DROP_RESPONSE = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
 _REFUSED = (429, 503)
+DEFAULT_WORKER_SLOTS = 8  # flow control: a worker that does not report its max_num_seqs
 _INLINE_TOKENIZE_BYTES = 1024  # request bodies up to this size are tokenized on the event loop
 
 
@@ -76,7 +78,16 @@ class Router:
         self._tokenizer_tasks: dict[str | None, asyncio.Task] = {}
         self.scaler: ScaleFromZero | None = None  # --scale-target (cli.add_scale_from_zero): any model's
         self.scalers: dict[str, ScaleFromZero] = {}  # per model (the cluster router: one per InferenceDeployment)
+        self.flow: FlowControl | None = None
+        if options.flow_control:
+            self.flow = FlowControl(self.slots, options.max_queued, options.queue_timeout_s,
+                                    lambda priority, reason: self.metrics.shed.labels(str(priority), reason).inc())
         self._set_tokenizer_mode()
+
+    def slots(self, model: str | None) -> int:
+        """Flow control: requests the ready workers of `model` run at once."""
+        return sum(self.options.worker_slots or w.max_num_seqs or DEFAULT_WORKER_SLOTS
+                   for w in self.pool.ready(model=model))
 
     # -- models and their tokenizers -----------------------------------------------------------
     def _set_tokenizer_mode(self) -> None:
@@ -109,6 +120,8 @@ class Router:
                                                self.options.worker_api_key, model=model)
                     self._tokenizer_tasks[model] = asyncio.create_task(fetcher.run(self.session))
         self._set_tokenizer_mode()
+        if self.flow is not None:
+            self.flow.pump_all()
 
     def _fetched(self, model: str | None, tokenizer: Any, url: str) -> None:
         self.tokenizers[model] = tokenizer
@@ -196,9 +209,27 @@ class Router:
             headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
             if self.options.worker_api_key:
                 headers["Authorization"] = f"Bearer {self.options.worker_api_key}"
-        response = await self._route(request, body, headers, hashes, policy, exact, model)
+        if self.flow is not None and request.method == "POST" and self.pool.ready(model=model):
+            response = await self._flow(request, payload, body, headers, hashes, policy, exact, model)
+        else:  # no ready worker of the model: held as without flow control (scale from zero)
+            response = await self._route(request, body, headers, hashes, policy, exact, model)
         self.metrics.responses.labels(str(response.status)).inc()
         return response
+
+    async def _flow(self, request: web.Request, payload: Any, body: bytes, headers: dict[str, str],
+                    hashes: list[int], policy: str, exact: bool, model: str | None) -> web.StreamResponse:
+        """Through the router's queue (flow.py): a slot first, or a 429."""
+        assert self.flow is not None
+        tenant = tenant_of(request.headers, self.options.tenant_header, bool(self.options.api_key))
+        try:
+            await self.flow.acquire(model, tenant, priority_of(payload))
+        except Shed as shed:
+            return _error(429, f"the router is saturated ({shed.reason}); retry later", "rate_limit_exceeded",
+                          {"Retry-After": str(self.options.retry_after_s)})
+        try:
+            return await self._route(request, body, headers, hashes, policy, exact, model)
+        finally:
+            self.flow.release(model)
 
     async def _route(self, request: web.Request, body: bytes, headers: dict[str, str], hashes: list[int],
                      policy: str, exact: bool = True, model: str | None = None) -> web.StreamResponse:
@@ -347,6 +378,11 @@ class Router:
             self.metrics.index_blocks.labels(url).set(self.index.count(url))
             self.metrics.pending_blocks.labels(url).set(len(self.index.pending(url)))
             self.metrics.reports_blocks.labels(url).set(1 if worker.reports_blocks else 0)
+        if self.flow is not None:
+            queued = self.flow.queued()
+            self.metrics.queued.clear()
+            for priority, n in queued.items():
+                self.metrics.queued.labels(str(priority)).set(n)
         data = generate_latest(self.metrics.registry)
         return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -30,6 +30,11 @@ class RouterMetrics:
                                        "--scale-target: asks for a replica while requests were held, by result: "
                                        "scaled (0 -> 1), already (it had replicas), error (retried later)",
                                        ["result"], registry=r)
+        self.shed = Counter("hetero_infer_router_requests_shed", "--flow-control: requests answered 429 by the "
+                            "router, by priority and reason: queue_full (refused on arrival), displaced (by a better "
+                            "priority or a shorter tenant queue), queue_timeout", ["priority", "reason"], registry=r)
+        self.queued = Gauge("hetero_infer_router_requests_queued", "--flow-control: requests waiting in the router's "
+                            "queue for a worker slot, by priority (at scrape time)", ["priority"], registry=r)
         self.hold_seconds = Histogram("hetero_infer_router_hold_seconds", "time requests waited for a ready worker",
                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("hetero_infer_router_upstream_ttft_seconds",

@@ -57,6 +57,15 @@ HELP = {
     "served_model": "a model the router holds requests for (and scales from zero, with --scale-target) even while "
     "no worker of it has been seen; without it, a model none of the known workers serves is a 404 model_not_found "
     "(repeatable)",
+    "flow_control": "queue at the router what the workers cannot run at once, per (tenant, priority): the best "
+    "priority first (the request's `priority`, lower first), tenants of one priority in turn, the lowest priority "
+    "shed first (429 with Retry-After) when the queue is full (default off: every request goes to a worker at once)",
+    "worker_slots": "flow control: requests in flight per worker (default: its max_num_seqs, from its block report; "
+    "8 where it does not say)",
+    "max_queued": "flow control: requests queued at the router per model beyond the workers' slots (default 64)",
+    "queue_timeout_s": "flow control: seconds a request may wait in the router's queue before a 429 (default 30)",
+    "tenant_header": "flow control: a request header naming the tenant, trusted (set it only behind a gateway that "
+    "sets it); without it, or when absent, the tenant is the router's --api-key the client presented",
     "allowed_hosts": hosts.HELP,  # the same guard as the workers' (contracts/hosts.py)
     **cors.HELP,  # answered at the router, the same as the workers' options (worker/server/cors.py)
     "log_level": "debug, info, warning or error (default info)",
@@ -88,6 +97,11 @@ class RouterOptions:
     worker_api_key: str | None = field(default=None, repr=False)  # never printed
     api_key: list[str] = field(default_factory=list, repr=False)  # never printed
     shutdown_grace_s: float = 60.0
+    flow_control: bool = False
+    worker_slots: int | None = None
+    max_queued: int = 64
+    queue_timeout_s: float = 30.0
+    tenant_header: str | None = None
     model_alias: list[str] = field(default_factory=list)
     served_model: list[str] = field(default_factory=list)
     allowed_hosts: list[str] = field(default_factory=list)
@@ -125,7 +139,12 @@ class RouterOptions:
         if self.shutdown_grace_s < 0:
             raise InvalidOption("shutdown_grace_s", f"invalid router option shutdown_grace_s={self.shutdown_grace_s!r}: "
                                 "must be >= 0")
-        for name in ("hold_timeout_s", "connect_timeout_s", "first_byte_timeout_s", "health_interval_s"):
+        if self.worker_slots is not None and self.worker_slots < 1:
+            raise InvalidOption("worker_slots", f"invalid router option worker_slots={self.worker_slots!r}: must be >= 1")
+        if self.max_queued < 0:
+            raise InvalidOption("max_queued", f"invalid router option max_queued={self.max_queued!r}: must be >= 0")
+        for name in ("hold_timeout_s", "connect_timeout_s", "first_byte_timeout_s", "health_interval_s",
+                     "queue_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: must be > 0")
         if self.load_factor < 1.0:
