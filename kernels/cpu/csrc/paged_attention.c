@@ -11,6 +11,8 @@
  *     VDPBF16PS where the CPU has AVX512_BF16 (exact bf16 x bf16 products, float32 sums); the exponential
  *     is a vector polynomial; the output accumulators of up to 16 / (D / 16) heads stay in registers while
  *     a block's V rows stream by.
+ *   - AVX2 + FMA without AVX-512 (any D that is a multiple of 8): the same block streams over 8-lane vectors,
+ *     scores of 8 tokens summed by one horizontal-add tree, bfloat16 widened to float32 (see DEFINE_AVX2).
  *   - portable C for everything else (any D), vectorized by the compiler.
  */
 #include "simd.h"
@@ -267,17 +269,164 @@ DEFINE_AVX512(item_avx512_bf16_d64, uint16_t, 4, 1)
 DEFINE_AVX512(item_avx512_bf16_d128, uint16_t, 8, 1)
 #endif
 
+/* ---------------------------------------------------------------- AVX2 path */
+
+#if HAVE_AVX2
+static inline void prefetch_rows_l2(const void* p, size_t bytes) {
+    for (size_t i = 0; i < bytes; i += 64) _mm_prefetch((const char*)p + i, _MM_HINT_T1);
+}
+
+/* r[i] = sum of the 8 lanes of v[i] */
+static inline __m256 reduce8(const __m256* v) {
+    __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+static inline __m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8_bf16(const uint16_t* p) { return load_bf16x8(p); }
+static inline void store8_out_f32(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+static inline void store8_out_bf16(uint16_t* p, __m256 v) { store_bf16x8(p, v); }
+
+static inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* softmax numerators in place over s[0..len) (s has room to a multiple of 8); returns 1 / their sum */
+static inline float softmax_row8(float* s, int len) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int p = 0;
+    for (; p + 8 <= len; p += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + p));
+    float mx = hmax8(m);
+    for (; p < len; p++) mx = s[p] > mx ? s[p] : mx;
+    __m256 vmx = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
+    for (p = 0; p + 8 <= len; p += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + p), vmx));
+        _mm256_storeu_ps(s + p, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (p < len) { /* the tail through the same lanes */
+        float t[8];
+        for (int i = 0; i < 8; i++) t[i] = p + i < len ? s[p + i] - mx : -INFINITY;
+        __m256 e = exp256(_mm256_loadu_ps(t));
+        _mm256_storeu_ps(t, e);
+        for (int i = 0; p + i < len; i++) s[p + i] = t[i];
+        sum = _mm256_add_ps(sum, _mm256_blendv_ps(_mm256_setzero_ps(), e,
+                                                  _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                                                      _mm256_set1_epi32(len - p),
+                                                      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))));
+    }
+    return 1.f / hsum8(sum);
+}
+
+/* One sequence, KV heads kv0 .. kv0 + nkv - 1 (H = nkv * g query heads), any D that is a multiple of 8 (up to
+   512): block by block, every head's 8-token batches of scores (q widened to float32 once, in qf [H][D]); the
+   softmax; then per block and head the V rows accumulated into o [H][D] 64 columns at a time (8 registers).
+   Each block's K and V rows are read as contiguous streams; the next block is prefetched into L2 while the
+   current one is processed (and ntable's first block, the next row this thread takes, during the V pass). */
+#define DEFINE_AVX2(NAME, T, S)                                                                         \
+static void NAME(const T* qb, const T* kc, const T* vc, const int32_t* table, int len, T* ob, int H,    \
+                 int KVH, int row_kvh, int D, int bs, float scale, float* s, float* o, float* qf,        \
+                 const int32_t* ntable, int nlen) {                                                     \
+    int g = H / KVH, nc = D / 8;                                                                        \
+    size_t row = (size_t)row_kvh * D, block = (size_t)bs * row;                                         \
+    for (int i = 0; i < H * D; i += 8) _mm256_storeu_ps(qf + i, load8_##S(qb + i));                     \
+    for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                              \
+        int n = len - p0 < bs ? len - p0 : bs;                                                          \
+        const T* kb = kc + (size_t)table[blk] * block;                                                  \
+        if (p0 + bs < len) {                                                                            \
+            int nn = len - p0 - bs < bs ? len - p0 - bs : bs;                                           \
+            prefetch_rows_l2(kc + (size_t)table[blk + 1] * block, sizeof(T) * row * (size_t)nn);        \
+        }                                                                                               \
+        for (int h = 0; h < H; h++) {                                                                   \
+            const T* kh_base = kb + (size_t)(h / g) * D;                                                \
+            const float* qh = qf + (size_t)h * D;                                                       \
+            for (int t0 = 0; t0 < n; t0 += 8) {                                                         \
+                int m = n - t0 < 8 ? n - t0 : 8;                                                        \
+                __m256 acc[8];                                                                          \
+                _Pragma("GCC unroll 8")                                                                 \
+                for (int t = 0; t < 8; t++) {                                                           \
+                    acc[t] = _mm256_setzero_ps();                                                       \
+                    if (t < m) {                                                                        \
+                        const T* kr = kh_base + (size_t)(t0 + t) * row;                                 \
+                        for (int c = 0; c < nc; c++)                                                    \
+                            acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c), load8_##S(kr + 8 * c), acc[t]); \
+                    }                                                                                   \
+                }                                                                                       \
+                float r[8];                                                                             \
+                _mm256_storeu_ps(r, _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)));                \
+                memcpy(s + (size_t)h * len + p0 + t0, r, sizeof(float) * (size_t)m);                    \
+            }                                                                                           \
+        }                                                                                               \
+    }                                                                                                   \
+    float inv[H];                                                                                       \
+    for (int h = 0; h < H; h++) inv[h] = softmax_row8(s + (size_t)h * len, len);                       \
+    memset(o, 0, sizeof(float) * (size_t)H * D);                                                        \
+    for (int p0 = 0, blk = 0; p0 < len; p0 += bs, blk++) {                                              \
+        int n = len - p0 < bs ? len - p0 : bs;                                                          \
+        const T* vb = vc + (size_t)table[blk] * block;                                                  \
+        if (p0 + bs < len) {                                                                            \
+            int nn = len - p0 - bs < bs ? len - p0 - bs : bs;                                           \
+            prefetch_rows_l2(vc + (size_t)table[blk + 1] * block, sizeof(T) * row * (size_t)nn);        \
+        }                                                                                               \
+        if (ntable && blk == 0 && nlen > 0)                                                             \
+            prefetch_rows_l2(kc + (size_t)ntable[0] * block, sizeof(T) * row * (size_t)(nlen < bs ? nlen : bs)); \
+        for (int h = 0; h < H; h++) {                                                                   \
+            const T* vh_base = vb + (size_t)(h / g) * D;                                                \
+            const float* sh = s + (size_t)h * len + p0;                                                 \
+            for (int c0 = 0; c0 < nc; c0 += 8) {                                                        \
+                int cn = nc - c0 < 8 ? nc - c0 : 8;                                                     \
+                float* oh = o + (size_t)h * D + 8 * c0;                                                 \
+                __m256 acc[8];                                                                          \
+                _Pragma("GCC unroll 8")                                                                 \
+                for (int c = 0; c < 8; c++) acc[c] = c < cn ? _mm256_loadu_ps(oh + 8 * c) : _mm256_setzero_ps(); \
+                for (int t = 0; t < n; t++) {                                                           \
+                    const T* vr = vh_base + (size_t)t * row + 8 * c0;                                   \
+                    __m256 w = _mm256_broadcast_ss(sh + t);                                             \
+                    _Pragma("GCC unroll 8")                                                             \
+                    for (int c = 0; c < 8; c++)                                                         \
+                        if (c < cn) acc[c] = _mm256_fmadd_ps(w, load8_##S(vr + 8 * c), acc[c]);         \
+                }                                                                                       \
+                _Pragma("GCC unroll 8")                                                                 \
+                for (int c = 0; c < 8; c++)                                                             \
+                    if (c < cn) _mm256_storeu_ps(oh + 8 * c, acc[c]);                                   \
+            }                                                                                           \
+        }                                                                                               \
+    }                                                                                                   \
+    for (int h = 0; h < H; h++) {                                                                       \
+        __m256 sc = _mm256_set1_ps(inv[h]);                                                             \
+        for (int c = 0; c < nc; c++)                                                                    \
+            store8_out_##S(ob + (size_t)h * D + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(o + (size_t)h * D + 8 * c), sc)); \
+    }                                                                                                   \
+}
+
+DEFINE_AVX2(item_avx2_f32, float, f32)
+DEFINE_AVX2(item_avx2_bf16, uint16_t, bf16)
+#endif
+
 /* ---------------------------------------------------------------- entry points */
 
 /* One row's attention over KV heads kh0 .. kh1 - 1 (their g query heads each): q, out [H, D] of the row. The
    unit of work of paged_decode and of the fused decode step (decode_step.c), which splits one row's heads
    over its threads. */
-#define DEFINE_HEADS(NAME, T, GENERIC, FAST64, FAST128)                                                 \
+#define DEFINE_HEADS(NAME, T, GENERIC, FAST64, FAST128, AVX2ITEM)                                                 \
 static void NAME##_item(const T* qb, const T* kc, const T* vc, const int32_t* table, int len, T* ob, int kh0, \
                         int kh1, int H, int KVH, int D, int bs, float scale, const int32_t* ntable, int nlen, \
                         float* s) {                                                                     \
     int g = H / KVH, nk = kh1 - kh0;                                                                    \
     int fast = HAVE_AVX512 && (D == 64 || D == 128) && H <= 1024;                                       \
+    int avx2 = HAVE_AVX2 && D % 8 == 0 && D <= 512 && H <= 1024;                                        \
     size_t qo = (size_t)kh0 * g * D, ko = (size_t)kh0 * D;                                              \
     (void)qo; (void)ko; (void)ntable; (void)nlen; /* unused without AVX-512 */                          \
     if (fast) {                                                                                         \
@@ -285,6 +434,9 @@ static void NAME##_item(const T* qb, const T* kc, const T* vc, const int32_t* ta
                             s + (size_t)H * len, ntable, nlen);                                         \
         else FAST128(qb + qo, kc + ko, vc + ko, table, len, ob + qo, nk * g, nk, KVH, bs, scale, s,     \
                      s + (size_t)H * len, ntable, nlen);                                                \
+    } else if (avx2) {                                                                                  \
+        AVX2ITEM(qb + qo, kc + ko, vc + ko, table, len, ob + qo, nk * g, nk, KVH, D, bs, scale, s,       \
+                 s + (size_t)H * len, s + (size_t)H * len + (size_t)H * D, ntable, nlen);               \
     } else {                                                                                            \
         float* qf = s + (size_t)g * len;                                                                \
         for (int kh = kh0; kh < kh1; kh++)                                                              \
@@ -337,13 +489,16 @@ void NAME(const T* q, const T* kc, const T* vc, const int32_t* tables, const int
 /* bytes of scratch one thread of paged_decode_*_rows or paged_heads_* needs for rows of up to `len` tokens */
 size_t paged_scratch_bytes(int H, int len, int D) { return SCRATCH_BYTES(H, len, D); }
 
-#if HAVE_AVX512
-DEFINE_HEADS(paged_heads_f32, float, item_generic_f32, item_avx512_f32_d64, item_avx512_f32_d128)
-DEFINE_HEADS(paged_heads_bf16, uint16_t, item_generic_bf16, item_avx512_bf16_d64, item_avx512_bf16_d128)
-#else
 #define NONE(...) (void)0
-DEFINE_HEADS(paged_heads_f32, float, item_generic_f32, NONE, NONE)
-DEFINE_HEADS(paged_heads_bf16, uint16_t, item_generic_bf16, NONE, NONE)
+#if HAVE_AVX512
+DEFINE_HEADS(paged_heads_f32, float, item_generic_f32, item_avx512_f32_d64, item_avx512_f32_d128, NONE)
+DEFINE_HEADS(paged_heads_bf16, uint16_t, item_generic_bf16, item_avx512_bf16_d64, item_avx512_bf16_d128, NONE)
+#elif HAVE_AVX2
+DEFINE_HEADS(paged_heads_f32, float, item_generic_f32, NONE, NONE, item_avx2_f32)
+DEFINE_HEADS(paged_heads_bf16, uint16_t, item_generic_bf16, NONE, NONE, item_avx2_bf16)
+#else
+DEFINE_HEADS(paged_heads_f32, float, item_generic_f32, NONE, NONE, NONE)
+DEFINE_HEADS(paged_heads_bf16, uint16_t, item_generic_bf16, NONE, NONE, NONE)
 #endif
 DEFINE_ENTRY(paged_decode_f32, float, paged_heads_f32_item)
 DEFINE_ENTRY(paged_decode_bf16, uint16_t, paged_heads_bf16_item)
@@ -354,6 +509,8 @@ const char* paged_decode_variant(void) {
     return "avx512+bf16";
 #elif HAVE_AVX512
     return "avx512";
+#elif HAVE_AVX2
+    return "avx2";
 #else
     return "portable";
 #endif
