@@ -281,13 +281,9 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
     previous = body.get("status") or {}
     selector = selector_string(name)
 
-    try:
-        spec = parse_spec(body.get("spec"), name=name)
-    except SpecError as e:
-        problems = e.problems
-
+    def rejected(e: SpecError) -> Outcome:
         def invalid(prev: Mapping[str, Any]) -> dict[str, Any]:
-            return invalid_spec_status(previous=prev, generation=generation, problems=problems,
+            return invalid_spec_status(previous=prev, generation=generation, problems=e.problems,
                                        selector=selector, now=now)
 
         status = invalid(previous)
@@ -295,6 +291,12 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
             record("Warning", "InvalidSpec", f"spec rejected, children left as they are: {e}")
             write_status(client, body, invalid)
         return Outcome(status=status, invalid=e.problems)
+
+    try:
+        spec = parse_spec(body.get("spec"), name=name)
+        children(Owner(name, ns, uid), spec, defaults, "-")  # what only rendering finds (spec.jsonPatches)
+    except SpecError as e:
+        return rejected(e)
 
     owner = Owner(name, ns, uid)
     outcome = Outcome(status=None)

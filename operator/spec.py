@@ -11,13 +11,19 @@ from __future__ import annotations
 import re
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hetero_infer.contracts import cors  # the router's and workers' CORS rules, not a copy
 from hetero_infer.contracts.engine_options import DTYPES, EXECUTORS, Quantization
 from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.operator import constants as c
+from hetero_infer.operator.spec_overrides import (
+    OVERRIDE_FIELDS,
+    OverridesSpec,
+    parse_extra_args,
+    parse_overrides,
+)
 from hetero_infer.operator.spec_pod import (
     POD_FIELDS,
     PodSpec,
@@ -276,6 +282,7 @@ class InferenceSpec:
     router: RouterSpec = field(default_factory=RouterSpec)
     pod: PodSpec = field(default_factory=PodSpec)
     api_key: SecretKeyRef | None = None  # the workers require it; the router sends it on its own requests
+    overrides: OverridesSpec = field(default_factory=OverridesSpec)  # the escape hatch (spec_overrides.py)
 
 
 def validate_name(name: str) -> list[str]:
@@ -294,6 +301,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
     spec = r.obj(raw, "spec", (
         "model", "image", "executor", "replicas", "resources", "engine", "autoscaling", "service",
         "rollout", "nodeSelector", "tolerations", "affinity", "env", "router", "apiKey", *POD_FIELDS,
+        *OVERRIDE_FIELDS,
     ), required=("model",))
 
     model = _parse_model(r, spec.get("model"))
@@ -313,7 +321,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
 
     eng = r.obj(spec.get("engine"), "spec.engine", (
         "blockSize", "maxNumSeqs", "maxModelLen", "maxNumBatchedTokens", "dtype", "quantization",
-        "memoryThreshold", "gpuMemoryUtilization",
+        "memoryThreshold", "gpuMemoryUtilization", "extraArgs",
     ))
     p = "spec.engine"
     engine = EngineSpec(
@@ -327,6 +335,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
         gpu_memory_utilization=r.number(eng, "gpuMemoryUtilization", p, exclusive_minimum=0, maximum=1),
     )
 
+    extra_args = parse_extra_args(r, eng.get("extraArgs"), f"{p}.extraArgs", tuple(asdict(engine)))
     autoscaling = _parse_autoscaling(r, spec.get("autoscaling"))
 
     svc = r.obj(spec.get("service"), "spec.service", ("type", "port"))
@@ -342,6 +351,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
     env = _parse_env(r, spec.get("env"))
     router = _parse_router(r, spec.get("router"))
     pod = parse_pod(r, spec)
+    overrides = parse_overrides(r, spec, extra_args)
     api_key = parse_secret_key_ref(r, spec.get("apiKey"), "spec.apiKey")
     _check_scale_to_zero(r, autoscaling, router)
     if router.enabled and name is not None and len(name) > MAX_NAME_LENGTH_WITH_ROUTER:
@@ -354,7 +364,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
         model=model, image=image, executor=executor, replicas=replicas, resources=resources,
         engine=engine, autoscaling=autoscaling, service=service, rollout=rollout, node_selector=node_selector,
         tolerations=tolerations, affinity=affinity, env=env, router=router, pod=pod,
-        api_key=api_key,
+        api_key=api_key, overrides=overrides,
     )
 
 

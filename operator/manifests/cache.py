@@ -118,7 +118,7 @@ def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cl
     source = fetch_source(spec, defaults)
     key = cache_key(source.name)
     options = ("--gguf-dtype", source.gguf_dtype) if source.gguf_dtype else ()
-    container = fetch_container(spec, download_image(spec, defaults), defaults, container_security(), cached=key,
+    container = fetch_container(spec, download_image(spec, defaults), defaults, container_security(spec), cached=key,
                                 source=source.argument, options=options)
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}},
                                      {"name": "model", "persistentVolumeClaim": {"claimName": claim}}]
@@ -156,7 +156,7 @@ def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cl
                     "volumes": volumes,
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
-                    "securityContext": pod_security(),
+                    "securityContext": pod_security(spec),
                     "imagePullSecrets": image_pull_secrets(spec, defaults),
                     "serviceAccountName": dl.service_account_name,
                     "priorityClassName": dl.priority_class_name,

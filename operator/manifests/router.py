@@ -8,7 +8,6 @@ from hetero_infer.contracts.options import to_flags
 from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.manifests.common import (
-    WORKER_UID,
     Owner,
     WorkerDefaults,
     common_labels,
@@ -20,6 +19,7 @@ from hetero_infer.operator.manifests.common import (
     selector_labels,
     workers_service_name,
 )
+from hetero_infer.operator.manifests.worker import pod_security
 from hetero_infer.operator.spec import InferenceSpec
 
 ROUTER_CPU = "500m"
@@ -116,7 +116,7 @@ def router_deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefault
         "livenessProbe": probe("/healthz", period=10, failures=3),
         # Ready whenever it runs, with or without a ready worker: requests are held, not refused.
         "readinessProbe": probe("/readyz", period=5, failures=2),
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ROUTER_PRESTOP_SECONDS)]}}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_SECONDS}}},  # needs no sleep binary
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -147,12 +147,7 @@ def router_deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefault
                     "volumes": [{"name": "tmp", "emptyDir": {}}],
                     "terminationGracePeriodSeconds": grace_period(spec),
                     "imagePullSecrets": image_pull_secrets(spec, defaults),
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": WORKER_UID,
-                        "runAsGroup": WORKER_UID,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
+                    "securityContext": pod_security(spec, fs_group=False),
                 },
             },
         },

@@ -27,7 +27,8 @@ from hetero_infer.operator.manifests.common import (
     scrape_annotations,
     selector_labels,
 )
-from hetero_infer.operator.spec import InferenceSpec
+from hetero_infer.operator.spec import InferenceSpec, SpecError
+from hetero_infer.operator.spec_overrides import DEFAULT_SHM_SIZE, ProbeTuning
 from hetero_infer.operator.spec_pod import PRESTOP_SLEEP_SECONDS, PodSpec
 
 MODEL_MOUNT = "/models"
@@ -37,7 +38,7 @@ CACHE_DIR = "/var/cache/hetero-infer"
 SHUTDOWN_GRACE_SECONDS = PodSpec().drain_seconds
 TERMINATION_GRACE_SECONDS = PodSpec().termination_grace_period_seconds
 API_KEY_ENV = "HETERO_INFER_API_KEY"  # ServerOptions.api_key from the environment (spec.apiKey's Secret)
-SHM_SIZE = "1Gi"
+SHM_SIZE = DEFAULT_SHM_SIZE
 DEFAULT_CPU = {False: "1", True: "4"}  # by "has a GPU"
 DEFAULT_MEMORY = {False: "4Gi", True: "24Gi"}
 
@@ -68,7 +69,8 @@ def model_path(spec: InferenceSpec, cached: str | None = None) -> str | None:
 
 def worker_args(spec: InferenceSpec, cached: str | None = None) -> list[str]:
     """The `hetero-infer serve ...` command line (docs/contracts.md: command line), rendered from the option
-    dataclasses `serve` parses (a spec field that names no option fails here, not in the pod)."""
+    dataclasses `serve` parses (a spec field that names no option fails here, not in the pod); then
+    spec.engine.extraArgs as given (checked against the same options in spec_overrides.py)."""
     gpu = spec.resources.gpus > 0
     return ["serve", *to_flags((ServerOptions, EngineConfig), {
         "host": "0.0.0.0",
@@ -79,7 +81,7 @@ def worker_args(spec: InferenceSpec, cached: str | None = None) -> list[str]:
         "shutdown_grace": spec.pod.drain_seconds,
         "model": model_path(spec, cached),
         **asdict(spec.engine),  # spec.engine's fields are EngineConfig's, unset ones None
-    })]
+    }), *spec.overrides.extra_args]
 
 
 def command_line(spec: InferenceSpec) -> str:
@@ -91,7 +93,7 @@ def _volumes(owner: Owner, spec: InferenceSpec) -> tuple[list[dict[str, Any]], l
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", "emptyDir": {}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.overrides.shm_size}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "tmp", "mountPath": "/tmp"},
@@ -231,30 +233,62 @@ def worker_image(spec: InferenceSpec, defaults: WorkerDefaults) -> str:
     return spec.image or (defaults.gpu_image if spec.resources.gpus > 0 else defaults.image)
 
 
-def container_security() -> dict[str, Any]:
+def container_security(spec: InferenceSpec | None = None) -> dict[str, Any]:
+    """The "restricted" Pod Security Standard's container part; spec.securityContext's fields over it."""
+    given = spec.overrides.security_context if spec is not None else None
     return {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
         "capabilities": {"drop": ["ALL"]},
+        **(given or {}),
     }
 
 
-def pod_security() -> dict[str, Any]:
+def pod_security(spec: InferenceSpec | None = None, fs_group: bool = True) -> dict[str, Any]:
+    """The pods' security context: the image's user 10001 by default; spec.podSecurityContext instead when given
+    (e.g. `{}` on OpenShift, whose restricted SCC assigns each namespace its own UIDs), with the restricted
+    standard's runAsNonRoot and RuntimeDefault seccomp filled in where it says nothing."""
+    given = spec.overrides.pod_security_context if spec is not None else None
+    if given is not None:
+        return {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}, **given}
+    ours: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": WORKER_UID, "runAsGroup": WORKER_UID}
+    if fs_group:
+        ours["fsGroup"] = WORKER_UID
+    return {**ours, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def probes(spec: InferenceSpec) -> dict[str, Any]:
+    """The worker's probes: startup holds liveness off while the model loads (startupTimeoutSeconds); liveness fails
+    once the engine died (/healthz), readiness while loading, draining or failed (/readyz); spec.probes tunes them."""
+
+    def tuned(path: str, t: ProbeTuning) -> dict[str, Any]:
+        return probe(path, period=t.period_seconds, failures=t.failure_threshold, timeout=t.timeout_seconds)
+
     return {
-        "runAsNonRoot": True,
-        "runAsUser": WORKER_UID,
-        "runAsGroup": WORKER_UID,
-        "fsGroup": WORKER_UID,
-        "seccompProfile": {"type": "RuntimeDefault"},
+        "startupProbe": probe("/healthz", period=10, failures=spec.pod.startup_failure_threshold),
+        "livenessProbe": tuned("/healthz", spec.overrides.liveness),
+        "readinessProbe": tuned("/readyz", spec.overrides.readiness),
     }
+
+
+def apply_json_patches(spec: InferenceSpec, template: dict[str, Any]) -> dict[str, Any]:
+    """spec.jsonPatches (RFC 6902) applied to the worker pod template; SpecError when one does not apply."""
+    if not spec.overrides.json_patches:
+        return template
+    import jsonpatch
+
+    try:
+        return jsonpatch.apply_patch(template, list(spec.overrides.json_patches))
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+        raise SpecError([f"spec.jsonPatches: does not apply to the worker pod template: {e}"]) from None
 
 
 def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cached: str | None = None) -> dict[str, Any]:
     """The worker Deployment; with spec.model.cache, `cached` names the cache folder its pods serve from."""
     image = worker_image(spec, defaults)
     volumes, mounts = _volumes(owner, spec)
-    security = container_security()
+    security = container_security(spec)
     container: dict[str, Any] = {
         "name": "worker",
         "image": image,
@@ -266,11 +300,9 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cach
         "envFrom": credentials(spec) if downloads_per_pod(spec) else None,  # with a cache, the Job alone has them
         "resources": _resources(spec),
         "volumeMounts": mounts,
-        # Model loading can take minutes: the startup probe holds liveness off until the process serves.
-        "startupProbe": probe("/healthz", period=10, failures=spec.pod.startup_failure_threshold),
-        "livenessProbe": probe("/healthz", period=10, failures=3),
-        "readinessProbe": probe("/readyz", period=5, failures=2),
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
+        **probes(spec),
+        # Kubernetes' own sleep action (1.30+): no `sleep` binary needed in the image
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
         "securityContext": security,
         # a worker stopped after its engine died exits 1 with the error last in its log: the pod's last state says it
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -283,7 +315,7 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cach
         "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": pod_security(),
+        "securityContext": pod_security(spec),
         "nodeSelector": dict(spec.node_selector) or None,
         "tolerations": _tolerations(spec),
         "affinity": spec.affinity,
@@ -310,14 +342,14 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cach
             "strategy": rollout_strategy(spec),
             "revisionHistoryLimit": 3,
             "progressDeadlineSeconds": 1200,
-            "template": {
+            "template": apply_json_patches(spec, {
                 "metadata": {
                     "labels": {**pod.labels, **common_labels(owner.name)},
                     "annotations": {**scrape_annotations(), "kubectl.kubernetes.io/default-container": "worker",
                                     **pod.annotations},
                 },
                 "spec": pod_spec,
-            },
+            }),
         },
     }
 

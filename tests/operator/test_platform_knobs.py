@@ -83,3 +83,124 @@ def test_the_platform_example_renders_valid_objects(version: str) -> None:
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     assert any(env.get("AWS_CA_BUNDLE", "").startswith(m) for m in mounts)  # the CA bundle is really there
+
+
+# -- the escape hatch -----------------------------------------------------------------------------------------------
+
+def test_extra_engine_args_reach_the_worker_command_line_after_the_rendered_flags() -> None:
+    args = ["--enable-prefix-caching", "--seed", "7", "--max-num-blocks=4096"]
+    (worker,) = worker_pod(engine={"maxNumSeqs": 8, "extraArgs": args})["containers"]
+    assert worker["args"][-4:] == args and worker["args"].index("--max-num-seqs") < len(worker["args"]) - 4
+    # what the worker then parses: its own parser takes the whole line
+    from hetero_infer.worker.server.cli import build_parser, resolve_options
+
+    options, engine = resolve_options(build_parser().parse_args(worker["args"][1:]), environ={})
+    assert engine.enable_prefix_caching and engine.seed == 7 and engine.max_num_blocks == 4096
+    assert engine.max_num_seqs == 8
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--turbo"], "unrecognized arguments: --turbo"),
+    (["--seed", "seven"], "--seed"),
+    (["--model", "/elsewhere"], "--model is set by the operator (spec.model)"),
+    (["--port", "8000"], "--port is set by the operator"),
+    (["--max-num-seqs", "4"], "--max-num-seqs is spec.engine's field"),
+    (["--api-key", "k"], "--api-key is a secret"),
+])
+def test_extra_engine_args_the_worker_would_refuse_are_refused_here(args: list[str], needle: str) -> None:
+    from hetero_infer.operator.spec import SpecError
+
+    with pytest.raises(SpecError) as info:
+        parse_spec({"model": {"name": "m"}, "engine": {"extraArgs": args}}, "m")
+    assert any(p.startswith("spec.engine.extraArgs") and needle in p for p in info.value.problems), info.value
+
+
+def test_json_patches_shm_probes_and_security_reach_the_worker_pod() -> None:
+    pod = worker_pod(
+        jsonPatches=[{"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "NCCL_DEBUG", "value": "INFO"}},
+                     {"op": "add", "path": "/spec/hostIPC", "value": False},
+                     {"op": "add", "path": "/metadata/annotations/team", "value": "search"}],
+        shmSize="8Gi",
+        probes={"liveness": {"periodSeconds": 5, "failureThreshold": 2, "timeoutSeconds": 2},
+                "readiness": {"periodSeconds": 3, "timeoutSeconds": 1}},
+        podSecurityContext={},
+        securityContext={"readOnlyRootFilesystem": False},
+    )
+    (worker,) = pod["containers"]
+    assert {"name": "NCCL_DEBUG", "value": "INFO"} == worker["env"][-1] and pod["hostIPC"] is False
+    assert {v["name"]: v for v in pod["volumes"]}["dshm"]["emptyDir"]["sizeLimit"] == "8Gi"
+    live, ready = worker["livenessProbe"], worker["readinessProbe"]
+    assert (live["periodSeconds"], live["timeoutSeconds"], live["failureThreshold"]) == (5, 2, 2)
+    assert (ready["periodSeconds"], ready["timeoutSeconds"], ready["failureThreshold"]) == (3, 1, 2)
+    # OpenShift: no fixed UID, and still restricted
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert worker["securityContext"]["readOnlyRootFilesystem"] is False
+    assert worker["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    dep = children(OWNER, parse_spec({"model": {"name": "smol"}, "jsonPatches": [
+        {"op": "add", "path": "/metadata/annotations/team", "value": "search"}]}, "smol")).deployment
+    assert dep["spec"]["template"]["metadata"]["annotations"]["team"] == "search"
+
+
+def test_defaults_are_restricted_with_the_images_user() -> None:
+    pod = worker_pod()
+    assert pod["securityContext"]["runAsUser"] == 10001 and pod["securityContext"]["runAsNonRoot"] is True
+    (worker,) = pod["containers"]
+    assert worker["lifecycle"]["preStop"] == {"sleep": {"seconds": 10}}  # no sleep binary needed
+    assert {v["name"]: v for v in pod["volumes"]}["dshm"]["emptyDir"]["sizeLimit"] == "1Gi"
+
+
+def test_the_podsecuritycontext_also_runs_the_router_and_the_download_job() -> None:
+    raw = {"model": {"name": "m", "url": "hf://o/n", "cache": {"size": "5Gi"}}, "router": {"enabled": True},
+           "podSecurityContext": {"runAsUser": 1000680000}}
+    spec = parse_spec(raw, "smol")
+    router = children(OWNER, spec, cached="k").router.deployment["spec"]["template"]["spec"]
+    job = download_job(OWNER, spec, WorkerDefaults(), "c")["spec"]["template"]["spec"]
+    for pod in (router, job):
+        assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
+                                          "runAsUser": 1000680000}
+
+
+def test_a_json_patch_that_does_not_apply_is_a_spec_problem() -> None:
+    from hetero_infer.operator.spec import SpecError
+
+    spec = parse_spec({"model": {"name": "m"}, "jsonPatches": [{"op": "replace", "path": "/spec/nothing", "value": 1}]})
+    with pytest.raises(SpecError) as info:
+        children(OWNER, spec)
+    assert info.value.problems[0].startswith("spec.jsonPatches: does not apply")
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_escape_hatch_renders_valid_objects(version: str) -> None:
+    spec = parse_spec({"model": {"name": "m"}, "resources": {"gpus": 1, "gpuResource": "nvidia.com/mig-1g.10gb"},
+                       "engine": {"extraArgs": ["--enable-prefix-caching"]}, "shmSize": "16Gi",
+                       "probes": {"liveness": {"periodSeconds": 15}}, "podSecurityContext": {"fsGroup": 2000},
+                       "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}},
+                       "jsonPatches": [{"op": "add", "path": "/spec/dnsPolicy", "value": "ClusterFirst"}],
+                       "router": {"enabled": True}}, "smol")
+    for manifest in children(OWNER, spec).all():
+        kubernetes_validate.validate(strip_none(manifest), version, strict=True)
+
+
+# -- through the real operator (kopf) against the API emulator ----------------------------------------------------
+
+async def test_the_escape_hatch_through_the_operator(kmock: Any, operator: Any) -> None:
+    """A patch that does not apply leaves the children alone and says why (Degraded, InvalidSpec); fixed, the
+    extra flag and the patch reach the worker Deployment."""
+    from kmock_cluster import DEPLOYMENTS, INFD, wait_for
+    from test_operator_kmock import NS, create, events, infd, live, patch
+
+    await operator()
+    await create(kmock, infd(engine={"extraArgs": ["--enable-prefix-caching"]},
+                             jsonPatches=[{"op": "replace", "path": "/spec/containers/7/image", "value": "x"}]))
+    status = await wait_for(lambda: (live(kmock, INFD) or {}).get("status", {}).get("conditions")
+                            and live(kmock, INFD)["status"], what="a degraded status")
+    degraded = next(cd for cd in status["conditions"] if cd["type"] == "Degraded")
+    assert degraded["reason"] == "InvalidSpec" and "spec.jsonPatches" in degraded["message"]
+    assert live(kmock, DEPLOYMENTS) is None
+    assert any(e.get("reason") == "InvalidSpec" for e in events(kmock))
+    await patch(kmock, f"/apis/{c.API_VERSION}/namespaces/{NS}/{c.PLURAL}/smol", {"spec": {"jsonPatches": [
+        {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "NCCL_DEBUG", "value": "INFO"}}]}})
+    dep = await wait_for(lambda: live(kmock, DEPLOYMENTS), what="the worker Deployment")
+    (worker,) = dep["spec"]["template"]["spec"]["containers"]
+    assert worker["args"][-1] == "--enable-prefix-caching"
+    assert {"name": "NCCL_DEBUG", "value": "INFO"} in worker["env"]

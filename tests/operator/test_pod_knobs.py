@@ -23,10 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # `children(Owner("smol", "models", "uid-1"), parse_spec(SPEC, "smol"))`, `diff.fingerprint` of each). A
 # difference here rolls every such worker in every cluster at the operator's upgrade: make it on purpose.
 # Rolled on purpose once since: the worker container's terminationMessagePolicy FallbackToLogsOnError (issue 44: a
-# worker whose engine died exits 1 with the error as its pod's termination message).
+# worker whose engine died exits 1 with the error as its pod's termination message), and the preStop as Kubernetes' own
+# sleep action instead of exec'ing a `sleep` the image may lack (issue 44; needs Kubernetes 1.30+).
 BEFORE = {
     "cpu": ({"model": {"name": "smol"}}, {
-        "Deployment": "a106ee37fa99c94f7e864528c23cee0f", "Service": "42f27a0ca16a660644ce302f81ce94b2",
+        "Deployment": "2120c2d0fd8051577ced8eec65cae224", "Service": "42f27a0ca16a660644ce302f81ce94b2",
         "PodDisruptionBudget": "a11945136c329513c5de7512cad966db"}),
     # With a nodeSelector the Deployment's metadata gains the spec-keys annotation (one metadata patch at the
     # upgrade, so that a key dropped later is removed); its spec, the pods included, is what it was.
@@ -34,15 +35,15 @@ BEFORE = {
                           "resources": {"gpus": 1}, "engine": {"dtype": "bfloat16", "maxModelLen": 4096,
                                                                "memoryThreshold": 0.85},
                           "env": [{"name": "A", "value": "b"}], "nodeSelector": {"gpu": "h100"}}, {
-        "Deployment.spec": "96343bd13f2fa0dc5e31fe449a0c8157", "Service": "42f27a0ca16a660644ce302f81ce94b2",
+        "Deployment.spec": "42bd2536431ba5e815b7f1c546bb1bc2", "Service": "42f27a0ca16a660644ce302f81ce94b2",
         "PodDisruptionBudget": "a11945136c329513c5de7512cad966db"}),
     "hpa": ({"model": {"name": "m"}, "executor": "mock",
              "autoscaling": {"enabled": True, "mode": "hpa", "minReplicas": 1, "maxReplicas": 4}}, {
-        "Deployment": "ce69d0c7df426e158864bfbe861891da", "Service": "42f27a0ca16a660644ce302f81ce94b2",
+        "Deployment": "234124957b8647622d93fd59f8ebc6b5", "Service": "42f27a0ca16a660644ce302f81ce94b2",
         "PodDisruptionBudget": "a11945136c329513c5de7512cad966db",
         "HorizontalPodAutoscaler": "03c81be90510bf755faf5ebd90cb6600"}),
     "router (its workers)": ({"model": {"name": "m", "path": "/models/m"}, "router": {"enabled": True}}, {
-        "Deployment": "8f9e52c7923eff6a5617bd40acc9d8bb", "PodDisruptionBudget": "a11945136c329513c5de7512cad966db"}),
+        "Deployment": "b3778d712c8be9594edc042ebf793b61", "PodDisruptionBudget": "a11945136c329513c5de7512cad966db"}),
 }
 
 KNOBS = {
@@ -113,7 +114,7 @@ def test_every_knob_lands_in_the_worker_pod() -> None:
     assert spec["terminationGracePeriodSeconds"] == 630
     args = container["args"]
     assert args[args.index("--shutdown-grace") + 1] == "600"
-    sleep = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    sleep = container["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert sleep + 600 <= 630
     probe = container["startupProbe"]
     assert probe["periodSeconds"] * probe["failureThreshold"] >= 1805 > probe["periodSeconds"] * (
@@ -159,7 +160,7 @@ def test_the_router_survives_drains_and_rollouts() -> None:
     assert router.pdb["spec"]["selector"] == dep["selector"]
     pod = dep["template"]["spec"]
     (container,) = pod["containers"]
-    prestop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    prestop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
     args = container["args"]
     drain = float(args[args.index("--shutdown-grace-s") + 1])
     assert drain >= 200 and pod["terminationGracePeriodSeconds"] > prestop + drain
