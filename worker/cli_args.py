@@ -38,6 +38,11 @@ _HELP = {
     "seed": "seed for requests that give none (and for dummy weights)",
     "enforce_eager": "disable CUDA graphs",
     "async_scheduling": "schedule and prepare the next step while the device runs the current one (CUDA, mock)",
+    "kv_offloading_size": "GiB of host memory for a second KV tier behind the device pool (0: off): cached blocks "
+    "evicted from the pool are saved there and restored instead of recomputed",
+    "kv_events_config": "KV cache events as vLLM publishes them (ZMQ PUB, msgpack): a JSON object or its file, e.g. "
+    "'{\"enable_kv_cache_events\": true, \"endpoint\": \"tcp://*:5557\"}'",
+    "mock_block_copy_s": "mock executor: seconds per KV block saved to or restored from the host tier",
     "mock_step_latency_s": "mock executor: seconds per step",
     "mock_token_latency_s": "mock executor: seconds more per token a step computes (prefill or decode; prefix-cache "
     "hits are not computed)",

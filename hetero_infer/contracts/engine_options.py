@@ -46,12 +46,19 @@ class EngineConfig:
     # the overlap: schedule and prepare step N+1 while the device runs step N (executors that run asynchronously:
     # CUDA, the mock)
     async_scheduling: bool = True
+    # The host-memory KV tier behind the device pool, in GiB (0: off), as vLLM's --kv-offloading-size: cached blocks
+    # evicted from the pool are saved there and restored instead of recomputed (worker/core/host_tier.py).
+    kv_offloading_size: float = 0.0
+    # vLLM's --kv-events-config: a JSON object (or the path of one) that turns on KV cache events over ZMQ
+    # (worker/core/kv_events.py): {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "topic": ""}
+    kv_events_config: str | None = None
     # mock executor
     mock_step_latency_s: float = 0.0
     # mock cost model: a step also takes these per token whose K/V it computes (prefill chunks and decodes; a
     # prefix-cache hit is not computed) and per sequence it runs, so a cache hit saves real time
     mock_token_latency_s: float = 0.0
     mock_seq_latency_s: float = 0.0
+    mock_block_copy_s: float = 0.0  # mock cost model: seconds per block saved to or restored from the host tier
     mock_vocab_size: int | None = None
     mock_logits: bool = False
 
@@ -86,7 +93,18 @@ class EngineConfig:
             bad("memory_threshold", "must be in (0, 1]")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             bad("gpu_memory_utilization", "must be in (0, 1]")
-        for name in ("mock_step_latency_s", "mock_token_latency_s", "mock_seq_latency_s"):
+        if self.kv_events_config is not None:
+            from hetero_infer.contracts.kv_events import KVEventsConfig
+
+            try:
+                KVEventsConfig.parse(self.kv_events_config)
+            except ValueError as exc:
+                bad("kv_events_config", str(exc))
+        if not isinstance(self.kv_offloading_size, (int, float)) or self.kv_offloading_size < 0:
+            bad("kv_offloading_size", "must be a size in GiB >= 0 (0: no host tier)")
+        if self.kv_offloading_size and not self.enable_prefix_caching:
+            bad("kv_offloading_size", "the host tier holds prefix-cache blocks: it needs enable_prefix_caching")
+        for name in ("mock_step_latency_s", "mock_token_latency_s", "mock_seq_latency_s", "mock_block_copy_s"):
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0")
 

@@ -7,6 +7,11 @@ of a token depend on every token before it, so two writers agree only if they sh
 prefix. Every read is checked against the reading sequence's own tokens, so a block that holds
 another sequence's tokens, a stale prefix-cache hit or a slot not yet written fails at once.
 
+With a host tier (`host_blocks`), the simulated executor first makes the step's moves, saves then restores,
+between the pool's slots and a modelled host memory (slot -> the contents of each offset), so a restored block
+that holds anything but what its hash promises fails the same read checks; with `record_events`, a subscriber's
+view rebuilt from the KV events must equal both pools' actual contents after every step.
+
 The step loop follows `LLMEngine._update`: count the computed tokens, offer full blocks to the
 prefix cache, then append one token to every sequence that samples. An n > 1 request is n
 sequences queued together, as `LLMEngine.add_request` fans it out (the later ones name the first
@@ -19,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from hetero_infer import SamplingParams
+from hetero_infer.contracts import kv_events
 from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
@@ -52,6 +58,16 @@ class KVPool:
         for position in range(start, start + count):
             self.slots[self._slot(seq, position)] = tuple(seq.token_ids[: position + 1])
 
+    def save_block(self, block: int) -> tuple[tuple[int, ...] | None, ...]:
+        return tuple(self.slots.get(block * self.block_size + offset) for offset in range(self.block_size))
+
+    def restore_block(self, block: int, contents: tuple[tuple[int, ...] | None, ...]) -> None:
+        for offset, content in enumerate(contents):
+            if content is None:
+                self.slots.pop(block * self.block_size + offset, None)
+            else:
+                self.slots[block * self.block_size + offset] = content
+
     def check_read(self, seq: Sequence, end: int, when: str) -> None:
         """The K/V of positions [0, end) that `seq` attends to hold exactly its own tokens."""
         for position in range(end):
@@ -80,8 +96,11 @@ class Sim:
 
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int = 8, budget: int = 64,
                  memory_threshold: float | None = 0.9, enable_prefix_caching: bool = True,
-                 policy: str = "fcfs") -> None:
-        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching)
+                 policy: str = "fcfs", host_blocks: int = 0, record_events: bool = False) -> None:
+        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching, host_blocks=host_blocks,
+                               record_events=record_events)
+        self.host: dict[int, tuple] = {}  # host slot -> the saved block's contents
+        self.subscriber: dict[str, set[int]] = {}  # what a KV-events subscriber knows of each medium
         threshold = {} if memory_threshold is None else {"memory_threshold": memory_threshold}
         self.sched = Scheduler(self.bm, max_num_seqs, budget, **threshold, policy=policy)
         self.kv = KVPool(block_size)
@@ -123,7 +142,13 @@ class Sim:
             assert item.seq.status is SequenceStatus.RUNNING
             self.ever_ran.add(item.seq.seq_id)
         check_refcounts(self.bm, self.live)
-        # the executor: block copies first, then each token's K/V into its slot, then attention
+        # the executor: moves to and from the host tier (saves, then restores), block copies, then each token's
+        # K/V into its slot, then attention
+        if out.block_moves:
+            for block, slot in out.block_moves.saves:
+                self.host[slot] = self.kv.save_block(block)
+            for slot, block in out.block_moves.restores:
+                self.kv.restore_block(block, self.host[slot])
         for src, dst in out.block_copies:
             self.kv.copy_block(src, dst)
         for item in out.scheduled:  # what a sequence reuses must be there before this step writes
@@ -135,7 +160,18 @@ class Sim:
             self.kv.check_read(item.seq, end, "after the step's writes")
         self._update(out)
         check_refcounts(self.bm, self.live)
+        self.check_events()
         return out
+
+    def check_events(self) -> None:
+        """A subscriber that applied every KV event batch knows exactly what each pool holds."""
+        if self.bm.events is None:
+            return
+        kv_events.apply(self.subscriber, kv_events.decode_batch(kv_events.encode_batch(
+            kv_events.KVEventBatch(ts=0.0, events=self.bm.take_events()))))
+        assert self.subscriber.get(kv_events.DEVICE_MEDIUM, set()) == set(self.bm.hash_to_block)
+        if self.bm.host is not None:
+            assert self.subscriber.get(kv_events.HOST_MEDIUM, set()) == set(self.bm.host._slots)
 
     def _update(self, out: SchedulerOutput) -> None:
         sampling: list[Sequence] = []

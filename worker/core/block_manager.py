@@ -8,6 +8,11 @@ allocation evicts them (oldest first).
 Hashes are `hetero_infer.contracts.block_hashes.chain_hash` (the same in every process), and the manager keeps the net
 change of its cache's hashes since the last `take_cache_changes()`: what a worker reports to the router
 (docs/router.md). At most one entry per hash, so it stays bounded (2 x blocks) when nobody takes it.
+
+With a host tier (`host_blocks` > 0, `--kv-offloading-size`; worker/core/host_tier.py), a cached block evicted
+from the pool is saved there, and a prefix lookup continues there past the pool's last hit: such blocks are
+restored into fresh blocks instead of computed. The moves are the executor's to copy at the start of the next
+step, before its forward (`take_block_moves`: saves first, then restores).
 """
 
 from __future__ import annotations
@@ -15,8 +20,30 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from hetero_infer.contracts import kv_events
 from hetero_infer.contracts.block_hashes import extend_chain
+from hetero_infer.worker.core.host_tier import HostTier
 from hetero_infer.worker.core.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class HostHit:
+    """A prefix block found in the host tier: its slot there and its hash."""
+
+    slot: int
+    hash: int
+
+
+@dataclass(slots=True)
+class BlockMoves:
+    """Copies between the pool and the host tier, for the executor to make before a step's forward: `saves`
+    (device block -> host slot) first, then `restores` (host slot -> device block)."""
+
+    saves: list[tuple[int, int]]
+    restores: list[tuple[int, int]]
+
+    def __bool__(self) -> bool:
+        return bool(self.saves or self.restores)
 
 
 @dataclass
@@ -27,9 +54,12 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 host_blocks: int = 0, record_events: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
+        if host_blocks < 0:
+            raise ValueError("host_blocks must be >= 0")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -40,6 +70,16 @@ class BlockManager:
         self._cache_changes: dict[int, bool] = {}  # hash -> entered (True) or left the cache since the last take
         self.prefix_queries = 0  # tokens looked up in the prefix cache
         self.prefix_hits = 0  # tokens found there
+        # the host tier: only blocks with a prefix hash go there, so none without prefix caching
+        self.host = HostTier(host_blocks) if host_blocks and enable_prefix_caching else None
+        self.host_queries = 0  # tokens looked up in the host tier after a pool miss
+        self.host_hits = 0  # tokens restored from it
+        self.blocks_saved = 0
+        self.blocks_restored = 0
+        self._saves: list[tuple[int, int]] = []
+        self._restores: list[tuple[int, int]] = []
+        # KV events (contracts/kv_events.py) since the last `take_events`; None: not recorded
+        self.events: list[kv_events.KVCacheEvent] | None = [kv_events.AllBlocksCleared()] if record_events else None
 
     # -- pool state -------------------------------------------------------------------
     @property
@@ -60,6 +100,19 @@ class BlockManager:
             if self.hash_to_block.get(block.hash) == block_id:
                 del self.hash_to_block[block.hash]
                 self._cache_change(block.hash, False)
+                if self.events is not None:
+                    self.events.append(kv_events.BlockRemoved([block.hash], kv_events.DEVICE_MEDIUM))
+                if self.host is not None:
+                    slot = self.host.save(block.hash)
+                    dropped = self.host.take_dropped()
+                    if self.events is not None and dropped:
+                        self.events.append(kv_events.BlockRemoved(dropped, kv_events.HOST_MEDIUM))
+                    if slot is not None:
+                        self._saves.append((block_id, slot))
+                        self.blocks_saved += 1
+                        if self.events is not None:
+                            self.events.append(kv_events.BlockStored([block.hash], None, [], self.block_size, None,
+                                                                     kv_events.HOST_MEDIUM))
             block.hash = None
         block.ref_count = 1
         return block_id
@@ -81,18 +134,26 @@ class BlockManager:
     def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
         extend_chain(seq.block_hashes, seq.token_ids, self.block_size, num_full_blocks)
 
-    def lookup_prefix(self, seq: Sequence) -> list[int]:
-        """Cached blocks for the longest prefix of `seq`; the newest token is always left to compute."""
+    def lookup_prefix(self, seq: Sequence) -> list[int | HostHit]:
+        """Cached blocks for the longest prefix of `seq`: pool blocks (their ids), then blocks of the host tier
+        (`HostHit`) where the pool's run ends; the newest token is always left to compute."""
         if not self.enable_prefix_caching:
             return []
         max_blocks = (seq.num_tokens - 1) // self.block_size
         self._ensure_hashes(seq, max_blocks)
-        hits: list[int] = []
-        for h in seq.block_hashes[:max_blocks]:
+        hits: list[int | HostHit] = []
+        hashes = seq.block_hashes
+        for h in hashes[:max_blocks]:
             block_id = self.hash_to_block.get(h)
             if block_id is None:
                 break
             hits.append(block_id)
+        if self.host is not None:
+            for h in hashes[len(hits):max_blocks]:
+                slot = self.host.lookup(h)
+                if slot is None:
+                    break
+                hits.append(HostHit(slot, h))
         return hits
 
     def register_computed_blocks(self, seq: Sequence) -> None:
@@ -103,14 +164,34 @@ class BlockManager:
         if num_full <= seq.num_registered_blocks:
             return
         self._ensure_hashes(seq, num_full)
-        for i in range(seq.num_registered_blocks, num_full):
+        first = seq.num_registered_blocks
+        stored: list[int] = []
+        for i in range(first, num_full):
             h = seq.block_hashes[i]
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self.hash_to_block:
                 block.hash = h
                 self.hash_to_block[h] = block.block_id
                 self._cache_change(h, True)
+                stored.append(i)
         seq.num_registered_blocks = num_full
+        if self.events is not None and stored:
+            self._stored_events(seq, stored)
+
+    def _stored_events(self, seq: Sequence, indices: list[int]) -> None:
+        """`BlockStored` events (device pool) for blocks `indices` of `seq`, one per run of consecutive blocks."""
+        assert self.events is not None
+        bs, hashes = self.block_size, seq.block_hashes
+        start = prev = indices[0]
+        for i in [*indices[1:], None]:
+            if i is not None and i == prev + 1:
+                prev = i
+                continue
+            self.events.append(kv_events.BlockStored(
+                hashes[start:prev + 1], hashes[start - 1] if start else None,
+                list(seq.token_ids[start * bs:(prev + 1) * bs]), bs, None, kv_events.DEVICE_MEDIUM))
+            if i is not None:
+                start = prev = i
 
     def _cache_change(self, h: int, entered: bool) -> None:
         # A hash enters and leaves alternately: a pending opposite change cancels out.
@@ -124,22 +205,45 @@ class BlockManager:
         return [h for h, entered in changes.items() if entered], [h for h, entered in changes.items() if not entered]
 
     # -- allocation -------------------------------------------------------------------
-    def can_admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> bool:
-        """Whether `seq` (no blocks yet) can take `hits` from the cache plus blocks for its new tokens."""
-        needed = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
-        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+    def can_admit(self, seq: Sequence, hits: list[int | HostHit], num_new_tokens: int) -> bool:
+        """Whether `seq` (no blocks yet) can take `hits` from the cache plus blocks for its new tokens (a block
+        restored from the host tier takes a fresh one)."""
+        pool_hits = [b for b in hits if not isinstance(b, HostHit)]
+        needed = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(pool_hits)
+        revived = sum(1 for b in pool_hits if self.blocks[b].ref_count == 0)
         return needed <= len(self.free_blocks) - revived
 
-    def admit(self, seq: Sequence, hits: list[int]) -> None:
-        """Give a waiting sequence its cached prefix blocks."""
+    def admit(self, seq: Sequence, hits: list[int | HostHit]) -> None:
+        """Give a waiting sequence its cached prefix blocks; those of the host tier are restored into fresh blocks
+        (copied in by the executor before the step that first reads them)."""
         assert not seq.block_table, "admit() takes a sequence without blocks"
-        for block_id in hits:
-            self._incref(block_id)
-        seq.block_table = list(hits)
+        table: list[int] = []
+        restored = [h for h in hits if isinstance(h, HostHit)]
+        for block_id in hits[:len(hits) - len(restored)]:
+            self._incref(block_id)  # type: ignore[arg-type]
+            table.append(block_id)  # type: ignore[arg-type]
+        if restored:
+            assert self.host is not None
+            for hit in restored:  # before any fresh block is taken: a save it causes must not reuse these slots
+                self.host.pin(hit.slot)
+            for hit in restored:
+                block_id = self._take_free()
+                self.blocks[block_id].hash = hit.hash
+                self.hash_to_block[hit.hash] = block_id
+                self._cache_change(hit.hash, True)
+                self._restores.append((hit.slot, block_id))
+                self.blocks_restored += 1
+                table.append(block_id)
+        seq.block_table = table
+        if self.events is not None and restored:
+            self._stored_events(seq, list(range(len(hits) - len(restored), len(hits))))
         seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
         seq.num_registered_blocks = len(hits)
         self.prefix_queries += seq.num_tokens
-        self.prefix_hits += seq.num_cached_tokens
+        self.prefix_hits += (len(hits) - len(restored)) * self.block_size
+        if self.host is not None:
+            self.host_queries += seq.num_tokens - (len(hits) - len(restored)) * self.block_size
+            self.host_hits += len(restored) * self.block_size
 
     def num_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         """Fresh blocks `allocate_slots` would take, copy-on-write included."""
@@ -191,6 +295,37 @@ class BlockManager:
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
         return copies
+
+    def discard_moves(self, moves: BlockMoves) -> None:
+        """A step whose copies may not have been made (it failed): the host slots it saved into and the blocks it
+        restored into hold nothing anyone may find again."""
+        if self.host is not None:
+            dropped = self.host.forget_slots({slot for _, slot in moves.saves})
+            if self.events is not None and dropped:
+                self.events.append(kv_events.BlockRemoved(dropped, kv_events.HOST_MEDIUM))
+        for _, block_id in moves.restores:
+            block = self.blocks[block_id]
+            if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
+                del self.hash_to_block[block.hash]
+                self._cache_change(block.hash, False)
+                if self.events is not None:
+                    self.events.append(kv_events.BlockRemoved([block.hash], kv_events.DEVICE_MEDIUM))
+            block.hash = None
+
+    def take_events(self) -> list[kv_events.KVCacheEvent]:
+        """The KV events since the last call, in order; [] when not recorded."""
+        if self.events is None:
+            return []
+        events, self.events = self.events, []
+        return events
+
+    def take_block_moves(self) -> BlockMoves:
+        """The saves to the host tier and restores from it since the last call (the next step's to copy)."""
+        moves = BlockMoves(self._saves, self._restores)
+        self._saves, self._restores = [], []
+        if self.host is not None:
+            self.host.unpin_all()
+        return moves
 
     def slot_waste(self, seqs: list[Sequence]) -> tuple[int, int]:
         """(allocated slots, slots holding no token) over the given sequences' distinct blocks (a block shared by

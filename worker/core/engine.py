@@ -15,9 +15,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hetero_infer.contracts.engine_options import EngineConfig, batch_token_budget
+from hetero_infer.contracts.kv_events import KVEventsConfig
 from hetero_infer.contracts.tokenizer import eos_token_ids, load_tokenizer
 from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
+from hetero_infer.worker.core.kv_events import KVEventPublisher
 from hetero_infer.worker.core.outputs import OutputAccumulator, RequestDelta, RequestOutput, SampleDelta
 from hetero_infer.worker.core.request_check import EngineLimits, check_request
 from hetero_infer.worker.core.sampling_params import SamplingParams
@@ -114,7 +116,11 @@ class LLMEngine:
         self.vocab_size = self.executor.vocab_size
         log.info("engine ready in %.1f s: executor %s, %d KV blocks of %d tokens", time.perf_counter() - started,
                  config.executor, self.executor.num_blocks, config.block_size)
-        self.block_manager = BlockManager(self.executor.num_blocks, config.block_size, config.enable_prefix_caching)
+        events = KVEventsConfig.parse(config.kv_events_config) if config.kv_events_config else None
+        self.kv_events = KVEventPublisher(events) if events is not None and events.enable_kv_cache_events else None
+        self.block_manager = BlockManager(self.executor.num_blocks, config.block_size, config.enable_prefix_caching,
+                                          host_blocks=self.executor.num_host_blocks,
+                                          record_events=self.kv_events is not None)
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.memory_threshold,
             config.scheduling_policy,
@@ -259,6 +265,8 @@ class LLMEngine:
                 step = self._launch(sched)
             except Exception as exc:  # one bad step fails only its own requests
                 log.exception("engine step failed; failing the %d requests in it", len(sched.scheduled))
+                if sched.block_moves:  # their copies may not have been made: no block may claim their contents
+                    self.block_manager.discard_moves(sched.block_moves)
                 touched += self._fail_step(sched.scheduled, f"{type(exc).__name__}: {exc}")
         if prev is not None:
             touched += self._finish(prev)
@@ -269,6 +277,8 @@ class LLMEngine:
                 touched += self._finish(step)
         if len(touched) > 1:
             touched = list(dict.fromkeys(touched))
+        if self.kv_events is not None:
+            self.kv_events.publish(self.block_manager.take_events())
         return touched
 
     def _launch(self, sched: SchedulerOutput) -> _Inflight:
@@ -462,7 +472,18 @@ class LLMEngine:
             generation_tokens_total=self.generation_tokens_total,
             iteration_tokens=tuple(self._iteration_tokens),
             iteration_tokens_sum=self._iteration_tokens_sum,
+            **self._host_tier_stats(),
         )
+
+    def _host_tier_stats(self) -> dict[str, float]:
+        bm = self.block_manager
+        if bm.host is None:
+            return {}
+        block_bytes = self.executor.block_bytes
+        return {"host_kv_cache_usage": bm.host.usage, "host_prefix_cache_queries_total": bm.host_queries,
+                "host_prefix_cache_hits_total": bm.host_hits,
+                "host_kv_bytes_saved_total": bm.blocks_saved * block_bytes,
+                "host_kv_bytes_restored_total": bm.blocks_restored * block_bytes}
 
     def kv_waste(self) -> float:
         """Fraction of allocated KV slots of running sequences that hold no token."""

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hetero_infer.worker.core.block_manager import BlockManager
+from hetero_infer.worker.core.block_manager import BlockManager, BlockMoves
 from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
 
 
@@ -43,6 +43,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes first, then prefill chunks
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # saves to and restores from the host tier, copied before the step's forward (and before block_copies)
+    block_moves: BlockMoves | None = None
     num_preempted: int = 0
 
     @property
@@ -195,6 +197,8 @@ class Scheduler:
                 budget -= num_new
 
         out.block_copies = bm.take_pending_copies()
+        if bm.host is not None:
+            out.block_moves = bm.take_block_moves()
         # decodes first, then prefill chunks (newly admitted ones included)
         if prefills or len(scheduled) > len(decodes):
             scheduled.sort(key=lambda s: s.seq.is_prefill)

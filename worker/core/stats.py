@@ -19,6 +19,12 @@ class EngineStats:
     # tokens per engine step, as a histogram over ITERATION_TOKENS_BUCKETS (counts per bucket, +Inf last) and sum
     iteration_tokens: tuple[int, ...] = ()
     iteration_tokens_sum: int = 0
+    # the host KV tier (--kv-offloading-size; zeros without one)
+    host_kv_cache_usage: float = 0.0
+    host_prefix_cache_queries_total: int = 0  # prompt tokens looked up there after a miss in the device pool
+    host_prefix_cache_hits_total: int = 0  # prompt tokens restored from it
+    host_kv_bytes_saved_total: int = 0
+    host_kv_bytes_restored_total: int = 0
 
 
 # vLLM's `vllm:iteration_tokens_total` buckets

@@ -18,6 +18,7 @@ from hetero_infer.worker.runner import prompt_logprobs
 from hetero_infer.worker.runner.attention import StepBatch, select_backend
 from hetero_infer.worker.runner.attention.triton_backend import TritonBackend
 from hetero_infer.worker.runner.cuda_graphs import DecodeRunner
+from hetero_infer.worker.runner.host_kv import HostKV, host_tier_blocks
 from hetero_infer.worker.runner.inputs import StepInputs, placeholder_rows, step_inputs
 from hetero_infer.worker.runner.loader import load_model
 from hetero_infer.worker.runner.models.rotary import head_dim_of
@@ -141,6 +142,8 @@ class TorchExecutor:
         self.num_blocks = config.max_num_blocks or self._default_num_blocks()
         self.kv_cache = self._new_kv_cache(self.num_blocks)
         self.kv_caches = _layer_caches(self.kv_cache)
+        self.num_host_blocks = host_tier_blocks(config.kv_offloading_size, self.block_bytes)
+        self.host_kv = HostKV(self.kv_cache, self.num_host_blocks) if self.num_host_blocks else None
         self.cpu_decode: cpu_decode_step.FusedDecodeStack | None = None  # a decode step's layers in one C call
         if self.device.type == "cpu" and self.cpu_paths:
             started = time.perf_counter()
@@ -226,6 +229,8 @@ class TorchExecutor:
         step owes (runner/prompt_logprobs.py; on their way to the host, the step not waited for), else None."""
         if self.thread_governor is not None:
             self.thread_governor.tick()  # fewer threads while other processes hold our cores
+        if sched.block_moves:  # before anything reads or writes those blocks (block_copies included)
+            self.host_kv.move(self.kv_cache, sched.block_moves.saves, sched.block_moves.restores)
         step = step_inputs(sched, self.block_size)
         runner = self.decode_runner
         # every row a decode, and every row samples (a prompt row is a prefill's)

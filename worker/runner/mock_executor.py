@@ -19,11 +19,15 @@ import torch
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER
+from hetero_infer.worker.runner.host_kv import host_tier_blocks
 from hetero_infer.worker.runner.prompt_logprobs import PromptLogprobsCopy, PromptRows, rows_of, step_entries
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, pending_tokens, sample_logits
 from hetero_infer.worker.runner.step_handle import CarriesPromptLogprobs
 
 MOCK_DEFAULT_NUM_BLOCKS = 4096
+# KV bytes per token of the model the mock stands in for (the default model in bfloat16: 30 layers x K and V x 3
+# KV heads x 64): what sizes its host tier
+MOCK_KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2
 _FIRST_ORDINARY_TOKEN = 100  # keep clear of special tokens at the start of the vocabulary
 
 # The logits model (`mock_logits`): every token gets a fixed pseudo-random logit in [0, BASE_SPAN); the
@@ -70,6 +74,11 @@ class MockExecutor:
         self.seq_latency_s = config.mock_seq_latency_s
         self.vocab_size = config.mock_vocab_size or vocab_size
         self.num_blocks = config.max_num_blocks or MOCK_DEFAULT_NUM_BLOCKS
+        # the host tier is bookkeeping here (no KV is held): sized as a small model's blocks would be, each move
+        # costing mock_block_copy_s of device time
+        self.block_bytes = MOCK_KV_BYTES_PER_TOKEN * config.block_size
+        self.num_host_blocks = host_tier_blocks(config.kv_offloading_size, self.block_bytes)
+        self.block_copy_s = config.mock_block_copy_s
         self.device = "cpu"
         self.samples_itself = not config.mock_logits
         self.sampler = Sampler(all_logprobs=False)
@@ -110,9 +119,13 @@ class MockExecutor:
         return self._last_tokens[seq.seq_id] if token == PLACEHOLDER else token
 
     def step_seconds(self, sched: SchedulerOutput) -> float:
-        """The cost model: a fixed step time, plus time per token computed and per sequence run."""
+        """The cost model: a fixed step time, plus time per token computed, per sequence run and per block moved
+        to or from the host tier."""
         tokens = sum(s.num_new_tokens for s in sched.scheduled)
-        return self.step_latency_s + self.token_latency_s * tokens + self.seq_latency_s * len(sched.scheduled)
+        moves = sched.block_moves
+        moved = len(moves.saves) + len(moves.restores) if moves else 0
+        return (self.step_latency_s + self.token_latency_s * tokens + self.seq_latency_s * len(sched.scheduled)
+                + self.block_copy_s * moved)
 
     def execute(self, sched: SchedulerOutput) -> torch.Tensor | None:
         """Stand in for the forward pass: with `mock_logits`, a logits row per sequence that samples in this

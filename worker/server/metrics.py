@@ -89,6 +89,18 @@ ENGINE_SERIES = (
            "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries_total"),
     Series("hetero_infer_prefix_cache_hits", "vllm:prefix_cache_hits", "counter",
            "Prompt tokens found in the prefix cache.", "prefix_cache_hits_total"),
+    # the host KV tier (--kv-offloading-size): vLLM counts its offloaded tier's lookups as "external"
+    Series("hetero_infer_host_kv_cache_usage", None, "gauge",
+           "Fraction of the host KV tier's blocks in use (0..1; 0 without a tier).", "host_kv_cache_usage"),
+    Series("hetero_infer_host_prefix_cache_queries", "vllm:external_prefix_cache_queries", "counter",
+           "Prompt tokens looked up in the host KV tier after a miss in the device pool.",
+           "host_prefix_cache_queries_total"),
+    Series("hetero_infer_host_prefix_cache_hits", "vllm:external_prefix_cache_hits", "counter",
+           "Prompt tokens restored from the host KV tier instead of computed.", "host_prefix_cache_hits_total"),
+    Series("hetero_infer_host_kv_bytes_saved", None, "counter",
+           "Bytes of KV blocks copied from the device pool to the host tier.", "host_kv_bytes_saved_total"),
+    Series("hetero_infer_host_kv_bytes_restored", None, "counter",
+           "Bytes of KV blocks copied from the host tier back to the device pool.", "host_kv_bytes_restored_total"),
 )
 
 
