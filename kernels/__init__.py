@@ -21,6 +21,8 @@ Primitives (see docs/kernels.md for the math, layouts and numbers):
 * Weight-only quantization: :func:`quantize_int8`, :func:`dequantize_int8`,
   :func:`quantize_int4`, :func:`dequantize_int4`, :func:`int8_matmul` (W8A16),
   :func:`int4_matmul` (W4A16).
+* Mixture of experts: :func:`moe_routing`, :func:`fused_moe` (one grouped GEMM over all experts; float,
+  INT8 or INT4 experts as :class:`ExpertWeights`).
 * Sampling: :func:`top_k_top_p_filter`.
 """
 
@@ -34,6 +36,7 @@ from .attention import (
     rotary_and_write_kv,
     write_kv_cache,
 )
+from .moe import ExpertWeights, fused_moe, moe_routing
 from .ops import compute_cos_sin_cache, compute_inv_freq, rms_norm, rotary_embedding, silu_and_mul
 from .quant import (
     INT4_GROUP_SIZES,
@@ -49,6 +52,7 @@ from .sampling import top_k_top_p_filter
 
 __all__ = [
     "BACKENDS",
+    "ExpertWeights",
     "INT4_GROUP_SIZES",
     "MAX_HEAD_DIM",
     "compute_cos_sin_cache",
@@ -56,10 +60,12 @@ __all__ = [
     "decode_workspace",
     "dequantize_int4",
     "dequantize_int8",
+    "fused_moe",
     "get_backend",
     "int4_matmul",
     "int8_matmul",
     "interpret_mode",
+    "moe_routing",
     "paged_attention_decode",
     "rotary_and_write_kv",
     "paged_attention_prefill",

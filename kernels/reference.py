@@ -12,6 +12,7 @@ wrappers in :mod:`hetero_infer.kernels` validate and then dispatch here or to Tr
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,9 @@ __all__ = [
     "int8_matmul",
     "int4_matmul",
     "top_k_top_p_filter",
+    "ExpertWeights",
+    "moe_routing",
+    "fused_moe",
 ]
 
 
@@ -523,3 +527,70 @@ def top_k_top_p_filter(
         drop[:, -1] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, idx, sorted_logits)
+
+
+# --------------------------------------------------------------------------- mixture of experts
+
+
+class ExpertWeights(NamedTuple):
+    """One projection of every expert, stacked: float ``[E, N, K]``; INT8 ``[E, N, K]`` int8 with ``scales [E, N]``;
+    INT4 packed uint8 ``[E, N, K/2]`` with ``scales`` float32 and ``zeros`` uint8 ``[E, N, K/G]`` (each expert in
+    the layout of :mod:`hetero_infer.kernels.quant`)."""
+
+    weight: torch.Tensor
+    scales: torch.Tensor | None = None
+    zeros: torch.Tensor | None = None
+    group_size: int = 0
+
+    @property
+    def method(self) -> str:
+        return {torch.int8: "int8", torch.uint8: "int4"}.get(self.weight.dtype, "float")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(experts, N, K)"""
+        e, n, k = self.weight.shape
+        return e, n, 2 * k if self.method == "int4" else k
+
+    def dequantized(self, experts: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weights of ``experts`` (indices; None: all) as ``dtype`` ``[len(experts), N, K]``."""
+        pick = (lambda t: t) if experts is None else (lambda t: t.index_select(0, experts))
+        w = pick(self.weight)
+        if self.method == "float":
+            return w.to(dtype)
+        e, n = w.shape[:2]
+        if self.method == "int8":
+            return dequantize_int8(w.reshape(e * n, -1), pick(self.scales).reshape(e * n), dtype).reshape(e, n, -1)
+        flat = dequantize_int4(w.reshape(e * n, -1), pick(self.scales).reshape(e * n, -1),
+                               pick(self.zeros).reshape(e * n, -1), self.group_size, dtype)
+        return flat.reshape(e, n, -1)
+
+
+def moe_routing(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over the experts (float32), the ``top_k`` most likely, renormalised to sum to 1 or not:
+    (weights float32 ``[T, top_k]``, expert ids int32 ``[T, top_k]``), as transformers' Qwen3-MoE and Mixtral."""
+    probs = torch.softmax(router_logits.to(_acc_dtype(router_logits.dtype)), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def fused_moe(
+    x: torch.Tensor, w1: ExpertWeights, w2: ExpertWeights, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """``sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))`` with ``e = topk_ids[t, j]``, ``w1`` the
+    experts' fused gate|up ``[E, 2I, H]`` and ``w2`` their down projections ``[E, H, I]``.
+
+    Each (token, expert) pair with its own gathered weights; rounded to x's dtype where the kernels round (after
+    the gate|up product and after the activation), the weighted sum over the experts in float32, rounded once.
+    """
+    acc = _acc_dtype(x.dtype)
+    t, k = topk_ids.shape
+    flat = topk_ids.reshape(-1).long()
+    xs = x.to(acc).repeat_interleave(k, dim=0)  # [T*k, H], token-major
+    h = torch.bmm(w1.dequantized(flat, acc), xs[:, :, None])[:, :, 0].to(x.dtype)
+    a = silu_and_mul(h).to(acc)
+    y = torch.bmm(w2.dequantized(flat, acc), a[:, :, None])[:, :, 0]
+    y = y * topk_weights.reshape(-1, 1).to(acc)
+    return y.reshape(t, k, -1).sum(dim=1).to(x.dtype)

@@ -35,6 +35,12 @@ log = logging.getLogger(__name__)
 
 _P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
 
+# The decoder layouts the C step computes (a model names its own: `model.decode_layout`), each with what it reads of
+# a layer (`model.decode_weights()`: per layer, these keys). "llama": pre-norm, fused q/k/v (+ bias), rotary GQA
+# attention, o, fused gate|up SiLU MLP, down; no per-head q/k norm, no experts.
+LAYOUTS = {"llama": ("input_norm", "post_norm", "qkv", "o", "gate_up", "down")}
+_PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
 # per model dtype: the C step's name suffix and the GEMM every projection must be packed for
 _KERNELS: dict[torch.dtype, tuple[str, str]] = {torch.bfloat16: ("bf16", "gemm_bf16"),
                                                  torch.float32: ("f32", "gemm_f32")}
@@ -111,7 +117,8 @@ class FusedDecodeStack:
 
     @classmethod
     def build(cls, model: nn.Module, backend, kv_caches, dtype: torch.dtype) -> FusedDecodeStack | None:
-        """The fused stack of `model` (a LlamaForCausalLM packed for the CPU), or None with the reason logged."""
+        """The fused stack of `model` (a decoder of a layout in `LAYOUTS`, packed for the CPU), or None with the reason
+        logged."""
         reason, covered = _unsupported(model, backend, dtype)
         if reason:
             log.info("fused CPU decode step off: %s", reason)
@@ -128,20 +135,21 @@ class FusedDecodeStack:
             keep.append(linear.bias.detach().float().contiguous())
             return keep[-1].data_ptr()
 
-        layers = (_Layer * len(model.layers))()
-        for entry, layer, (k_cache, v_cache) in zip(layers, model.layers, kv_caches):
-            attn, mlp = layer.self_attn, layer.mlp
-            entry.input_norm, entry.post_norm = ptr(layer.input_layernorm.weight), ptr(layer.post_attention_layernorm.weight)
-            for name, linear in (("qkv", attn.qkv_proj), ("o", attn.o_proj), ("gate_up", mlp.gate_up_proj),
-                                 ("down", mlp.down_proj)):
+        weights = model.decode_weights()
+        layers = (_Layer * len(weights))()
+        for entry, layer, (k_cache, v_cache) in zip(layers, weights, kv_caches):
+            entry.input_norm, entry.post_norm = ptr(layer["input_norm"]), ptr(layer["post_norm"])
+            for name in _PROJECTIONS:
+                linear = layer[name]
                 setattr(entry, name, ptr(_first(linear.by_bucket, kind).data))
                 setattr(entry, name + "_bias", bias(linear))
             entry.k_cache, entry.v_cache = ptr(k_cache), ptr(v_cache)
-        a0 = model.layers[0].self_attn
-        k0 = kv_caches[0][0]
-        shape = _Shape(layers=len(model.layers), rows=0, hidden=cfg.hidden_size, heads=a0.num_heads,
-                       kv_heads=a0.num_kv_heads, head_dim=a0.head_dim, intermediate=cfg.intermediate_size,
-                       block_size=k0.shape[1], max_blocks=0, eps=cfg.rms_norm_eps, scale=a0.scale)
+        k0 = kv_caches[0][0]  # [blocks, block_size, kv_heads, head_dim]
+        kv_heads, head_dim = k0.shape[2], k0.shape[3]
+        heads = weights[0]["qkv"].out_features // head_dim - 2 * kv_heads
+        shape = _Shape(layers=len(weights), rows=0, hidden=weights[0]["o"].out_features, heads=heads,
+                       kv_heads=kv_heads, head_dim=head_dim, intermediate=weights[0]["down"].in_features,
+                       block_size=k0.shape[1], max_blocks=0, eps=cfg.rms_norm_eps, scale=head_dim**-0.5)
         stack = cls(model, backend, kv_caches, dtype, keep, layers, shape, covered)
         from hetero_infer.kernels.cpu import linear as cpu_linear
 
@@ -258,13 +266,13 @@ def _unsupported(model: nn.Module, backend, dtype: torch.dtype) -> tuple[str | N
         return f"attention backend {getattr(backend, 'name', backend)!r} (the C backend only)", ()
     if not available(dtype):
         return missing_step_reason(dtype), ()
+    layout = getattr(model, "decode_layout", None)
+    if layout not in LAYOUTS:
+        return f"decoder layout {layout!r} (the C step computes {', '.join(map(repr, LAYOUTS))})", ()
     kind = _KERNELS[dtype][1]
     plans: list[tuple[str, ...]] = []
-    for i, layer in enumerate(model.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        if attn.qk_norm:
-            return "per-head q/k norms (Qwen3)", ()
-        for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+    for i, layer in enumerate(model.decode_weights()):
+        for linear in (layer[name] for name in _PROJECTIONS):
             if not isinstance(linear, PackedLinear):
                 return f"layer {i}: {type(linear).__name__} is not a packed linear", ()
             weight = _first(linear.by_bucket, kind)
@@ -292,8 +300,7 @@ def missing_step_reason(dtype: torch.dtype) -> str:
 
 
 def _projections(model: nn.Module) -> list:
-    return [m for layer in model.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                  layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+    return [layer[name] for layer in model.decode_weights() for name in _PROJECTIONS]
 
 
 def _ms(t: float | None) -> str:

@@ -40,7 +40,37 @@ def tiny_config(arch: str):
         return Qwen2Config(vocab_size=vocab, tie_word_embeddings=True, use_sliding_window=False, **TINY)
     if arch == "qwen3":
         return Qwen3Config(vocab_size=vocab, tie_word_embeddings=False, head_dim=24, use_sliding_window=False, **TINY)
+    if arch in MOE:
+        return moe_config(*MOE[arch])
     raise KeyError(arch)
+
+
+# MoE configs: (family, experts, top-k, renormalised, sparse-layer options); every routing option the two families'
+# configs carry. Two layers (three where a dense layer sits between sparse ones).
+MOE = {
+    "qwen3-moe": ("qwen3_moe", 8, 2, False, {}),
+    "qwen3-moe-norm-top1-e4": ("qwen3_moe", 4, 1, True, {}),
+    "qwen3-moe-top4-e16-mixed": ("qwen3_moe", 16, 4, True, {"decoder_sparse_step": 2, "mlp_only_layers": [2]}),
+    "qwen3-moe-top3-dense0": ("qwen3_moe", 6, 3, False, {"mlp_only_layers": [0]}),
+    "mixtral": ("mixtral", 8, 2, True, {}),
+    "mixtral-top1-e4": ("mixtral", 4, 1, True, {}),
+    "mixtral-top4-e16": ("mixtral", 16, 4, True, {}),
+}
+
+
+def moe_config(family: str, experts: int, top_k: int, renormalize: bool, sparse: dict):
+    from transformers import MixtralConfig, Qwen3MoeConfig
+
+    vocab = 49152
+    base = {**TINY, "num_hidden_layers": 4 if sparse.get("decoder_sparse_step", 1) > 1 else 2}
+    if family == "qwen3_moe":
+        # moe_intermediate_size 32: H and I multiples of 4 floats, the CPU grouped GEMM's alignment
+        return Qwen3MoeConfig(vocab_size=vocab, tie_word_embeddings=False, head_dim=16, use_sliding_window=False,
+                              num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=renormalize,
+                              moe_intermediate_size=32, **sparse, **base)
+    assert renormalize and not sparse  # Mixtral always renormalises, every layer sparse
+    return MixtralConfig(vocab_size=vocab, tie_word_embeddings=False, sliding_window=None,
+                         num_local_experts=experts, num_experts_per_tok=top_k, **base)
 
 
 

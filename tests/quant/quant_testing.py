@@ -55,6 +55,15 @@ def tiny_config(arch: str):
         return Qwen2Config(vocab_size=vocab, tie_word_embeddings=True, use_sliding_window=False, **TINY)
     if arch == "qwen3":  # per-head q/k RMSNorm (the fused rotary/KV-write kernel's norm path)
         return Qwen3Config(vocab_size=vocab, tie_word_embeddings=True, use_sliding_window=False, head_dim=32, **TINY)
+    if arch == "qwen3-moe":  # experts of K = 128 (down) and 128 (gate|up): INT4 group 128
+        from transformers import Qwen3MoeConfig
+
+        return Qwen3MoeConfig(vocab_size=vocab, tie_word_embeddings=True, use_sliding_window=False, head_dim=32,
+                              num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, **TINY)
+    if arch == "mixtral":
+        from transformers import MixtralConfig
+
+        return MixtralConfig(vocab_size=vocab, tie_word_embeddings=False, num_local_experts=4, **TINY)
     raise KeyError(arch)
 
 

@@ -11,7 +11,8 @@ from torch import nn
 from hetero_infer import kernels
 from hetero_infer.worker.quant.quantize import QuantizedLinear, int4_group_size, quantize_model, weight_bytes
 from hetero_infer.worker.runner.attention import StepBatch, TorchBackend
-from hetero_infer.worker.runner.models.llama import LlamaForCausalLM
+from hetero_infer.worker.runner.loader import model_family
+from hetero_infer.worker.runner.models.decoder import DecoderForCausalLM
 
 TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2)}
 
@@ -80,19 +81,21 @@ def test_unknown_method_is_rejected():
         quantize_model(nn.Sequential(), "int2")
 
 
-def _model(arch: str, dtype: torch.dtype) -> LlamaForCausalLM:
+def _model(arch: str, dtype: torch.dtype) -> DecoderForCausalLM:
     torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_config(arch), max_positions=64)
+    config = tiny_config(arch)
+    model = model_family(config).model_class(config, max_positions=64)
     for p in model.parameters():
         nn.init.normal_(p, 0, 0.1)
     return model.to(dtype).eval()
 
 
-def _prefill(model: LlamaForCausalLM, ids: torch.Tensor) -> torch.Tensor:
+def _prefill(model: DecoderForCausalLM, ids: torch.Tensor) -> torch.Tensor:
     cfg = model.config
     t = ids.shape[0]
     dtype = model.embed_tokens.weight.dtype
-    kv = torch.zeros(2, 1, t, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads, dtype=dtype)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = torch.zeros(2, 1, t, cfg.num_key_value_heads, head_dim, dtype=dtype)
     backend = TorchBackend(model.rotary_embedding(dtype, "cpu"), "cpu")
     meta = backend.prepare(StepBatch.fresh_prompts([t], block_size=t))
     with torch.inference_mode():
@@ -161,3 +164,37 @@ def test_bfloat16_model_keeps_its_dtype_outside_the_projections():
     assert model.layers[0].self_attn.qkv_proj.scales.dtype == torch.float32
     logits = _prefill(model, torch.randint(0, 49152, (5,)))
     assert logits.dtype == torch.bfloat16 and bool(torch.isfinite(logits).all())
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("arch", ["qwen3-moe", "mixtral"])
+def test_quantize_model_quantizes_every_expert(arch, method):
+    """The experts become QuantizedExperts (the routers stay float), the other projections QuantizedLinear; the
+    model computes what the float model with the dequantized weights computes."""
+    from hetero_infer.worker.quant.experts import QuantizedExperts
+    from hetero_infer.worker.runner.models.moe import Experts
+
+    model = _model(arch, torch.float32)
+    before = weight_bytes(model)
+    report = quantize_model(model, method, calibration=[list(range(100, 140))])
+    layers = model.config.num_hidden_layers
+    assert report.num_quantized == 4 * layers and report.calibration_tokens == 40  # qkv, o + two expert stacks
+    for layer in model.layers:
+        assert isinstance(layer.mlp.experts, QuantizedExperts) and layer.mlp.experts.method == method
+        assert type(layer.mlp.gate) is nn.Linear and layer.mlp.gate.weight.dtype == torch.float32
+    e, h = model.layers[0].mlp.experts.num_experts, model.config.hidden_size
+    i = getattr(model.config, "moe_intermediate_size", None) or model.config.intermediate_size
+    assert report.bytes_after == weight_bytes(model) and report.bytes_after < before - layers * e * 3 * h * i * 2
+
+    dense = _model(arch, torch.float32)
+    with torch.no_grad():
+        for qlayer, dlayer in zip(model.layers, dense.layers):
+            for name in ("qkv_proj", "o_proj"):
+                getattr(dlayer.self_attn, name).weight.copy_(getattr(qlayer.self_attn, name).dequantized_weight())
+            gate_up, down = qlayer.mlp.experts.weights()
+            assert isinstance(dlayer.mlp.experts, Experts)
+            dlayer.mlp.experts.gate_up_proj.copy_(gate_up.dequantized())
+            dlayer.mlp.experts.down_proj.copy_(down.dequantized())
+    ids = torch.randint(0, 49152, (9,))
+    torch.testing.assert_close(_prefill(model, ids), _prefill(dense, ids), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(_prefill(model, ids), _prefill(_model(arch, torch.float32), ids), atol=1e-3)

@@ -2,8 +2,10 @@
 groups along K (W4A16), through `hetero_infer.kernels` (Triton on CUDA, PyTorch elsewhere), or on CPUs with
 AVX512_BF16 and bfloat16 activations through the project's C GEMM (`cpu_linear`, after `pack_for_cpu`).
 
-Only the decoder's projections are quantized (qkv_proj, o_proj, gate_up_proj, down_proj);
-embeddings, lm_head and norms stay in the model dtype, as in most weight-only schemes.
+Only the decoder's projections are quantized (the Linears its family names: `quant_projections`, e.g.
+qkv_proj, o_proj, gate_up_proj, down_proj) and the experts of MoE layers (worker/quant/experts.py, every expert's
+gate|up and down, round to nearest); embeddings, lm_head, norms and MoE routers stay in the model dtype, as in
+most weight-only schemes.
 
 How the integers are chosen (the format, and so the kernels, are the same either way):
 
@@ -30,11 +32,13 @@ from torch import nn
 
 from hetero_infer import kernels
 from hetero_infer.kernels.cpu import linear as cpu_linear
+from hetero_infer.worker.quant.experts import quantize_experts
+from hetero_infer.worker.runner.models.rotary import head_dim_of
 
 log = logging.getLogger(__name__)
 
 METHODS = ("int8", "int4")
-PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # for a model that does not name its own
 INT4_GROUP_SIZE = 128
 
 
@@ -43,7 +47,7 @@ class QuantReport:
     method: str
     bytes_before: int  # parameters and buffers of the whole model, before
     bytes_after: int
-    num_quantized: int  # Linear layers replaced
+    num_quantized: int  # Linear layers replaced, and stacks of experts' projections (two per MoE layer)
     calibration_tokens: int = 0  # tokens the GPTQ statistics came from; 0: rounded to nearest
 
     @property
@@ -162,7 +166,8 @@ _AUTO = "auto"
 @torch.no_grad()
 def quantize_model(model: nn.Module, method: str, group_size: int = INT4_GROUP_SIZE,
                    calibration: Sequence[Sequence[int]] | str | None = _AUTO) -> QuantReport:
-    """Replace the projection Linears of a loaded model by QuantizedLinear, in place.
+    """Replace the projection Linears of a loaded model by QuantizedLinear, and its experts by QuantizedExperts,
+    in place.
 
     calibration: token-id sequences for GPTQ; "auto": `calibration_tokens(model)` (None when the model has no
     tokenizer folder or HETERO_INFER_GPTQ=0); None (or a model without decoder `layers`): round to nearest.
@@ -174,16 +179,21 @@ def quantize_model(model: nn.Module, method: str, group_size: int = INT4_GROUP_S
         if calibration != _AUTO:
             raise ValueError(f"calibration must be token-id sequences, None or {_AUTO!r}")
         calibration = calibration_tokens(model) if os.environ.get("HETERO_INFER_GPTQ", "1") != "0" else None
+    supported = getattr(getattr(model, "family", None), "supports", None)
+    if supported is not None and method not in supported.quantization:
+        raise ValueError(f"{type(model).__name__} does not support {method} (it supports {supported.quantization})")
+    projections = getattr(model, "quant_projections", PROJECTIONS)
     tokens = 0
     if calibration and isinstance(getattr(model, "layers", None), nn.ModuleList):
-        count, tokens = _quantize_sequential(model, method, group_size, [list(s) for s in calibration])
+        count, tokens = _quantize_sequential(model, method, group_size, [list(s) for s in calibration], projections)
     else:
         # (parent, name) only: holding no reference to the float Linear frees it as soon as it is replaced
         targets = [(parent, name) for parent in model.modules() for name, child in parent.named_children()
-                   if name in PROJECTIONS and isinstance(child, nn.Linear)]
+                   if name in projections and isinstance(child, nn.Linear)]
         for parent, name in targets:
             setattr(parent, name, QuantizedLinear.from_linear(getattr(parent, name), method, group_size))
         count = len(targets)
+    count += quantize_experts(model, method, group_size)
     return QuantReport(method, before, weight_bytes(model), count, tokens)
 
 
@@ -217,13 +227,14 @@ class _Captured(Exception):
     """Raised by a hook to stop a forward pass once it has what it needs."""
 
 
-def _quantize_sequential(model: nn.Module, method: str, group_size: int, seqs: list[list[int]]) -> tuple[int, int]:
+def _quantize_sequential(model: nn.Module, method: str, group_size: int, seqs: list[list[int]],
+                         projections: Sequence[str]) -> tuple[int, int]:
     """GPTQ layer by layer ("true sequential"); returns (Linears replaced, calibration tokens)."""
     inputs = _first_layer_inputs(model, seqs)
     count = 0
     for layer in model.layers:
         # projections in execution order; each one's inputs come through the projections quantized before it
-        targets = [(parent, name) for name in PROJECTIONS for parent in layer.modules()
+        targets = [(parent, name) for name in projections for parent in layer.modules()
                    if isinstance(getattr(parent, name, None), nn.Linear)]
         quantized = []
         for parent, name in targets:
@@ -255,8 +266,8 @@ def _first_layer_inputs(model: nn.Module, seqs: list[list[int]]) -> tuple:
 
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     batch = StepBatch.fresh_prompts([len(s) for s in seqs], block_size=1)
-    attn = model.layers[0].self_attn
-    kv = torch.zeros(2, batch.num_blocks, 1, attn.num_kv_heads, attn.head_dim, dtype=dtype, device=device)
+    cfg = model.config
+    kv = torch.zeros(2, batch.num_blocks, 1, cfg.num_key_value_heads, head_dim_of(cfg), dtype=dtype, device=device)
     backend = TorchBackend(model.rotary_embedding(dtype, device), device)  # calibrated on the reference path
     meta = backend.prepare(batch)
     ids = torch.tensor([t for s in seqs for t in s], device=device)

@@ -31,19 +31,12 @@ from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.model_source import fetch_model
 from hetero_infer.paths import model_cache_dir
 from hetero_infer.progress import Progress, library_bars_off
+from hetero_infer.worker.runner.models.registry import ModelFamily, family_of
 
 if TYPE_CHECKING:  # torch is imported where a model is built: resolving one (pin_model) must not need it
     import torch
 
 logger = logging.getLogger(__name__)
-
-SUPPORTED_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM (Llama 2/3, SmolLM)",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
-
 
 def gguf_dtype(config: EngineConfig) -> str:
     """What a .gguf is dequantized into for `config`'s engine: bfloat16 where the engine runs in bfloat16 (a GPU's
@@ -187,17 +180,16 @@ def load_hf_config(folder: Path):
     return AutoConfig.from_pretrained(folder)
 
 
-def _supported_config_json(folder: Path) -> dict:
-    """The folder's config.json, or a clear error for an unsupported model."""
+def model_family(hf_config) -> ModelFamily:
+    """The registered family that builds `hf_config`'s model (a ValueError naming the supported ones if none)."""
+    return family_of({"architectures": getattr(hf_config, "architectures", None),
+                      "model_type": getattr(hf_config, "model_type", None)})
+
+
+def _supported_config_json(folder: Path) -> tuple[dict, ModelFamily]:
+    """The folder's config.json and its model family, or a clear error for an unsupported model."""
     raw = json.loads((folder / "config.json").read_text())
-    model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_ARCHITECTURES:
-        supported = ", ".join(SUPPORTED_ARCHITECTURES.values())
-        raise ValueError(
-            f"unsupported architecture {model_type!r} ({raw.get('architectures')}) in {folder}; "
-            f"supported: {supported}"
-        )
-    return raw
+    return raw, family_of(raw, folder)
 
 
 # What an engine without a model (the mock executor) reads of the config: the context length (with the sliding
@@ -208,20 +200,20 @@ _SERVING_FIELDS = ("max_position_embeddings", "vocab_size", "eos_token_id")
 def serving_fields(folder: Path) -> SimpleNamespace | None:
     """config.json's own values of `_SERVING_FIELDS` and the sliding window, where they are what the model's
     config class would hold: every field stated, and the window stated where the class would default it (Mistral)
-    or gate it (Qwen2/3's `use_sliding_window`, default off); None where not (`load_hf_config` then). Spares an
-    engine that runs no model the config class (for a Llama model, transformers 5 imports its model-loading and
-    distributed-tensor modules with it: seconds of start-up)."""
-    raw = _supported_config_json(folder)
-    model_type = raw["model_type"]
+    or gate it (Qwen's `use_sliding_window`, default off): the family's `SlidingWindow`; None where not
+    (`load_hf_config` then). Spares an engine that runs no model the config class (for a Llama model, transformers
+    5 imports its model-loading and distributed-tensor modules with it: seconds of start-up)."""
+    raw, family = _supported_config_json(folder)
     if any(raw.get(name) is None for name in _SERVING_FIELDS):
         return None
-    window = raw.get("sliding_window")
-    if model_type == "mistral" and "sliding_window" not in raw:
+    window, rule = raw.get("sliding_window"), family.sliding_window
+    if rule.default_when_absent and "sliding_window" not in raw:
         return None
-    if model_type in ("qwen2", "qwen3") and window is not None and "use_sliding_window" not in raw:
+    if rule.switch and window is not None and rule.switch not in raw:
         return None
     fields = {name: raw[name] for name in _SERVING_FIELDS}
-    return SimpleNamespace(**fields, sliding_window=window, use_sliding_window=raw.get("use_sliding_window", True))
+    switch = raw.get(rule.switch, True) if rule.switch else True
+    return SimpleNamespace(**fields, sliding_window=window, use_sliding_window=switch)
 
 
 def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -244,15 +236,17 @@ def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
 def load_model(hf_config, folder: Path, *, load_format: str, device: torch.device, dtype: torch.dtype,
                max_positions: int, seed: int = 0):
     """The model with its weights, every parameter allocated once, on `device` in `dtype` (built on the meta
-    device, then filled: an 8B model in bfloat16 is never materialised in float32 or on the CPU first). Weights
+    device, then filled: an 8B model in bfloat16 is never materialised in float32 or on the CPU first), as the class
+    its family registers (worker/runner/models/registry.py). Weights
     from the folder's safetensors, or random from the config for `load_format="dummy"`."""
     import torch
 
     from hetero_infer.worker.runner.dummy_weights import dummy_weights
-    from hetero_infer.worker.runner.models.llama import LlamaForCausalLM
 
+    family = model_family(hf_config)
     with torch.device("meta"), _default_dtype(dtype):
-        model = LlamaForCausalLM(hf_config, max_positions=max_positions)
+        model = family.model_class(hf_config, max_positions=max_positions)
+    model.family = family  # what it supports (quantization methods, ...), for whoever transforms it next
     model.to_empty(device=device)
     if load_format == "dummy":
         model.load_weights(dummy_weights(hf_config, device, dtype, seed))

@@ -1,0 +1,56 @@
+"""The sparse Mixture-of-Experts MLP shared by the MoE families: a router (a Linear to the experts' logits), the
+top-k routing and every expert's gated SiLU MLP, stacked ([E, 2I, H] gate|up, [E, H, I] down, the layout
+transformers holds them in) and run by `kernels.fused_moe` (Triton on CUDA, grouped GEMMs on the CPU)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hetero_infer import kernels
+from hetero_infer.worker.runner.attention import AttentionBackend
+
+
+@dataclass(frozen=True)
+class Routing:
+    """A MoE layer's routing, as its config states it."""
+
+    num_experts: int
+    top_k: int
+    renormalize: bool  # the top-k weights rescaled to sum to 1 (Mixtral always; Qwen3-MoE's `norm_topk_prob`)
+    # transformers' Qwen3-MoE rounds the routing weights to the model's dtype before weighting the experts' outputs
+    # (its Mixtral keeps them float32): the same rounding, for the same bfloat16 outputs
+    weights_in_model_dtype: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok={self.top_k} must be in [1, num_experts={self.num_experts}]")
+
+
+class Experts(nn.Module):
+    """Every expert's gate|up and down projection, stacked."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return kernels.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids)
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, routing: Routing) -> None:
+        super().__init__()
+        self.routing = routing
+        self.gate = nn.Linear(hidden_size, routing.num_experts, bias=False)  # the router (HF: mlp.gate.weight)
+        self.experts = Experts(routing.num_experts, hidden_size, intermediate_size)
+
+    def forward(self, x: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+        weights, ids = kernels.moe_routing(self.gate(x), self.routing.top_k, self.routing.renormalize)
+        if self.routing.weights_in_model_dtype:
+            weights = weights.to(x.dtype)
+        return self.experts(x, weights, ids)
