@@ -16,6 +16,7 @@ from typing import Any
 
 from hetero_infer.contracts import cors  # the router's and workers' CORS rules, not a copy
 from hetero_infer.contracts.engine_options import DTYPES, EXECUTORS, Quantization
+from hetero_infer.contracts.kube import WORKERS_SERVICE_SUFFIX  # the worker Service <name>-workers
 from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.spec_overrides import (
@@ -100,7 +101,6 @@ EXTENDED_RESOURCE = re.compile(r"^(?![^/]*kubernetes\.io/)[a-z0-9]([-a-z0-9.]*[a
                                r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 CACHE_URL_SCHEMES = ("hf://", "s3://")  # what the download Job fetches into spec.model.cache
 MAX_NAME_LENGTH = 63  # the name is also the Service's name: a DNS-1035 label
-WORKERS_SERVICE_SUFFIX = "-workers"  # with the router, the worker Service is <name>-workers
 MAX_NAME_LENGTH_WITH_ROUTER = MAX_NAME_LENGTH - len(WORKERS_SERVICE_SUFFIX)
 
 

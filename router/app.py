@@ -78,6 +78,7 @@ class Router:
         self._tokenizer_tasks: dict[str | None, asyncio.Task] = {}
         self.scaler: ScaleFromZero | None = None  # --scale-target (cli.add_scale_from_zero): any model's
         self.scalers: dict[str, ScaleFromZero] = {}  # per model (the cluster router: one per InferenceDeployment)
+        self.declared: dict[str, str] = {}  # model -> the InferenceDeployment serving it (the cluster router)
         self.flow: FlowControl | None = None
         if options.flow_control:
             self.flow = FlowControl(self.slots, options.max_queued, options.queue_timeout_s,
@@ -130,13 +131,17 @@ class Router:
     def served_models(self) -> set[str]:
         """What the router answers to: the models of its workers (ready or not), its aliases, --served-model and
         the models it can scale from zero."""
-        return (set().union(*(w.models for w in self.pool.workers.values())) | set(self.aliases)
-                | set(self.options.served_model) | set(self.scalers))
+        return set().union(*(w.models for w in self.pool.workers.values())) | set(self.aliases) | self.declared_models()
+
+    def declared_models(self) -> set[str]:
+        """Models served whether or not a worker of them has been seen: --served-model, scale targets, the
+        InferenceDeployments the cluster router fronts."""
+        return set(self.options.served_model) | set(self.scalers) | set(self.declared)
 
     def unknown_model(self, model: str | None) -> bool:
         """A model no worker serves, once every worker has said what it serves (before that, or with no worker at
         all, a request is held as for a known model: a worker that appears may serve it)."""
-        if model is None or model in self.aliases or model in self.options.served_model or model in self.scalers:
+        if model is None or model in self.aliases or model in self.declared_models():
             return False
         known = self.pool.known_models()
         return bool(self.pool.workers) and known is not None and model not in known
@@ -355,15 +360,15 @@ class Router:
     async def list_models(self, request: web.Request) -> web.Response:
         """The union of the workers' models (ready or not: a model scaled to zero is still served, held), and the
         aliases and models declared to the router."""
-        cards = union_cards((w.cards or () for w in self.pool.workers.values()),
-                            [*self.aliases, *self.options.served_model, *self.scalers])
-        return web.json_response({"object": "list", "data": cards})
+        return web.json_response({"object": "list", "data": self._cards()})
+
+    def _cards(self) -> list[dict]:
+        return union_cards((w.cards or () for w in self.pool.workers.values()),
+                           [*self.aliases, *sorted(self.declared_models())])
 
     async def get_model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
-        cards = union_cards((w.cards or () for w in self.pool.workers.values()),
-                            [*self.aliases, *self.options.served_model, *self.scalers])
-        for card in cards:
+        for card in self._cards():
             if card["id"] == name:
                 return web.json_response(card)
         return model_not_found(name, self.served_models()).response()

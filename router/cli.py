@@ -16,6 +16,7 @@ from aiohttp import web
 from hetero_infer.contracts.options import add_config_flag, add_flags, load_options
 from hetero_infer.contracts.router_options import ENV_PREFIX, HELP, RouterOptions
 from hetero_infer.router.app import Router, build, make_runner
+from hetero_infer.router.cluster import Cluster
 from hetero_infer.router.discovery import Discovery
 from hetero_infer.router.drain import Drain
 from hetero_infer.router.pool import WorkerPool
@@ -74,10 +75,28 @@ def add_scale_from_zero(app: web.Application, router: Router, options: RouterOpt
     return scaler
 
 
+def add_cluster(app: web.Application, router: Router, options: RouterOptions) -> Cluster | None:
+    """With --discover-inference-deployments: front the namespace's InferenceDeployments while the app runs."""
+    if not options.discover_inference_deployments:
+        return None
+    cluster = Cluster(router, options.namespace, options.selector)
+
+    async def start_cluster(_: web.Application) -> None:
+        await cluster.start()
+
+    async def stop_cluster(_: web.Application) -> None:
+        await cluster.stop()
+
+    app.on_startup.append(start_cluster)
+    app.on_cleanup.insert(0, stop_cluster)
+    return cluster
+
+
 async def serve(options: RouterOptions) -> None:
     router, app = build(options)
     add_discovery(app, router.pool, options)
     add_scale_from_zero(app, router, options)
+    add_cluster(app, router, options)
     drain = Drain()
     drain.install(app)
     runner = make_runner(app, options.shutdown_grace_s)
@@ -87,8 +106,10 @@ async def serve(options: RouterOptions) -> None:
     port = runner.addresses[0][1] if runner.addresses else options.port
     print(f"hetero-infer router listening on http://{options.host}:{port} "
           f"(policy {options.policy}, {len(options.worker)} workers"
-          + (f", discovering the endpoints of service {options.discover_service})" if options.discover_service
-             else ")"), flush=True)
+          + (f", discovering the endpoints of service {options.discover_service}" if options.discover_service
+             else "")
+          + (", fronting the namespace's InferenceDeployments" if options.discover_inference_deployments else "")
+          + ")", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -106,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetero-infer router: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not options.worker and not options.discover_service:
+    if not options.worker and not options.discover_service and not options.discover_inference_deployments:
         logger.warning("no --worker given: every request is held until the hold time-out")
     asyncio.run(serve(options))
     return 0

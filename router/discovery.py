@@ -116,6 +116,15 @@ class Membership:
                 logger.debug("poll of %s failed: %s", worker.url, exc)
             await asyncio.sleep(self.pool.interval_s)
 
+    async def forget(self) -> None:
+        """Stop polling every discovered worker and remove them from the pool (their Service is gone for good)."""
+        urls = set(self.polls)
+        await self.stop()
+        self.polls.clear()
+        for url in sorted(urls):
+            self.pool.mark_down(url, "its InferenceDeployment is gone")
+            self.pool.remove(url)
+
     async def stop(self) -> None:
         tasks = list(self.polls.values())
         for t in tasks:
@@ -129,28 +138,30 @@ class WatchGone(Exception):
     """The resourceVersion is too old (410): list again."""
 
 
-class EndpointSliceWatcher:
-    """List + watch of one Service's EndpointSlices, calling `on_change(urls)` whenever the ready set changes."""
+class ListWatcher:
+    """List + watch of the objects at `path` matching `selector` (a label selector), kept in `objects` by name:
+    `changed()` runs after the first list and after every event. A watch that ends is resumed from the last
+    resourceVersion; a 410 Gone lists again at once, any other failure after a back-off."""
 
-    def __init__(self, access: ApiAccess, namespace: str, service: str, on_change: Callable[[set[str]], None],
-                 port: str | None = None, backoff_s: float = 1.0) -> None:
+    def __init__(self, access: ApiAccess, path: str, selector: str | None, what: str,
+                 backoff_s: float = 1.0) -> None:
         self.access = access
-        self.service = service
-        self.port = port
-        self.on_change = on_change
+        self.path = path
+        self.selector = selector
+        self.what = what  # for the log
         self.backoff_s = backoff_s
-        self.path = f"/apis/discovery.k8s.io/v1/namespaces/{quote(namespace, safe='')}/endpointslices"
-        self.selector = f"{SERVICE_NAME_LABEL}={service}"
-        self.slices: dict[str, Mapping[str, Any]] = {}
-        self.current: set[str] | None = None
+        self.objects: dict[str, Mapping[str, Any]] = {}
         self.synced = asyncio.Event()  # set after the first successful list
 
-    def _publish(self) -> None:
-        urls = ready_urls(self.slices.values(), self.port)
-        if urls != self.current:
-            logger.info("service %s: %d ready endpoint(s)", self.service, len(urls))
-            self.current = urls
-            self.on_change(urls)
+    def wanted(self, obj: Mapping[str, Any]) -> bool:
+        """Whether a watched object is one of ours (a server that ignores the selector sends every one)."""
+        return True
+
+    def changed(self) -> None:
+        raise NotImplementedError
+
+    def _params(self) -> dict[str, str]:
+        return {"labelSelector": self.selector} if self.selector else {}
 
     async def run(self) -> None:
         async with aiohttp.ClientSession(read_bufsize=MAX_EVENT_BYTES) as session:
@@ -165,26 +176,26 @@ class EndpointSliceWatcher:
                 except WatchGone:
                     version = None
                 except Exception as exc:  # the API server restarted, a network blip, a refused token...
-                    logger.warning("watching the EndpointSlices of %s failed (%s: %s); listing again in %gs",
-                                   self.service, exc.__class__.__name__, exc, self.backoff_s)
+                    logger.warning("watching %s failed (%s: %s); listing again in %gs", self.what,
+                                   exc.__class__.__name__, exc, self.backoff_s)
                     version = None
                     await asyncio.sleep(self.backoff_s)
 
     async def _list(self, session: aiohttp.ClientSession) -> str:
-        async with session.get(self.access.host + self.path, params={"labelSelector": self.selector},
+        async with session.get(self.access.host + self.path, params=self._params(),
                                headers=self.access.headers(), ssl=self.access.ssl,
                                timeout=aiohttp.ClientTimeout(total=30)) as r:
             if r.status != 200:
                 raise RuntimeError(f"list answered {r.status}: {(await r.text())[:200]}")
             data = await r.json(content_type=None)
-        self.slices = {item["metadata"]["name"]: item for item in data.get("items") or []}
-        self._publish()
+        self.objects = {item["metadata"]["name"]: item for item in data.get("items") or [] if self.wanted(item)}
+        self.changed()
         self.synced.set()
         return str((data.get("metadata") or {}).get("resourceVersion") or "")
 
     async def _watch(self, session: aiohttp.ClientSession, version: str) -> str:
         """Follow events until the server ends the watch; returns the last resourceVersion seen."""
-        params = {"labelSelector": self.selector, "watch": "true", "allowWatchBookmarks": "true",
+        params = {**self._params(), "watch": "true", "allowWatchBookmarks": "true",
                   "timeoutSeconds": str(WATCH_TIMEOUT_SECONDS)}
         if version:
             params["resourceVersion"] = version
@@ -206,14 +217,41 @@ class EndpointSliceWatcher:
                     raise RuntimeError(f"watch error: {obj.get('message')}")
                 meta = obj.get("metadata") or {}
                 version = str(meta.get("resourceVersion") or version)
-                if kind == "BOOKMARK" or (meta.get("labels") or {}).get(SERVICE_NAME_LABEL) != self.service:
+                if kind == "BOOKMARK" or not self.wanted(obj):
                     continue
                 if kind == "DELETED":
-                    self.slices.pop(meta.get("name"), None)
+                    self.objects.pop(meta.get("name"), None)
                 elif kind in ("ADDED", "MODIFIED"):
-                    self.slices[meta["name"]] = obj
-                self._publish()
+                    self.objects[meta["name"]] = obj
+                self.changed()
         return version
+
+
+class EndpointSliceWatcher(ListWatcher):
+    """One Service's EndpointSlices, calling `on_change(urls)` whenever the ready set changes."""
+
+    def __init__(self, access: ApiAccess, namespace: str, service: str, on_change: Callable[[set[str]], None],
+                 port: str | None = None, backoff_s: float = 1.0) -> None:
+        super().__init__(access, f"/apis/discovery.k8s.io/v1/namespaces/{quote(namespace, safe='')}/endpointslices",
+                         f"{SERVICE_NAME_LABEL}={service}", f"the EndpointSlices of {service}", backoff_s)
+        self.service = service
+        self.port = port
+        self.on_change = on_change
+        self.current: set[str] | None = None
+
+    @property
+    def slices(self) -> dict[str, Mapping[str, Any]]:
+        return self.objects
+
+    def wanted(self, obj: Mapping[str, Any]) -> bool:
+        return ((obj.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL) == self.service
+
+    def changed(self) -> None:
+        urls = ready_urls(self.objects.values(), self.port)
+        if urls != self.current:
+            logger.info("service %s: %d ready endpoint(s)", self.service, len(urls))
+            self.current = urls
+            self.on_change(urls)
 
 
 class Discovery:

@@ -134,6 +134,10 @@ class WorkerPool:
             logger.info("worker %s joined the pool", worker.url)
         self._notify()
 
+    def wake(self) -> None:
+        """Something the waiters depend on changed outside the pool (the models the router serves)."""
+        self._notify()
+
     def _notify(self) -> None:
         """The pool changed (a worker joined or left, or its models did): tell the router, wake the waiters."""
         if self.on_change:
@@ -143,7 +147,17 @@ class WorkerPool:
 
     def mark_down(self, url: str, why: str) -> None:
         """A request could not reach it: out of the pool until its /readyz answers again."""
-        self._set_ready(self.workers[url], False, why)
+        worker = self.workers.get(url)
+        if worker is not None:  # else it was removed meanwhile (cluster.py: its InferenceDeployment deleted)
+            self._set_ready(worker, False, why)
+
+    def remove(self, url: str) -> None:
+        """Forget a worker (not polled any more): its models too, which may leave a model unknown."""
+        worker = self.workers.pop(url, None)
+        if worker is not None:
+            if worker.ready:
+                self.index.drop(url)
+            self._notify()
 
     async def wait_ready(self, exclude: Iterable[str], deadline: float, model: str | None = None,
                          give_up: Callable[[], bool] | None = None) -> list[Worker]:

@@ -12,6 +12,16 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "InferenceDeployment"
 PLURAL = "inferencedeployments"
 
+# With the per-model router (spec.router.enabled) the Service over the worker pods is <name>-workers; without
+# it, the Service <name> selects the workers itself. The cluster router watches that Service's EndpointSlices.
+WORKERS_SERVICE_SUFFIX = "-workers"
+
+
+def workers_service(name: str, router_enabled: bool) -> str:
+    """The Service whose EndpointSlices list an InferenceDeployment's worker pods."""
+    return name + WORKERS_SERVICE_SUFFIX if router_enabled else name
+
+
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 

@@ -39,9 +39,15 @@ HELP = {
     "text_chunk_bytes": "without a tokenizer: bytes of prompt text per hashed chunk (default 64)",
     "discover_service": "in a cluster: take the workers from the EndpointSlices of this Service (watched, ready "
     "endpoints only), besides any --worker",
-    "namespace": "the namespace of --discover-service and --scale-target (default: the pod's own, else 'default')",
+    "namespace": "the namespace of --discover-service, --discover-inference-deployments and --scale-target (default: "
+    "the pod's own, else 'default')",
     "discover_port": "the EndpointSlice port (name or number) the workers serve on (default: the one named http, "
     "else the first)",
+    "discover_inference_deployments": "in a cluster: front every InferenceDeployment of --namespace (or those "
+    "matching --selector), found through the API: each one's model, its workers from its worker Service's "
+    "EndpointSlices, and scale from zero where its autoscaling goes to 0 replicas (the chart's cluster router)",
+    "selector": "with --discover-inference-deployments: a label selector for the InferenceDeployments to front "
+    "(e.g. team=search)",
     "scale_target": "in a cluster: the InferenceDeployment (in --namespace) to scale from 0 to 1 replica, through "
     "its scale subresource, as soon as a request is held while no worker is ready (scale from zero without "
     "waiting for the operator's next pass; never lowers, never above 1)",
@@ -94,6 +100,8 @@ class RouterOptions:
     namespace: str | None = None
     discover_port: str | None = None
     scale_target: str | None = None
+    discover_inference_deployments: bool = False
+    selector: str | None = None
     worker_api_key: str | None = field(default=None, repr=False)  # never printed
     api_key: list[str] = field(default_factory=list, repr=False)  # never printed
     shutdown_grace_s: float = 60.0
