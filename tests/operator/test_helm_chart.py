@@ -134,7 +134,8 @@ def test_all_optional_parts_render(helm_bin: Path) -> None:
 
 
 def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    dep = next(d for d in docs if d["kind"] == "Deployment")
+    dep = next(d for d in docs if d["kind"] == "Deployment"
+               and d["metadata"]["labels"]["app.kubernetes.io/component"] == "operator")  # not the cluster router
     return dep["spec"]["template"]["spec"]["containers"][0]
 
 

@@ -114,3 +114,18 @@ app.kubernetes.io/component: worker
   verbs: ["get", "list", "watch", "patch"]
 {{- end }}
 {{- end }}
+
+{{/* The cluster router's pods (templates/cluster-router.yaml). */}}
+{{- define "hetero-infer.clusterRouterSelector" -}}
+app.kubernetes.io/name: {{ include "hetero-infer.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: cluster-router
+{{- end }}
+
+{{- define "hetero-infer.clusterRouterLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "hetero-infer.clusterRouterSelector" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: hetero-infer
+{{- end }}
