@@ -22,7 +22,8 @@ def run(tier_gib: float, args: argparse.Namespace) -> dict:
     turn_tokens = [[rng.randrange(100, 40000) for _ in range(args.turn_tokens)]
                    for _ in range(args.conversations * args.turns)]
     blocks = 2 * (args.history + args.turns * (args.turn_tokens + args.max_tokens)) // args.block_size + 8
-    llm = LLM(args.model, dtype=args.dtype, block_size=args.block_size, max_num_blocks=blocks,
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format,
+              skip_tokenizer_init=args.load_format == "dummy", block_size=args.block_size, max_num_blocks=blocks,
               kv_offloading_size=tier_gib, enable_prefix_caching=True)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate(prompt_token_ids=[[rng.randrange(100, 40000) for _ in range(32)]], sampling_params=params)  # warm
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--load-format", default="auto", help="dummy: random weights from a shape's config.json "
+                   "(benchmarks/shapes/), token ids only")
     p.add_argument("--conversations", type=int, default=8)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--history", type=int, default=1500)
