@@ -6,7 +6,7 @@ The per-op CPU path spends ~270 Python/ctypes dispatches and ~200 OpenMP fork/jo
 region, with the per-op path's own kernels (bit for bit its hidden states).
 
 It engages only where its preconditions hold (`FusedDecodeStack.build` logs why not otherwise): the C library
-with the dtype's fused step (bfloat16: AVX512_BF16; float32: AVX-512F), a bfloat16 or float32 model on the C
+with the dtype's fused step (bfloat16: AVX512_BF16 or AVX2 + FMA; float32: AVX-512F or AVX2 + FMA), a bfloat16 or float32 model on the C
 attention backend, no per-head q/k norms (Qwen3), and at least one row bucket of `select.BUCKETS` in which
 every projection is served by the dtype's GEMM (`gemm_bf16`, `gemm_f32`) on the one packed weight the C step
 reads. It takes the decode steps (one new token a row) whose row count falls in such a bucket (`covered`):
@@ -63,7 +63,7 @@ def enabled() -> bool:
 
 
 def available(dtype: torch.dtype = torch.bfloat16) -> bool:
-    """The C library is built with the fused step of `dtype` (bfloat16: AVX512_BF16)."""
+    """The C library is built with the fused step of `dtype` (where its GEMM is: see `missing_step_reason`)."""
     if dtype not in _KERNELS or native.library() is None:
         return False
     return bool(native.function("decode_step_available", [_I], _I)(int(dtype == torch.bfloat16)))

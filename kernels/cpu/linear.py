@@ -9,8 +9,10 @@ streaming with compute, which oneDNN does not at decode batch sizes (one decode 
 of the default model, one thread: 27.5 -> 23.8 ms at 32 rows, 10.8 -> 8.0 ms at one row; equal
 or faster at prefill sizes). In float32, on CPUs with AVX-512F, the project's float32 GEMM
 (kernels/cpu/csrc/gemm_f32.c, "gemm_f32") is a candidate beside oneDNN and `F.linear` (one thread, weights
-from memory: 1.2-1.3x oneDNN at 32 rows, 1.5-3x at one row; docs/benchmarks.md). HETERO_INFER_ONEDNN=0 keeps
-plain `F.linear` everywhere.
+from memory: 1.2-1.3x oneDNN at 32 rows, 1.5-3x at one row; docs/benchmarks.md). On CPUs with AVX2 + FMA and no
+AVX-512 (and for bfloat16 on AVX-512 CPUs without AVX512_BF16) both GEMMs are built from their AVX2 sections
+(bfloat16 widened to float32 in registers; docs/cpu.md, "ISA levels"). HETERO_INFER_ONEDNN=0 keeps plain
+`F.linear` everywhere.
 
 Which of these serves a layer is measured, not assumed (`select.py`): for each weight shape and row-count
 bucket the candidates of its dtype (`CANDIDATES`: the project's GEMM, oneDNN's packed weights, PyTorch's
@@ -57,7 +59,7 @@ def _onednn_bf16() -> bool:
 
 @functools.cache
 def _gemm_bf16():
-    """The C bfloat16 GEMM, or None where the library or AVX512_BF16 is missing."""
+    """The C bfloat16 GEMM, or None where the library or AVX512_BF16 / AVX2 + FMA is missing."""
     if native.library() is None:
         return None
     if not native.function("gemm_bf16_available", [], ctypes.c_int)():
@@ -67,7 +69,7 @@ def _gemm_bf16():
 
 @functools.cache
 def _gemm_f32():
-    """The C float32 GEMM, or None where the library or AVX-512F is missing."""
+    """The C float32 GEMM, or None where the library or AVX-512F / AVX2 + FMA is missing."""
     if native.library() is None:
         return None
     if not native.function("gemm_f32_available", [], ctypes.c_int)():
