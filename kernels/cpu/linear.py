@@ -93,6 +93,13 @@ def _gemm_quantized(bits: int):
     return native.function("gemm_w4a16", [_P, _I, _I, _P, _P, _P, _I, _I, _P, _P], ctypes.c_int)
 
 
+def own_bfloat16_gemm() -> bool:
+    """Whether the engine packs its linears (`available()`) and the project's bfloat16 GEMM runs here: then its
+    bfloat16 linears do not depend on PyTorch's bfloat16 matmul (~100x slower than float32 on CPUs without
+    bfloat16 instructions)."""
+    return available() and _gemm_bf16() is not None
+
+
 def quantized_gemm_available() -> bool:
     return _gemm_quantized(8) is not None
 

@@ -24,11 +24,17 @@ def test_the_warning_names_the_slowdown_and_the_option() -> None:
     assert "72x slower than float32" in text and "--dtype float32" in text
 
 
-@pytest.mark.parametrize("dtype,slowdown,warned", [("bfloat16", 72.0, True), ("bfloat16", 0.8, False),
-                                                    ("float32", 72.0, False)])
-def test_an_engine_warns_only_in_slow_bfloat16(tiny_model, monkeypatch, caplog, dtype, slowdown, warned) -> None:
+@pytest.mark.parametrize("dtype,slowdown,own_gemm,warned", [("bfloat16", 72.0, False, True),
+                                                             ("bfloat16", 0.8, False, False),
+                                                             ("float32", 72.0, False, False),
+                                                             ("bfloat16", 72.0, True, False)])
+def test_an_engine_warns_only_in_slow_bfloat16(tiny_model, monkeypatch, caplog, dtype, slowdown, own_gemm,
+                                               warned) -> None:
+    """Not where the project's bfloat16 GEMM runs (AVX512_BF16 or AVX2 + FMA): the linears do not fall back to
+    PyTorch's bfloat16 matmul there."""
     folder, _ = tiny_model("llama")
     monkeypatch.setattr(cpu_linear, "bfloat16_slowdown", lambda: slowdown)
+    monkeypatch.setattr(cpu_linear, "own_bfloat16_gemm", lambda: own_gemm)
     with caplog.at_level(logging.WARNING, logger="hetero_infer.worker.runner.executor"):
         LLM(str(folder), device="cpu", dtype=dtype, max_num_blocks=16)
     said = [r.getMessage() for r in caplog.records if "bfloat16 matmuls run" in r.getMessage()]

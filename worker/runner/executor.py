@@ -123,7 +123,9 @@ class TorchExecutor:
             self.cpu_paths = cpu_linear.paths_by_layer(self.model)
             log.info("CPU linear kernels (%s): %s", "measured" if selector else "defaults",
                      "; ".join(f"{k} {v}" for k, v in self.cpu_paths.items()))
-        if self.device.type == "cpu" and self.dtype == torch.bfloat16:
+        # PyTorch's bfloat16 matmul is what the linears fall back to; the project's bfloat16 GEMM (AVX512_BF16 or
+        # AVX2 + FMA) does not depend on it
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and not cpu_linear.own_bfloat16_gemm():
             warning = cpu_linear.bfloat16_warning(cpu_linear.bfloat16_slowdown())
             if warning:
                 log.warning(warning)
