@@ -346,6 +346,13 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
                 record("Normal", "Deleted", f"deleted Job {ns}/{cache.stale_job} (the workers left its revision)")
         except kube.ApiError as e:
             outcome.errors.append(f"Job {ns}/{cache.stale_job}: {e}")
+    if wanted.router is not None and wanted.router.pdb is None:
+        try:
+            if delete_owned(client, kube.PDB, ns, router_name(name), uid):
+                record("Normal", "Deleted", f"deleted PodDisruptionBudget {ns}/{router_name(name)} (one router "
+                                            "replica: a budget cannot keep it up through a drain)")
+        except kube.ApiError as e:
+            outcome.errors.append(f"PodDisruptionBudget {ns}/{router_name(name)}: {e}")
     if wanted.hpa is None:
         try:
             if delete_owned(client, kube.HPA, ns, name, uid):

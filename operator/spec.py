@@ -33,6 +33,7 @@ from hetero_infer.operator.spec_pod import (
     parse_name,
     parse_pod,
     parse_secret_key_ref,
+    parse_spread,
     parse_volumes,
 )
 from hetero_infer.operator.spec_reader import (
@@ -94,11 +95,22 @@ DEFAULT_FETCH_BACKOFF_LIMIT = 6  # Kubernetes' default, stated: about 10 minutes
 # What the download Job mounts itself (manifests/cache.py): extra volumes and mounts must not take these.
 DOWNLOAD_OWN_VOLUMES = ("tmp", "model", "source")
 DOWNLOAD_OWN_MOUNT_PATHS = ("/tmp", "/models", "/source")
+# The cache claim's access modes: one download Job writes it (so a writable mode), then every worker reads it
+# (ReadWriteMany, or ReadOnlyMany beside ReadWriteOnce on a volume that offers both, e.g. a GCE PD; ReadWriteOnce
+# alone serves one replica).
+DEFAULT_CACHE_ACCESS_MODES = ("ReadWriteMany",)
+ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod")
+WRITABLE_ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod")
+SHARED_ACCESS_MODES = ("ReadWriteMany", "ReadOnlyMany")  # what several workers on several nodes can mount
 DEFAULT_GPU_RESOURCE = c.GPU_RESOURCE
 # An extended resource (a device plugin's): DOMAIN/NAME, not in kubernetes.io's namespaces. MIG slices are such
 # names too (nvidia.com/mig-1g.10gb).
 EXTENDED_RESOURCE = re.compile(r"^(?![^/]*kubernetes\.io/)[a-z0-9]([-a-z0-9.]*[a-z0-9])?/"
                                r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+ROUTER_POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints", "priorityClassName",
+                     "podAnnotations", "podLabels")
+# A Service's loadBalancerClass: a label-style key with a domain prefix (service.k8s.aws/nlb, io.cilium/bgp-control-plane)
+LOAD_BALANCER_CLASS = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 CACHE_URL_SCHEMES = ("hf://", "s3://")  # what the download Job fetches into spec.model.cache
 MAX_NAME_LENGTH = 63  # the name is also the Service's name: a DNS-1035 label
 MAX_NAME_LENGTH_WITH_ROUTER = MAX_NAME_LENGTH - len(WORKERS_SERVICE_SUFFIX)
@@ -153,6 +165,8 @@ class CacheSpec:
     claim_name: str | None = None
     size: str | None = None
     storage_class_name: str | None = None  # None: the cluster's default class
+    access_modes: tuple[str, ...] = DEFAULT_CACHE_ACCESS_MODES  # of the claim the operator creates
+    volume_name: str | None = None  # bind the claim the operator creates to this PersistentVolume
     download: DownloadSpec = field(default_factory=DownloadSpec)
 
 
@@ -218,6 +232,23 @@ class AutoscalingSpec:
 class ServiceSpec:
     type: str = DEFAULT_SERVICE_TYPE
     port: int = DEFAULT_SERVICE_PORT
+    annotations: dict[str, str] = field(default_factory=dict)  # e.g. a cloud's internal load balancer
+    load_balancer_class: str | None = None
+    load_balancer_source_ranges: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RouterPodSpec:
+    """Where the router pods run and what they carry (each only when given; without an affinity, a preferred
+    anti-affinity spreads the replicas over nodes)."""
+
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    affinity: dict[str, Any] | None = None
+    topology_spread_constraints: tuple[dict[str, Any], ...] = ()
+    priority_class_name: str | None = None
+    annotations: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -262,6 +293,7 @@ class RouterSpec:
     cors: RouterCorsSpec = field(default_factory=RouterCorsSpec)
     tokenizer: str = DEFAULT_ROUTER_TOKENIZER
     api_key: SecretKeyRef | None = None  # the key the router's own clients must present
+    pod: RouterPodSpec = field(default_factory=RouterPodSpec)
 
 
 @dataclass(frozen=True)
@@ -338,11 +370,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
     extra_args = parse_extra_args(r, eng.get("extraArgs"), f"{p}.extraArgs", tuple(asdict(engine)))
     autoscaling = _parse_autoscaling(r, spec.get("autoscaling"))
 
-    svc = r.obj(spec.get("service"), "spec.service", ("type", "port"))
-    service = ServiceSpec(
-        type=r.string(svc, "type", "spec.service", DEFAULT_SERVICE_TYPE, enum=SERVICE_TYPES),
-        port=r.integer(svc, "port", "spec.service", DEFAULT_SERVICE_PORT, minimum=1, maximum=65535),
-    )
+    service = _parse_service(r, spec.get("service"))
 
     rollout = _parse_rollout(r, spec.get("rollout"), gpu=resources.gpus > 0)
     node_selector = string_map(r, spec.get("nodeSelector"), "spec.nodeSelector")
@@ -354,6 +382,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
     overrides = parse_overrides(r, spec, extra_args)
     api_key = parse_secret_key_ref(r, spec.get("apiKey"), "spec.apiKey")
     _check_scale_to_zero(r, autoscaling, router)
+    _check_cache_sharing(r, model.cache, replicas, autoscaling)
     if router.enabled and name is not None and len(name) > MAX_NAME_LENGTH_WITH_ROUTER:
         r.bad("metadata.name", f"must be at most {MAX_NAME_LENGTH_WITH_ROUTER} characters with the router enabled "
                                f"(the worker Service is named <name>{WORKERS_SERVICE_SUFFIX})")
@@ -413,7 +442,7 @@ def _parse_cache(r: Reader, raw: Any, url: str | None, gguf: str | None) -> Cach
         return None
     p = "spec.model.cache"
     before = len(r.problems)
-    ca = r.obj(raw, p, ("claimName", "storageClassName", "size", "download"))
+    ca = r.obj(raw, p, ("claimName", "storageClassName", "size", "accessModes", "volumeName", "download"))
     claim = r.string(ca, "claimName", p, pattern=DNS1123_SUBDOMAIN, what="a PersistentVolumeClaim's name")
     storage_class = r.string(ca, "storageClassName", p, pattern=DNS1123_SUBDOMAIN, what="a StorageClass's name")
     size = r.quantity(ca, "size", p)
@@ -426,10 +455,32 @@ def _parse_cache(r: Reader, raw: Any, url: str | None, gguf: str | None) -> Cach
         r.bad(p, "needs spec.model.url hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX (what the download Job "
                  "fetches), or a .gguf file (path, or pvc/pvc:// with a subPath) that it converts once, got "
                  f"{'url ' + repr(url) if url else 'neither'}")
+    modes = strings(r, ca, "accessModes", p, DEFAULT_CACHE_ACCESS_MODES, 1, len(ACCESS_MODES), 32)
+    for i, mode in enumerate(modes):
+        if mode not in ACCESS_MODES:
+            r.bad(f"{p}.accessModes[{i}]", f"must be one of {', '.join(ACCESS_MODES)}, got {mode!r}")
+    if not set(modes) & set(WRITABLE_ACCESS_MODES):
+        r.bad(f"{p}.accessModes", f"needs a writable mode ({', '.join(WRITABLE_ACCESS_MODES)}): the download Job "
+                                  "writes the claim")
+    volume = r.string(ca, "volumeName", p, pattern=DNS1123_SUBDOMAIN, what="a PersistentVolume's name")
+    for key in ("accessModes", "volumeName"):
+        if ca.get(key) is not None and ca.get("claimName") is not None:
+            r.bad(f"{p}.{key}", "applies to a claim the operator creates (with size), not to claimName")
     download = _parse_download(r, ca.get("download"), f"{p}.download")
     if len(r.problems) > before:
         return None
-    return CacheSpec(claim_name=claim, size=size, storage_class_name=storage_class, download=download)
+    return CacheSpec(claim_name=claim, size=size, storage_class_name=storage_class, access_modes=modes,
+                     volume_name=volume, download=download)
+
+
+def _check_cache_sharing(r: Reader, cache: CacheSpec | None, replicas: int, autoscaling: AutoscalingSpec) -> None:
+    """Several workers read the cache from several nodes: the claim the operator creates must allow that."""
+    most = max(replicas, autoscaling.max_replicas or 0) if autoscaling.enabled else replicas
+    if cache is None or cache.claim_name or most <= 1 or set(cache.access_modes) & set(SHARED_ACCESS_MODES):
+        return
+    r.bad("spec.model.cache.accessModes", f"{', '.join(cache.access_modes)} lets one node mount the cache, but up to "
+                                          f"{most} workers read it: add ReadWriteMany or ReadOnlyMany, or serve one "
+                                          "replica")
 
 
 def _parse_download(r: Reader, raw: Any, p: str) -> DownloadSpec:
@@ -495,10 +546,41 @@ def _parse_autoscaling(r: Reader, raw: Any) -> AutoscalingSpec:
     return out
 
 
+def _parse_service(r: Reader, raw: Any) -> ServiceSpec:
+    p = "spec.service"
+    svc = r.obj(raw, p, ("type", "port", "annotations", "loadBalancerClass", "loadBalancerSourceRanges"))
+    out = ServiceSpec(
+        type=r.string(svc, "type", p, DEFAULT_SERVICE_TYPE, enum=SERVICE_TYPES),
+        port=r.integer(svc, "port", p, DEFAULT_SERVICE_PORT, minimum=1, maximum=65535),
+        annotations=string_map(r, svc.get("annotations"), f"{p}.annotations"),
+        load_balancer_class=r.string(svc, "loadBalancerClass", p, pattern=LOAD_BALANCER_CLASS,
+                                     what="a label-style name with a domain prefix, e.g. service.k8s.aws/nlb"),
+        load_balancer_source_ranges=strings(r, svc, "loadBalancerSourceRanges", p, (), 0, 64, 64),
+    )
+    if out.type != "LoadBalancer":
+        for key in ("loadBalancerClass", "loadBalancerSourceRanges"):
+            if svc.get(key) is not None:
+                r.bad(f"{p}.{key}", f"applies to type LoadBalancer only, got type {out.type}")
+    return out
+
+
+def _parse_router_pod(r: Reader, ro: Mapping[str, Any], p: str) -> RouterPodSpec:
+    return RouterPodSpec(
+        node_selector=string_map(r, ro.get("nodeSelector"), f"{p}.nodeSelector"),
+        tolerations=tuple(_parse_tolerations(r, ro.get("tolerations"), f"{p}.tolerations")),
+        affinity=_parse_affinity(r, ro.get("affinity"), f"{p}.affinity"),
+        topology_spread_constraints=parse_spread(r, ro.get("topologySpreadConstraints"),
+                                                 f"{p}.topologySpreadConstraints"),
+        priority_class_name=parse_name(r, ro, "priorityClassName", p),
+        annotations=string_map(r, ro.get("podAnnotations"), f"{p}.podAnnotations"),
+        labels=parse_labels(r, ro.get("podLabels"), f"{p}.podLabels"),
+    )
+
+
 def _parse_router(r: Reader, raw: Any) -> RouterSpec:
     p = "spec.router"
     ro = r.obj(raw, p, ("enabled", "replicas", "policy", "image", "resources", "holdTimeoutSeconds",
-                        "inferencePool", "cors", "tokenizer", "apiKey"))
+                        "inferencePool", "cors", "tokenizer", "apiKey", *ROUTER_POD_FIELDS))
     res = r.obj(ro.get("resources"), f"{p}.resources", ("cpu", "memory"))
     pool = None
     if ro.get("inferencePool") is not None:
@@ -521,6 +603,7 @@ def _parse_router(r: Reader, raw: Any) -> RouterSpec:
         cors=_parse_cors(r, ro.get("cors"), f"{p}.cors"),
         tokenizer=r.string(ro, "tokenizer", p, DEFAULT_ROUTER_TOKENIZER, enum=ROUTER_TOKENIZERS),
         api_key=parse_secret_key_ref(r, ro.get("apiKey"), f"{p}.apiKey"),
+        pod=_parse_router_pod(r, ro, p),
     )
 
 

@@ -80,11 +80,12 @@ class RouterChildren:
     service_account: dict[str, Any]
     role: dict[str, Any]
     role_binding: dict[str, Any]
-    pdb: dict[str, Any]
+    pdb: dict[str, Any] | None  # None with one replica: no budget that pretends to keep the only router up
 
     def all(self) -> list[dict[str, Any]]:
         # RBAC before the pods that use it.
-        return [self.service_account, self.role, self.role_binding, self.workers_service, self.deployment, self.pdb]
+        return [m for m in (self.service_account, self.role, self.role_binding, self.workers_service,
+                            self.deployment, self.pdb) if m is not None]
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def router_children(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults)
         service_account=router_service_account(owner),
         role=router_role(owner, spec),
         role_binding=router_role_binding(owner),
-        pdb=router_pdb(owner),
+        pdb=router_pdb(owner) if spec.router.replicas > 1 else None,
     )
 
 

@@ -40,10 +40,10 @@ from hetero_infer.operator.manifests.worker import (
     worker_image,
     worker_memory,
 )
-from hetero_infer.operator.spec import DEFAULT_FETCH_BACKOFF_LIMIT, InferenceSpec
+from hetero_infer.operator.spec import DEFAULT_CACHE_ACCESS_MODES, DEFAULT_FETCH_BACKOFF_LIMIT, InferenceSpec
 
 FETCH_BACKOFF_LIMIT = DEFAULT_FETCH_BACKOFF_LIMIT
-CACHE_ACCESS_MODES = ["ReadWriteMany"]  # one download, every worker on any node reads it
+CACHE_ACCESS_MODES = list(DEFAULT_CACHE_ACCESS_MODES)  # one download, every worker on any node reads it
 SOURCE_MOUNT = "/source"  # a GGUF's claim, read-only, in the download Job
 
 
@@ -83,9 +83,10 @@ def cache_claim(owner: Owner, spec: InferenceSpec) -> dict[str, Any] | None:
         "kind": "PersistentVolumeClaim",
         "metadata": metadata(owner, owner.name + MODEL_CACHE_SUFFIX, c.COMPONENT_MODEL_CACHE),
         "spec": {
-            "accessModes": list(CACHE_ACCESS_MODES),
+            "accessModes": list(cache.access_modes),
             "resources": {"requests": {"storage": cache.size}},
             "storageClassName": cache.storage_class_name,  # None: the cluster's default class
+            "volumeName": cache.volume_name,
         },
     }
 

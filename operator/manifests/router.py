@@ -7,6 +7,7 @@ from typing import Any
 from hetero_infer.contracts.options import to_flags
 from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.operator import constants as c
+from hetero_infer.operator.diff import spec_keys
 from hetero_infer.operator.manifests.common import (
     Owner,
     WorkerDefaults,
@@ -99,6 +100,16 @@ def pod_disruption_budget(owner: Owner) -> dict[str, Any]:
     }
 
 
+def spread_over_nodes(owner: Owner) -> dict[str, Any]:
+    """Without spec.router.affinity: prefer a node without another router of this InferenceDeployment, so that one
+    node's failure or drain does not take every replica (preferred: a one-node cluster still runs them all)."""
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100,
+        "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": selector_labels(owner.name, c.COMPONENT_ROUTER)}},
+    }]}}
+
+
 def router_deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults) -> dict[str, Any]:
     r = spec.router
     name = router_name(owner.name)
@@ -124,11 +135,15 @@ def router_deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefault
             "capabilities": {"drop": ["ALL"]},
         },
     }
-    labels = common_labels(owner.name, c.COMPONENT_ROUTER)
+    labels = {**r.pod.labels, **common_labels(owner.name, c.COMPONENT_ROUTER)}
+    meta = metadata(owner, name, c.COMPONENT_ROUTER)
+    meta["annotations"] = {c.SPEC_KEYS_ANNOTATION: spec_keys({
+        "spec.template.metadata.labels": r.pod.labels, "spec.template.metadata.annotations": r.pod.annotations,
+        "spec.template.spec.nodeSelector": r.pod.node_selector})}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata(owner, name, c.COMPONENT_ROUTER),
+        "metadata": meta,
         "spec": {
             "replicas": r.replicas,
             "selector": {"matchLabels": selector_labels(owner.name, c.COMPONENT_ROUTER)},
@@ -137,7 +152,7 @@ def router_deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefault
             "template": {
                 "metadata": {
                     "labels": labels,
-                    "annotations": scrape_annotations(),
+                    "annotations": {**scrape_annotations(), **r.pod.annotations},
                 },
                 "spec": {
                     "serviceAccountName": name,
@@ -148,6 +163,11 @@ def router_deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefault
                     "terminationGracePeriodSeconds": grace_period(spec),
                     "imagePullSecrets": image_pull_secrets(spec, defaults),
                     "securityContext": pod_security(spec, fs_group=False),
+                    "nodeSelector": dict(r.pod.node_selector) or None,
+                    "tolerations": [dict(t) for t in r.pod.tolerations] or None,
+                    "affinity": r.pod.affinity if r.pod.affinity is not None else spread_over_nodes(owner),
+                    "topologySpreadConstraints": [dict(t) for t in r.pod.topology_spread_constraints] or None,
+                    "priorityClassName": r.pod.priority_class_name,
                 },
             },
         },

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hetero_infer.operator import constants as c
+from hetero_infer.operator.diff import spec_keys
 from hetero_infer.operator.manifests.common import Owner, metadata, selector_labels, workers_service_name
 from hetero_infer.operator.spec import InferenceSpec
 
@@ -15,20 +16,28 @@ def service(owner: Owner, spec: InferenceSpec) -> dict[str, Any]:
     optional = [c.OPTIONAL_ROUTER] if spec.router.enabled else []
     optional += [c.OPTIONAL_INFERENCE_POOL] if spec.router.inference_pool is not None else []
     meta = metadata(owner, component=component)
-    meta["annotations"] = {c.OPTIONAL_CHILDREN_ANNOTATION: ",".join(optional)} if optional else None
+    svc = spec.service
+    # spec.service.annotations (e.g. an internal load balancer's), and which keys are the spec's, so that a key it
+    # drops is removed; absent without them, so a spec without them renders the Service as before
+    annotations = {**svc.annotations, c.SPEC_KEYS_ANNOTATION: spec_keys({"metadata.annotations": svc.annotations})}
+    if optional:
+        annotations[c.OPTIONAL_CHILDREN_ANNOTATION] = ",".join(optional)
+    meta["annotations"] = {k: v for k, v in annotations.items() if v is not None} or None
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": meta,
         "spec": {
-            "type": spec.service.type,
+            "type": svc.type,
             "selector": selector_labels(owner.name, component),
             "ports": [{
                 "name": c.WORKER_PORT_NAME,
-                "port": spec.service.port,
+                "port": svc.port,
                 "targetPort": c.WORKER_PORT_NAME,
                 "protocol": "TCP",
             }],
+            "loadBalancerClass": svc.load_balancer_class,
+            "loadBalancerSourceRanges": list(svc.load_balancer_source_ranges) or None,
         },
     }
 

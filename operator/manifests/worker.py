@@ -89,7 +89,7 @@ def command_line(spec: InferenceSpec) -> str:
     return shlex.join(["hetero-infer", *worker_args(spec)])
 
 
-def _volumes(owner: Owner, spec: InferenceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(owner: Owner, spec: InferenceSpec, cached: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", "emptyDir": {}},
@@ -101,10 +101,11 @@ def _volumes(owner: Owner, spec: InferenceSpec) -> tuple[list[dict[str, Any]], l
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
     m = spec.model
-    if m.cache is not None:  # filled by the download Job; the workers only read it
+    if m.cache is not None:  # filled by the download Job; the workers only read it, and only their model's folder
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": cache_claim_name(owner, spec),
                                                                    "readOnly": True}})
-        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+        mounts.append({"name": "model", "mountPath": f"{MODEL_MOUNT}/{cached}" if cached else MODEL_MOUNT,
+                       "subPath": cached, "readOnly": True})
     elif m.pvc is not None:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": m.pvc.claim_name,
                                                                    "readOnly": m.pvc.read_only}})
@@ -287,7 +288,7 @@ def apply_json_patches(spec: InferenceSpec, template: dict[str, Any]) -> dict[st
 def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cached: str | None = None) -> dict[str, Any]:
     """The worker Deployment; with spec.model.cache, `cached` names the cache folder its pods serve from."""
     image = worker_image(spec, defaults)
-    volumes, mounts = _volumes(owner, spec)
+    volumes, mounts = _volumes(owner, spec, cached)
     security = container_security(spec)
     container: dict[str, Any] = {
         "name": "worker",

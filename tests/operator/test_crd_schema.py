@@ -272,6 +272,20 @@ BAD = {
     "privileged worker": (with_spec(securityContext={"privileged": True}), "privileged"),
     "worker allowed to escalate": (with_spec(securityContext={"allowPrivilegeEscalation": True}),
                                    "allowPrivilegeEscalation"),
+    "cache access modes none writable": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {
+        "size": "5Gi", "accessModes": ["ReadOnlyMany"]}}), "writable"),
+    "cache access mode unknown": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {
+        "size": "5Gi", "accessModes": ["ReadWriteSometimes"]}}), "accessModes"),
+    "cache of one node for two replicas": (with_spec(replicas=2, model={"name": "m", "url": "hf://o/n", "cache": {
+        "size": "5Gi", "accessModes": ["ReadWriteOnce"]}}), "ReadOnlyMany"),
+    "cache access modes beside a claim": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {
+        "claimName": "c", "accessModes": ["ReadWriteOnce"]}}), "accessModes"),
+    "cache volume name not a name": (with_spec(model={"name": "m", "url": "hf://o/n", "cache": {
+        "size": "5Gi", "volumeName": "PV 1"}}), "volumeName"),
+    "router pod label that selects the pods": (with_spec(router={"enabled": True, "podLabels": {
+        "app.kubernetes.io/component": "x"}}), "podLabels"),
+    "router toleration with an unknown effect": (with_spec(router={"tolerations": [{"key": "k", "effect": "Later"}]}),
+                                                 "effect"),
     "name too long for the worker Service": ({**with_spec(router={"enabled": True}),
                                               "metadata": {"name": "x" * 56, "namespace": "default"}}, "55"),
 }

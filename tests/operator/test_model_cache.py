@@ -214,8 +214,12 @@ def test_the_download_job_fills_the_folder_the_workers_serve(hub, tmp_path: Path
 
     # The workers' --model, on the claim as mounted here: the fetched files, nothing else.
     dep = children(OWNER, spec, cached=cache_key(URL)).deployment
-    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
-    served = Path(args[args.index("--model") + 1].replace("/models", str(cache)))
+    worker = dep["spec"]["template"]["spec"]["containers"][0]
+    args = worker["args"]
+    (mount,) = [m for m in worker["volumeMounts"] if m["name"] == "model"]  # the model's folder only (subPath)
+    root = cache / mount["subPath"]
+    served = Path(args[args.index("--model") + 1].replace(mount["mountPath"], str(root), 1))
+    assert served.resolve().is_relative_to(root.resolve())  # the link never leaves the mounted folder
     assert sorted(os.listdir(served)) == ["config.json", "model.safetensors", "tokenizer.json"]
     assert (served / "model.safetensors").read_bytes() == files["model.safetensors"]
     assert not os.path.isabs(os.readlink(served))  # valid wherever the claim is mounted

@@ -119,7 +119,8 @@ async def test_one_download_job_fills_the_cache_before_any_worker_starts(kmock: 
     assert "initContainers" not in pod and "envFrom" not in worker  # the Job alone holds the credentials
     assert {"name": "model", "persistentVolumeClaim": {"claimName": "smol-model-cache", "readOnly": True}} \
         in pod["volumes"]
-    assert {"name": "model", "mountPath": "/models", "readOnly": True} in worker["volumeMounts"]
+    # only their model's folder of the shared claim (a subPath), where --model points into
+    assert {"name": "model", "mountPath": f"/models/{key}", "subPath": key, "readOnly": True} in worker["volumeMounts"]
     assert dep["spec"]["replicas"] == 2
     await wait_for(lambda: model_reason(kmock) == "Ready" and condition(kmock, c.COND_MODEL_READY)["status"] == "True",
                    what="ModelReady True")

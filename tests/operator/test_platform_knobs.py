@@ -204,3 +204,106 @@ async def test_the_escape_hatch_through_the_operator(kmock: Any, operator: Any) 
     (worker,) = dep["spec"]["template"]["spec"]["containers"]
     assert worker["args"][-1] == "--enable-prefix-caching"
     assert {"name": "NCCL_DEBUG", "value": "INFO"} in worker["env"]
+
+
+# -- routers and exposure -------------------------------------------------------------------------------------------
+
+ROUTER_POD = {
+    "nodeSelector": {"node-pool": "system"},
+    "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                   "whenUnsatisfiable": "ScheduleAnyway",
+                                   "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "router"}}}],
+    "priorityClassName": "system-cluster-critical",
+    "podAnnotations": {"sidecar.istio.io/inject": "false"},
+    "podLabels": {"team": "ml"},
+}
+INTERNAL_LB = {"type": "LoadBalancer", "loadBalancerClass": "service.k8s.aws/nlb",
+               "annotations": {"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"},
+               "loadBalancerSourceRanges": ["10.0.0.0/8"]}
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_router_pods_are_placed_and_spread_and_exposed_internally(version: str) -> None:
+    ch = children(OWNER, parse_spec({"model": {"name": "smol"}, "router": {"enabled": True, **ROUTER_POD},
+                                     "service": INTERNAL_LB}, "smol"))
+    tmpl = ch.router.deployment["spec"]["template"]
+    pod = tmpl["spec"]
+    assert pod["nodeSelector"] == ROUTER_POD["nodeSelector"] and pod["tolerations"] == ROUTER_POD["tolerations"]
+    assert pod["topologySpreadConstraints"] == ROUTER_POD["topologySpreadConstraints"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert tmpl["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    assert tmpl["metadata"]["labels"]["team"] == "ml"
+    # without an affinity of its own, replicas prefer different nodes
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= tmpl["metadata"]["labels"].items()
+    svc = ch.service["spec"]
+    assert svc["type"] == "LoadBalancer" and svc["loadBalancerClass"] == "service.k8s.aws/nlb"
+    assert svc["loadBalancerSourceRanges"] == ["10.0.0.0/8"]
+    assert ch.service["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internal"
+    assert ch.router.pdb is not None
+    for manifest in ch.all():
+        kubernetes_validate.validate(strip_none(manifest), version, strict=True)
+
+
+def test_a_router_affinity_of_the_users_replaces_the_spreading() -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["edge"]}]}]}}}
+    ch = children(OWNER, parse_spec({"model": {"name": "m"}, "router": {"enabled": True, "affinity": affinity}}, "m"))
+    assert ch.router.deployment["spec"]["template"]["spec"]["affinity"] == affinity
+
+
+def test_one_router_replica_gets_no_budget_that_would_let_it_be_evicted() -> None:
+    ch = children(OWNER, parse_spec({"model": {"name": "m"}, "router": {"enabled": True, "replicas": 1}}, "m"))
+    assert ch.router.pdb is None and all(m["kind"] != "PodDisruptionBudget" or m["metadata"]["name"] == "smol"
+                                         for m in ch.all())
+
+
+@pytest.mark.parametrize(("service", "needle"), [
+    ({"loadBalancerClass": "service.k8s.aws/nlb"}, "LoadBalancer only"),
+    ({"type": "LoadBalancer", "loadBalancerClass": "nlb"}, "loadBalancerClass"),
+    ({"type": "NodePort", "loadBalancerSourceRanges": ["10.0.0.0/8"]}, "LoadBalancer only"),
+])
+def test_load_balancer_fields_need_a_load_balancer(crd: dict[str, Any], service: dict, needle: str) -> None:
+    from crd_validation import validate
+
+    from hetero_infer.operator.spec import SpecError
+
+    obj = {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": "m", "namespace": "d"},
+           "spec": {"model": {"name": "m"}, "service": service}}
+    assert any(needle in e for e in validate(crd, obj)), validate(crd, obj)
+    with pytest.raises(SpecError) as info:
+        parse_spec(obj["spec"], "m")
+    assert any(needle in p for p in info.value.problems)
+
+
+async def test_router_replicas_down_to_one_delete_its_budget(kmock: Any, operator: Any) -> None:
+    from kmock_cluster import PDBS, SERVICES, wait_for
+    from test_operator_kmock import NS, create, infd, live, patch
+
+    await operator()
+    await create(kmock, infd(router={"enabled": True}, service=INTERNAL_LB))
+    await wait_for(lambda: live(kmock, PDBS, "smol-router"), what="the router's budget")
+    svc = await wait_for(lambda: live(kmock, SERVICES), what="the Service")
+    assert svc["spec"]["loadBalancerClass"] == "service.k8s.aws/nlb"
+    await patch(kmock, f"/apis/{c.API_VERSION}/namespaces/{NS}/{c.PLURAL}/smol",
+                {"spec": {"router": {"replicas": 1}, "service": {"annotations": None}}})
+    await wait_for(lambda: live(kmock, PDBS, "smol-router") is None, what="the router's budget deleted")
+    assert live(kmock, PDBS, "smol") is not None  # the workers' stays
+    await wait_for(lambda: "service.beta.kubernetes.io/aws-load-balancer-scheme" not in (
+        live(kmock, SERVICES)["metadata"].get("annotations") or {}),
+        what="the dropped Service annotation removed")
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize(("modes", "replicas"), [(["ReadWriteOnce", "ReadOnlyMany"], 3), (["ReadWriteOnce"], 1)])
+def test_the_cache_claims_access_modes_and_volume(modes: list[str], replicas: int, version: str) -> None:
+    from hetero_infer.operator.manifests.cache import cache_claim
+
+    spec = parse_spec({"model": {"name": "m", "url": "hf://o/n", "cache": {
+        "size": "50Gi", "accessModes": modes, "volumeName": "models-pd", "storageClassName": "standard-rwo"}},
+        "replicas": replicas}, "smol")
+    claim = cache_claim(OWNER, spec)
+    assert claim["spec"]["accessModes"] == modes and claim["spec"]["volumeName"] == "models-pd"
+    kubernetes_validate.validate(strip_none(claim), version, strict=True)
