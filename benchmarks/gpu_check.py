@@ -18,7 +18,12 @@ log under OUT; a phase that no longer fits is skipped and said so); estimates fr
    bound by memory bandwidth), one request and a batch of 64, decode weight bytes/s against the copy bandwidth;
 4. profile (~1.5 min): benchmarks/profile_step.py, torch.profiler over steady decode steps of 256 requests
    (~1,000-token contexts) on the Qwen3-0.6B shape, with CUDA graphs and eager (OUT/profile.json);
-5. peers (what is left, at most ~3 min): transformers on the bench workloads, quickest first.
+5. peers (what is left, at most ~3 min): transformers on the bench workloads, quickest first;
+6. moe (~1 min, asked for by name): benchmarks/moe_kernel_bench.py, the fused MoE kernel on one Qwen3-30B-A3B
+   layer's experts at batch 1 and 64, weight bytes/s against the copy bandwidth (OUT/moe_kernel.json).
+
+The Qwen3-30B-A3B workloads (`--workloads qwen3moe-one,qwen3moe-nano`: 61 GB of bf16 weights, ours then
+transformers', one at a time) are asked for by name too; nothing of the default call changes.
 
 Peers run on the same GPU, same workload, same dtype, from the same config.json with random weights; a peer that
 does not finish inside its timeout is reported as such (not as a number).
@@ -181,7 +186,7 @@ def peer(folder: str, which: str, out_json: str, *workload: str, deadline_s: flo
     print(f"PEER {r.system}: {r.output_tokens} tokens in {r.seconds:.2f} s = {r.tokens_per_s:.1f} tok/s")
 
 
-PHASES = ("suite", "tune", "bench", "profile", "peers")  # the order they run in
+PHASES = ("suite", "tune", "bench", "profile", "peers", "moe")  # the order they run in
 # One run of at most 8 minutes on a bare H100 (2026-11-27: install and stand-in 22 s, suite 161 s, bench 107 s,
 # peers 40-60 s each, the slowest last and skipped when the budget is spent).
 DEFAULT_PHASES = ("suite", "bench", "peers")
@@ -194,7 +199,11 @@ BENCH_PLAN = [  # (name, shape, workload, ours' extra flags, peer, peer timeout)
     ("qwen3-one", "qwen3-0.6b", W1, ("--gpu-memory-utilization", "0.3"), "hf-generate", 60),  # 40 s was too short (H100)
     ("llama8b-one", "llama-3-8b", {**W1, "min_output": 256, "max_output": 256}, (), "hf-generate", 40),
     ("llama8b-64", "llama-3-8b", W64, (), "hf-generate", 40),
+    # Qwen3-30B-A3B (issue 38): 128 experts, top 8; transformers loops over the experts a step hits
+    ("qwen3moe-one", "qwen3-30b-a3b", {**W1, "min_output": 256, "max_output": 256}, (), "hf-generate", 120),
+    ("qwen3moe-nano", "qwen3-30b-a3b", NANO, (), "hf-cb", 300),
 ]
+OPT_IN = ("qwen3moe-one", "qwen3moe-nano")  # run only when --workloads names them
 
 
 def _known_names(text: str, known: list[str], what: str) -> list[str]:
@@ -218,6 +227,11 @@ def parse_workloads(text: str) -> list[str]:
 def tune_cmd(out: Path, search_s: float) -> list[str]:
     return [sys.executable, str(ROOT / "benchmarks" / "tune_kernels.py"), "--out", str(out / "kernel_configs.json"),
             "--json", str(out / "tune.json"), "--budget-s", f"{search_s:.0f}"]
+
+
+def moe_cmd(out: Path) -> list[str]:
+    return [sys.executable, str(ROOT / "benchmarks" / "moe_kernel_bench.py"), "--device", "cuda", "--json",
+            str(out / "moe_kernel.json")]
 
 
 def profile_cmd(out: Path, modes: str) -> list[str]:
@@ -251,7 +265,7 @@ def kernel_configs_source(out: Path, tune_rec: dict | None, given: Path | None, 
 def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | None = None,
           workloads: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    plan = [p for p in BENCH_PLAN if workloads is None or p[0] in workloads]
+    plan = [p for p in BENCH_PLAN if p[0] in workloads] if workloads else [p for p in BENCH_PLAN if p[0] not in OPT_IN]
     run = Run(out, budget_s)
     import torch
     import transformers
@@ -305,6 +319,10 @@ def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | 
             entry = results["benches"].setdefault(name, {"shape": shape, "workload": wl, "ours": "not run"})
             entry["peer"] = json.loads(peer_json.read_text()) if peer_json.is_file() else {
                 "system": peer_name, "status": prec["status"]}
+    if "moe" in phases:
+        run.phase("moe", moe_cmd(out), 30, 120)
+        if (out / "moe_kernel.json").is_file():
+            results["moe_kernel"] = json.loads((out / "moe_kernel.json").read_text())
     results["phases"] = run.phases
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
     print()
@@ -353,6 +371,12 @@ def summary(results: dict) -> str:
                      f"{f'{ptok:.0f}' if ptok else p.get('status', '-')} | "
                      f"{f'{tok_s / ptok:.2f}x' if tok_s and ptok else '-'} |")
     lines += step_split(results["benches"])
+    moe = results.get("moe_kernel")
+    if moe:
+        lines += ["", f"Fused MoE kernel (one Qwen3-30B-A3B layer, {moe['dtype']}; copy {moe['copy_gbs']:.0f} GB/s):",
+                  "", "| batch | experts hit | µs | weight GB/s | vs copy |", "|---|---|---|---|---|"]
+        lines += [f"| {r['batch']} | {r['experts_hit']} | {r['us']:.1f} | {r['weight_gbs']:.0f} | {r['vs_copy']:.2f} |"
+                  for r in moe["rows"]]
     lines += profile_summary(results.get("profile"))
     return "\n".join(lines)
 
@@ -412,8 +436,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a tuned table (an earlier call's OUT/kernel_configs.json) for the bench and profile "
                          "phases, when this call does not tune")
     pc.add_argument("--workloads", type=parse_workloads,
-                    help=f"comma-separated, the bench and peers phases' workloads (default all: "
-                         f"{','.join(p[0] for p in BENCH_PLAN)})")
+                    help=f"comma-separated, the bench and peers phases' workloads (default all but "
+                         f"{','.join(OPT_IN)}: {','.join(p[0] for p in BENCH_PLAN if p[0] not in OPT_IN)})")
     pe = sub.add_parser("peer")
     pe.add_argument("args", nargs="+")
     pe.add_argument("--deadline-s", type=float)

@@ -307,3 +307,20 @@ def test_the_continuous_batching_peer_runs_each_request_to_its_own_length(tmp_pa
     assert report["output_tokens"] == sum(outputs) and report["tokens_per_s"] > 0
     gc.peer(shape, "hf-cb", str(out), "4", "8", "16", "2000", "2000", deadline_s=0)
     assert json.loads(out.read_text())["status"].startswith("did not finish: transformers continuous batching: 0 of 4")
+
+
+def test_moe_workloads_and_kernel_phase_are_asked_for_by_name(tmp_path, monkeypatch) -> None:
+    """The Qwen3-30B-A3B workloads and the fused-MoE kernel phase (issue 38) run only when named: the default call
+    is unchanged; named, they run with their shape and the kernel bench's command parses."""
+    gc = _gpu_check()
+    assert {"qwen3moe-one", "qwen3moe-nano"} <= set(gc.OPT_IN) and (gc.SHAPES / "qwen3-30b-a3b" / "config.json").is_file()
+    started = _fake_run(gc, monkeypatch, tmp_path, {})
+    assert gc.main(["check", str(tmp_path), "--phases", "bench", "--budget-s", "1000"]) == 0
+    assert not any(s[0].startswith("qwen3moe") for s in started)
+    started.clear()
+    assert gc.main(["check", str(tmp_path), "--phases", "bench,moe", "--workloads", "qwen3moe-one",
+                    "--budget-s", "1000"]) == 0
+    assert [s[0] for s in started] == ["qwen3moe-one", "moe"]
+    assert str(gc.SHAPES / "qwen3-30b-a3b") in started[0][1]
+    args = _load("moe_kernel_bench").build_parser().parse_args(started[1][1][2:])
+    assert (args.device, args.json, args.batches) == ("cuda", tmp_path / "moe_kernel.json", "1,64")

@@ -153,7 +153,9 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
     sync = torch.cuda.synchronize if getattr(device, "type", "cpu") == "cuda" else (lambda: None)
     # No synchronisation per step: with the host/device overlap a step returns once the step before it has
     # finished on the device while the next one runs, so in the steady state each call lasts one device step.
-    decode_time = decode_floor = other_time = 0.0
+    decode_time = decode_floor = other_time = decode_bytes = 0.0
+    weights = getattr(engine.executor, "weight_bytes", None)
+    idle_experts = _idle_expert_bytes(engine)
     decode_steps = 0
     step_times: list[tuple[float, int, str]] = []  # (seconds, step, kind) of every step
     waste_samples: list[float] = []
@@ -175,6 +177,8 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
         else:
             decode_time += dt
             decode_steps += 1
+            if weights:  # every decode step reads every weight once, but only the experts its tokens route to
+                decode_bytes += weights - idle_experts(len(sched.scheduled))
             if hf is not None:
                 decode_floor += _decode_floor(hf, engine.executor.dtype, sched, peaks)
             if decode_steps % WASTE_EVERY == 1:  # a walk over every running block: not on each step of the timed loop
@@ -196,9 +200,8 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
         extra["decode_roofline_fraction"] = decode_floor / decode_time
     if waste_samples:
         extra["kv_waste"] = sum(waste_samples) / len(waste_samples)
-    weights = getattr(engine.executor, "weight_bytes", None)
-    if decode_time and weights:  # every decode step reads every weight once
-        rate = weights * decode_steps / decode_time
+    if decode_time and weights:
+        rate = decode_bytes / decode_time
         during = probe.median()
         extra["decode_weight_gbs"] = rate / 1e9
         if during:
@@ -224,6 +227,16 @@ def _warm_up(engine) -> None:
         engine.step()
 
 
+def _idle_expert_bytes(engine):
+    """rows -> the expert weight bytes a decode step of that many rows leaves unread (0 without MoE layers)."""
+    model = getattr(engine.executor, "model", None)
+    if model is None:
+        return lambda rows: 0.0
+    from hetero_infer.worker.runner.models.moe import idle_expert_bytes
+
+    return functools.lru_cache(maxsize=None)(lambda rows: idle_expert_bytes(model, rows))
+
+
 def _decode_floor(hf, dtype: torch.dtype, sched, peaks) -> float:
     """Lower bound on one decode step's time: max(matmul FLOPs / peak, bytes read / bandwidth)."""
     flops_peak, bandwidth = peaks
@@ -233,16 +246,26 @@ def _decode_floor(hf, dtype: torch.dtype, sched, peaks) -> float:
 
 def decode_step_cost(hf, dtype: torch.dtype, contexts: list[int]) -> tuple[float, int, int]:
     """(FLOPs, weight bytes, K/V bytes) of one decode step of sequences at these context lengths (the new token
-    included): every weight read once (the tied LM head counted once), every cached K/V read once."""
+    included): every weight read once (the tied LM head counted once; of a MoE layer's experts, those the step's
+    tokens route to under uniform routing, every layer taken as sparse), every cached K/V read once."""
+    from hetero_infer.worker.runner.models.moe import experts_hit
+
     elem = torch.empty((), dtype=dtype).element_size()
     d, layers = hf.hidden_size, hf.num_hidden_layers
     hd = getattr(hf, "head_dim", None) or d // hf.num_attention_heads
     q, kv = hf.num_attention_heads * hd, hf.num_key_value_heads * hd
-    per_layer = d * (q + 2 * kv) + q * d + 3 * d * hf.intermediate_size
-    weights = layers * per_layer + d * hf.vocab_size
+    dense = layers * (d * (q + 2 * kv) + q * d) + d * hf.vocab_size
+    experts = getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", None)
+    if experts:  # Qwen3-MoE, Mixtral: k experts per token, the router
+        expert = 3 * d * (getattr(hf, "moe_intermediate_size", None) or hf.intermediate_size)
+        k = hf.num_experts_per_tok
+        dense += layers * d * experts
+        mlp_read, mlp_per_token = layers * expert * experts_hit(experts, k, len(contexts)), layers * expert * k
+    else:
+        mlp_read = mlp_per_token = layers * 3 * d * hf.intermediate_size
     context = sum(contexts)
-    flops = 2 * weights * len(contexts) + 4 * layers * q * context
-    return flops, weights * elem, 2 * layers * kv * context * elem
+    flops = 2 * (dense + mlp_per_token) * len(contexts) + 4 * layers * q * context
+    return flops, int((dense + mlp_read) * elem), 2 * layers * kv * context * elem
 
 
 # -- peers -------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def _count(params) -> int:
 @pytest.mark.parametrize("shape, total, active", [
     ("qwen3-30b-a3b", 30.5e9, 3.3e9),  # Qwen's model card: 30.5B parameters, 3.3B activated
     ("mixtral-8x7b", 46.7e9, 12.9e9),  # Mistral's announcement: 46.7B total, 12.9B per token
-    ("qwen3-moe-a0.3b", None, None),
+    ("qwen3-moe-1b-a0.2b", None, None),
     ("qwen3-0.6b", 0.6e9, None), ("llama-3-8b", 8.0e9, None),
 ])
 def test_parameter_count_equals_transformers_on_the_published_config(shape, total, active):
@@ -81,7 +81,7 @@ def test_parameter_count_equals_transformers_on_the_published_config(shape, tota
         assert abs(count - idle - active) / active < 0.03, count - idle  # (both publishers count the embeddings)
 
 
-@pytest.mark.parametrize("shape", ["qwen3-moe-a0.3b"])
+@pytest.mark.parametrize("shape", ["qwen3-moe-1b-a0.2b"])
 def test_dummy_weights_load_the_stacked_experts(shape):
     """`load_format="dummy"` names the experts as transformers holds them (stacked): they load, all of them."""
     from transformers import AutoConfig
@@ -94,3 +94,26 @@ def test_dummy_weights_load_the_stacked_experts(shape):
     assert experts.gate_up_proj.shape == (64, 768, 1024)
     assert bool((experts.gate_up_proj.abs().amax(dim=(1, 2)) > 0).all())  # every expert filled
     assert model.family.supports.moe
+
+
+def test_decode_cost_counts_only_the_experts_a_step_reads():
+    """The bench's roofline and weight-bandwidth figures: a one-token decode step of Qwen3-30B-A3B reads its active
+    parameters (3.3B, norms aside), a large batch all of them; the model's own idle-expert bytes agree."""
+    from transformers import AutoConfig
+
+    from hetero_infer.bench.throughput import decode_step_cost
+    from hetero_infer.worker.runner.models.moe import idle_expert_bytes
+
+    config = AutoConfig.from_pretrained(SHAPES / "qwen3-30b-a3b")
+    with torch.device("meta"):
+        model = model_family(config).model_class(config, max_positions=64).to(torch.bfloat16)
+    total = _count(model.parameters())
+    norms = _count(p for name, p in model.named_parameters() if "norm" in name)
+    embedding = model.embed_tokens.weight.numel()  # a step reads a row per token of it (the LM head: all)
+    for tokens in (1, 4, 64):
+        _, weight_bytes, _ = decode_step_cost(config, torch.bfloat16, [100] * tokens)
+        read = 2 * (total - norms - embedding) - idle_expert_bytes(model, tokens)
+        assert weight_bytes == pytest.approx(read, rel=1e-6), tokens
+    per_expert = 3 * config.hidden_size * config.moe_intermediate_size
+    assert idle_expert_bytes(model, 1) == pytest.approx(2 * 48 * 120 * per_expert)
+    assert idle_expert_bytes(model, 10_000) < 1e-6 * total  # a large batch reads every expert

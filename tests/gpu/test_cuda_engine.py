@@ -42,7 +42,7 @@ def hf_on_cuda(hf, dtype):
     return copy.deepcopy(hf).to("cuda", dtype)
 
 
-@pytest.mark.parametrize("arch", [*ARCHS, "qwen3"])
+@pytest.mark.parametrize("arch", [*ARCHS, "qwen3", "qwen3-moe", "mixtral"])  # MoE: the Triton fused_moe in graphs
 def test_float32_is_token_identical_to_hf(tiny_model, arch):
     folder, hf = tiny_model(arch)
     batch = prompts([3, 17, 40, 1, 29, 64], seed=1)

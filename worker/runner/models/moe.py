@@ -29,6 +29,24 @@ class Routing:
             raise ValueError(f"num_experts_per_tok={self.top_k} must be in [1, num_experts={self.num_experts}]")
 
 
+def experts_hit(num_experts: int, top_k: int, tokens: int) -> float:
+    """How many distinct experts `tokens` tokens route to, expected under uniform routing: a decode step of that
+    many sequences reads those experts' weights and no others."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def idle_expert_bytes(model: nn.Module, tokens: int) -> float:
+    """The expected bytes of expert weights a step of `tokens` rows does not read (uniform routing), over every MoE
+    layer of `model`: what a step's weight traffic is short of all the weights."""
+    idle = 0.0
+    for block in model.modules():
+        if isinstance(block, SparseMoeBlock):
+            r = block.routing
+            nbytes = sum(t.numel() * t.element_size() for t in (*block.experts.parameters(), *block.experts.buffers()))
+            idle += nbytes * (1.0 - experts_hit(r.num_experts, r.top_k, tokens) / r.num_experts)
+    return idle
+
+
 class Experts(nn.Module):
     """Every expert's gate|up and down projection, stacked."""
 
