@@ -317,6 +317,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="sequential requests per side for the router's added latency (0: skip)")
     p.add_argument("--stream-tokens", type=int, default=500,
                    help="tokens per stream (16 at once) for the router's CPU cost per streamed token (0: skip)")
+    p.add_argument("--at-once", action="store_true",
+                   help="send the traffic as soon as the router listens (as a user starts it), not once it has "
+                   "seen every worker ready")
     p.add_argument("--json", help="write the results here as JSON too")
     args = p.parse_args(argv)
     conv = args.scenario == "conversations"
@@ -357,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.runs):
             for i, label in enumerate(labels):
                 policy, env = ("prefix", versions[label]) if label in versions else (label, None)
-                router = start_router(workers, "--policy", policy, *router_options, env=env)
+                router = start_router(workers, "--policy", policy, *router_options, env=env, at_once=args.at_once)
                 try:
                     model = json.loads(__import__("urllib.request").request.urlopen(router.url + "/v1/models")
                                        .read())["data"][0]["id"]

@@ -359,7 +359,10 @@ class Router:
 
     async def list_models(self, request: web.Request) -> web.Response:
         """The union of the workers' models (ready or not: a model scaled to zero is still served, held), and the
-        aliases and models declared to the router."""
+        aliases and models declared to the router. Before any worker has said what it serves (a router just
+        started), held like a request until one is ready."""
+        if self.pool.workers and all(w.cards is None for w in self.pool.workers.values()):
+            await self.pool.wait_ready((), time.monotonic() + self.options.hold_timeout_s)
         return web.json_response({"object": "list", "data": self._cards()})
 
     def _cards(self) -> list[dict]:

@@ -63,13 +63,16 @@ def start_workers(n: int, *args: str, extra: dict[int, list[str]] | None = None)
     return out  # type: ignore[return-value]
 
 
-def start_router(workers: list[Proc], *args: str, env: dict[str, str] | None = None) -> Proc:
+def start_router(workers: list[Proc], *args: str, env: dict[str, str] | None = None, at_once: bool = False) -> Proc:
     """A router in front of `workers`, once it sees them all ready and, unless `--tokenizer none`, has its tokenizer
     (with the default `--tokenizer workers` it is fetched from them in the background: waiting for it keeps a test
-    from seeing the switch from text to token hashes halfway)."""
+    from seeing the switch from text to token hashes halfway); `at_once`: as soon as it listens, as a user starts
+    one (traffic before its first poll of the workers)."""
     worker_args = [a for w in workers for a in ("--worker", w.url)]
     router = Proc("router", "--port", "0", *worker_args, "--health-interval-s", "0.2", *args, env=env)
     router.wait_ready()
+    if at_once:
+        return router
     tokenizer = args[args.index("--tokenizer") + 1] if "--tokenizer" in args else "workers"
     deadline = time.monotonic() + 120
     while (json.loads(get(router.url + "/readyz")[1])["workers_ready"] < len(workers)

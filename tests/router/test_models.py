@@ -140,3 +140,17 @@ def test_model_lists_and_their_union():
             model_ids(bad)
     cards = union_cards([[{"id": "b", "owned_by": "w1"}], [{"id": "a"}, {"id": "b", "owned_by": "w2"}]], ["c", "a"])
     assert [c["id"] for c in cards] == ["a", "b", "c"] and cards[1]["owned_by"] == "w1"
+
+
+async def test_models_asked_before_any_worker_listed_waits_for_the_first():
+    a = FakeWorker("a", models=["alpha"], ready=False)
+    async with cluster(a, hold_timeout_s=60) as (router, url, s):
+        async def models() -> list[str]:
+            async with s.get(url + "/v1/models") as r:
+                return [c["id"] for c in (await r.json())["data"]]
+
+        asked = asyncio.create_task(models())
+        await asyncio.sleep(0.3)
+        assert not asked.done()  # not an empty list: nothing is known yet
+        a.ready = True
+        assert await asyncio.wait_for(asked, 30) == ["alpha"]
