@@ -202,6 +202,28 @@ class Sim:
         ranks = [self.arrival[s.seq_id] for s in preempted]
         assert ranks == sorted(ranks), "preempted requests out of arrival order"
 
+    def play(self, ops: list[tuple]) -> None:
+        """The randomised tests' operations (test_scheduler_kv_contents.OPS) in order, then run to the end: adds of
+        fresh prompts or of repeats of earlier sequences' tokens, steps, forks (n > 1) and aborts."""
+        for op in ops:
+            if op[0] == "add":
+                _, length, max_tokens, n, seed = op
+                prompt = [(seed + j * (seed % 3 + 1)) % 7 for j in range(length)]
+                if self.fits(length, max_tokens):
+                    self.add(prompt, max_tokens, n)
+            elif op[0] == "repeat" and self.seqs:
+                _, index, length, max_tokens = op
+                source = self.seqs[index % len(self.seqs)]
+                prompt = source.token_ids[:length]
+                if self.fits(len(prompt), max_tokens):
+                    self.add(prompt, max_tokens)
+            elif op[0] == "step":
+                for _ in range(op[1]):
+                    self.step()
+            elif op[0] == "abort" and self.live:
+                self.abort(self.live[op[1] % len(self.live)])
+        self.run()
+
     def run(self, max_steps: int = 500) -> None:
         for _ in range(max_steps):
             if not self.sched.has_unfinished():

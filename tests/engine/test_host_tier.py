@@ -15,27 +15,6 @@ from hetero_infer.worker.core.block_manager import BlockManager, HostHit
 from hetero_infer.worker.core.host_tier import HostTier
 
 
-def _drive(sim: Sim, ops) -> None:
-    for op in ops:
-        if op[0] == "add":
-            _, length, max_tokens, n, seed = op
-            prompt = [(seed + j * (seed % 3 + 1)) % 7 for j in range(length)]
-            if sim.fits(length, max_tokens):
-                sim.add(prompt, max_tokens, n)
-        elif op[0] == "repeat" and sim.seqs:
-            _, index, length, max_tokens = op
-            source = sim.seqs[index % len(sim.seqs)]
-            prompt = source.token_ids[:length]
-            if sim.fits(len(prompt), max_tokens):
-                sim.add(prompt, max_tokens)
-        elif op[0] == "step":
-            for _ in range(op[1]):
-                sim.step()
-        elif op[0] == "abort" and sim.live:
-            sim.abort(sim.live[op[1] % len(sim.live)])
-    sim.run()
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     num_blocks=st.integers(4, 16),
@@ -48,7 +27,7 @@ def _drive(sim: Sim, ops) -> None:
 def test_both_pools_hold_what_their_hashes_promise(num_blocks, block_size, host_blocks, max_num_seqs, budget, ops):
     sim = Sim(num_blocks, block_size, max_num_seqs, budget, memory_threshold=0.9, host_blocks=host_blocks,
               record_events=True)
-    _drive(sim, ops)
+    sim.play(ops)
     assert all(s.is_finished for s in sim.seqs)
     assert len(sim.bm.host) <= host_blocks
 

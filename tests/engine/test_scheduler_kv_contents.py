@@ -107,22 +107,5 @@ def test_kv_contents_under_any_interleaving(num_blocks, block_size, max_num_seqs
     the waiting queue keeps FCFS order, and everything finishes without leaking a block."""
     sim = Sim(num_blocks, block_size, max_num_seqs, budget, memory_threshold=0.9,
               enable_prefix_caching=prefix_caching)
-    for op in ops:
-        if op[0] == "add":
-            _, length, max_tokens, n, seed = op
-            prompt = [(seed + j * (seed % 3 + 1)) % 7 for j in range(length)]
-            if sim.fits(length, max_tokens):
-                sim.add(prompt, max_tokens, n)
-        elif op[0] == "repeat" and sim.seqs:
-            _, index, length, max_tokens = op
-            source = sim.seqs[index % len(sim.seqs)]
-            prompt = source.token_ids[:length]
-            if sim.fits(len(prompt), max_tokens):
-                sim.add(prompt, max_tokens)
-        elif op[0] == "step":
-            for _ in range(op[1]):
-                sim.step()
-        elif op[0] == "abort" and sim.live:
-            sim.abort(sim.live[op[1] % len(sim.live)])
-    sim.run()
+    sim.play(ops)
     assert all(s.is_finished for s in sim.seqs)
