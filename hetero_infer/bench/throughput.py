@@ -259,7 +259,8 @@ def decode_step_cost(hf, dtype: torch.dtype, contexts: list[int]) -> tuple[float
     if experts:  # Qwen3-MoE, Mixtral: k experts per token, the router
         expert = 3 * d * (getattr(hf, "moe_intermediate_size", None) or hf.intermediate_size)
         k = hf.num_experts_per_tok
-        dense += layers * d * experts
+        shared = getattr(hf, "shared_expert_intermediate_size", 0) or 0  # Qwen2-MoE: every token's, and its gate
+        dense += layers * (d * experts + (3 * d * shared + d if shared else 0))
         mlp_read, mlp_per_token = layers * expert * experts_hit(experts, k, len(contexts)), layers * expert * k
     else:
         mlp_read = mlp_per_token = layers * 3 * d * hf.intermediate_size

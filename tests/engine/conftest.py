@@ -45,13 +45,15 @@ def tiny_config(arch: str):
     raise KeyError(arch)
 
 
-# MoE configs: (family, experts, top-k, renormalised, sparse-layer options); every routing option the two families'
+# MoE configs: (family, experts, top-k, renormalised, sparse-layer options); every routing option the families'
 # configs carry. Two layers (three where a dense layer sits between sparse ones).
 MOE = {
     "qwen3-moe": ("qwen3_moe", 8, 2, False, {}),
     "qwen3-moe-norm-top1-e4": ("qwen3_moe", 4, 1, True, {}),
     "qwen3-moe-top4-e16-mixed": ("qwen3_moe", 16, 4, True, {"decoder_sparse_step": 2, "mlp_only_layers": [2]}),
     "qwen3-moe-top3-dense0": ("qwen3_moe", 6, 3, False, {"mlp_only_layers": [0]}),
+    "qwen2-moe-shared": ("qwen2_moe", 8, 2, False, {}),  # a shared expert beside the routed ones
+    "qwen2-moe-shared-norm-mixed": ("qwen2_moe", 4, 3, True, {"decoder_sparse_step": 2}),
     "mixtral": ("mixtral", 8, 2, True, {}),
     "mixtral-top1-e4": ("mixtral", 4, 1, True, {}),
     "mixtral-top4-e16": ("mixtral", 16, 4, True, {}),
@@ -59,7 +61,7 @@ MOE = {
 
 
 def moe_config(family: str, experts: int, top_k: int, renormalize: bool, sparse: dict):
-    from transformers import MixtralConfig, Qwen3MoeConfig
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     vocab = 49152
     base = {**TINY, "num_hidden_layers": 4 if sparse.get("decoder_sparse_step", 1) > 1 else 2}
@@ -68,6 +70,10 @@ def moe_config(family: str, experts: int, top_k: int, renormalize: bool, sparse:
         return Qwen3MoeConfig(vocab_size=vocab, tie_word_embeddings=False, head_dim=16, use_sliding_window=False,
                               num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=renormalize,
                               moe_intermediate_size=32, **sparse, **base)
+    if family == "qwen2_moe":
+        return Qwen2MoeConfig(vocab_size=vocab, tie_word_embeddings=False, use_sliding_window=False,
+                              num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=renormalize,
+                              moe_intermediate_size=32, shared_expert_intermediate_size=48, **sparse, **base)
     assert renormalize and not sparse  # Mixtral always renormalises, every layer sparse
     return MixtralConfig(vocab_size=vocab, tie_word_embeddings=False, sliding_window=None,
                          num_local_experts=experts, num_experts_per_tok=top_k, **base)

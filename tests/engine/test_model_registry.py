@@ -21,7 +21,7 @@ SHAPES = ROOT / "benchmarks" / "shapes"
 
 def test_every_family_is_found_by_its_architectures_and_model_types():
     names = [f.name for f in families()]
-    assert names == ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
+    assert names == ["llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"]
     for family in families():
         for arch in family.architectures:
             assert family_of({"architectures": [arch], "model_type": "whatever"}) is family
@@ -59,6 +59,7 @@ def _count(params) -> int:
 @pytest.mark.parametrize("shape, total, active", [
     ("qwen3-30b-a3b", 30.5e9, 3.3e9),  # Qwen's model card: 30.5B parameters, 3.3B activated
     ("mixtral-8x7b", 46.7e9, 12.9e9),  # Mistral's announcement: 46.7B total, 12.9B per token
+    ("qwen1.5-moe-a2.7b", 14.3e9, 2.7e9),  # Qwen's model card: 14.3B, 2.7B activated (with a shared expert)
     ("qwen3-moe-1b-a0.2b", None, None),
     ("qwen3-0.6b", 0.6e9, None), ("llama-3-8b", 8.0e9, None),
 ])

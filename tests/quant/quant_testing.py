@@ -60,6 +60,12 @@ def tiny_config(arch: str):
 
         return Qwen3MoeConfig(vocab_size=vocab, tie_word_embeddings=True, use_sliding_window=False, head_dim=32,
                               num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, **TINY)
+    if arch == "qwen2-moe":  # a shared expert beside the routed ones
+        from transformers import Qwen2MoeConfig
+
+        return Qwen2MoeConfig(vocab_size=vocab, tie_word_embeddings=True, use_sliding_window=False, num_experts=4,
+                              num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=256,
+                              **TINY)
     if arch == "mixtral":
         from transformers import MixtralConfig
 

@@ -167,7 +167,7 @@ def test_bfloat16_model_keeps_its_dtype_outside_the_projections():
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
-@pytest.mark.parametrize("arch", ["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen3-moe", "mixtral", "qwen2-moe"])
 def test_quantize_model_quantizes_every_expert(arch, method):
     """The experts become QuantizedExperts (the routers stay float), the other projections QuantizedLinear; the
     model computes what the float model with the dequantized weights computes."""
@@ -178,7 +178,9 @@ def test_quantize_model_quantizes_every_expert(arch, method):
     before = weight_bytes(model)
     report = quantize_model(model, method, calibration=[list(range(100, 140))])
     layers = model.config.num_hidden_layers
-    assert report.num_quantized == 4 * layers and report.calibration_tokens == 40  # qkv, o + two expert stacks
+    shared = model.layers[0].mlp.shared_expert is not None  # its gate_up and down are Linears: quantized as such
+    # qkv, o, two expert stacks (and the shared expert's two Linears)
+    assert report.num_quantized == (6 if shared else 4) * layers and report.calibration_tokens == 40
     for layer in model.layers:
         assert isinstance(layer.mlp.experts, QuantizedExperts) and layer.mlp.experts.method == method
         assert type(layer.mlp.gate) is nn.Linear and layer.mlp.gate.weight.dtype == torch.float32
@@ -191,6 +193,11 @@ def test_quantize_model_quantizes_every_expert(arch, method):
         for qlayer, dlayer in zip(model.layers, dense.layers):
             for name in ("qkv_proj", "o_proj"):
                 getattr(dlayer.self_attn, name).weight.copy_(getattr(qlayer.self_attn, name).dequantized_weight())
+            if shared:
+                for name in ("gate_up_proj", "down_proj"):
+                    q = getattr(qlayer.mlp.shared_expert, name)
+                    assert isinstance(q, QuantizedLinear)
+                    getattr(dlayer.mlp.shared_expert, name).weight.copy_(q.dequantized_weight())
             gate_up, down = qlayer.mlp.experts.weights()
             assert isinstance(dlayer.mlp.experts, Experts)
             dlayer.mlp.experts.gate_up_proj.copy_(gate_up.dequantized())

@@ -11,6 +11,7 @@ from torch import nn
 
 from hetero_infer import kernels
 from hetero_infer.worker.runner.attention import AttentionBackend
+from hetero_infer.worker.runner.models.decoder import MLP
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,25 @@ class Experts(nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, routing: Routing) -> None:
+    """The routed experts, and where the config has one (Qwen2-MoE) a shared expert every token goes through,
+    scaled by sigmoid(shared_expert_gate(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, routing: Routing,
+                 shared_intermediate_size: int = 0) -> None:
         super().__init__()
         self.routing = routing
         self.gate = nn.Linear(hidden_size, routing.num_experts, bias=False)  # the router (HF: mlp.gate.weight)
         self.experts = Experts(routing.num_experts, hidden_size, intermediate_size)
+        self.shared_expert: MLP | None = None
+        if shared_intermediate_size:
+            self.shared_expert = MLP(hidden_size, shared_intermediate_size)
+            self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         weights, ids = kernels.moe_routing(self.gate(x), self.routing.top_k, self.routing.renormalize)
         if self.routing.weights_in_model_dtype:
             weights = weights.to(x.dtype)
-        return self.experts(x, weights, ids)
+        out = self.experts(x, weights, ids)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, backend)
+        return out

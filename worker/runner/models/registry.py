@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass
 
 #: The family modules, in the order the supported list is shown.
-FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
 
 
 @dataclass(frozen=True)
