@@ -12,6 +12,7 @@ import re
 import typing
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from hetero_infer.contracts import cors  # the router's and workers' CORS rules, not a copy
@@ -19,6 +20,7 @@ from hetero_infer.contracts.engine_options import DTYPES, EXECUTORS, Quantizatio
 from hetero_infer.contracts.kube import WORKERS_SERVICE_SUFFIX  # the worker Service <name>-workers
 from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.operator import constants as c
+from hetero_infer.operator.diff import parse_quantity
 from hetero_infer.operator.spec_overrides import (
     OVERRIDE_FIELDS,
     OverridesSpec,
@@ -203,6 +205,7 @@ class EngineSpec:
     max_num_batched_tokens: int | None = None
     memory_threshold: float | None = None
     gpu_memory_utilization: float | None = None
+    kv_offloading_size: float | None = None  # GiB of host memory for the host KV tier, counted in the pod's memory
 
 
 @dataclass(frozen=True)
@@ -353,7 +356,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
 
     eng = r.obj(spec.get("engine"), "spec.engine", (
         "blockSize", "maxNumSeqs", "maxModelLen", "maxNumBatchedTokens", "dtype", "quantization",
-        "memoryThreshold", "gpuMemoryUtilization", "extraArgs",
+        "memoryThreshold", "gpuMemoryUtilization", "kvOffloadingSize", "extraArgs",
     ))
     p = "spec.engine"
     engine = EngineSpec(
@@ -365,7 +368,9 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
         quantization=r.string(eng, "quantization", p, enum=QUANTIZATIONS),
         memory_threshold=r.number(eng, "memoryThreshold", p, exclusive_minimum=0, maximum=1),
         gpu_memory_utilization=r.number(eng, "gpuMemoryUtilization", p, exclusive_minimum=0, maximum=1),
+        kv_offloading_size=r.number(eng, "kvOffloadingSize", p, exclusive_minimum=0),
     )
+    _check_host_tier(r, engine, resources)
 
     extra_args = parse_extra_args(r, eng.get("extraArgs"), f"{p}.extraArgs", tuple(asdict(engine)))
     autoscaling = _parse_autoscaling(r, spec.get("autoscaling"))
@@ -722,3 +727,16 @@ def _parse_env(r: Reader, raw: Any) -> list[dict[str, Any]]:
             r.bad(p, "give value or valueFrom, not both")
         out.append(dict(e))
     return out
+
+
+def _check_host_tier(r: Reader, engine: EngineSpec, resources: ResourcesSpec) -> None:
+    """The host KV tier lives in the pod's memory: with spec.resources.memory given, it must leave the process room
+    (without it, the operator adds the tier to the default; manifests/worker.py)."""
+    tier = engine.kv_offloading_size
+    if not tier or resources.memory is None:
+        return
+    memory = parse_quantity(resources.memory)
+    if memory is not None and Decimal(str(tier)) * 2**30 >= memory:
+        r.bad("spec.engine.kvOffloadingSize", f"the host KV tier ({tier:g} GiB) does not fit in "
+              f"spec.resources.memory ({resources.memory}), which must hold the tier and the worker process: "
+              "raise spec.resources.memory, or leave it out and the operator adds the tier to the default")

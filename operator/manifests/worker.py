@@ -6,15 +6,17 @@ patch then removes them from a live object, and `children.apply` strips them on 
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import asdict
+from decimal import Decimal
 from typing import Any
 
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.contracts.options import to_flags
 from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.operator import constants as c
-from hetero_infer.operator.diff import spec_keys
+from hetero_infer.operator.diff import parse_quantity, spec_keys
 from hetero_infer.operator.manifests.common import (
     WORKER_UID,
     Owner,
@@ -122,7 +124,14 @@ def _volumes(owner: Owner, spec: InferenceSpec, cached: str | None) -> tuple[lis
 
 
 def worker_memory(spec: InferenceSpec) -> str:
-    return spec.resources.memory or DEFAULT_MEMORY[spec.resources.gpus > 0]
+    """spec.resources.memory (which holds the host KV tier: spec.py checks it does), else the default plus the tier."""
+    if spec.resources.memory:
+        return spec.resources.memory
+    default = DEFAULT_MEMORY[spec.resources.gpus > 0]
+    tier = spec.engine.kv_offloading_size
+    if not tier:
+        return default
+    return f"{math.ceil((parse_quantity(default) + Decimal(str(tier)) * 2**30) / 2**20)}Mi"
 
 
 def _resources(spec: InferenceSpec) -> dict[str, Any]:

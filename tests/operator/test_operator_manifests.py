@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import kubernetes_validate
 import pytest
 
 from hetero_infer.operator import constants as c
-from hetero_infer.operator.diff import strip_none
+from hetero_infer.operator.diff import parse_quantity, strip_none
 from hetero_infer.operator.manifests import (
     CACHE_DIR,
     SHUTDOWN_GRACE_SECONDS,
@@ -93,6 +94,27 @@ def test_gpu_spec_requests_the_gpu_and_runs_on_cuda() -> None:
     assert ctr["resources"]["limits"]["memory"] == "32Gi"
     assert ctr["args"][ctr["args"].index("--device") + 1] == "cuda"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod(kids)["tolerations"]
+
+
+def test_the_host_kv_tier_is_counted_in_the_pods_memory() -> None:
+    """spec.engine.kvOffloadingSize (GiB, as vLLM's flag) becomes --kv-offloading-size; without
+    spec.resources.memory the pod's memory request and limit are the default plus the tier; a given memory must hold
+    the tier and the process, or the spec is refused with what to change."""
+    from hetero_infer.operator.manifests.worker import DEFAULT_MEMORY
+
+    s = spec(engine={"kvOffloadingSize": 2.5})
+    pairs = dict(zip(worker_args(s)[1::2], worker_args(s)[2::2], strict=False))
+    assert pairs["--kv-offloading-size"] == "2.5"
+    resources = pod(children(OWNER, s))["containers"][0]["resources"]
+    expected = (parse_quantity(DEFAULT_MEMORY[False]) + Decimal("2.5") * 2**30)
+    assert parse_quantity(resources["requests"]["memory"]) == expected
+    assert parse_quantity(resources["limits"]["memory"]) == expected
+    given = spec(engine={"kvOffloadingSize": 2}, resources={"memory": "8Gi"})
+    assert pod(children(OWNER, given))["containers"][0]["resources"]["limits"]["memory"] == "8Gi"
+    with pytest.raises(SpecError, match="kvOffloadingSize.*does not fit in spec.resources.memory"):
+        spec(engine={"kvOffloadingSize": 2}, resources={"memory": "2Gi"})
+    with pytest.raises(SpecError, match="kvOffloadingSize"):
+        spec(engine={"kvOffloadingSize": -1})
 
 
 def test_engine_options_become_the_worker_cli_flags() -> None:

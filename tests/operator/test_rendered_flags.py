@@ -29,6 +29,7 @@ engine_specs = st.fixed_dictionaries({}, optional={
     "quantization": st.sampled_from(["int8", "int4"]),
     "memoryThreshold": st.floats(0.001, 1.0),
     "gpuMemoryUtilization": st.floats(0.001, 1.0),
+    "kvOffloadingSize": st.floats(0.001, 64.0),
 })
 
 
