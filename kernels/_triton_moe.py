@@ -17,15 +17,8 @@ import triton.language as tl
 
 from . import _backend as B
 from . import ops
+from ._triton_quant import _mma
 from .reference import ExpertWeights
-
-
-@triton.jit
-def _mma(a, b, F32: tl.constexpr):
-    if F32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 
 @triton.jit(do_not_specialize=["num_pairs"])

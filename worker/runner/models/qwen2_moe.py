@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from hetero_infer.worker.runner.models.decoder import MLP, AttentionLayout, DecoderForCausalLM
-from hetero_infer.worker.runner.models.moe import Routing, SparseMoeBlock
-from hetero_infer.worker.runner.models.qwen3_moe import is_sparse
+from hetero_infer.worker.runner.models.decoder import AttentionLayout, DecoderForCausalLM
+from hetero_infer.worker.runner.models.qwen3_moe import qwen_moe_mlp
 from hetero_infer.worker.runner.models.registry import ModelFamily, SlidingWindow, Supports
 
 
@@ -23,12 +22,7 @@ class Qwen2MoeForCausalLM(DecoderForCausalLM):
 
     @classmethod
     def layer_mlp(cls, config, layer_idx: int) -> nn.Module:
-        if not is_sparse(config, layer_idx):
-            return MLP(config.hidden_size, config.intermediate_size)
-        routing = Routing(config.num_experts, config.num_experts_per_tok, bool(config.norm_topk_prob),
-                          weights_in_model_dtype=True)
-        return SparseMoeBlock(config.hidden_size, config.moe_intermediate_size, routing,
-                              config.shared_expert_intermediate_size)
+        return qwen_moe_mlp(config, layer_idx, config.shared_expert_intermediate_size)
 
 
 FAMILY = ModelFamily("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), Qwen2MoeForCausalLM,

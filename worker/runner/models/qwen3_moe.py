@@ -18,6 +18,15 @@ def is_sparse(config, layer_idx: int) -> bool:
             and (layer_idx + 1) % config.decoder_sparse_step == 0)
 
 
+def qwen_moe_mlp(config, layer_idx: int, shared_intermediate_size: int = 0) -> nn.Module:
+    """Layer `layer_idx`'s MLP in Qwen's MoE configs (Qwen2-MoE adds a shared expert)."""
+    if not is_sparse(config, layer_idx):
+        return MLP(config.hidden_size, config.intermediate_size)
+    routing = Routing(config.num_experts, config.num_experts_per_tok, bool(config.norm_topk_prob),
+                      weights_in_model_dtype=True)
+    return SparseMoeBlock(config.hidden_size, config.moe_intermediate_size, routing, shared_intermediate_size)
+
+
 class Qwen3MoeForCausalLM(DecoderForCausalLM):
     decode_layout = "moe"
 
@@ -27,11 +36,7 @@ class Qwen3MoeForCausalLM(DecoderForCausalLM):
 
     @classmethod
     def layer_mlp(cls, config, layer_idx: int) -> nn.Module:
-        if not is_sparse(config, layer_idx):
-            return MLP(config.hidden_size, config.intermediate_size)
-        routing = Routing(config.num_experts, config.num_experts_per_tok, bool(config.norm_topk_prob),
-                          weights_in_model_dtype=True)
-        return SparseMoeBlock(config.hidden_size, config.moe_intermediate_size, routing)
+        return qwen_moe_mlp(config, layer_idx)
 
 
 FAMILY = ModelFamily("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), Qwen3MoeForCausalLM,
