@@ -29,6 +29,7 @@ def _moe_gemm_kernel(
     QUANT: tl.constexpr, GROUP: tl.constexpr, MUL_WEIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
 ):
+    HALF: tl.constexpr = GROUP // 2
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(padded_ptr):
@@ -42,7 +43,6 @@ def _moe_gemm_kernel(
     b_cols = b_ptr + expert * s_be + offs_n.to(tl.int64)[None, :] * s_bn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if QUANT == 4:
-        HALF: tl.constexpr = GROUP // 2
         offs_h = tl.arange(0, HALF)
         for g in range(0, K // GROUP):
             k0 = g * GROUP

@@ -89,6 +89,7 @@ def _scenarios(quick: bool = False) -> None:
     B.num_sms = lambda device: 132
     from hetero_infer.kernels import _triton_attention as A
     from hetero_infer.kernels import _triton_fused as F
+    from hetero_infer.kernels import _triton_moe as M
     from hetero_infer.kernels import _triton_ops as O
     from hetero_infer.kernels import _triton_quant as Q
 
@@ -133,6 +134,28 @@ def _scenarios(quick: bool = False) -> None:
             xm = torch.empty(m, 1024, dtype=dt)
             Q.int8_matmul(xm, w, s, None, torch.empty(m, 512, dtype=dt))
             Q.int4_matmul(xm, pk, sc, z, 128, s, torch.empty(m, 512, dtype=dt))
+        _moe_scenarios(M, dt, quick)
+
+
+def _moe_scenarios(M, dt: torch.dtype, quick: bool) -> None:
+    """The fused MoE grouped GEMM: float, INT8 and INT4 experts; gate|up (rows gathered per token, no routing
+    weight) and down (the routing weight, float32 out); decode-sized and prefill-sized tiles."""
+    from hetero_infer.kernels.reference import ExpertWeights
+
+    e, h, i, k = 8, 256, 128, 2
+    experts = [ExpertWeights(torch.empty(e, 2 * i, h, dtype=dt)),
+               ExpertWeights(torch.empty(e, 2 * i, h, dtype=torch.int8), torch.empty(e, 2 * i)),
+               ExpertWeights(torch.empty(e, 2 * i, h // 2, dtype=torch.uint8), torch.empty(e, 2 * i, h // 128),
+                             torch.empty(e, 2 * i, h // 128, dtype=torch.uint8), 128)]
+    for tokens in (1,) if quick else (1, 64):
+        block = M._blocks(tokens * k, torch.device("cuda"), dt)
+        align = M.moe_align(torch.zeros(tokens, k, dtype=torch.int32), e, block[0])
+        for ew in experts:
+            M._gemm(torch.empty(tokens, h, dtype=dt), ew, torch.empty(tokens * k, 2 * i, dtype=dt), align, k, None,
+                    block)
+        down = ExpertWeights(torch.empty(e, h, i, dtype=dt))
+        M._gemm(torch.empty(tokens * k, i, dtype=dt), down, torch.empty(tokens * k, h), align, 1,
+                torch.empty(tokens * k), block)
 
 
 def _prefill_grid_scenarios(quick: bool = False) -> None:
