@@ -105,6 +105,28 @@ def workload(args: argparse.Namespace, salt: int) -> list[list[list[int]]]:
     return shared_prefixes(salt, 60, 4)
 
 
+_TOKENIZER: list = []
+
+
+def tokenizer():  # the mock workers' (the default model's), loaded once
+    if not _TOKENIZER:
+        from hetero_infer.contracts.default_model import default_tokenizer
+
+        _TOKENIZER.append(default_tokenizer())
+    return _TOKENIZER[0]
+
+
+def as_text(convs: list[list[list[int]]]) -> list[list[str]]:
+    """--text-prompts: each prompt as text (its ids decoded): the router hashes text chunks until it has the
+    workers' tokenizer, then token blocks, as it does for a client's text prompts."""
+    tok = tokenizer()
+    return [[tok.decode(p) for p in turns] for turns in convs]
+
+
+def encoded(prompt: list[int] | str) -> list[int]:
+    return tokenizer().encode(prompt) if isinstance(prompt, str) else prompt
+
+
 async def run_policy(args: argparse.Namespace, url: str, convs: list[list[list[int]]], model: str,
                      worker_urls: list[str]) -> dict:
     ttfts: list[float] = []
@@ -320,6 +342,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--at-once", action="store_true",
                    help="send the traffic as soon as the router listens (as a user starts it), not once it has "
                    "seen every worker ready")
+    p.add_argument("--text-prompts", action="store_true",
+                   help="send the prompts as text (the router switches from text to token hashes when the "
+                   "workers' tokenizer arrives), not token ids")
     p.add_argument("--json", help="write the results here as JSON too")
     args = p.parse_args(argv)
     conv = args.scenario == "conversations"
@@ -365,13 +390,15 @@ def main(argv: list[str] | None = None) -> int:
                     model = json.loads(__import__("urllib.request").request.urlopen(router.url + "/v1/models")
                                        .read())["data"][0]["id"]
                     convs = workload(args, salt=1000 + 100 * run + i)
+                    if args.text_prompts:
+                        convs = as_text(convs)
                     h0, q0 = worker_counters(workers)
                     r = asyncio.run(run_policy(args, router.url, convs, model, [w.url for w in workers]))
                     h1, q1 = worker_counters(workers)
                     routed = samples(router.url, "hetero_infer_router_requests_routed_total")
                     predicted = sum(samples(router.url, "hetero_infer_router_prefix_matched_tokens_total").values())
                     per_worker = [int(sum(v for k, v in routed.items() if w.url in k)) for w in workers]
-                    ideal_hit, ideal_query = ideal_hit_tokens([t for c in convs for t in c])
+                    ideal_hit, ideal_query = ideal_hit_tokens([encoded(t) for c in convs for t in c])
                     r.update({"policy": label, "run": run + 1, "hit_rate": (h1 - h0) / max(q1 - q0, 1),
                               "ideal_hit_rate": ideal_hit / ideal_query, "hit_tokens": h1 - h0,
                               "predicted_hit_tokens": predicted, "requests_per_worker": per_worker})
@@ -379,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{label} run {run + 1}: {json.dumps(r)}", flush=True)
                 finally:
                     router.stop()
+                    if os.environ.get("ROUTER_BENCH_LOGS"):  # the router's log of each run (with its decisions
+                        # at HETERO_INFER_ROUTER_LOG_LEVEL=debug)
+                        Path(os.environ["ROUTER_BENCH_LOGS"], f"{label}-{run + 1}.log").write_text(router.log())
         if args.overhead_requests:
             results["overhead"] = overhead(args, workers[0], model, versions)
             print(f"overhead: {json.dumps(results['overhead'])}", flush=True)

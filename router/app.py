@@ -253,6 +253,10 @@ class Router:
                         return model_not_found(model, self.served_models()).response()
                     break
             decision = self.choose(candidates, hashes, policy, exact, model)
+            if logger.isEnabledFor(logging.DEBUG):  # the decisions of a run, to replay one
+                logger.debug("route %s exact=%s first=%x blocks=%d matched=%d loads=%s", decision.url, exact,
+                             hashes[0] if hashes else 0, len(hashes), decision.matched_blocks,
+                             {w.url[-5:]: w.state().load for w in candidates})
             worker = self.pool.workers[decision.url]
             tried.add(worker.url)
             route = None

@@ -11,7 +11,13 @@ from hetero_infer.contracts.options import InvalidOption
 
 ENV_PREFIX = "HETERO_INFER_ROUTER_"
 _DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a Kubernetes object name (DNS subdomain)
-TEXT_BYTES_PER_TOKEN = 4  # about, for English text: sizes the text-chunk memory from a pool's tokens
+# Sizes the text-chunk memory (prompts hashed as text, before the router has the workers' tokenizer) from a pool's
+# tokens: an upper bound, not a mean (English is about 4 bytes a token, other text up to 6-7). Too small, the text
+# index forgets prefixes the worker still holds and sends their next requests elsewhere: each prefix ends up
+# duplicated over the pools and evicts the others (issue 43: 0.71-0.76 of 0.87 on the small-pools workload as
+# text, whose prompts are 6.4 bytes a token); too large, it sends a prefix to a worker that evicted it, which costs
+# that one prefill and caches it there again.
+TEXT_BYTES_PER_TOKEN = 8
 
 HELP = {
     "host": "address to bind (default 127.0.0.1; 0.0.0.0 in containers)",

@@ -156,3 +156,23 @@ def test_a_report_in_another_scheme_or_block_size_is_not_taken():
     assert parse_report(log.to_json(None, None, 16), 16) == BlockReport("e", 1, None, (5,), ())
     assert parse_report(log.to_json(None, None, 32), 16) is None
     assert parse_report({**log.to_json(None, None, 16), "hash": "python-hash"}, 16) is None
+
+
+def test_the_text_index_remembers_what_a_pool_holds_of_text_denser_than_english():
+    """Before the workers' tokenizer arrives prompts are hashed as 64-byte text chunks; the text index must not
+    forget prefixes a pool still holds. Three prefixes of 368 tokens at 6.4 bytes a token (36 chunks each, 23 blocks
+    each: 69 of a 112-block pool) with their tails are all still matched on their worker."""
+    from hetero_infer.contracts.router_options import RouterOptions
+    from hetero_infer.router.hashing import text_block_hashes
+
+    options = RouterOptions()
+    index = PrefixIndex(options.approx_capacity_blocks, options.text_chunks_per_block)
+    index.set_pool("w", 112)
+    rng = random.Random(5)
+    prefixes = ["".join(rng.choice("abcdefghij klmnop") for _ in range(2360)) for _ in range(3)]
+    for i in range(12):  # each prefix four times, each request with its own tail (a few chunks)
+        prompt = prefixes[i % 3] + "".join(rng.choice("qrstuvwxyz ") for _ in range(280))
+        index.ended(index.record_route("w", text_block_hashes(prompt, options.text_chunk_bytes), exact=False))
+    for p in prefixes:
+        hashes = text_block_hashes(p, options.text_chunk_bytes)
+        assert index.match(hashes, ["w"], exact=False)["w"] == len(hashes)
