@@ -1,34 +1,32 @@
 """InferenceDeployment spec: parsing, defaults and validation (pure functions, no Kubernetes calls).
 
 The CRD's structural schema is the first line of defence; this module is the second, for specs that
-slip past it (a CRD installed without validation, an older CRD version, a hand-made object). It
-applies the same defaults as the CRD and reports every problem at once with the field's path, so the
-operator can put the message into a Degraded condition instead of failing.
+slip past it (a CRD installed without validation, an older CRD version, a hand-made object). Both come from one
+definition, operator/crd.py's SCHEMA: the allowed keys, types, bounds, enums and defaults read here are its own
+(Reader.field / Reader.keys), and crds/ is generated from it. What a schema cannot say (cross-field rules, the
+worker's flags, the CEL rules' Python twins) is checked here, and every problem is reported at once with the
+field's path, so the operator can put the message into a Degraded condition instead of failing.
 """
 
 from __future__ import annotations
 
 import re
-import typing
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from hetero_infer.contracts import cors  # the router's and workers' CORS rules, not a copy
-from hetero_infer.contracts.engine_options import DTYPES, EXECUTORS, Quantization
 from hetero_infer.contracts.kube import WORKERS_SERVICE_SUFFIX  # the worker Service <name>-workers
-from hetero_infer.contracts.router_options import RouterOptions
-from hetero_infer.operator import constants as c
+from hetero_infer.operator import crd
+from hetero_infer.operator.crd import DOWNLOAD_OWN_MOUNT_PATHS, DOWNLOAD_OWN_VOLUMES, SCHEMA
 from hetero_infer.operator.diff import parse_quantity
 from hetero_infer.operator.spec_overrides import (
-    OVERRIDE_FIELDS,
     OverridesSpec,
     parse_extra_args,
     parse_overrides,
 )
 from hetero_infer.operator.spec_pod import (
-    POD_FIELDS,
     PodSpec,
     SecretKeyRef,
     parse_labels,
@@ -49,43 +47,44 @@ from hetero_infer.operator.spec_reader import (
     type_name,
 )
 
-QUANTIZATIONS = typing.get_args(Quantization)
-AUTOSCALING_MODES = ("operator", "hpa")
-SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
-ROLLOUT_STRATEGIES = ("RollingUpdate", "Recreate")
-TOLERATION_OPERATORS = ("Exists", "Equal")
-TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-ROUTER_POLICIES = typing.get_args(typing.get_type_hints(RouterOptions)["policy"])
-ROUTER_TOKENIZERS = ("workers", "none")  # the router's --tokenizer values that need nothing in the router pod
 
-# Defaults; crds/ carries the same values (tests/operator/test_crd_schema.py keeps them in step).
-DEFAULT_EXECUTOR = "torch"
-DEFAULT_REPLICAS = 1
-DEFAULT_GPUS = 0
-DEFAULT_MIN_REPLICAS = 1
-DEFAULT_MODE = "operator"
-DEFAULT_TARGET_KV_CACHE_USAGE = 0.8
-DEFAULT_TARGET_QUEUE_DEPTH = 5.0
-DEFAULT_SCALE_UP_STABILIZATION_SECONDS = 0
-DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS = 300
-DEFAULT_INTERVAL_SECONDS = 15
-DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 600
-DEFAULT_ROUTER_REPLICAS = 2  # a node drain or a rollout never takes the endpoint offline (with its PDB)
-_ROUTER_DEFAULTS = RouterOptions()  # the router's own defaults, which a spec without the field keeps
-DEFAULT_ROUTER_POLICY = _ROUTER_DEFAULTS.policy
-DEFAULT_ROUTER_TOKENIZER = _ROUTER_DEFAULTS.tokenizer
-DEFAULT_CORS_METHODS = tuple(_ROUTER_DEFAULTS.allowed_methods)
-DEFAULT_CORS_HEADERS = tuple(_ROUTER_DEFAULTS.allowed_headers)
+def _default(path: str) -> Any:
+    return SCHEMA.at(path).default
+
+
+# Defaults and enums: the CRD's (operator/crd.py), read from its one definition.
+QUANTIZATIONS, ROUTER_POLICIES, ROUTER_TOKENIZERS = crd.QUANTIZATIONS, crd.ROUTER_POLICIES, crd.ROUTER_TOKENIZERS
+AUTOSCALING_MODES = SCHEMA.at("spec.autoscaling.mode").enum
+SERVICE_TYPES = SCHEMA.at("spec.service.type").enum
+ROLLOUT_STRATEGIES = SCHEMA.at("spec.rollout.strategy").enum
+DEFAULT_EXECUTOR = _default("spec.executor")
+DEFAULT_REPLICAS = _default("spec.replicas")
+DEFAULT_GPUS = _default("spec.resources.gpus")
+DEFAULT_MIN_REPLICAS = _default("spec.autoscaling.minReplicas")
+DEFAULT_MODE = _default("spec.autoscaling.mode")
+DEFAULT_TARGET_KV_CACHE_USAGE = _default("spec.autoscaling.targetKVCacheUsage")
+DEFAULT_TARGET_QUEUE_DEPTH = _default("spec.autoscaling.targetQueueDepth")
+DEFAULT_SCALE_UP_STABILIZATION_SECONDS = _default("spec.autoscaling.scaleUpStabilizationSeconds")
+DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS = _default("spec.autoscaling.scaleDownStabilizationSeconds")
+DEFAULT_INTERVAL_SECONDS = _default("spec.autoscaling.intervalSeconds")
+DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = _default("spec.autoscaling.scaleToZeroAfterSeconds")
+DEFAULT_ROUTER_REPLICAS = _default("spec.router.replicas")  # with its PDB, a node drain keeps one serving
+DEFAULT_ROUTER_POLICY = _default("spec.router.policy")
+DEFAULT_ROUTER_TOKENIZER = _default("spec.router.tokenizer")
+DEFAULT_CORS_METHODS = tuple(_default("spec.router.cors.allowedMethods"))
+DEFAULT_CORS_HEADERS = tuple(_default("spec.router.cors.allowedHeaders"))
 # spec.router.cors bounds (the CRD's maxItems/maxLength): (max items, max characters per item)
-CORS_LIMITS = {"allowedOrigins": (64, 256), "allowedMethods": (16, 32), "allowedHeaders": (64, 256)}
-DEFAULT_HOLD_TIMEOUT_SECONDS = 300  # long enough for a worker to start from zero and load its model
-DEFAULT_SERVICE_TYPE = "ClusterIP"
-DEFAULT_SERVICE_PORT = 80
-DEFAULT_ROLLOUT_STRATEGY = "RollingUpdate"
+CORS_LIMITS = {key: (SCHEMA.at(f"spec.router.cors.{key}").max_items,
+                     SCHEMA.at(f"spec.router.cors.{key}").items.max_length)
+               for key in ("allowedOrigins", "allowedMethods", "allowedHeaders")}
+DEFAULT_HOLD_TIMEOUT_SECONDS = _default("spec.router.holdTimeoutSeconds")  # a worker's start from zero
+DEFAULT_SERVICE_TYPE = _default("spec.service.type")
+DEFAULT_SERVICE_PORT = _default("spec.service.port")
+DEFAULT_ROLLOUT_STRATEGY = _default("spec.rollout.strategy")
 # Rolling updates by pool: a GPU pool is usually full, so a surge pod would wait for a GPU that only the
 # old pod frees (the rollout stalls); replace one pod at a time instead. CPU pods can surge.
 DEFAULT_ROLLOUT = {True: (0, 1), False: (1, 0)}  # has a GPU -> (maxSurge, maxUnavailable)
-MAX_GPUS = 1  # one worker process uses one GPU (docs/contracts.md)
+MAX_GPUS = SCHEMA.at("spec.resources.gpus").maximum  # one worker process uses one GPU (docs/contracts.md)
 # spec.model.url: the CRD's pattern (crds/), checked here too for clusters without CEL.
 MODEL_URL = re.compile(
     r"^(hf://[A-Za-z0-9][-_.A-Za-z0-9]*(/[A-Za-z0-9][-_.A-Za-z0-9]*)?(@[^@ ]+)?"
@@ -93,10 +92,7 @@ MODEL_URL = re.compile(
     r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?)$")
 MODEL_URL_FORMS = "hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX or pvc://CLAIM/PATH"
 DEFAULT_DOWNLOAD_SIZE = "20Gi"
-DEFAULT_FETCH_BACKOFF_LIMIT = 6  # Kubernetes' default, stated: about 10 minutes of retries before the Job fails
-# What the download Job mounts itself (manifests/cache.py): extra volumes and mounts must not take these.
-DOWNLOAD_OWN_VOLUMES = ("tmp", "model", "source")
-DOWNLOAD_OWN_MOUNT_PATHS = ("/tmp", "/models", "/source")
+DEFAULT_FETCH_BACKOFF_LIMIT = _default("spec.model.cache.download.backoffLimit")  # Kubernetes' default: ~10 min
 # The cache claim's access modes: one download Job writes it (so a writable mode), then every worker reads it
 # (ReadWriteMany, or ReadOnlyMany beside ReadWriteOnce on a volume that offers both, e.g. a GCE PD; ReadWriteOnce
 # alone serves one replica).
@@ -104,13 +100,11 @@ DEFAULT_CACHE_ACCESS_MODES = ("ReadWriteMany",)
 ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod")
 WRITABLE_ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod")
 SHARED_ACCESS_MODES = ("ReadWriteMany", "ReadOnlyMany")  # what several workers on several nodes can mount
-DEFAULT_GPU_RESOURCE = c.GPU_RESOURCE
+DEFAULT_GPU_RESOURCE = _default("spec.resources.gpuResource")
 # An extended resource (a device plugin's): DOMAIN/NAME, not in kubernetes.io's namespaces. MIG slices are such
 # names too (nvidia.com/mig-1g.10gb).
 EXTENDED_RESOURCE = re.compile(r"^(?![^/]*kubernetes\.io/)[a-z0-9]([-a-z0-9.]*[a-z0-9])?/"
                                r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-ROUTER_POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints", "priorityClassName",
-                     "podAnnotations", "podLabels")
 # A Service's loadBalancerClass: a label-style key with a domain prefix (service.k8s.aws/nlb, io.cilium/bgp-control-plane)
 LOAD_BALANCER_CLASS = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 CACHE_URL_SCHEMES = ("hf://", "s3://")  # what the download Job fetches into spec.model.cache
@@ -330,23 +324,19 @@ def validate_name(name: str) -> list[str]:
 
 def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
     """Validate a raw `.spec` mapping, apply defaults and return it typed; SpecError lists every problem."""
-    r = Reader()
+    r = Reader(SCHEMA)
     if name is not None:
         r.problems.extend(validate_name(name))
-    spec = r.obj(raw, "spec", (
-        "model", "image", "executor", "replicas", "resources", "engine", "autoscaling", "service",
-        "rollout", "nodeSelector", "tolerations", "affinity", "env", "router", "apiKey", *POD_FIELDS,
-        *OVERRIDE_FIELDS,
-    ), required=("model",))
+    spec = r.obj(raw, "spec", r.keys("spec"), required=SCHEMA.at("spec").required)
 
     model = _parse_model(r, spec.get("model"))
-    image = r.string(spec, "image", "spec")
-    executor = r.string(spec, "executor", "spec", DEFAULT_EXECUTOR, enum=EXECUTORS)
-    replicas = r.integer(spec, "replicas", "spec", DEFAULT_REPLICAS, minimum=0)
+    image = r.field(spec, "image", "spec")
+    executor = r.field(spec, "executor", "spec")
+    replicas = r.field(spec, "replicas", "spec")
 
-    res = r.obj(spec.get("resources"), "spec.resources", ("gpus", "gpuResource", "cpu", "memory"))
+    res = r.obj(spec.get("resources"), "spec.resources", r.keys("spec.resources"))
     resources = ResourcesSpec(
-        gpus=r.integer(res, "gpus", "spec.resources", DEFAULT_GPUS, minimum=0, maximum=MAX_GPUS),
+        gpus=r.field(res, "gpus", "spec.resources"),
         gpu_resource=r.string(res, "gpuResource", "spec.resources", DEFAULT_GPU_RESOURCE, pattern=EXTENDED_RESOURCE,
                               what="a device plugin's extended resource name such as nvidia.com/gpu, amd.com/gpu "
                                    "or nvidia.com/mig-1g.10gb (DOMAIN/NAME, not in kubernetes.io)"),
@@ -354,21 +344,18 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
         memory=r.quantity(res, "memory", "spec.resources"),
     )
 
-    eng = r.obj(spec.get("engine"), "spec.engine", (
-        "blockSize", "maxNumSeqs", "maxModelLen", "maxNumBatchedTokens", "dtype", "quantization",
-        "memoryThreshold", "gpuMemoryUtilization", "kvOffloadingSize", "extraArgs",
-    ))
+    eng = r.obj(spec.get("engine"), "spec.engine", r.keys("spec.engine"))
     p = "spec.engine"
     engine = EngineSpec(
-        block_size=r.integer(eng, "blockSize", p, minimum=1, maximum=256),
-        max_num_seqs=r.integer(eng, "maxNumSeqs", p, minimum=1),
-        max_model_len=r.integer(eng, "maxModelLen", p, minimum=1),
-        max_num_batched_tokens=r.integer(eng, "maxNumBatchedTokens", p, minimum=1),
-        dtype=r.string(eng, "dtype", p, enum=DTYPES),
-        quantization=r.string(eng, "quantization", p, enum=QUANTIZATIONS),
-        memory_threshold=r.number(eng, "memoryThreshold", p, exclusive_minimum=0, maximum=1),
-        gpu_memory_utilization=r.number(eng, "gpuMemoryUtilization", p, exclusive_minimum=0, maximum=1),
-        kv_offloading_size=r.number(eng, "kvOffloadingSize", p, exclusive_minimum=0),
+        block_size=r.field(eng, "blockSize", p),
+        max_num_seqs=r.field(eng, "maxNumSeqs", p),
+        max_model_len=r.field(eng, "maxModelLen", p),
+        max_num_batched_tokens=r.field(eng, "maxNumBatchedTokens", p),
+        dtype=r.field(eng, "dtype", p),
+        quantization=r.field(eng, "quantization", p),
+        memory_threshold=r.field(eng, "memoryThreshold", p),
+        gpu_memory_utilization=r.field(eng, "gpuMemoryUtilization", p),
+        kv_offloading_size=r.field(eng, "kvOffloadingSize", p),
     )
     _check_host_tier(r, engine, resources)
 
@@ -404,18 +391,18 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
 
 def _parse_model(r: Reader, raw: Any) -> ModelSpec:
     p = "spec.model"
-    m = r.obj(raw, p, ("name", "path", "pvc", "hostPath", "url", "credentialsSecret", "downloadSize", "cache"),
+    m = r.obj(raw, p, r.keys(p),
               required=("name",) if raw is not None else ())
     name = r.string(m, "name", p) or ""
     path = r.string(m, "path", p, pattern=re.compile(r"^/"), what="an absolute path")
     pvc = host_path = url = None
     if m.get("pvc") is not None:
-        pv = r.obj(m["pvc"], f"{p}.pvc", ("claimName", "subPath", "readOnly"), required=("claimName",))
+        pv = r.obj(m["pvc"], f"{p}.pvc", r.keys(f"{p}.pvc"), required=("claimName",))
         claim = r.string(pv, "claimName", f"{p}.pvc")
         if claim:
             pvc = PvcSource(claim, _sub_path(r, pv, f"{p}.pvc"), r.boolean(pv, "readOnly", f"{p}.pvc", True))
     if m.get("hostPath") is not None:
-        hp = r.obj(m["hostPath"], f"{p}.hostPath", ("path", "subPath"), required=("path",))
+        hp = r.obj(m["hostPath"], f"{p}.hostPath", r.keys(f"{p}.hostPath"), required=("path",))
         hpath = r.string(hp, "path", f"{p}.hostPath", pattern=re.compile(r"^/"), what="an absolute path")
         if hpath:
             host_path = HostPathSource(hpath, _sub_path(r, hp, f"{p}.hostPath"))
@@ -447,7 +434,7 @@ def _parse_cache(r: Reader, raw: Any, url: str | None, gguf: str | None) -> Cach
         return None
     p = "spec.model.cache"
     before = len(r.problems)
-    ca = r.obj(raw, p, ("claimName", "storageClassName", "size", "accessModes", "volumeName", "download"))
+    ca = r.obj(raw, p, r.keys(p))
     claim = r.string(ca, "claimName", p, pattern=DNS1123_SUBDOMAIN, what="a PersistentVolumeClaim's name")
     storage_class = r.string(ca, "storageClassName", p, pattern=DNS1123_SUBDOMAIN, what="a StorageClass's name")
     size = r.quantity(ca, "size", p)
@@ -489,10 +476,8 @@ def _check_cache_sharing(r: Reader, cache: CacheSpec | None, replicas: int, auto
 
 
 def _parse_download(r: Reader, raw: Any, p: str) -> DownloadSpec:
-    d = r.obj(raw, p, ("image", "nodeSelector", "tolerations", "affinity", "serviceAccountName", "priorityClassName",
-                       "podAnnotations", "podLabels", "volumes", "volumeMounts", "activeDeadlineSeconds",
-                       "backoffLimit", "resources"))
-    res = r.obj(d.get("resources"), f"{p}.resources", ("cpu", "memory"))
+    d = r.obj(raw, p, r.keys(p))
+    res = r.obj(d.get("resources"), f"{p}.resources", r.keys(f"{p}.resources"))
     volumes, mounts = parse_volumes(r, d, p, DOWNLOAD_OWN_VOLUMES, DOWNLOAD_OWN_MOUNT_PATHS)
     return DownloadSpec(
         image=r.string(d, "image", p),
@@ -505,8 +490,8 @@ def _parse_download(r: Reader, raw: Any, p: str) -> DownloadSpec:
         labels=parse_labels(r, d.get("podLabels"), f"{p}.podLabels"),
         volumes=volumes,
         volume_mounts=mounts,
-        active_deadline_seconds=r.integer(d, "activeDeadlineSeconds", p, minimum=60, maximum=7 * 86400),
-        backoff_limit=r.integer(d, "backoffLimit", p, DEFAULT_FETCH_BACKOFF_LIMIT, minimum=0, maximum=100),
+        active_deadline_seconds=r.field(d, "activeDeadlineSeconds", p),
+        backoff_limit=r.field(d, "backoffLimit", p),
         cpu=r.quantity(res, "cpu", f"{p}.resources"),
         memory=r.quantity(res, "memory", f"{p}.resources"),
     )
@@ -522,27 +507,18 @@ def _sub_path(r: Reader, data: Mapping, path: str) -> str | None:
 
 def _parse_autoscaling(r: Reader, raw: Any) -> AutoscalingSpec:
     p = "spec.autoscaling"
-    a = r.obj(raw, p, (
-        "enabled", "mode", "minReplicas", "maxReplicas", "targetKVCacheUsage", "targetQueueDepth",
-        "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds", "intervalSeconds",
-        "scaleToZeroAfterSeconds",
-    ))
+    a = r.obj(raw, p, r.keys(p))
     out = AutoscalingSpec(
-        enabled=r.boolean(a, "enabled", p, False),
-        mode=r.string(a, "mode", p, DEFAULT_MODE, enum=AUTOSCALING_MODES),
-        min_replicas=r.integer(a, "minReplicas", p, DEFAULT_MIN_REPLICAS, minimum=0),
-        max_replicas=r.integer(a, "maxReplicas", p, minimum=1),
-        target_kv_cache_usage=r.number(a, "targetKVCacheUsage", p, DEFAULT_TARGET_KV_CACHE_USAGE,
-                                       exclusive_minimum=0, maximum=1),
-        target_queue_depth=r.number(a, "targetQueueDepth", p, DEFAULT_TARGET_QUEUE_DEPTH, exclusive_minimum=0),
-        scale_up_stabilization_seconds=r.integer(a, "scaleUpStabilizationSeconds", p,
-                                                 DEFAULT_SCALE_UP_STABILIZATION_SECONDS, minimum=0, maximum=3600),
-        scale_down_stabilization_seconds=r.integer(a, "scaleDownStabilizationSeconds", p,
-                                                   DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS, minimum=0,
-                                                   maximum=3600),
-        interval_seconds=r.integer(a, "intervalSeconds", p, DEFAULT_INTERVAL_SECONDS, minimum=1, maximum=3600),
-        scale_to_zero_after_seconds=r.integer(a, "scaleToZeroAfterSeconds", p, DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS,
-                                              minimum=0, maximum=86400),
+        enabled=r.field(a, "enabled", p),
+        mode=r.field(a, "mode", p),
+        min_replicas=r.field(a, "minReplicas", p),
+        max_replicas=r.field(a, "maxReplicas", p),
+        target_kv_cache_usage=r.field(a, "targetKVCacheUsage", p),
+        target_queue_depth=r.field(a, "targetQueueDepth", p),
+        scale_up_stabilization_seconds=r.field(a, "scaleUpStabilizationSeconds", p),
+        scale_down_stabilization_seconds=r.field(a, "scaleDownStabilizationSeconds", p),
+        interval_seconds=r.field(a, "intervalSeconds", p),
+        scale_to_zero_after_seconds=r.field(a, "scaleToZeroAfterSeconds", p),
     )
     if out.enabled and out.max_replicas is None:
         r.bad(f"{p}.maxReplicas", "is required when autoscaling is enabled")
@@ -553,10 +529,10 @@ def _parse_autoscaling(r: Reader, raw: Any) -> AutoscalingSpec:
 
 def _parse_service(r: Reader, raw: Any) -> ServiceSpec:
     p = "spec.service"
-    svc = r.obj(raw, p, ("type", "port", "annotations", "loadBalancerClass", "loadBalancerSourceRanges"))
+    svc = r.obj(raw, p, r.keys(p))
     out = ServiceSpec(
-        type=r.string(svc, "type", p, DEFAULT_SERVICE_TYPE, enum=SERVICE_TYPES),
-        port=r.integer(svc, "port", p, DEFAULT_SERVICE_PORT, minimum=1, maximum=65535),
+        type=r.field(svc, "type", p),
+        port=r.field(svc, "port", p),
         annotations=string_map(r, svc.get("annotations"), f"{p}.annotations"),
         load_balancer_class=r.string(svc, "loadBalancerClass", p, pattern=LOAD_BALANCER_CLASS,
                                      what="a label-style name with a domain prefix, e.g. service.k8s.aws/nlb"),
@@ -584,42 +560,41 @@ def _parse_router_pod(r: Reader, ro: Mapping[str, Any], p: str) -> RouterPodSpec
 
 def _parse_router(r: Reader, raw: Any) -> RouterSpec:
     p = "spec.router"
-    ro = r.obj(raw, p, ("enabled", "replicas", "policy", "image", "resources", "holdTimeoutSeconds",
-                        "inferencePool", "cors", "tokenizer", "apiKey", *ROUTER_POD_FIELDS))
-    res = r.obj(ro.get("resources"), f"{p}.resources", ("cpu", "memory"))
+    ro = r.obj(raw, p, r.keys(p))
+    res = r.obj(ro.get("resources"), f"{p}.resources", r.keys(f"{p}.resources"))
     pool = None
     if ro.get("inferencePool") is not None:
-        ip = r.obj(ro["inferencePool"], f"{p}.inferencePool", ("endpointPicker", "endpointPickerPort"),
+        ip = r.obj(ro["inferencePool"], f"{p}.inferencePool", r.keys(f"{p}.inferencePool"),
                    required=("endpointPicker",))
         picker = r.string(ip, "endpointPicker", f"{p}.inferencePool", pattern=DNS1035, what="a Service name")
-        port = r.integer(ip, "endpointPickerPort", f"{p}.inferencePool", 9002, minimum=1, maximum=65535)
+        port = r.field(ip, "endpointPickerPort", f"{p}.inferencePool")
         if picker:
             pool = InferencePoolSpec(picker, port)
     return RouterSpec(
-        enabled=r.boolean(ro, "enabled", p, False),
-        replicas=r.integer(ro, "replicas", p, DEFAULT_ROUTER_REPLICAS, minimum=1),
-        policy=r.string(ro, "policy", p, DEFAULT_ROUTER_POLICY, enum=ROUTER_POLICIES),
-        image=r.string(ro, "image", p),
+        enabled=r.field(ro, "enabled", p),
+        replicas=r.field(ro, "replicas", p),
+        policy=r.field(ro, "policy", p),
+        image=r.field(ro, "image", p),
         cpu=r.quantity(res, "cpu", f"{p}.resources"),
         memory=r.quantity(res, "memory", f"{p}.resources"),
         hold_timeout_seconds=r.integer(ro, "holdTimeoutSeconds", p, DEFAULT_HOLD_TIMEOUT_SECONDS, minimum=1,
                                        maximum=3600),
         inference_pool=pool,
         cors=_parse_cors(r, ro.get("cors"), f"{p}.cors"),
-        tokenizer=r.string(ro, "tokenizer", p, DEFAULT_ROUTER_TOKENIZER, enum=ROUTER_TOKENIZERS),
+        tokenizer=r.field(ro, "tokenizer", p),
         api_key=parse_secret_key_ref(r, ro.get("apiKey"), f"{p}.apiKey"),
         pod=_parse_router_pod(r, ro, p),
     )
 
 
 def _parse_cors(r: Reader, raw: Any, p: str) -> RouterCorsSpec:
-    co = r.obj(raw, p, (*CORS_LIMITS, "allowCredentials"))
+    co = r.obj(raw, p, r.keys(p))
     before = len(r.problems)
     lists = {key: strings(r, co, key, p, default, 0 if key == "allowedOrigins" else 1, *CORS_LIMITS[key])
              for key, default in (("allowedOrigins", ()), ("allowedMethods", DEFAULT_CORS_METHODS),
                                   ("allowedHeaders", DEFAULT_CORS_HEADERS))}
     out = RouterCorsSpec(lists["allowedOrigins"], lists["allowedMethods"], lists["allowedHeaders"],
-                         r.boolean(co, "allowCredentials", p, False))
+                         r.field(co, "allowCredentials", p))
     if len(r.problems) == before and (bad := cors.check_options(
             list(out.allowed_origins), list(out.allowed_methods), list(out.allowed_headers), out.allow_credentials)):
         option, why = bad  # the router would refuse to start with these: say so here, with the spec's names
@@ -661,8 +636,8 @@ def _is_zero(value: int | str | None) -> bool:
 
 def _parse_rollout(r: Reader, raw: Any, gpu: bool) -> RolloutSpec:
     p = "spec.rollout"
-    ro = r.obj(raw, p, ("strategy", "maxSurge", "maxUnavailable"))
-    strategy = r.string(ro, "strategy", p, DEFAULT_ROLLOUT_STRATEGY, enum=ROLLOUT_STRATEGIES)
+    ro = r.obj(raw, p, r.keys(p))
+    strategy = r.field(ro, "strategy", p)
     surge = _int_or_percent(r, ro, "maxSurge", p)
     unavailable = _int_or_percent(r, ro, "maxUnavailable", p)
     if strategy == "Recreate":
@@ -697,13 +672,13 @@ def _parse_tolerations(r: Reader, raw: Any, path: str) -> list[dict[str, Any]]:
     out = []
     for i, item in enumerate(raw):
         p = f"{path}[{i}]"
-        t = r.obj(item, p, ("key", "operator", "value", "effect", "tolerationSeconds"))
-        r.string(t, "key", p)
-        r.string(t, "operator", p, enum=TOLERATION_OPERATORS)
+        t = r.obj(item, p, r.keys(p))
+        r.field(t, "key", p)
+        r.field(t, "operator", p)
         if t.get("value") is not None and not isinstance(t.get("value"), str):
             r.bad(f"{p}.value", f"must be a string, got {type_name(t.get('value'))}")
-        r.string(t, "effect", p, enum=TOLERATION_EFFECTS)
-        r.integer(t, "tolerationSeconds", p)
+        r.field(t, "effect", p)
+        r.field(t, "tolerationSeconds", p)
         out.append(dict(t))
     return out
 
@@ -717,7 +692,7 @@ def _parse_env(r: Reader, raw: Any) -> list[dict[str, Any]]:
     out = []
     for i, item in enumerate(raw):
         p = f"spec.env[{i}]"
-        e = r.obj(item, p, ("name", "value", "valueFrom"), required=("name",))
+        e = r.obj(item, p, r.keys(p), required=("name",))
         r.string(e, "name", p, pattern=ENV_NAME, what="a valid environment variable name")
         if e.get("value") is not None and not isinstance(e.get("value"), str):
             r.bad(f"{p}.value", f"must be a string, got {type_name(e.get('value'))}")

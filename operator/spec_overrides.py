@@ -17,10 +17,8 @@ from hetero_infer.contracts.options import add_flags, options_of
 from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.operator.spec_reader import Reader, type_name
 
-OVERRIDE_FIELDS = ("jsonPatches", "shmSize", "probes", "podSecurityContext", "securityContext")
 DEFAULT_SHM_SIZE = "1Gi"
 MAX_EXTRA_ARGS = 64
-JSON_PATCH_OPS = ("add", "remove", "replace", "move", "copy", "test")
 # The flags the operator renders from the spec itself (manifests/worker.py: worker_args), by the field that sets them.
 RENDERED_FLAGS = {"host": "all addresses, in a pod", "port": "the pod's named port", "served_model_name": "spec.model.name",
                   "executor": "spec.executor", "device": "spec.resources.gpus", "shutdown_grace": "spec.drainSeconds",
@@ -36,7 +34,6 @@ class ProbeTuning:
 
 DEFAULT_LIVENESS = ProbeTuning(10, 3, 3)  # a dead engine: restarted about 30-40 s after it died
 DEFAULT_READINESS = ProbeTuning(5, 3, 2)
-PROBE_BOUNDS = {"periodSeconds": (1, 300), "timeoutSeconds": (1, 120), "failureThreshold": (1, 100)}
 
 
 @dataclass(frozen=True)
@@ -95,7 +92,7 @@ def parse_extra_args(r: Reader, raw: Any, path: str, engine_keys: tuple[str, ...
 
 def parse_overrides(r: Reader, spec: Mapping[str, Any], extra_args: tuple[str, ...]) -> OverridesSpec:
     p = "spec"
-    probes = r.obj(spec.get("probes"), f"{p}.probes", ("liveness", "readiness"))
+    probes = r.obj(spec.get("probes"), f"{p}.probes", r.keys(f"{p}.probes"))
     return OverridesSpec(
         extra_args=extra_args,
         json_patches=_json_patches(r, spec.get("jsonPatches"), f"{p}.jsonPatches"),
@@ -108,11 +105,10 @@ def parse_overrides(r: Reader, spec: Mapping[str, Any], extra_args: tuple[str, .
 
 
 def _probe(r: Reader, raw: Any, path: str, default: ProbeTuning) -> ProbeTuning:
-    pr = r.obj(raw, path, tuple(PROBE_BOUNDS))
-    values = [r.integer(pr, key, path, getattr(default, attr), minimum=lo, maximum=hi)
-              for (key, (lo, hi)), attr in zip(PROBE_BOUNDS.items(), ("period_seconds", "timeout_seconds",
-                                                                      "failure_threshold"))]
-    tuning = ProbeTuning(*values)
+    pr = r.obj(raw, path, r.keys(path))
+    tuning = ProbeTuning(*(r.field(pr, key, path) or getattr(default, attr) for key, attr in (
+        ("periodSeconds", "period_seconds"), ("timeoutSeconds", "timeout_seconds"),
+        ("failureThreshold", "failure_threshold"))))
     if tuning.timeout_seconds > tuning.period_seconds:
         r.bad(path, f"timeoutSeconds ({tuning.timeout_seconds}) must not exceed periodSeconds "
                     f"({tuning.period_seconds})")
@@ -130,8 +126,8 @@ def _json_patches(r: Reader, raw: Any, path: str) -> tuple[dict[str, Any], ...]:
     out = []
     for i, item in enumerate(raw):
         q = f"{path}[{i}]"
-        op = r.obj(item, q, ("op", "path", "value", "from"), required=("op", "path"))
-        kind = r.string(op, "op", q, enum=JSON_PATCH_OPS)
+        op = r.obj(item, q, r.keys(q), required=("op", "path"))
+        kind = r.field(op, "op", q)
         target = op.get("path")
         if not isinstance(target, str) or not (target == "" or target.startswith("/")):
             r.bad(f"{q}.path", f"must be a JSON pointer such as /spec/containers/0/args/-, got {target!r}")

@@ -2,7 +2,7 @@
 model (pull secrets, identity, scheduling, extra metadata and volumes) and how long they may start and stop.
 
 Every one is optional and rendered only when given (manifests/worker.py), so adding these fields to the CRD
-changes no existing pod. The CRD checks the same (crds/; tests/operator/test_crd_schema.py keeps them in step).
+changes no existing pod. Types, bounds and defaults are the CRD's (operator/crd.py, read through Reader.field).
 """
 
 from __future__ import annotations
@@ -12,21 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetero_infer.operator import constants as c
+from hetero_infer.operator.crd import OWN_MOUNT_PATHS, OWN_VOLUMES, SCHEMA
 from hetero_infer.operator.spec_reader import DNS1123_SUBDOMAIN, Reader, string_map, type_name
 
-POD_FIELDS = ("imagePullSecrets", "serviceAccountName", "priorityClassName", "runtimeClassName",
-              "topologySpreadConstraints", "podAnnotations", "podLabels", "volumes", "volumeMounts",
-              "startupTimeoutSeconds", "drainSeconds", "terminationGracePeriodSeconds")
 PRESTOP_SLEEP_SECONDS = 10  # the pod stays up this long after it is marked terminating: endpoints drop it first
-DEFAULT_DRAIN_SECONDS = 45  # the worker's --shutdown-grace: how long running requests may still finish
+DEFAULT_DRAIN_SECONDS = SCHEMA.at("spec.drainSeconds").default  # the worker's --shutdown-grace
 DRAIN_MARGIN_SECONDS = 5  # between the worker's drain and the kubelet's SIGKILL
-DEFAULT_STARTUP_TIMEOUT_SECONDS = 900  # model loading can take minutes: liveness waits this long
-STARTUP_PROBE_PERIOD_SECONDS = 10
-MAX_SECONDS = 86400
-# What the operator mounts itself (manifests/worker.py): extra volumes and mounts must not take these.
-OWN_VOLUMES = ("tmp", "cache", "dshm", "model")
-OWN_MOUNT_PATHS = ("/tmp", "/var/cache/hetero-infer", "/dev/shm", "/models")
-WHEN_UNSATISFIABLE = ("DoNotSchedule", "ScheduleAnyway")
+DEFAULT_STARTUP_TIMEOUT_SECONDS = SCHEMA.at("spec.startupTimeoutSeconds").default  # model loading takes minutes
+STARTUP_PROBE_PERIOD_SECONDS = SCHEMA.at("spec.startupTimeoutSeconds").minimum  # the window is whole periods
 
 
 @dataclass(frozen=True)
@@ -65,25 +58,26 @@ def parse_secret_key_ref(r: Reader, raw: Any, path: str) -> SecretKeyRef | None:
     """`{secretKeyRef: {name, key}}`, the shape of a core/v1 env var's valueFrom."""
     if raw is None:
         return None
-    outer = r.obj(raw, path, ("secretKeyRef",), required=("secretKeyRef",))
+    outer = r.obj(raw, path, r.keys(path), required=("secretKeyRef",))
     if outer.get("secretKeyRef") is None:
         return None
     p = f"{path}.secretKeyRef"
-    ref = r.obj(outer["secretKeyRef"], p, ("name", "key"), required=("name", "key"))
+    ref = r.obj(outer["secretKeyRef"], p, r.keys(p), required=("name", "key"))
     name = r.string(ref, "name", p, pattern=DNS1123_SUBDOMAIN, what="a Secret's name")
     key = r.string(ref, "key", p)
     return SecretKeyRef(name, key) if name and key else None
 
 
 def parse_pod(r: Reader, spec: Mapping[str, Any]) -> PodSpec:
-    """The pod-level fields of `spec` (its top level: POD_FIELDS)."""
+    """The pod-level fields of `spec` (at its top level)."""
     p = "spec"
     names = {key: parse_name(r, spec, key, p) for key in ("serviceAccountName", "priorityClassName",
                                                            "runtimeClassName")}
-    drain = r.integer(spec, "drainSeconds", p, DEFAULT_DRAIN_SECONDS, minimum=0, maximum=MAX_SECONDS)
+    drain = r.field(spec, "drainSeconds", p)
     least_grace = PRESTOP_SLEEP_SECONDS + drain
-    grace = r.integer(spec, "terminationGracePeriodSeconds", p, least_grace + DRAIN_MARGIN_SECONDS, minimum=0,
-                      maximum=MAX_SECONDS)
+    bounds = SCHEMA.at(f"{p}.terminationGracePeriodSeconds")
+    grace = r.integer(spec, "terminationGracePeriodSeconds", p, least_grace + DRAIN_MARGIN_SECONDS,
+                      minimum=bounds.minimum, maximum=bounds.maximum)
     if grace < least_grace:
         r.bad(f"{p}.terminationGracePeriodSeconds", f"must be at least {least_grace} (the preStop's "
               f"{PRESTOP_SLEEP_SECONDS} s plus drainSeconds {drain}), got {grace}")
@@ -100,8 +94,7 @@ def parse_pod(r: Reader, spec: Mapping[str, Any]) -> PodSpec:
         labels=labels,
         volumes=volumes,
         volume_mounts=mounts,
-        startup_timeout_seconds=r.integer(spec, "startupTimeoutSeconds", p, DEFAULT_STARTUP_TIMEOUT_SECONDS,
-                                          minimum=STARTUP_PROBE_PERIOD_SECONDS, maximum=MAX_SECONDS),
+        startup_timeout_seconds=r.field(spec, "startupTimeoutSeconds", p),
         drain_seconds=drain,
         termination_grace_period_seconds=grace,
     )
@@ -112,9 +105,8 @@ def parse_spread(r: Reader, raw: Any, path: str) -> tuple[dict[str, Any], ...]:
     spread = _objects(r, raw, path, required=("maxSkew", "topologyKey", "whenUnsatisfiable"))
     for i, item in enumerate(spread):
         q = f"{path}[{i}]"
-        r.integer(item, "maxSkew", q, minimum=1)
-        r.string(item, "topologyKey", q)
-        r.string(item, "whenUnsatisfiable", q, enum=WHEN_UNSATISFIABLE)
+        for key in ("maxSkew", "topologyKey", "whenUnsatisfiable"):
+            r.field(item, key, q)
     return tuple(spread)
 
 

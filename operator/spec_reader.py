@@ -18,10 +18,35 @@ MISSING = object()
 
 
 class Reader:
-    """Reads typed values out of nested mappings, collecting problems instead of raising."""
+    """Reads typed values out of nested mappings, collecting problems instead of raising. With a `schema` (the CRD's,
+    operator/crd.py), `field` and `keys` read a field's type, bounds, enum, pattern and default from it, so the
+    operator's checks are the CRD's without restating them."""
 
-    def __init__(self) -> None:
+    def __init__(self, schema: Any = None) -> None:
         self.problems: list[str] = []
+        self.schema = schema
+
+    def keys(self, path: str) -> tuple[str, ...]:
+        """The fields the schema allows in the object at `path` (e.g. "spec.engine")."""
+        return self.schema.at(path).keys
+
+    def field(self, data: Mapping, key: str, path: str, what: str = "") -> Any:
+        """data[key] (at `path`) checked as the schema's node for it says; its default when absent."""
+        from hetero_infer.operator import schema as sc
+
+        node = self.schema.at(f"{path}.{key}")
+        if isinstance(node, sc.Int):
+            return self.integer(data, key, path, node.default, minimum=node.minimum, maximum=node.maximum)
+        if isinstance(node, sc.Num):
+            assert node.minimum is None or node.exclusive_minimum, "Reader.number checks exclusive minimums only"
+            return self.number(data, key, path, node.default, exclusive_minimum=node.minimum, maximum=node.maximum)
+        if isinstance(node, sc.Str):
+            return self.string(data, key, path, node.default, enum=node.enum, pattern=node.regex, what=what)
+        if isinstance(node, sc.Bool):
+            return self.boolean(data, key, path, bool(node.default))
+        if isinstance(node, sc.Quantity):
+            return self.quantity(data, key, path)
+        raise TypeError(f"{path}.{key}: no typed read for {type(node).__name__}")
 
     def bad(self, path: str, message: str) -> None:
         self.problems.append(f"{path}: {message}")
