@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.core.sampling_params import SamplingParams
 
 
 def fill_decode_batch(engine: LLMEngine, requests: int, max_tokens: int, settle: int = 5) -> None:

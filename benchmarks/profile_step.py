@@ -219,8 +219,8 @@ def format_report(rep: dict) -> str:
 def steady_engine(config, requests: int, min_prompt: int, max_prompt: int, extra_steps: int, seed: int = 0):
     """An engine whose every request is running and decoding."""
     from hetero_infer.bench.throughput import Workload
+    from hetero_infer.contracts.sampling_params import SamplingParams
     from hetero_infer.worker.core.engine import LLMEngine
-    from hetero_infer.worker.core.sampling_params import SamplingParams
     from hetero_infer.worker.runner.loader import load_hf_config
 
     engine = LLMEngine(config)

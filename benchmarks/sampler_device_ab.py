@@ -25,8 +25,8 @@ from types import ModuleType
 import torch
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.runner import sampler as sampler_module
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow
 

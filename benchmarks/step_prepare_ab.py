@@ -17,9 +17,10 @@ import time
 
 import torch
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.scheduler import ScheduledSeq, SchedulerOutput
 from hetero_infer.worker.core.sequence import Sequence
+from hetero_infer.worker.core.step_plan import launch_step
 from hetero_infer.worker.runner.attention.base import to_device
 from hetero_infer.worker.runner.attention.cpu_backend import CpuBackend
 from hetero_infer.worker.runner.executor import TorchExecutor
@@ -52,7 +53,7 @@ def decode_step(rows: int, context: int = 300):
         seq.num_computed_tokens = context - 1
         seq.block_table = list(range(i * 64, i * 64 + -(-context // BLOCK)))
         scheduled.append(ScheduledSeq(seq, 1))
-    return step_inputs(SchedulerOutput(scheduled), BLOCK)
+    return step_inputs(launch_step(SchedulerOutput(scheduled)).plan, BLOCK)
 
 
 def main() -> None:

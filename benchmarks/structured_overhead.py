@@ -18,8 +18,8 @@ import time
 
 import torch
 
+from hetero_infer.contracts.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.contracts.tokenizer import Tokenizer
-from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.worker.runner import sampler as current
 from hetero_infer.worker.runner.loader import resolve_model
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf

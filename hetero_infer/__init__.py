@@ -24,15 +24,15 @@ __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", 
 
 _LAZY = {
     "LLM": "hetero_infer.worker.frontend.llm",
-    "SamplingParams": "hetero_infer.worker.core.sampling_params",
-    "StructuredOutputsParams": "hetero_infer.worker.core.sampling_params",
+    "SamplingParams": "hetero_infer.contracts.sampling_params",
+    "StructuredOutputsParams": "hetero_infer.contracts.sampling_params",
     "RequestOutput": "hetero_infer.worker.core.outputs",
     "CompletionOutput": "hetero_infer.worker.core.outputs",
 }
 
 if TYPE_CHECKING:
+    from hetero_infer.contracts.sampling_params import SamplingParams, StructuredOutputsParams
     from hetero_infer.worker.core.outputs import CompletionOutput, RequestOutput
-    from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
     from hetero_infer.worker.frontend.llm import LLM
 
 

@@ -346,6 +346,27 @@ def test_the_contracts_import_neither_the_worker_nor_torch() -> None:
     assert engine == {}
 
 
+_RUNNER_AT_WORK = """
+from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.step import StepPlan
+from hetero_infer.worker.runner.executors import ModelFiles, executor_kind
+
+ex = executor_kind("mock").create(EngineConfig(executor="mock", mock_logits=True), ModelFiles(".", None, 64, 1000))
+plan = StepPlan([1], ["r"], [[5, 6, 7]], [0], [[0]], [True], [True], [0], {1: [5, 6, 7]})
+assert len(ex.execute_async(plan, None).result()[0]) == 1
+"""
+
+
+def test_the_runner_imports_nothing_of_the_engine_core_but_the_step_contract() -> None:
+    """worker/runner (every module, and a step run on an executor from the registry) loads no module of the engine
+    core, nor of the frontends or the server: the core hands it plain data (hetero_infer/contracts/step.py)."""
+    modules = _modules_under("hetero_infer.worker.runner")
+    assert "hetero_infer.worker.runner.executors" in modules and "hetero_infer.worker.runner.executor" in modules
+    forbidden = ("hetero_infer.worker.core", "hetero_infer.worker.frontend", "hetero_infer.worker.server")
+    violations = seam_violations(modules, _RUNNER_AT_WORK, forbidden)
+    assert violations == {}, "\n".join(f"{k}: imported at {v}" for k, v in violations.items())
+
+
 def test_the_seam_check_finds_an_import_of_the_worker() -> None:
     violations = seam_violations(["hetero_infer.contracts.options"], "import hetero_infer.worker.server.errors\n")
     assert "hetero_infer.worker.core" in violations and "hetero_infer.worker.server.errors" in violations

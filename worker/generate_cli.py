@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from hetero_infer.worker.core.sampling_params import SamplingParams
+    from hetero_infer.contracts.sampling_params import SamplingParams
     from hetero_infer.worker.frontend.llm import LLM
 
     try:

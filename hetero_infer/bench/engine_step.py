@@ -30,9 +30,9 @@ def measure(running: int, device_ms: float, steps: int) -> dict[str, float]:
     """One configuration, in this process (whatever `hetero_infer` it imports)."""
     import random
 
+    from hetero_infer import SamplingParams  # (every checkout has this name)
     from hetero_infer.contracts.engine_options import EngineConfig
     from hetero_infer.worker.core.engine import LLMEngine
-    from hetero_infer.worker.core.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(executor="mock", max_num_seqs=running, max_num_blocks=running * 40 + 64,
                                     max_num_batched_tokens=max(running * 128, 2048), max_model_len=2048,

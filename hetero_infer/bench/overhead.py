@@ -35,7 +35,7 @@ import aiohttp
 
 from hetero_infer.bench.cpu_speed import probe, slowdown
 from hetero_infer.contracts.engine_options import EngineConfig
-from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.frontend.gc_freeze import freeze_startup_objects
 
 

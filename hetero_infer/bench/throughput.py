@@ -139,9 +139,9 @@ WASTE_EVERY = 32  # decode steps between two samples of the KV waste (each walks
 
 
 def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
+    from hetero_infer.contracts.sampling_params import SamplingParams
     from hetero_infer.kernels._backend import triton_compiles
     from hetero_infer.worker.core.engine import LLMEngine
-    from hetero_infer.worker.core.sampling_params import SamplingParams
 
     engine = LLMEngine(config, offline=True)
     _warm_up(engine)
@@ -220,7 +220,7 @@ def run_ours(config: EngineConfig, prompts, outputs, peaks) -> Result:
 
 
 def _warm_up(engine) -> None:
-    from hetero_infer.worker.core.sampling_params import SamplingParams
+    from hetero_infer.contracts.sampling_params import SamplingParams
 
     engine.add_request("warmup", None, [100] * 16, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     while engine.has_unfinished_requests():
@@ -354,8 +354,8 @@ def run_hf_continuous(folder, dtype, device, prompts, outputs, load_format: str 
 # -- scheduler overhead ------------------------------------------------------------------
 def scheduler_overhead(num_seqs: int = 256, steps: int = 200) -> dict[str, float]:
     """CPU time per step with `num_seqs` running sequences on the mock executor (zero latency)."""
+    from hetero_infer.contracts.sampling_params import SamplingParams
     from hetero_infer.worker.core.engine import LLMEngine
-    from hetero_infer.worker.core.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(executor="mock", max_num_seqs=num_seqs, max_num_blocks=num_seqs * 40,
                                     max_num_batched_tokens=num_seqs * 128, max_model_len=2048))

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_model import check_refcounts
 
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.block_manager import BlockManager
-from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.scheduler import Scheduler
 from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.core.sampling_params import SamplingParams
 
 
 def mock_engine(**overrides) -> LLMEngine:

@@ -17,8 +17,8 @@ import torch
 from engine.conftest import tiny_config  # tests/ is on sys.path (tests/conftest.py)
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hetero_infer.contracts.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.worker.core.request_check import RequestError
-from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.worker.frontend.llm import LLM
 from hetero_infer.worker.runner.dummy_weights import dummy_tensor, fill_hf_model, hf_parameter_shapes
 from hetero_infer.worker.runner.loader import load_hf_config, load_model

@@ -18,9 +18,9 @@ import torch
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.core.sampling_params import SamplingParams
 
 TEXT = "ok 😀 日本語 é!"
 PROMPT = [100, 200, 300]

@@ -65,7 +65,7 @@ def test_the_overlap_changes_no_output(pool):
 
 
 def test_structured_output_and_prefix_cache_under_the_overlap():
-    from hetero_infer.worker.core.sampling_params import StructuredOutputsParams
+    from hetero_infer.contracts.sampling_params import StructuredOutputsParams
 
     choice = SamplingParams(max_tokens=10, temperature=0.0, structured_outputs=StructuredOutputsParams(choice=["yes", "no", "maybe"]))
     shared = [500 + j for j in range(20)]
@@ -119,9 +119,9 @@ def test_a_stop_costs_at_most_the_step_in_flight():
     rows: list[int] = []
     launch = engine.executor.execute_async
 
-    def counting_launch(sched, sampling):
-        rows.append(sum(1 for s in sched.scheduled if s.seq.request_id == "r"))
-        return launch(sched, sampling)
+    def counting_launch(plan, sampling):
+        rows.append(plan.request_ids.count("r"))
+        return launch(plan, sampling)
 
     engine.executor.execute_async = counting_launch
     x = 2000  # FAVOURITES[0]: greedy decoding repeats it; after it, the prompt's second token (EOS) is favoured

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.runner.mock_executor import mock_logits
 
 VOCAB = 512

@@ -3,9 +3,10 @@ decodes and two prefill chunks (one after a cached prefix), against values worke
 
 from __future__ import annotations
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.scheduler import ScheduledSeq, SchedulerOutput
 from hetero_infer.worker.core.sequence import Sequence
+from hetero_infer.worker.core.step_plan import launch_step
 from hetero_infer.worker.runner.attention.cpu_backend import CpuBackend
 from hetero_infer.worker.runner.inputs import step_inputs
 
@@ -27,7 +28,7 @@ def _step() -> SchedulerOutput:
 
 
 def test_tokens_positions_slots_and_sampled_rows() -> None:
-    step = step_inputs(_step(), BS)
+    step = step_inputs(launch_step(_step()).plan, BS)
     assert step.token_ids.tolist() == [15, 23, 34, 35, 36, 40, 41, 42]
     assert step.batch.positions.tolist() == [5, 3, 4, 5, 6, 0, 1, 2]
     assert step.batch.slot_mapping.tolist() == [2 * 4 + 1, 9 * 4 + 3, 1 * 4 + 0, 1 * 4 + 1, 1 * 4 + 2, 12, 13, 14]
@@ -38,7 +39,7 @@ def test_tokens_positions_slots_and_sampled_rows() -> None:
 
 
 def test_cpu_metadata_gives_every_row_its_sequences_table() -> None:
-    meta = CpuBackend(rope=None).prepare(step_inputs(_step(), BS).batch)
+    meta = CpuBackend(rope=None).prepare(step_inputs(launch_step(_step()).plan, BS).batch)
     assert meta.block_tables.tolist() == [[7, 2], [9, 0], [5, 1], [5, 1], [5, 1], [3, 6], [3, 6], [3, 6]]
     assert meta.context_lens.tolist() == [6, 4, 5, 6, 7, 1, 2, 3]
     assert meta.positions.tolist() == [5, 3, 4, 5, 6, 0, 1, 2]
@@ -47,6 +48,40 @@ def test_cpu_metadata_gives_every_row_its_sequences_table() -> None:
 
 def test_decode_step_tables_one_row_a_sequence() -> None:
     step = SchedulerOutput(_step().scheduled[:2])
-    meta = CpuBackend(rope=None).prepare(step_inputs(step, BS).batch)
+    meta = CpuBackend(rope=None).prepare(step_inputs(launch_step(step).plan, BS).batch)
     assert meta.block_tables.tolist() == [[7, 2], [9, 0]] and meta.block_tables.is_contiguous()
     assert str(meta.block_tables.dtype) == str(meta.context_lens.dtype) == "torch.int32"
+
+
+def test_the_step_contract_is_plain_data_copied_from_the_sequences() -> None:
+    """What the executor gets (`launch_step`): each sequence's new tokens, start, table, whether it samples, the
+    prompt of a sequence's first step, the prompt logprobs owed; copies (the core changes its sequences at once:
+    they count the step's tokens as computed), and it pickles (an executor in another process)."""
+    import pickle
+
+    from hetero_infer.contracts.step import STEP_CONTRACT_VERSION, PromptLogprobsRows, StepPlan
+
+    sched = _step()
+    a, b, c, d = (item.seq for item in sched.scheduled)
+    c.num_cached_tokens = 4  # admitted with a cached block, computing from there: its first step
+    d.prompt_logprobs_top = 2
+    sched.block_copies = [(4, 8)]
+    launch = launch_step(sched, [99])
+    plan = launch.plan
+    assert isinstance(plan, StepPlan) and plan.version == STEP_CONTRACT_VERSION
+    assert plan.seq_ids == [a.seq_id, b.seq_id, c.seq_id, d.seq_id] and plan.request_ids == ["r"] * 4
+    assert plan.token_ids == [[15], [23], [34, 35, 36], [40, 41, 42]] and plan.starts == [5, 3, 4, 0]
+    assert plan.block_tables == [[7, 2], [9], [5, 1], [3, 6]]
+    assert plan.is_prefill == [False, False, True, True] and plan.samples == [True, True, True, False]
+    assert plan.new_prompts == {c.seq_id: c.token_ids, d.seq_id: d.token_ids}
+    assert plan.prompt_logprobs == {d.seq_id: PromptLogprobsRows(0, [41, 42, 43], 2)}
+    assert plan.block_copies == [(4, 8)] and plan.finished_seq_ids == [99] and plan.num_tokens == 8
+    assert plan.sampled_seq_ids == [a.seq_id, b.seq_id, c.seq_id]
+    # the step's work counted on the sequences: what the engine hands on (rows that sample, first steps)
+    assert [s.num_computed_tokens for s in (a, b, c, d)] == [6, 4, 7, 3] and d.prompt_logprob_rows == 3
+    assert launch.rows == [a, b, c] and launch.first == [c, d]
+    a.token_ids.append(16)
+    a.block_table.append(3)
+    assert plan.token_ids[0] == [15] and plan.block_tables[0] == [7, 2]  # copies
+    assert plan.new_prompts[c.seq_id] is not c.token_ids
+    assert pickle.loads(pickle.dumps(plan)) == plan

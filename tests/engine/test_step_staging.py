@@ -25,9 +25,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.scheduler import ScheduledSeq, SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER, Sequence
+from hetero_infer.worker.core.step_plan import launch_step
 from hetero_infer.worker.runner.attention.torch_backend import TorchBackend
 from hetero_infer.worker.runner.attention.triton_backend import TritonBackend
 from hetero_infer.worker.runner.cuda_graphs import DecodeRunner
@@ -67,7 +68,7 @@ def steps(draw, decodes_only: bool = False) -> tuple[StepInputs, dict[int, int]]
             prev_rows[seq.seq_id] = rnd.randrange(PREV)
         scheduled.append(ScheduledSeq(seq, new))
     copies = [(next(blocks), next(blocks)) for _ in range(draw(st.integers(0, 3)))]
-    return step_inputs(SchedulerOutput(scheduled, copies), bs), prev_rows
+    return step_inputs(launch_step(SchedulerOutput(scheduled, copies)).plan, bs), prev_rows
 
 
 # -- what the code before the staging built (one tensor, one copy each) ------------------------------------------

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.contracts.tokenizer import Tokenizer
 from hetero_infer.worker.core.detokenizer import IncrementalDetokenizer
-from hetero_infer.worker.core.sampling_params import SamplingParams
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.sequence import PLACEHOLDER
 from hetero_infer.worker.runner import sampler as sampler_module
 from hetero_infer.worker.runner import sampling_inputs

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, takes_argmax
 
 NAN, INF = float("nan"), float("inf")

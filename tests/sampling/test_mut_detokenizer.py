@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.contracts.tokenizer import Tokenizer
 from hetero_infer.worker.core.detokenizer import IncrementalDetokenizer
-from hetero_infer.worker.core.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("stops", [[" hel", " hello"], [" hello", " hel"]])

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.runner import sampler as sampler_module
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, make_generator, process_logits
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, make_generator, process_logits
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

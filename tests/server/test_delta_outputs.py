@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.busy_loop import EngineRequest
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.outputs import RequestDelta
-from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.frontend.inproc import InprocEngineClient
 
 MOCK_PARAMS = [

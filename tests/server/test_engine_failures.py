@@ -14,10 +14,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.worker.core.busy_loop import EngineRequest
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.frontend.inproc import InprocEngineClient
 from hetero_infer.worker.server.app import create_app
 from hetero_infer.worker.server.state import ServerState

@@ -21,9 +21,9 @@ import pytest
 from server_proc import ServerProcess, http
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.request_check import EngineLimits, check_request
-from hetero_infer.worker.core.sampling_params import SamplingParams
 
 DEADLINE_S = 60.0  # generous: each condition awaited below is met within a second or two on a quiet machine
 

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetero_infer.contracts.protocol import ChatCompletionRequest, CompletionRequest
+from hetero_infer.contracts.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.worker.core.request_check import EngineLimits
-from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.worker.server.errors import APIError
 from hetero_infer.worker.server.prompts import (
     DEFAULT_COMPLETION_MAX_TOKENS,

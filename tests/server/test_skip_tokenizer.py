@@ -25,7 +25,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def reference():
-    from hetero_infer.worker.core.sampling_params import SamplingParams
+    from hetero_infer.contracts.sampling_params import SamplingParams
     from hetero_infer.worker.frontend.llm import LLM
 
     llm = LLM(str(SHAPE), load_format="dummy", skip_tokenizer_init=True, dtype="float32", max_model_len=256, seed=5)

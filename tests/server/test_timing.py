@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.busy_loop import EngineRequest
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.frontend.client import EngineClient
 from hetero_infer.worker.frontend.inproc import InprocEngineClient
 from hetero_infer.worker.frontend.process import EngineProcess, ProcessEngineClient

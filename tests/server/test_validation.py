@@ -10,10 +10,10 @@ import pytest
 from server_proc import ServerProcess, http
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.busy_loop import EngineRequest
 from hetero_infer.worker.core.engine import LLMEngine
 from hetero_infer.worker.core.request_check import EngineLimits, ParamNames, RequestError, check_request
-from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.frontend.inproc import InprocEngineClient
 from hetero_infer.worker.server.errors import from_request_error
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import xgrammar as xgr
 
-from hetero_infer.worker.core.sampling_params import StructuredOutputsParams
+from hetero_infer.contracts.sampling_params import StructuredOutputsParams
 from hetero_infer.worker.structured import CompileTimeout, ConstraintError, GrammarCache, spec_of
 
 VOCAB = ["a", "b", "ab", "🌍", "🚀", "日本", "é", "x", "\U0001d11e", '"', "\n", "\\", "<eos>"]

@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.worker.core.engine import LLMEngine
-from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 12},

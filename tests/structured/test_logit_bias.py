@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, make_generator, process_logits
 
 VOCAB = 300

@@ -14,7 +14,7 @@ import xgrammar as xgr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
+from hetero_infer.contracts.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.worker.runner.sampler import SamplingRow, process_logits
 from hetero_infer.worker.structured import GrammarCache
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.runner.sampler import SamplingRow, process_logits
 
 VOCAB = 50

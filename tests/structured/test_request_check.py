@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hetero_infer.contracts.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.worker.core.request_check import EngineLimits, RequestError, check_request
-from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
 
 LIMITS = EngineLimits("m", 512, 1000, 100, 16, (2,))
 

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.outputs import RequestDelta
 from hetero_infer.worker.core.request_check import RequestError
-from hetero_infer.worker.core.sampling_params import SamplingParams
 
 # Command kinds (frontend -> loop): (ADD, EngineRequest), (ABORT, [request ids]), (SHUTDOWN, None).
 ADD, ABORT, SHUTDOWN = 0, 1, 2

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.contracts.tokenizer import Tokenizer
 from hetero_infer.worker.core.outputs import RequestDelta, SampleDelta
-from hetero_infer.worker.core.sampling_params import SamplingParams
 
 # Prompt tokens decoded ahead of the first output token (same as vLLM).
 _PROMPT_CONTEXT = 5

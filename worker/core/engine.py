@@ -16,24 +16,26 @@ from typing import Any
 
 from hetero_infer.contracts.engine_options import EngineConfig, batch_token_budget
 from hetero_infer.contracts.kv_events import KVEventsConfig
+from hetero_infer.contracts.sampling_params import SamplingParams
+from hetero_infer.contracts.step import SamplingRow
 from hetero_infer.contracts.tokenizer import eos_token_ids, load_tokenizer
 from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
 from hetero_infer.worker.core.kv_events import KVEventPublisher
 from hetero_infer.worker.core.outputs import OutputAccumulator, RequestDelta, RequestOutput, SampleDelta
 from hetero_infer.worker.core.request_check import EngineLimits, check_request
-from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
 from hetero_infer.worker.core.stats import ITERATION_TOKENS_BUCKETS, EngineStats
+from hetero_infer.worker.core.step_plan import launch_step
+from hetero_infer.worker.runner.executors import ModelFiles, executor_kind
 from hetero_infer.worker.runner.loader import (
     load_hf_config,
     resolve_engine_model,
     served_name,
     serving_fields,
 )
-from hetero_infer.worker.runner.prompt_logprobs import mark_launched
-from hetero_infer.worker.runner.sampler import SamplingRow, make_generator, takes_argmax
+from hetero_infer.worker.runner.sampler import make_generator, takes_argmax
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ def with_batch_budget(config: EngineConfig, offline: bool = False) -> EngineConf
     """`config` with `max_num_batched_tokens` chosen for its device when it is unset (`batch_token_budget`)."""
     if config.max_num_batched_tokens is not None:
         return config
-    if config.executor == "mock":
+    if not executor_kind(config.executor).runs_model:  # the mock: no device to size it for
         budget = batch_token_budget("cpu")
     else:
         from hetero_infer.worker.runner.executor import device_description
@@ -99,20 +101,14 @@ class LLMEngine:
         folder, name = resolve_engine_model(config)
         log.info("model %s: %s (resolved in %.1f s)", name, folder, time.perf_counter() - started)
         self.model_name = served_name(config, name)
-        # the mock runs no model: config.json's own fields where they are the config class's
-        hf_config = (serving_fields(folder) if config.executor == "mock" else None) or load_hf_config(folder)
+        kind = executor_kind(config.executor)
+        # an executor that runs no model (the mock): config.json's own fields where they are the config class's
+        hf_config = (None if kind.runs_model else serving_fields(folder)) or load_hf_config(folder)
         self.max_model_len = _max_model_len(config, hf_config)
         self.tokenizer = load_tokenizer(folder, config.skip_tokenizer_init)  # None: token ids in and out
         log.info("config and tokenizer loaded (%.1f s so far)", time.perf_counter() - started)
-        if config.executor == "mock":
-            from hetero_infer.worker.runner.mock_executor import MockExecutor
-
-            vocab_size = self.tokenizer.vocab_size if self.tokenizer is not None else hf_config.vocab_size
-            self.executor = MockExecutor(config, vocab_size=vocab_size)
-        else:
-            from hetero_infer.worker.runner.executor import TorchExecutor
-
-            self.executor = TorchExecutor(config, hf_config, folder, self.max_model_len)
+        self.executor = kind.create(config, ModelFiles(
+            folder, hf_config, self.max_model_len, self.tokenizer.vocab_size if self.tokenizer is not None else None))
         self.vocab_size = self.executor.vocab_size
         log.info("engine ready in %.1f s: executor %s, %d KV blocks of %d tokens", time.perf_counter() - started,
                  config.executor, self.executor.num_blocks, config.block_size)
@@ -130,6 +126,7 @@ class LLMEngine:
         # the overlap: step N+1 is launched before step N's tokens reach the host (`_step`)
         self._overlap = config.async_scheduling and self.executor.overlaps
         self._inflight: _Inflight | None = None
+        self._finished_seq_ids: list[int] = []  # ended since the last launch: the next step tells the executor
         self._text = DeltaDetokenizer(self.tokenizer)  # `step()`'s output text
         # structured outputs: built on the first constrained request (EOS only where the grammar is complete)
         self.grammars = GrammarCache(
@@ -201,7 +198,12 @@ class LLMEngine:
         for seq in request.seqs:
             seq.grammar = None
             if not seq.is_finished:
-                self.scheduler.finish(seq, "abort")
+                self._end(seq, "abort")
+
+    def _end(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        """Finish a sequence (its blocks freed at once); the executor hears of it with the next step."""
+        self.scheduler.finish(seq, reason, stop_reason)
+        self._finished_seq_ids.append(seq.seq_id)
 
     # -- the step -----------------------------------------------------------------------
     def step_deltas(self) -> list[RequestDelta]:
@@ -282,29 +284,23 @@ class LLMEngine:
         return touched
 
     def _launch(self, sched: SchedulerOutput) -> _Inflight:
-        """Hand the step to the executor, then count its work as done (computed tokens, a PLACEHOLDER per
-        sampled token) so that the next step can be scheduled before this one ends."""
-        now = time.monotonic()
-        requests = self.requests
-        rows: list[Sequence] = []  # the sequences that get a token, in the order of the logits rows
-        for item in sched.scheduled:
-            seq = item.seq
-            if seq.num_computed_tokens == seq.num_cached_tokens:  # its first step since admission
+        """Hand the step to the executor as the step contract, its work counted as done on the sequences (computed
+        tokens, a PLACEHOLDER per sampled token) so that the next step can be scheduled before this one ends."""
+        launch = launch_step(sched, self._finished_seq_ids)
+        if launch.first:
+            now = time.monotonic()
+            requests = self.requests
+            for seq in launch.first:
                 request = requests[seq.request_id]
                 if request.first_scheduled_time is None:
                     request.first_scheduled_time = now
-            if seq.num_computed_tokens + item.num_new_tokens == len(seq.token_ids):  # item.samples
-                rows.append(seq)
+        rows = launch.rows
         sampling = None
         needs_host_tokens = False
         if not self.executor.samples_itself:
             sampling, needs_host_tokens = self._sampling_rows(rows)
-        handle = self.executor.execute_async(sched, sampling)
-        for item in sched.scheduled:
-            seq = item.seq
-            seq.num_computed_tokens += item.num_new_tokens
-            if seq.prompt_logprobs_top is not None:  # the step computes the rows of its positions still owed
-                mark_launched(seq)
+        handle = self.executor.execute_async(launch.plan, sampling)
+        self._finished_seq_ids = []  # (the plan holds the old list: told once, unless the launch failed)
         positions = []
         add_position = positions.append
         for seq in rows:
@@ -389,21 +385,21 @@ class LLMEngine:
         params = seq.params
         if seq.grammar is not None and not seq.grammar.accept(token_id):
             log.warning("request %s: token %d is outside its grammar; finishing it", seq.request_id, token_id)
-            return self.scheduler.finish(seq, "abort")
+            return self._end(seq, "abort")
         if num_output >= params.min_tokens:
             eos = not params.ignore_eos and token_id in self._eos
             if eos or token_id in params.stop_token_ids:
                 # as vLLM: the stop token stays in token_ids, its text only with include_stop_str_in_output
-                return self.scheduler.finish(seq, "stop", None if eos else token_id)
+                return self._end(seq, "stop", None if eos else token_id)
         checker = seq.stop_checker
         if checker is not None:
             stop_str = checker.add_token(token_id)
             if stop_str is not None and num_output >= params.min_tokens:
-                return self.scheduler.finish(seq, "stop", stop_str)
+                return self._end(seq, "stop", stop_str)
         if seq.grammar is not None and seq.grammar.is_terminated:
-            return self.scheduler.finish(seq, "stop")  # the grammar's EOS under ignore_eos: nothing may follow
+            return self._end(seq, "stop")  # the grammar's EOS under ignore_eos: nothing may follow
         if num_output >= seq.max_tokens or index + 1 >= self.max_model_len:
-            self.scheduler.finish(seq, "length")
+            self._end(seq, "length")
 
     def _fail_step(self, scheduled: list, message: str) -> list[Request]:
         failed: dict[str, Request] = {}
@@ -416,7 +412,7 @@ class LLMEngine:
             for seq in request.seqs:
                 if not seq.is_finished:
                     seq.grammar = None
-                    self.scheduler.finish(seq, "error")
+                    self._end(seq, "error")
         return list(failed.values())
 
     def _delta(self, request: Request, step_end: float) -> RequestDelta:

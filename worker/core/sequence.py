@@ -7,13 +7,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.contracts.sampling_params import SamplingParams
+from hetero_infer.contracts.step import PLACEHOLDER  # noqa: F401  (the engine writes the real token when it comes)
 
 _seq_counter = itertools.count()
-
-# A token sampled by a step still running on the device: the step that computes its K/V takes the real token
-# from the device's output (the executor patches it in); the engine writes it here when the step's result comes.
-PLACEHOLDER = -1
 
 
 class SequenceStatus(enum.Enum):

@@ -19,11 +19,11 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.log_config import configure_default_logging
 from hetero_infer.worker.core.busy_loop import EngineRequest
 from hetero_infer.worker.core.outputs import RequestOutput
 from hetero_infer.worker.core.request_check import EngineLimits, check_request
-from hetero_infer.worker.core.sampling_params import SamplingParams
 
 # "0" runs `LLM`'s engine in the caller's process, "1" in its own; unset (or "auto"): its own where at least two
 # CPUs are usable, as the server decides (ServerOptions.use_engine_process)

@@ -8,11 +8,11 @@ import time
 import torch
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.step import SamplingRow, StepPlan
 from hetero_infer.kernels.cpu import decode_step as cpu_decode_step
 from hetero_infer.kernels.cpu import linear as cpu_linear
 from hetero_infer.kernels.cpu import native as cpu_native
 from hetero_infer.kernels.cpu import threads as cpu_threads
-from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.quant.quantize import quantize_model, weight_bytes
 from hetero_infer.worker.runner import prompt_logprobs
 from hetero_infer.worker.runner.attention import StepBatch, select_backend
@@ -23,7 +23,7 @@ from hetero_infer.worker.runner.inputs import StepInputs, placeholder_rows, step
 from hetero_infer.worker.runner.loader import load_model
 from hetero_infer.worker.runner.models.rotary import head_dim_of
 from hetero_infer.worker.runner.prompt_logprobs import PromptLogprobsCopy
-from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, pending_tokens, sample_logits
+from hetero_infer.worker.runner.sampler import Sampler, pending_tokens, sample_logits
 from hetero_infer.worker.runner.staging import StagingArea
 from hetero_infer.worker.runner.step_handle import DeviceStep, DoneStep
 
@@ -224,16 +224,16 @@ class TorchExecutor:
 
     # -- one step -----------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> tuple[torch.Tensor, PromptLogprobsCopy | None]:
+    def execute(self, plan: StepPlan) -> tuple[torch.Tensor, PromptLogprobsCopy | None]:
         """Run the model on the scheduled tokens; return the logits of the sequences that sample, in the model's
         dtype (the sampler takes float32 copies where it computes with them: a greedy bfloat16 step's argmax
         reads the bfloat16 logits, and no float32 copy of [rows, vocab] is written), and the prompt logprobs the
         step owes (runner/prompt_logprobs.py; on their way to the host, the step not waited for), else None."""
         if self.thread_governor is not None:
             self.thread_governor.tick()  # fewer threads while other processes hold our cores
-        if sched.block_moves:  # before anything reads or writes those blocks (block_copies included)
-            self.host_kv.move(self.kv_cache, sched.block_moves.saves, sched.block_moves.restores)
-        step = step_inputs(sched, self.block_size)
+        if plan.blocks_to_offload or plan.blocks_to_load:  # before anything reads or writes those blocks
+            self.host_kv.move(self.kv_cache, plan.blocks_to_offload, plan.blocks_to_load)
+        step = step_inputs(plan, self.block_size)
         runner = self.decode_runner
         # every row a decode, and every row samples (a prompt row is a prefill's)
         if runner is not None and not step.prompt_rows and runner.accepts_step(step):
@@ -277,15 +277,15 @@ class TorchExecutor:
         self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
     @torch.inference_mode()
-    def execute_async(self, sched: SchedulerOutput, sampling: list[SamplingRow] | None) -> DoneStep | DeviceStep:
+    def execute_async(self, plan: StepPlan, sampling: list[SamplingRow] | None) -> DoneStep | DeviceStep:
         """Run (CUDA: launch) the step and sample its rows (`sampling`: see `sample_logits`). With `overlaps`
         the sampled tokens stay where the logits are, for the next step's PLACEHOLDER inputs (and the penalties'
         counts of the step after: `pending_tokens`), and reach the host with their logprobs in one copy."""
-        logits, prompt = self.execute(sched)
+        logits, prompt = self.execute(plan)
         if not self.overlaps:  # every token on the host before the next step: nothing pending
             return DoneStep(*sample_logits(self.sampler, logits, sampling, staging=self.sample_staging).on_host(),
                             prompt)
-        seq_ids = [item.seq.seq_id for item in sched.scheduled if item.samples]
+        seq_ids = plan.sampled_seq_ids
         pending = None
         if sampling is not None:
             pending = pending_tokens(sampling, seq_ids, self._prev_tokens, self._prev_rows)

@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetero_infer.worker.core.scheduler import SchedulerOutput
-from hetero_infer.worker.core.sequence import PLACEHOLDER
+from hetero_infer.contracts.step import PLACEHOLDER, StepPlan
 from hetero_infer.worker.runner.attention import SeqSpan, StepBatch
-from hetero_infer.worker.runner.prompt_logprobs import PromptRows, rows_of
+from hetero_infer.worker.runner.prompt_logprobs import PromptRows
 
 
 @dataclass
@@ -25,7 +24,7 @@ class StepInputs:
     prompt_rows: list[PromptRows] = field(default_factory=list)  # rows whose logits give prompt logprobs
 
 
-def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
+def step_inputs(plan: StepPlan, block_size: int) -> StepInputs:
     """Plain Python lists, one numpy array each at the end: after a decode step's weights have streamed through
     the caches every distinct numpy or torch call runs cold (~10-100 us), and a decode step has one row a
     sequence."""
@@ -37,26 +36,27 @@ def step_inputs(sched: SchedulerOutput, block_size: int) -> StepInputs:
     logits_index: list[int] = []
     placeholders: list[tuple[int, int]] = []
     prompt_rows: list[PromptRows] = []
+    owed = plan.prompt_logprobs
     row = 0
-    for item in sched.scheduled:
-        seq = item.seq
-        start, n = seq.num_computed_tokens, item.num_new_tokens
-        table = seq.block_table
+    for seq_id, ids, start, table, prefill, samples in zip(plan.seq_ids, plan.token_ids, plan.starts,
+                                                           plan.block_tables, plan.is_prefill, plan.samples):
+        n = len(ids)
         positions = range(start, start + n)
-        tokens.extend(seq.token_ids[start : start + n])
+        tokens += ids
         pos.extend(positions)
         slots.extend([table[p // bs] * bs + p % bs for p in positions])
-        spans.append(SeqSpan(table, start, n, seq.is_prefill))
-        if seq.prompt_logprobs_top is not None and (rows := rows_of(seq, start, n, row)) is not None:
-            prompt_rows.append(rows)
+        spans.append(SeqSpan(table, start, n, prefill))
+        if owed and (rows := owed.get(seq_id)) is not None:
+            prompt_rows.append(PromptRows(plan.request_ids[len(spans) - 1], row + rows.position - start, rows.position,
+                                          rows.targets, rows.k))
         row += n
-        if tokens[-1] == PLACEHOLDER:  # only ever a sequence's newest token
-            placeholders.append((row - 1, seq.seq_id))
-        if item.samples:
+        if ids[-1] == PLACEHOLDER:  # only ever a sequence's newest token
+            placeholders.append((row - 1, seq_id))
+        if samples:
             logits_index.append(row - 1)
     batch = StepBatch(spans, np.array(pos, dtype=np.int64), np.array(slots, dtype=np.int64), bs)
     return StepInputs(np.array(tokens, dtype=np.int64), batch, np.array(logits_index, dtype=np.int64), placeholders,
-                      sched.block_copies, prompt_rows)
+                      plan.block_copies, prompt_rows)
 
 
 def placeholder_rows(step: StepInputs, prev_tokens, prev_rows: dict[int, int]) -> tuple[list[int], list[int]]:

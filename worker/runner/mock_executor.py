@@ -17,11 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from hetero_infer.contracts.engine_options import EngineConfig
-from hetero_infer.worker.core.scheduler import SchedulerOutput
-from hetero_infer.worker.core.sequence import PLACEHOLDER
+from hetero_infer.contracts.step import PLACEHOLDER, SamplingRow, StepPlan
 from hetero_infer.worker.runner.host_kv import host_tier_blocks
-from hetero_infer.worker.runner.prompt_logprobs import PromptLogprobsCopy, PromptRows, rows_of, step_entries
-from hetero_infer.worker.runner.sampler import Sampler, SamplingRow, pending_tokens, sample_logits
+from hetero_infer.worker.runner.prompt_logprobs import PromptLogprobsCopy, PromptRows, step_entries
+from hetero_infer.worker.runner.sampler import Sampler, pending_tokens, sample_logits
 from hetero_infer.worker.runner.step_handle import CarriesPromptLogprobs
 
 MOCK_DEFAULT_NUM_BLOCKS = 4096
@@ -84,24 +83,25 @@ class MockExecutor:
         self.sampler = Sampler(all_logprobs=False)
         self._device_free_at = 0.0  # when the device finishes the steps handed to it so far
         self._last_tokens: dict[int, int] = {}  # seq_id -> the token the previous step sampled for it
+        self._prompts: dict[int, list[int]] = {}  # seq_id -> its prompt (`mock_logits`), from its first step
 
-    def step_prompt_logprobs(self, sched: SchedulerOutput) -> PromptLogprobsCopy | None:
-        """The prompt logprobs a step owes, under `mock_logits` (position i's logits follow tokens 0..i)."""
-        rows, prompts = [], {}
-        for item in sched.scheduled:
-            seq = item.seq
-            if seq.prompt_logprobs_top is not None:
-                r = rows_of(seq, seq.num_computed_tokens, item.num_new_tokens, 0)
-                if r is not None:
-                    rows.append(r)
-                    prompts[r.request_id] = seq.token_ids[: seq.num_prompt_tokens]
-        if not rows:
+    def step_prompt_logprobs(self, plan: StepPlan) -> PromptLogprobsCopy | None:
+        """The prompt logprobs a step owes, under `mock_logits` (position i's logits follow tokens 0..i: the
+        prompt's first two tokens and token i, which the step computes)."""
+        if not plan.prompt_logprobs:
             return None
+        rows, by_request = [], {}
+        for i, seq_id in enumerate(plan.seq_ids):
+            owed = plan.prompt_logprobs.get(seq_id)
+            if owed is not None:
+                rows.append(PromptRows(plan.request_ids[i], 0, owed.position, owed.targets, owed.k))
+                by_request[plan.request_ids[i]] = i
         vocab = self.vocab_size
 
         def logits_of(r: PromptRows, i: int, end: int) -> torch.Tensor:
-            prompt = prompts[r.request_id]
-            return torch.stack([mock_logits(prompt, prompt[: p + 1], vocab)
+            k = by_request[r.request_id]
+            prompt, start, ids = self._prompts[plan.seq_ids[k]], plan.starts[k], plan.token_ids[k]
+            return torch.stack([mock_logits(prompt, (ids[p - start],), vocab)
                                 for p in range(r.position + i, r.position + end)])
 
         return step_entries(rows, logits_of)
@@ -114,50 +114,57 @@ class MockExecutor:
         h = (last * 1103515245 + length * 12345 + sample_index * 2654435761) % span
         return _FIRST_ORDINARY_TOKEN + h
 
-    def _last_token(self, seq) -> int:
-        token = seq.token_ids[-1]
-        return self._last_tokens[seq.seq_id] if token == PLACEHOLDER else token
+    def _last_tokens_of(self, plan: StepPlan) -> list[int]:
+        """Each sampling sequence's newest token (one the previous step sampled, where it is a PLACEHOLDER)."""
+        prev = self._last_tokens
+        return [prev[seq_id] if ids[-1] == PLACEHOLDER else ids[-1]
+                for seq_id, ids, samples in zip(plan.seq_ids, plan.token_ids, plan.samples) if samples]
 
-    def step_seconds(self, sched: SchedulerOutput) -> float:
+    def step_seconds(self, plan: StepPlan) -> float:
         """The cost model: a fixed step time, plus time per token computed, per sequence run and per block moved
         to or from the host tier."""
-        tokens = sum(s.num_new_tokens for s in sched.scheduled)
-        moves = sched.block_moves
-        moved = len(moves.saves) + len(moves.restores) if moves else 0
-        return (self.step_latency_s + self.token_latency_s * tokens + self.seq_latency_s * len(sched.scheduled)
+        moved = len(plan.blocks_to_offload) + len(plan.blocks_to_load)
+        return (self.step_latency_s + self.token_latency_s * plan.num_tokens + self.seq_latency_s * plan.num_seqs
                 + self.block_copy_s * moved)
 
-    def execute(self, sched: SchedulerOutput) -> torch.Tensor | None:
+    def execute(self, plan: StepPlan) -> torch.Tensor | None:
         """Stand in for the forward pass: with `mock_logits`, a logits row per sequence that samples in this
         step; otherwise nothing (`execute_async` then picks each sampled row's token with `next_token`)."""
+        prompts = self._prompts
+        for seq_id in plan.finished_seq_ids:
+            prompts.pop(seq_id, None)
+        prompts.update(plan.new_prompts)
         if self.samples_itself:
             return None
-        rows = [mock_logits(s.seq.token_ids[: s.seq.num_prompt_tokens], (self._last_token(s.seq),),
-                            self.vocab_size) for s in sched.scheduled if s.samples]
+        rows = [mock_logits(prompts[seq_id], (last,), self.vocab_size)
+                for seq_id, last in zip(plan.sampled_seq_ids, self._last_tokens_of(plan))]
         return torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
 
-    def execute_async(self, sched: SchedulerOutput, sampling: list[SamplingRow] | None) -> _MockStep:
+    def execute_async(self, plan: StepPlan, sampling: list[SamplingRow] | None) -> _MockStep:
         """Launch a step on the modelled device: its tokens are decided now (the device's work), its latency
         starts when the device is free."""
-        logits = self.execute(sched)
-        seqs = [s.seq for s in sched.scheduled if s.samples]
+        logits = self.execute(plan)
+        seq_ids = plan.sampled_seq_ids
         sampled = None
         if logits is None:
-            next_token, last_token = self._next_token, self._last_token
-            tokens = [next_token(last_token(seq), len(seq.token_ids), seq.sample_index) for seq in seqs]
+            next_token, prev, tokens = self._next_token, self._last_tokens, []
+            for seq_id, ids, start, index, samples in zip(plan.seq_ids, plan.token_ids, plan.starts,
+                                                          plan.sample_indexes, plan.samples):
+                if samples:
+                    last = ids[-1]
+                    tokens.append(next_token(prev[seq_id] if last == PLACEHOLDER else last, start + len(ids), index))
         else:
             pending = None
             if sampling is not None:  # tokens of the step in flight, which penalties count
                 last = self._last_tokens
-                pending = pending_tokens(sampling, [seq.seq_id for seq in seqs],
-                                         torch.tensor(list(last.values()), dtype=torch.long),
+                pending = pending_tokens(sampling, seq_ids, torch.tensor(list(last.values()), dtype=torch.long),
                                          {seq_id: i for i, seq_id in enumerate(last)})
             tokens, sampled = sample_logits(self.sampler, logits, sampling, pending).on_host()
-        self._last_tokens = {seq.seq_id: t for seq, t in zip(seqs, tokens)}
-        seconds = self.step_seconds(sched)
+        self._last_tokens = dict(zip(seq_ids, tokens))
+        seconds = self.step_seconds(plan)
         start = max(time.monotonic(), self._device_free_at) if seconds else 0.0
         self._device_free_at = start + seconds
-        return _MockStep(self._device_free_at, tokens, sampled, self.step_prompt_logprobs(sched))
+        return _MockStep(self._device_free_at, tokens, sampled, self.step_prompt_logprobs(plan))
 
 
 @dataclass(slots=True)

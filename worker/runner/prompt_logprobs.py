@@ -4,8 +4,9 @@ tokens are at least as likely, itself included), with the `k` most likely tokens
 
 What evaluation harnesses score with (lm-evaluation-harness's loglikelihood tasks send `echo=True, logprobs=1`).
 They come from the request's own prefill steps, as vLLM computes them: a step that computes prompt positions
-whose logprobs are still owed (`Sequence.prompt_logprobs_top`) also takes the logits of those rows, `LOGITS_ROWS`
-at a time so that [rows, vocabulary] logits do not grow with the step, and hands the entries back with its tokens.
+whose logprobs are still owed (the step contract's `PromptLogprobsRows`, which the engine core sets from
+`Sequence.prompt_logprobs_top`: worker/core/step_plan.py) also takes the logits of those rows, `LOGITS_ROWS` at a
+time so that [rows, vocabulary] logits do not grow with the step, and hands the entries back with its tokens.
 Such a sequence computes its whole prompt (no prefix-cache hits: a cached block has no logits), once: a prefill
 recomputed after a preemption skips the rows it has already handed back.
 """
@@ -35,27 +36,6 @@ class PromptRows:
     position: int
     targets: list[int]
     k: int
-
-
-def rows_of(seq, start: int, num_new: int, row: int) -> PromptRows | None:
-    """The prompt rows a step owes `seq` when it computes positions start..start+num_new-1 from step row `row`:
-    those not handed back yet, up to the prompt's last but one (the last one's logits sample the first token)."""
-    lo = max(start, seq.prompt_logprob_rows)
-    hi = min(start + num_new, seq.num_prompt_tokens - 1)
-    if hi <= lo:
-        return None
-    return PromptRows(seq.request_id, row + lo - start, lo, seq.token_ids[lo + 1 : hi + 1], seq.prompt_logprobs_top)
-
-
-def mark_launched(seq) -> None:
-    """After a step computed `seq`'s tokens up to `num_computed_tokens`: the prompt rows it owes are launched up to
-    there (`rows_of` skips them from now on, preempted or not), and none are owed once the prompt's last but one is."""
-    last = seq.num_prompt_tokens - 1
-    done = min(seq.num_computed_tokens, last)
-    if done > seq.prompt_logprob_rows:
-        seq.prompt_logprob_rows = done
-    if done == last:
-        seq.prompt_logprobs_top = None
 
 
 def packed_rows(logits: torch.Tensor, targets: Sequence[int], k: int) -> torch.Tensor:

@@ -16,13 +16,13 @@ the device work that reads them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
-from hetero_infer.worker.core.sequence import PLACEHOLDER
+from hetero_infer.contracts.sampling_params import SamplingParams
+from hetero_infer.contracts.step import PLACEHOLDER, SamplingRow
 from hetero_infer.worker.runner.sampling_inputs import (
     FilteredInputs,
     PassInputs,
@@ -42,19 +42,6 @@ from hetero_infer.worker.structured.mask import apply_grammar_masks
 from hetero_infer.worker.structured.matcher import GrammarState
 
 _MASK64 = (1 << 64) - 1
-
-
-@dataclass
-class SamplingRow:
-    params: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    # Set when the request has a seed (see make_generator); None -> global RNG.
-    generator: torch.Generator | None = None
-    # Masked while len(output_token_ids) < params.min_tokens (unless ignore_eos).
-    eos_token_ids: list[int] = field(default_factory=list)
-    # The sequence's structured-output state: only tokens its grammar allows are sampled.
-    grammar: GrammarState | None = None
 
 
 @dataclass

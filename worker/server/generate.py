@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.busy_loop import EngineRequest
 from hetero_infer.worker.core.outputs import OutputAccumulator
-from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.frontend.stream import OutputStream
 from hetero_infer.worker.server.errors import STREAM_ERRORS, APIError, as_api_error
 from hetero_infer.worker.server.formatting import Formatter, dumps

@@ -17,8 +17,8 @@ from hetero_infer.contracts.protocol import (
     CompletionRequest,
     describe_validation_error,
 )
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.request_check import ParamNames, RequestError, check_request
-from hetero_infer.worker.core.sampling_params import SamplingParams
 from hetero_infer.worker.server.errors import bad_request, from_request_error
 from hetero_infer.worker.server.structured import structured_outputs
 

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from hetero_infer.contracts.protocol import ChatCompletionRequest, CompletionRequest, StructuredOutputs
-from hetero_infer.worker.core.sampling_params import SamplingParams, StructuredOutputsParams
+from hetero_infer.contracts.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.worker.frontend.client import EngineDeadError
 from hetero_infer.worker.server.errors import APIError, as_api_error, bad_request
 from hetero_infer.worker.server.tools.constraint import tool_constraint

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from hetero_infer.worker.core.sampling_params import SamplingParams
+from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.structured.spec import ConstraintError, build_grammar, spec_of
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a bias value

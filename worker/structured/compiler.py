@@ -24,7 +24,7 @@ from hetero_infer.worker.structured.spec import ConstraintError, GrammarSpec, bu
 if TYPE_CHECKING:
     import xgrammar
 
-    from hetero_infer.worker.core.sampling_params import StructuredOutputsParams
+    from hetero_infer.contracts.sampling_params import StructuredOutputsParams
 
 # Grammars compiled at once: each compile takes one core (xgrammar max_threads=1). A client that sends slow
 # schemas can keep these busy (other new schemas then wait, and time out); cached grammars and unconstrained

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from hetero_infer.worker.core.sampling_params import StructuredOutputsParams
+from hetero_infer.contracts.sampling_params import StructuredOutputsParams
 
 if TYPE_CHECKING:
     import xgrammar

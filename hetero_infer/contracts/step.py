@@ -1,0 +1,100 @@
+"""The step contract between the engine core and an executor (vLLM V1's `SchedulerOutput`, in plain data): what one
+scheduled step computes, built by the engine from its scheduler's output (worker/core/step_plan.py) and handed to
+`Executor.execute_async` (worker/runner/executors.py) with the sampling metadata of the rows that sample.
+
+The runner imports nothing of the engine core but this module (tests/test_imports.py checks it): no `Sequence`,
+no scheduler, no block manager. Everything here is a fresh value built for the step (lists copied, nothing the
+core changes afterwards), so a step can cross a process boundary as it is; two fields are the exception, named
+in `SamplingRow`. Dependency-free, like the other contracts.
+
+`STEP_CONTRACT_VERSION` changes whenever a field changes meaning or is removed (adding a field with a default is
+compatible): an executor in another process checks it against its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetero_infer.contracts.sampling_params import SamplingParams
+
+STEP_CONTRACT_VERSION = 1
+
+# A token sampled by a step still running on the device: the step that computes its K/V takes the real token from
+# the device's output (the executor keeps the previous step's sampled tokens, by `seq_id`).
+PLACEHOLDER = -1
+
+
+@dataclass(slots=True)
+class PromptLogprobsRows:
+    """Prompt positions of a sequence whose logits this step turns into prompt logprobs: from prompt position
+    `position` (one of the step's positions), `len(targets)` of them; position p's logits give the logprob of
+    `targets[p - position]` (the prompt's token p + 1), with the `k` most likely tokens."""
+
+    position: int
+    targets: list[int]
+    k: int
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One step, one entry per sequence in each list (decodes first, then prefill chunks; the step's logits rows
+    are those of its sequences that sample, in this order): sequence i computes K/V for `token_ids[i]` at
+    positions `starts[i]`, `starts[i] + 1`, ... into the KV slots of `block_tables[i]` (block ids of the paged
+    pool, in order), and samples a token after the last one where `samples[i]`. Columns rather than an object per
+    sequence: a decode step has hundreds of sequences, and this is built on the engine's hot path.
+
+    Sparse, by sequence id: the whole prompt of a sequence in its first step after each admission
+    (`new_prompts`: for an executor that keeps per-sequence state, such as the mock's scripted logits; dropped at
+    `finished_seq_ids`), the prompt logprobs a step owes, and the LoRA adapter a sequence runs with (absent: the
+    base model). Then the copies to make before the step's forward: blocks written out to the host tier first
+    (`blocks_to_offload`: (device block, host slot)), then blocks brought back from it (`blocks_to_load`: (host
+    slot, device block)), then copy-on-write copies of shared blocks (`block_copies`: (source, destination));
+    and the sequences that ended since the previous step."""
+
+    seq_ids: list[int] = field(default_factory=list)  # the executor's key for a sequence (n > 1: n sequences)
+    request_ids: list[str] = field(default_factory=list)
+    token_ids: list[list[int]] = field(default_factory=list)  # the last may be PLACEHOLDER (a sequence's newest)
+    starts: list[int] = field(default_factory=list)  # tokens of the sequence whose K/V are already in the cache
+    block_tables: list[list[int]] = field(default_factory=list)
+    is_prefill: list[bool] = field(default_factory=list)  # more than the newest token lacked K/V before the step
+    samples: list[bool] = field(default_factory=list)
+    sample_indexes: list[int] = field(default_factory=list)  # which sample of its request (the mock's tokens)
+    new_prompts: dict[int, list[int]] = field(default_factory=dict)
+    prompt_logprobs: dict[int, PromptLogprobsRows] = field(default_factory=dict)
+    adapter_ids: dict[int, str] = field(default_factory=dict)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_load: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_offload: list[tuple[int, int]] = field(default_factory=list)
+    finished_seq_ids: list[int] = field(default_factory=list)
+    version: int = STEP_CONTRACT_VERSION
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(map(len, self.token_ids))
+
+    @property
+    def sampled_seq_ids(self) -> list[int]:
+        """The sequences that sample, in the order of the step's logits rows."""
+        return [seq_id for seq_id, samples in zip(self.seq_ids, self.samples) if samples]
+
+
+@dataclass
+class SamplingRow:
+    """The sampling metadata of one row that samples (one per `ScheduledSequence` with `samples`, in order; the
+    engine passes None for a step whose every row takes its argmax). `generator` (a torch.Generator for a seeded
+    request, None: the global generator) and `grammar` (a structured-output matcher that the engine advances)
+    are live objects: they hold for an executor in the engine's process; one in another process would get the
+    seed and the grammar's token mask instead."""
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # the newest may be PLACEHOLDER: penalties count it on the device
+    generator: Any = None
+    # masked while len(output_token_ids) < params.min_tokens (unless ignore_eos)
+    eos_token_ids: list[int] = field(default_factory=list)
+    grammar: Any = None

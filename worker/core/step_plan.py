@@ -1,0 +1,96 @@
+"""A scheduled step launched: the step contract an executor gets (hetero_infer/contracts/step.py: plain data copied
+from the core's `Sequence`s, so that no executor sees or keeps them), and the step's work counted as done on the
+sequences (computed tokens; prompt logprobs no longer owed), so that the next step can be scheduled before this
+one ends. One pass over the step's sequences does both: it is the engine's hot path (a decode step has one entry
+per running sequence).
+
+Also the core's side of prompt logprobs: which prompt positions a step still owes a sequence (`owed_prompt_rows`)
+and, once the step is launched, that they are owed no more (`mark_launched`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hetero_infer.contracts.step import PromptLogprobsRows, StepPlan
+from hetero_infer.worker.core.scheduler import SchedulerOutput
+from hetero_infer.worker.core.sequence import Sequence
+
+
+@dataclass(slots=True)
+class Launch:
+    plan: StepPlan
+    rows: list[Sequence]  # the sequences that sample, in the order of the step's logits rows
+    first: list[Sequence]  # the sequences in their first step since (re)admission
+
+
+def launch_step(sched: SchedulerOutput, finished_seq_ids: list[int] | None = None) -> Launch:
+    """The step's contract (`finished_seq_ids`: the sequences that ended since the previous step), then each
+    sequence's `num_computed_tokens` moved past the step's tokens."""
+    seq_ids: list[int] = []
+    request_ids: list[str] = []
+    token_ids: list[list[int]] = []
+    starts: list[int] = []
+    tables: list[list[int]] = []
+    prefill: list[bool] = []
+    samples: list[bool] = []
+    indexes: list[int] = []
+    new_prompts: dict[int, list[int]] = {}
+    owed_rows: dict[int, PromptLogprobsRows] = {}
+    add_id, add_request, add_tokens, add_start = seq_ids.append, request_ids.append, token_ids.append, starts.append
+    add_table, add_prefill, add_samples, add_index = tables.append, prefill.append, samples.append, indexes.append
+    rows: list[Sequence] = []
+    first: list[Sequence] = []
+    for item in sched.scheduled:
+        seq = item.seq
+        start = seq.num_computed_tokens
+        end = start + item.num_new_tokens
+        tokens = seq.token_ids
+        length = len(tokens)
+        add_id(seq.seq_id)
+        add_request(seq.request_id)
+        add_tokens(tokens[start:end])
+        add_start(start)
+        add_table(seq.block_table[:])
+        add_prefill(length - start > 1)
+        add_samples(end == length)
+        add_index(seq.sample_index)
+        if end == length:
+            rows.append(seq)
+        if start == seq.num_cached_tokens:
+            first.append(seq)
+            new_prompts[seq.seq_id] = tokens[: seq.num_prompt_tokens]
+        seq.num_computed_tokens = end
+        if seq.prompt_logprobs_top is not None:
+            owed = owed_prompt_rows(seq, start, end - start)
+            if owed is not None:
+                owed_rows[seq.seq_id] = owed
+            mark_launched(seq)
+    moves = sched.block_moves
+    plan = StepPlan(seq_ids, request_ids, token_ids, starts, tables, prefill, samples, indexes, new_prompts, owed_rows,
+                    block_copies=list(sched.block_copies), finished_seq_ids=finished_seq_ids or [])
+    if moves:
+        plan.blocks_to_offload, plan.blocks_to_load = list(moves.saves), list(moves.restores)
+    return Launch(plan, rows, first)
+
+
+def owed_prompt_rows(seq: Sequence, start: int, num_new: int) -> PromptLogprobsRows | None:
+    """The prompt logprobs a step owes `seq` when it computes positions start..start+num_new-1: those not handed
+    back yet, up to the prompt's last but one (the last one's logits sample the first token)."""
+    lo = max(start, seq.prompt_logprob_rows)
+    hi = min(start + num_new, seq.num_prompt_tokens - 1)
+    if hi <= lo:
+        return None
+    return PromptLogprobsRows(lo, seq.token_ids[lo + 1 : hi + 1], seq.prompt_logprobs_top)
+
+
+def mark_launched(seq: Sequence) -> None:
+    """After a step computed `seq`'s tokens up to `num_computed_tokens`: the prompt rows it owes are launched up to
+    there (`owed_prompt_rows` skips them from now on, preempted or not), and none are owed once the prompt's last
+    but one is."""
+    last = seq.num_prompt_tokens - 1
+    done = min(seq.num_computed_tokens, last)
+    if done > seq.prompt_logprob_rows:
+        seq.prompt_logprob_rows = done
+    if done == last:
+        seq.prompt_logprobs_top = None
