@@ -636,6 +636,29 @@ SCHEMA: Obj = Obj(
                                 "secretKeyRef": SECRET_KEY_REF,
                             },
                         ),
+                        "flowControl": Obj(
+                            description="The router's flow control (--flow-control): it runs no more at once on a worker than its max_num_seqs and queues the rest itself, per request priority (the request's priority field, lower first) and per tenant (tenantHeader, else the router API key presented), tenants of one priority served in turn, and sheds the lowest priority first with 429 + Retry-After when its queue is full.",
+                            properties={
+                                "enabled": Bool(default_value=False),
+                                "maxQueued": Int(
+                                    description="Requests queued at the router beyond the workers' slots (--max-queued).",
+                                    minimum=0,
+                                    maximum=100000,
+                                    default_value=ROUTER_DEFAULTS.max_queued,
+                                ),
+                                "queueTimeoutSeconds": Int(
+                                    description="The longest wait in the router's queue before a 429 (--queue-timeout-s).",
+                                    minimum=1,
+                                    maximum=3600,
+                                    default_value=int(ROUTER_DEFAULTS.queue_timeout_s),
+                                ),
+                                "tenantHeader": Str(
+                                    description="A request header naming the tenant, trusted: set it only where a gateway in front sets it (--tenant-header).",
+                                    pattern="^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
+                                    max_length=128,
+                                ),
+                            },
+                        ),
                         "inferencePool": Obj(
                             description="Also render an InferencePool (inference.networking.k8s.io/v1, Gateway API Inference Extension) over the worker pods, for a gateway whose endpoint picker routes to them.",
                             required=("endpointPicker",),

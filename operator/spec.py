@@ -266,6 +266,16 @@ class InferencePoolSpec:
 
 
 @dataclass(frozen=True)
+class RouterFlowSpec:
+    """spec.router.flowControl: the router's --flow-control and its limits (router/flow.py)."""
+
+    enabled: bool = False
+    max_queued: int = _default("spec.router.flowControl.maxQueued")
+    queue_timeout_seconds: int = _default("spec.router.flowControl.queueTimeoutSeconds")
+    tenant_header: str | None = None
+
+
+@dataclass(frozen=True)
 class RouterCorsSpec:
     """The router's CORS options (hetero_infer/contracts/cors.py, the same as the workers'): off without origins."""
 
@@ -291,6 +301,7 @@ class RouterSpec:
     tokenizer: str = DEFAULT_ROUTER_TOKENIZER
     api_key: SecretKeyRef | None = None  # the key the router's own clients must present
     pod: RouterPodSpec = field(default_factory=RouterPodSpec)
+    flow: RouterFlowSpec = field(default_factory=RouterFlowSpec)
 
 
 @dataclass(frozen=True)
@@ -584,7 +595,15 @@ def _parse_router(r: Reader, raw: Any) -> RouterSpec:
         tokenizer=r.field(ro, "tokenizer", p),
         api_key=parse_secret_key_ref(r, ro.get("apiKey"), f"{p}.apiKey"),
         pod=_parse_router_pod(r, ro, p),
+        flow=_parse_flow(r, ro.get("flowControl"), f"{p}.flowControl"),
     )
+
+
+def _parse_flow(r: Reader, raw: Any, p: str) -> RouterFlowSpec:
+    fo = r.obj(raw, p, r.keys(p))
+    return RouterFlowSpec(enabled=r.field(fo, "enabled", p), max_queued=r.field(fo, "maxQueued", p),
+                          queue_timeout_seconds=r.field(fo, "queueTimeoutSeconds", p),
+                          tenant_header=r.field(fo, "tenantHeader", p, "a header name") or None)
 
 
 def _parse_cors(r: Reader, raw: Any, p: str) -> RouterCorsSpec:

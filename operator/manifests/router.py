@@ -61,6 +61,11 @@ zero (scales_from_zero)."""
         "allowed_headers": _unless_default("allowed_headers", list(cors.allowed_headers)),
         "allow_credentials": cors.allow_credentials or None,
         "tokenizer": _unless_default("tokenizer", r.tokenizer),
+        # spec.router.flowControl: only when enabled, so that a spec without it renders the Deployment as before
+        "flow_control": True if r.flow.enabled else None,
+        "max_queued": _unless_default("max_queued", r.flow.max_queued) if r.flow.enabled else None,
+        "queue_timeout_s": _unless_default("queue_timeout_s", r.flow.queue_timeout_seconds) if r.flow.enabled else None,
+        "tenant_header": r.flow.tenant_header if r.flow.enabled else None,
     })]
 
 
