@@ -113,16 +113,19 @@ def _gemm(a, ew: ExpertWeights, c, align, a_div: int, weights, block: tuple[int,
     quant = {"float": 0, "int8": 8, "int4": 4}[ew.method]
     s = ew.scales if ew.scales is not None else ew.weight
     z = ew.zeros if ew.zeros is not None else ew.weight
-    grid = (sorted_pairs.shape[0] // block_m, triton.cdiv(n, block_n))
     compiled = B.compiled(a.device)
+    dot_f32 = not compiled or a.dtype == torch.float32
+    stages = 3 if compiled else 1
+    if quant == 4 and compiled:  # the two half-group dots and their dequantized tiles: 64 x 128 spills (sm_90)
+        block_n, stages = min(block_n, 64), 1 if dot_f32 else stages
+    grid = (sorted_pairs.shape[0] // block_m, triton.cdiv(n, block_n))
     _moe_gemm_kernel[grid](
         a, ew.weight, s, z, weights if weights is not None else s, c, sorted_pairs, tile_expert, padded,
         n, kdim, c.shape[0], a_div,
         a.stride(0), ew.weight.stride(0), ew.weight.stride(1), s.stride(0), s.stride(1) if s.dim() > 1 else 0,
         z.stride(0), z.stride(1) if z.dim() > 1 else 0, c.stride(0),
         QUANT=quant, GROUP=ew.group_size or 32, MUL_WEIGHT=weights is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_F32=not compiled or a.dtype == torch.float32,
-        num_warps=4, num_stages=3 if compiled else 1,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_F32=dot_f32, num_warps=4, num_stages=stages,
     )
 
 
