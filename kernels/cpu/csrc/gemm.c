@@ -10,9 +10,9 @@
  * with the weights coming from memory: 1 thread, 1-64 rows, the default model's shapes; docs/benchmarks.md,
  * "The bfloat16 GEMM, weights from memory".)
  *
- * Layout: W is pre-packed (cpu_linear.pack_bf16) into panels of 16 output columns; within a panel, row kp
- * holds the 16 columns' pairs (W[n][2kp], W[n][2kp + 1]): one 64-byte line, exactly the B operand of one
- * VDPBF16PS. x is read as 32-bit pairs and broadcast. Accumulation is float32; out is rounded to bfloat16
+ * Layout: W is pre-packed (cpu_linear.pack_as("gemm_bf16")) into panels of 64 output columns; within a panel,
+ * row kp holds the 64 columns' pairs (W[n][2kp], W[n][2kp + 1]): four 64-byte lines, each exactly the B operand
+ * of one VDPBF16PS (the AVX2 kernels widen each 32-byte half of a line to two float32 vectors). x is read as 32-bit pairs and broadcast. Accumulation is float32; out is rounded to bfloat16
  * (nearest even) after adding the float32 bias, as PyTorch's bfloat16 linear does.
  *
  * Weight-only quantized weights (W8A16, W4A16; hetero_infer.worker.quant.quantize) use the same micro kernels:
