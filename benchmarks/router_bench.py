@@ -110,7 +110,7 @@ _TOKENIZER: list = []
 
 def tokenizer():  # the mock workers' (the default model's), loaded once
     if not _TOKENIZER:
-        from hetero_infer.contracts.default_model import default_tokenizer
+        from hetero_infer.default_model import default_tokenizer
 
         _TOKENIZER.append(default_tokenizer())
     return _TOKENIZER[0]

@@ -53,7 +53,7 @@ def load_tokenizer(name: str | None) -> Any:
         from hetero_infer.contracts.tokenizer import Tokenizer
 
         if name == "default":
-            from hetero_infer.contracts.default_model import default_tokenizer
+            from hetero_infer.default_model import default_tokenizer
 
             return default_tokenizer()
         return Tokenizer.from_pretrained(name)

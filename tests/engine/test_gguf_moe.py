@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hetero_infer import LLM, SamplingParams
-from hetero_infer.contracts.default_model import default_model_gguf
+from hetero_infer.default_model import default_model_gguf
 from tests.engine.test_hf_equivalence import MAX_NEW, hf_greedy, random_prompts
 
 # transformers maps no `expert_feed_forward_length`: a Qwen3-MoE GGUF gets the config class's default

@@ -19,7 +19,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from hetero_infer.contracts.default_model import (  # noqa: F401  (the default model is shared with the router)
+from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.default_model import (  # noqa: F401  (the default model is shared with the router)
     DEFAULT_MODEL_ENV,
     DEFAULT_MODEL_FILE,
     DEFAULT_MODEL_NAME,
@@ -27,7 +28,6 @@ from hetero_infer.contracts.default_model import (  # noqa: F401  (the default m
     default_model_gguf,
     gguf_tokenizer,
 )
-from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.model_source import fetch_model
 from hetero_infer.paths import model_cache_dir
 from hetero_infer.progress import Progress, library_bars_off
