@@ -150,8 +150,8 @@ async def test_broken_engine_turns_readyz_red(served: tuple[str, ServerState, LL
             assert r.status == 503
             body = await r.json()
             assert body["status"] == "engine_failed" and "scheduler invariant violated" in body["error"]
-        async with session.get(url + "/healthz") as r:
-            assert r.status == 200
+        async with session.get(url + "/healthz") as r:  # liveness fails too: the kubelet restarts the pod
+            assert r.status == 503 and (await r.json())["status"] == "engine_failed"
         status, body = await _post(session, url + "/v1/completions", {"prompt": "x", "max_tokens": 2})
         assert status == 503 and body["error"]["code"] == "engine_failed"
         async with session.get(url + "/metrics") as r:

@@ -116,7 +116,8 @@ def build_openapi(*, title: str = "hetero-infer worker", version: str = "0.1.0",
         "info": {"title": title, "version": version,
                  "description": "OpenAI-compatible completions and chat completions with Prometheus metrics."},
         "paths": {
-            "/healthz": {"get": {"summary": "Process alive", "responses": {"200": health}}},
+            "/healthz": {"get": {"summary": "Process alive (liveness)", "responses": {
+                "200": health, "503": _json(_ref(p.HealthStatus), "The engine has failed (restart the process)")}}},
             "/readyz": {"get": {"summary": "Model loaded, engine healthy and not draining", "responses": {
                 "200": health, "503": _json(_ref(p.HealthStatus), "Not ready (loading, draining, engine failed)")}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {
