@@ -32,6 +32,8 @@ SPEC_KEYS_ANNOTATION = f"{GROUP}/spec-keys"
 OPTIONAL_CHILDREN_ANNOTATION = f"{GROUP}/optional-children"
 OPTIONAL_ROUTER = "router"
 OPTIONAL_INFERENCE_POOL = "inference-pool"
+OPTIONAL_INGRESS = "ingress"
+OPTIONAL_HTTP_ROUTE = "httproute"
 
 # On the worker Deployment with spec.model.cache: the cache folder (manifests.common.cache_key) its pods read, so a
 # pass whose new revision is not downloaded yet keeps the workers on the one they serve.

@@ -539,6 +539,54 @@ SCHEMA: Obj = Obj(
                             max_items=64,
                             items=Str(max_length=64),
                         ),
+                        "ingress": Obj(
+                            description="An Ingress (networking.k8s.io/v1) to the Service users call, for clusters whose HTTP entry is an ingress controller.",
+                            properties={
+                                "className": Str(
+                                    description="The IngressClass (e.g. nginx); unset: the cluster's default class.",
+                                    pattern=DNS1123_SUBDOMAIN_PATTERN,
+                                    max_length=253,
+                                ),
+                                "host": Str(
+                                    description="The host name it answers for; unset: any host.",
+                                    pattern=r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+                                    max_length=253,
+                                ),
+                                "path": Str(pattern="^/", max_length=1024, default_value="/"),
+                                "annotations": Map(description="Annotations on the Ingress (the controller's options)."),
+                                "tlsSecretName": Str(
+                                    description="A Secret of type kubernetes.io/tls in the namespace: TLS for host.",
+                                    pattern=DNS1123_SUBDOMAIN_PATTERN,
+                                    max_length=253,
+                                ),
+                            },
+                        ),
+                        "httpRoute": Obj(
+                            description="An HTTPRoute (Gateway API, gateway.networking.k8s.io/v1) from the given Gateways to the Service users call.",
+                            required=("parentRefs",),
+                            properties={
+                                "parentRefs": Arr(
+                                    min_items=1,
+                                    max_items=32,
+                                    items=Obj(
+                                        required=("name",),
+                                        properties={
+                                            "name": Str(pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=253),
+                                            "namespace": Str(pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=63),
+                                            "sectionName": Str(pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=253),
+                                        },
+                                    ),
+                                ),
+                                "hostnames": Arr(
+                                    max_items=16,
+                                    items=Str(
+                                        pattern=r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+                                        max_length=253,
+                                    ),
+                                ),
+                                "path": Str(pattern="^/", max_length=1024, default_value="/"),
+                            },
+                        ),
                     },
                 ),
                 "router": Obj(

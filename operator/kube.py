@@ -61,8 +61,10 @@ INFERENCE_POOL = Kind("inference.networking.k8s.io/v1", "InferencePool", "infere
 JOB = Kind("batch/v1", "Job", "jobs")
 PVC = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 POD = Kind("v1", "Pod", "pods")
+INGRESS = Kind("networking.k8s.io/v1", "Ingress", "ingresses")
+HTTP_ROUTE = Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes")
 KINDS_BY_NAME = {k.kind: k for k in (INFERENCE_DEPLOYMENT, DEPLOYMENT, SERVICE, PDB, HPA, SERVICE_ACCOUNT, ROLE,
-                                     ROLE_BINDING, INFERENCE_POOL, JOB, PVC, POD)}
+                                     ROLE_BINDING, INFERENCE_POOL, JOB, PVC, POD, INGRESS, HTTP_ROUTE)}
 
 
 def kind_of(manifest: Mapping[str, Any]) -> Kind:

@@ -226,12 +226,37 @@ class AutoscalingSpec:
 
 
 @dataclass(frozen=True)
+class IngressSpec:
+    class_name: str | None = None
+    host: str | None = None
+    path: str = "/"
+    annotations: dict[str, str] = field(default_factory=dict)
+    tls_secret_name: str | None = None
+
+
+@dataclass(frozen=True)
+class ParentRef:
+    name: str
+    namespace: str | None = None
+    section_name: str | None = None
+
+
+@dataclass(frozen=True)
+class HTTPRouteSpec:
+    parent_refs: tuple[ParentRef, ...]
+    hostnames: tuple[str, ...] = ()
+    path: str = "/"
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     type: str = DEFAULT_SERVICE_TYPE
     port: int = DEFAULT_SERVICE_PORT
     annotations: dict[str, str] = field(default_factory=dict)  # e.g. a cloud's internal load balancer
     load_balancer_class: str | None = None
     load_balancer_source_ranges: tuple[str, ...] = ()
+    ingress: IngressSpec | None = None  # an Ingress to the Service users call (manifests/exposure.py)
+    http_route: HTTPRouteSpec | None = None  # a Gateway API HTTPRoute to it
 
 
 @dataclass(frozen=True)
@@ -548,12 +573,43 @@ def _parse_service(r: Reader, raw: Any) -> ServiceSpec:
         load_balancer_class=r.string(svc, "loadBalancerClass", p, pattern=LOAD_BALANCER_CLASS,
                                      what="a label-style name with a domain prefix, e.g. service.k8s.aws/nlb"),
         load_balancer_source_ranges=strings(r, svc, "loadBalancerSourceRanges", p, (), 0, 64, 64),
+        ingress=_parse_ingress(r, svc.get("ingress"), f"{p}.ingress"),
+        http_route=_parse_http_route(r, svc.get("httpRoute"), f"{p}.httpRoute"),
     )
     if out.type != "LoadBalancer":
         for key in ("loadBalancerClass", "loadBalancerSourceRanges"):
             if svc.get(key) is not None:
                 r.bad(f"{p}.{key}", f"applies to type LoadBalancer only, got type {out.type}")
     return out
+
+
+def _parse_ingress(r: Reader, raw: Any, p: str) -> IngressSpec | None:
+    if raw is None:
+        return None
+    ing = r.obj(raw, p, r.keys(p))
+    return IngressSpec(class_name=r.field(ing, "className", p), host=r.field(ing, "host", p),
+                       path=r.field(ing, "path", p), annotations=string_map(r, ing.get("annotations"),
+                                                                          f"{p}.annotations"),
+                       tls_secret_name=r.field(ing, "tlsSecretName", p))
+
+
+def _parse_http_route(r: Reader, raw: Any, p: str) -> HTTPRouteSpec | None:
+    if raw is None:
+        return None
+    route = r.obj(raw, p, r.keys(p), required=("parentRefs",))
+    refs = route.get("parentRefs")
+    parents: list[ParentRef] = []
+    if not isinstance(refs, list) or not refs:
+        r.bad(f"{p}.parentRefs", "must name at least one Gateway")
+    else:
+        for i, ref in enumerate(refs[:32]):
+            q = f"{p}.parentRefs[{i}]"
+            item = r.obj(ref, q, r.keys(q), required=("name",))
+            name = r.field(item, "name", q)
+            if name is not None:
+                parents.append(ParentRef(name, r.field(item, "namespace", q), r.field(item, "sectionName", q)))
+    hostnames = strings(r, route, "hostnames", p, (), 0, 16, 253)
+    return HTTPRouteSpec(tuple(parents), hostnames, r.field(route, "path", p))
 
 
 def _parse_router_pod(r: Reader, ro: Mapping[str, Any], p: str) -> RouterPodSpec:

@@ -31,6 +31,7 @@ from hetero_infer.operator.manifests.common import (
     selector_string,
     workers_service_name,
 )
+from hetero_infer.operator.manifests.exposure import HTTP_ROUTE_API_VERSION, http_route, ingress
 from hetero_infer.operator.manifests.hpa import horizontal_pod_autoscaler, quantity
 from hetero_infer.operator.manifests.pool import INFERENCE_POOL_API_VERSION, inference_pool
 from hetero_infer.operator.manifests.rbac import (
@@ -59,12 +60,12 @@ from hetero_infer.operator.manifests.worker import (
 from hetero_infer.operator.spec import InferenceSpec
 
 __all__ = [
-    "CACHE_DIR", "DISCOVERY_RULES", "INFERENCE_POOL_API_VERSION", "MODEL_MOUNT", "PRESTOP_SLEEP_SECONDS",
+    "CACHE_DIR", "DISCOVERY_RULES", "HTTP_ROUTE_API_VERSION", "INFERENCE_POOL_API_VERSION", "MODEL_MOUNT", "PRESTOP_SLEEP_SECONDS",
     "ROUTER_CPU", "ROUTER_MEMORY", "SHUTDOWN_GRACE_SECONDS", "TERMINATION_GRACE_SECONDS", "WORKER_UID", "Children",
     "FetchSource", "cache_claim", "cache_claim_name", "cache_key", "cached_model_path", "download_job",
     "fetch_job_name", "fetch_source",
     "Owner", "RouterChildren", "WorkerDefaults", "children", "command_line", "common_labels", "deployment",
-    "endpoint", "horizontal_pod_autoscaler", "inference_pool", "model_path", "owner_reference",
+    "endpoint", "horizontal_pod_autoscaler", "http_route", "inference_pool", "ingress", "model_path", "owner_reference",
     "pod_disruption_budget", "quantity", "rollout_strategy", "router_args", "router_child_names",
     "router_deployment", "router_name", "selector_labels", "selector_string", "service",
     "stale_optional_children", "worker_args", "workers_service", "workers_service_name",
@@ -96,13 +97,15 @@ class Children:
     hpa: dict[str, Any] | None  # None: there must be no HPA (autoscaling off or not in hpa mode)
     router: RouterChildren | None = None  # None: there must be no router children
     inference_pool: dict[str, Any] | None = None
+    ingress: dict[str, Any] | None = None  # spec.service.ingress
+    http_route: dict[str, Any] | None = None  # spec.service.httpRoute
 
     def all(self) -> list[dict[str, Any]]:
         # The worker Deployment first: a size change (the autoscaler's, or a router scaling from zero) reaches
         # the pods before the other children are read and compared.
         router = self.router.all() if self.router is not None else []
-        return [m for m in (self.deployment, *router, self.service, self.pdb, self.hpa, self.inference_pool)
-                if m is not None]
+        return [m for m in (self.deployment, *router, self.service, self.pdb, self.hpa, self.inference_pool,
+                            self.ingress, self.http_route) if m is not None]
 
 
 def router_child_names(name: str) -> list[tuple[str, str]]:
@@ -122,6 +125,10 @@ def stale_optional_children(live_service: dict[str, Any] | None, wanted: Childre
     stale = router_child_names(name) if c.OPTIONAL_ROUTER in had and wanted.router is None else []
     if c.OPTIONAL_INFERENCE_POOL in had and wanted.inference_pool is None:
         stale.append(("InferencePool", name))
+    if c.OPTIONAL_INGRESS in had and wanted.ingress is None:
+        stale.append(("Ingress", name))
+    if c.OPTIONAL_HTTP_ROUTE in had and wanted.http_route is None:
+        stale.append(("HTTPRoute", name))
     return stale
 
 
@@ -150,4 +157,6 @@ def children(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults | None 
         hpa=horizontal_pod_autoscaler(owner, spec) if spec.autoscaling.hpa else None,
         router=router_children(owner, spec, defaults) if spec.router.enabled else None,
         inference_pool=inference_pool(owner, spec),
+        ingress=ingress(owner, spec),
+        http_route=http_route(owner, spec),
     )

@@ -15,6 +15,8 @@ def service(owner: Owner, spec: InferenceSpec) -> dict[str, Any]:
     component = c.COMPONENT_ROUTER if spec.router.enabled else c.COMPONENT_WORKER
     optional = [c.OPTIONAL_ROUTER] if spec.router.enabled else []
     optional += [c.OPTIONAL_INFERENCE_POOL] if spec.router.inference_pool is not None else []
+    optional += [c.OPTIONAL_INGRESS] if spec.service.ingress is not None else []
+    optional += [c.OPTIONAL_HTTP_ROUTE] if spec.service.http_route is not None else []
     meta = metadata(owner, component=component)
     svc = spec.service
     # spec.service.annotations (e.g. an internal load balancer's), and which keys are the spec's, so that a key it

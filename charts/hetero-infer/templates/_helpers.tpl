@@ -93,6 +93,13 @@ app.kubernetes.io/component: worker
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["get", "create", "patch", "delete"]
+# spec.service.ingress and spec.service.httpRoute (Gateway API).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["ingresses"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["httproutes"]
+  verbs: ["get", "create", "patch", "delete"]
 # Autoscaling mode operator: find the worker pods (podIP) to scrape their /metrics; spec.model.cache: the download
 # Job's pods (why one failed) and the running one's log (its progress lines).
 - apiGroups: [""]
