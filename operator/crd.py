@@ -705,7 +705,42 @@ SCHEMA: Obj = Obj(
                                     pattern="^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
                                     max_length=128,
                                 ),
+                                "priorityClasses": Arr(
+                                    description="Named priority classes (--priority-class): a request that gives no priority of its own and names one in priorityClassHeader takes its priority (lower first); an unknown name is a 400.",
+                                    max_items=64,
+                                    list_map_keys=("name",),
+                                    items=Obj(
+                                        required=("name", "priority"),
+                                        properties={
+                                            "name": Str(pattern="^[A-Za-z0-9][-A-Za-z0-9_.]*$", max_length=63),
+                                            "priority": Int(minimum=-1000000, maximum=1000000),
+                                        },
+                                    ),
+                                ),
+                                "priorityClassHeader": Str(
+                                    description="The request header naming a priority class, trusted as tenantHeader is (--priority-class-header); required with priorityClasses.",
+                                    pattern="^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
+                                    max_length=128,
+                                ),
+                                "tenantLimits": Arr(
+                                    description="Per-tenant limits (--tenant-limit): the most requests of a tenant in flight at once over every model; its others wait in the queue while other tenants take their turns.",
+                                    max_items=256,
+                                    list_map_keys=("tenant",),
+                                    items=Obj(
+                                        required=("tenant", "maxInFlight"),
+                                        properties={
+                                            "tenant": Str(pattern="^[^=,]+$", max_length=128),
+                                            "maxInFlight": Int(minimum=1, maximum=100000),
+                                        },
+                                    ),
+                                ),
                             },
+                            rules=(
+                                Rule(
+                                    "!has(self.priorityClasses) || size(self.priorityClasses) == 0 || has(self.priorityClassHeader)",
+                                    "flowControl.priorityClasses needs flowControl.priorityClassHeader",
+                                ),
+                            ),
                         ),
                         "inferencePool": Obj(
                             description="Also render an InferencePool (inference.networking.k8s.io/v1, Gateway API Inference Extension) over the worker pods, for a gateway whose endpoint picker routes to them.",

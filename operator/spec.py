@@ -298,6 +298,9 @@ class RouterFlowSpec:
     max_queued: int = _default("spec.router.flowControl.maxQueued")
     queue_timeout_seconds: int = _default("spec.router.flowControl.queueTimeoutSeconds")
     tenant_header: str | None = None
+    priority_classes: tuple[tuple[str, int], ...] = ()  # (name, priority)
+    priority_class_header: str | None = None
+    tenant_limits: tuple[tuple[str, int], ...] = ()  # (tenant, most requests in flight)
 
 
 @dataclass(frozen=True)
@@ -657,9 +660,38 @@ def _parse_router(r: Reader, raw: Any) -> RouterSpec:
 
 def _parse_flow(r: Reader, raw: Any, p: str) -> RouterFlowSpec:
     fo = r.obj(raw, p, r.keys(p))
-    return RouterFlowSpec(enabled=r.field(fo, "enabled", p), max_queued=r.field(fo, "maxQueued", p),
-                          queue_timeout_seconds=r.field(fo, "queueTimeoutSeconds", p),
-                          tenant_header=r.field(fo, "tenantHeader", p, "a header name") or None)
+    out = RouterFlowSpec(enabled=r.field(fo, "enabled", p), max_queued=r.field(fo, "maxQueued", p),
+                         queue_timeout_seconds=r.field(fo, "queueTimeoutSeconds", p),
+                         tenant_header=r.field(fo, "tenantHeader", p, "a header name") or None,
+                         priority_classes=_named_ints(r, fo, "priorityClasses", p, ("name", "priority")),
+                         priority_class_header=r.field(fo, "priorityClassHeader", p, "a header name") or None,
+                         tenant_limits=_named_ints(r, fo, "tenantLimits", p, ("tenant", "maxInFlight")))
+    if out.priority_classes and out.priority_class_header is None:
+        r.bad(f"{p}.priorityClassHeader", "required with priorityClasses: the header requests name their class in")
+    return out
+
+
+def _named_ints(r: Reader, data: Mapping, key: str, p: str, fields: tuple[str, str]) -> tuple[tuple[str, int], ...]:
+    """An array of {name: ..., number: ...} objects (priorityClasses, tenantLimits) as ((name, number), ...), the names
+    distinct."""
+    raw = data.get(key)
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        r.bad(f"{p}.{key}", f"must be an array, got {type_name(raw)}")
+        return ()
+    out: list[tuple[str, int]] = []
+    for i, item in enumerate(raw):
+        q = f"{p}.{key}[{i}]"
+        obj = r.obj(item, q, r.keys(q), required=fields)
+        name, number = r.field(obj, fields[0], q), r.field(obj, fields[1], q)
+        if name is None or number is None:
+            continue
+        if any(name == n for n, _ in out):
+            r.bad(f"{q}.{fields[0]}", f"{name!r} is given twice")
+            continue
+        out.append((name, number))
+    return tuple(out)
 
 
 def _parse_cors(r: Reader, raw: Any, p: str) -> RouterCorsSpec:

@@ -82,7 +82,8 @@ class Router:
         self.flow: FlowControl | None = None
         if options.flow_control:
             self.flow = FlowControl(self.slots, options.max_queued, options.queue_timeout_s,
-                                    lambda priority, reason: self.metrics.shed.labels(str(priority), reason).inc())
+                                    lambda priority, reason: self.metrics.shed.labels(str(priority), reason).inc(),
+                                    tenant_limits=options.tenant_limits)
         self._set_tokenizer_mode()
 
     def slots(self, model: str | None) -> int:
@@ -226,15 +227,21 @@ class Router:
         """Through the router's queue (flow.py): a slot first, or a 429."""
         assert self.flow is not None
         tenant = tenant_of(request.headers, self.options.tenant_header, bool(self.options.api_key))
+        header = self.options.priority_class_header
         try:
-            await self.flow.acquire(model, tenant, priority_of(payload))
+            priority = priority_of(payload, request.headers.get(header, "").strip() if header else None,
+                                   self.options.priority_classes)
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        try:
+            await self.flow.acquire(model, tenant, priority)
         except Shed as shed:
             return _error(429, f"the router is saturated ({shed.reason}); retry later", "rate_limit_exceeded",
                           {"Retry-After": str(self.options.retry_after_s)})
         try:
             return await self._route(request, body, headers, hashes, policy, exact, model)
         finally:
-            self.flow.release(model)
+            self.flow.release(model, tenant)
 
     async def _route(self, request: web.Request, body: bytes, headers: dict[str, str], hashes: list[int],
                      policy: str, exact: bool = True, model: str | None = None) -> web.StreamResponse:

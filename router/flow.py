@@ -13,6 +13,11 @@ the newest request of the worst priority queued if its own is better, and of the
 of the tenant with the longest queue (so a flooding tenant cannot crowd out another's turn); otherwise it is
 refused itself. A request refused, or waiting longer than `queue_timeout_s`, gets a 429 with Retry-After: a
 client of a saturated router is told at once to come back, rather than left to time out.
+
+Named priority classes (`--priority-class NAME=PRIORITY`) give a request that names one in the trusted
+`--priority-class-header` its priority (its own `priority` field wins); a tenant with a limit (`--tenant-limit
+TENANT=N`) has at most N requests in flight at once over every model: its others wait, and its turn passes to the
+next tenant meanwhile.
 """
 
 from __future__ import annotations
@@ -40,10 +45,18 @@ def tenant_of(headers: Mapping[str, str], header: str | None, keyed: bool) -> st
     return ANONYMOUS
 
 
-def priority_of(payload: object) -> int:
-    """The request's `priority` (vLLM's field: an int, lower first; default 0)."""
-    value = payload.get("priority", 0) if isinstance(payload, dict) else 0
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+def priority_of(payload: object, class_name: str | None = None, classes: Mapping[str, int] | None = None) -> int:
+    """The request's `priority` (vLLM's field: an int, lower first); else its named class's (`class_name`, from the
+    trusted header, looked up in `classes`: ValueError for an unknown one); else 0."""
+    value = payload.get("priority") if isinstance(payload, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if class_name:
+        if not classes or class_name not in classes:
+            known = ", ".join(sorted(classes or {})) or "none"
+            raise ValueError(f"unknown priority class {class_name[:64]!r} (known: {known})")
+        return classes[class_name]
+    return 0
 
 
 class Shed(Exception):
@@ -96,19 +109,22 @@ class ModelQueue:
             del self.classes[priority]
             del self.turns[priority]
 
-    def pop_next(self) -> Ticket | None:
-        """The next to run: the best priority, its tenants in turn."""
-        if not self.classes:
-            return None
-        priority = min(self.classes)
-        turn = self.turns[priority]
-        tenant = turn[0]
-        turn.rotate(-1)  # this tenant goes to the back of its priority's turn
-        q = self.classes[priority][tenant]
-        ticket = q.popleft()
-        if not q:
-            self._drop_tenant(priority, tenant)
-        return ticket
+    def pop_next(self, may_run: Callable[[str], bool] = lambda tenant: True) -> Ticket | None:
+        """The next to run: the best priority, its tenants in turn, skipping tenants that `may_run` holds back (at
+        their limit); None when nobody queued may run."""
+        for priority in sorted(self.classes):
+            turn = self.turns[priority]
+            for _ in range(len(turn)):
+                tenant = turn[0]
+                turn.rotate(-1)  # this tenant goes to the back of its priority's turn
+                if not may_run(tenant):
+                    continue
+                q = self.classes[priority][tenant]
+                ticket = q.popleft()
+                if not q:
+                    self._drop_tenant(priority, tenant)
+                return ticket
+        return None
 
     def victim(self, newcomer: Ticket) -> Ticket | None:
         """Whom a newcomer at a full queue displaces (see the module docstring); None: the newcomer is refused."""
@@ -130,12 +146,24 @@ class FlowControl:
     """The router's queues, one per model (see the module docstring). `capacity(model)`: its slots now."""
 
     def __init__(self, capacity: Callable[[str | None], int], max_queued: int, queue_timeout_s: float,
-                 on_shed: Callable[[int, str], None] | None = None) -> None:
+                 on_shed: Callable[[int, str], None] | None = None,
+                 tenant_limits: Mapping[str, int] | None = None) -> None:
         self.capacity = capacity
         self.max_queued = max_queued
         self.queue_timeout_s = queue_timeout_s
         self.on_shed = on_shed  # (priority, reason) per request shed: the router's counter
         self.models: dict[str | None, ModelQueue] = {}
+        self.tenant_limits = dict(tenant_limits or {})
+        self.tenant_in_flight: dict[str, int] = {}  # tenants with a limit only, over every model
+
+    def _may_run(self, tenant: str) -> bool:
+        limit = self.tenant_limits.get(tenant)
+        return limit is None or self.tenant_in_flight.get(tenant, 0) < limit
+
+    def _start(self, mq: ModelQueue, tenant: str) -> None:
+        mq.in_flight += 1
+        if tenant in self.tenant_limits:
+            self.tenant_in_flight[tenant] = self.tenant_in_flight.get(tenant, 0) + 1
 
     def _queue(self, model: str | None) -> ModelQueue:
         return self.models.setdefault(model, ModelQueue())
@@ -152,8 +180,8 @@ class FlowControl:
         """A slot for a request (now, or once its turn comes); Shed when it is refused or waits too long. Every
         acquire that returns must be followed by one `release`."""
         mq = self._queue(model)
-        if not mq.classes and mq.in_flight < self.capacity(model):
-            mq.in_flight += 1
+        if not mq.classes and mq.in_flight < self.capacity(model) and self._may_run(tenant):
+            self._start(mq, tenant)
             return
         ticket = Ticket(tenant, priority)
         if mq.queued >= self.max_queued:
@@ -176,23 +204,28 @@ class FlowControl:
             raise Shed("queue_timeout") from None
         except asyncio.CancelledError:  # the client went away while queued
             if ticket.granted.done() and not ticket.granted.cancelled() and not ticket.granted.exception():
-                self.release(model)  # it had been given a slot: hand it on
+                self.release(model, tenant)  # it had been given a slot: hand it on
             else:
                 mq.remove(ticket)
             raise
 
-    def release(self, model: str | None) -> None:
+    def release(self, model: str | None, tenant: str) -> None:
         mq = self._queue(model)
         mq.in_flight -= 1
-        self.pump(model)
+        if tenant in self.tenant_limits:
+            self.tenant_in_flight[tenant] -= 1
+            self.pump_all()  # the tenant's others may wait on any model
+        else:
+            self.pump(model)
 
     def pump(self, model: str | None) -> None:
-        """Grant the free slots of `model` to the requests next in turn."""
+        """Grant the free slots of `model` to the requests next in turn (tenants at their limit wait)."""
         mq = self._queue(model)
         while mq.classes and mq.in_flight < self.capacity(model):
-            ticket = mq.pop_next()
-            assert ticket is not None
-            mq.in_flight += 1
+            ticket = mq.pop_next(self._may_run)
+            if ticket is None:
+                return
+            self._start(mq, ticket.tenant)
             ticket.granted.set_result(None)
 
     def pump_all(self) -> None:

@@ -78,6 +78,11 @@ HELP = {
     "queue_timeout_s": "flow control: seconds a request may wait in the router's queue before a 429 (default 30)",
     "tenant_header": "flow control: a request header naming the tenant, trusted (set it only behind a gateway that "
     "sets it); without it, or when absent, the tenant is the router's --api-key the client presented",
+    "priority_class": "flow control: NAME=PRIORITY, a named priority class (repeat for more): a request that gives no "
+    "`priority` of its own and names a class in --priority-class-header takes its priority (lower first)",
+    "priority_class_header": "flow control: the request header naming a --priority-class, trusted as --tenant-header is",
+    "tenant_limit": "flow control: TENANT=N, the most requests of that tenant in flight at once over every model "
+    "(repeat for more; the others of that tenant wait their turn in the queue)",
     "allowed_hosts": hosts.HELP,  # the same guard as the workers' (contracts/hosts.py)
     **cors.HELP,  # answered at the router, the same as the workers' options (worker/server/cors.py)
     "log_level": "debug, info, warning or error (default info)",
@@ -116,6 +121,9 @@ class RouterOptions:
     max_queued: int = 64
     queue_timeout_s: float = 30.0
     tenant_header: str | None = None
+    priority_class: list[str] = field(default_factory=list)
+    priority_class_header: str | None = None
+    tenant_limit: list[str] = field(default_factory=list)
     model_alias: list[str] = field(default_factory=list)
     served_model: list[str] = field(default_factory=list)
     allowed_hosts: list[str] = field(default_factory=list)
@@ -131,6 +139,16 @@ class RouterOptions:
         return self.block_size * TEXT_BYTES_PER_TOKEN / self.text_chunk_bytes
 
     @property
+    def priority_classes(self) -> dict[str, int]:
+        """--priority-class as NAME -> priority."""
+        return parse_int_map(self.priority_class, "NAME=PRIORITY", minimum=None)
+
+    @property
+    def tenant_limits(self) -> dict[str, int]:
+        """--tenant-limit as TENANT -> requests in flight at most."""
+        return parse_int_map(self.tenant_limit, "TENANT=N", minimum=1)
+
+    @property
     def aliases(self) -> dict[str, tuple[tuple[str, float], ...]]:
         """--model-alias as NAME -> ((MODEL, weight), ...)."""
         return parse_aliases(self.model_alias)
@@ -143,6 +161,15 @@ class RouterOptions:
             parse_aliases(self.model_alias)
         except ValueError as exc:
             raise InvalidOption("model_alias", f"invalid router option model_alias={self.model_alias!r}: {exc}") from None
+        for name, form, minimum in (("priority_class", "NAME=PRIORITY", None), ("tenant_limit", "TENANT=N", 1)):
+            setattr(self, name, [e.strip() for v in getattr(self, name) for e in v.split(",") if e.strip()])
+            try:
+                parse_int_map(getattr(self, name), form, minimum)
+            except ValueError as exc:
+                raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: {exc}") from None
+        if self.priority_class and not self.priority_class_header:
+            raise InvalidOption("priority_class_header", "invalid router options: --priority-class needs "
+                                "--priority-class-header, the header requests name their class in")
         for name in ("block_size", "max_attempts", "approx_capacity_blocks", "text_chunk_bytes", "min_slack"):
             if getattr(self, name) < 1:
                 raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: must be >= 1")
@@ -175,6 +202,25 @@ class RouterOptions:
         for url in self.worker:
             if not url.startswith(("http://", "https://")):
                 raise InvalidOption("worker", f"invalid router option worker={url!r}: must be an http(s) URL")
+
+
+def parse_int_map(entries: list[str], form: str, minimum: int | None) -> dict[str, int]:
+    """`KEY=INT` entries as KEY -> int; ValueError naming the malformed one (or a repeated key)."""
+    out: dict[str, int] = {}
+    for entry in entries:
+        key, sep, value = entry.partition("=")
+        key = key.strip()
+        try:
+            number = int(value.strip())
+        except ValueError:
+            number = None
+        if not sep or not key or number is None or (minimum is not None and number < minimum):
+            bound = f", N >= {minimum}" if minimum is not None else ""
+            raise ValueError(f"{entry!r} is not {form} (an integer{bound})")
+        if key in out:
+            raise ValueError(f"{key!r} is given twice")
+        out[key] = number
+    return out
 
 
 def parse_aliases(entries: list[str]) -> dict[str, tuple[tuple[str, float], ...]]:

@@ -66,6 +66,9 @@ zero (scales_from_zero)."""
         "max_queued": _unless_default("max_queued", r.flow.max_queued) if r.flow.enabled else None,
         "queue_timeout_s": _unless_default("queue_timeout_s", r.flow.queue_timeout_seconds) if r.flow.enabled else None,
         "tenant_header": r.flow.tenant_header if r.flow.enabled else None,
+        "priority_class": [f"{n}={v}" for n, v in r.flow.priority_classes] or None if r.flow.enabled else None,
+        "priority_class_header": r.flow.priority_class_header if r.flow.enabled else None,
+        "tenant_limit": [f"{n}={v}" for n, v in r.flow.tenant_limits] or None if r.flow.enabled else None,
     })]
 
 

@@ -24,9 +24,12 @@ from hetero_infer.worker.core.engine import LLMEngine
 class Recorder:
     """Requests through a FlowControl of fixed capacity, recording the order they got their slots."""
 
-    def __init__(self, capacity: int, max_queued: int = 100, timeout: float = 30.0) -> None:
-        self.flow = FlowControl(lambda model: capacity, max_queued, timeout, lambda p, r: self.shed.append((p, r)))
+    def __init__(self, capacity: int, max_queued: int = 100, timeout: float = 30.0,
+                 tenant_limits: dict[str, int] | None = None) -> None:
+        self.flow = FlowControl(lambda model: capacity, max_queued, timeout, lambda p, r: self.shed.append((p, r)),
+                                tenant_limits=tenant_limits)
         self.order: list[str] = []
+        self.running: collections.deque[str] = collections.deque()  # tenants of the requests running, oldest first
         self.shed: list[tuple[int, str]] = []
 
     async def request(self, name: str, tenant: str, priority: int = 0) -> str:
@@ -35,10 +38,11 @@ class Recorder:
         except Shed as exc:
             return f"{name}:{exc.reason}"
         self.order.append(name)
+        self.running.append(tenant)
         return name
 
     def finish_one(self) -> None:
-        self.flow.release("m")
+        self.flow.release("m", self.running.popleft())
 
 
 async def settle() -> None:
@@ -115,7 +119,8 @@ async def routed():
     async with real_workers([engine]) as urls:
         router, runner, url = await start_router(RouterOptions(
             worker=urls, health_interval_s=0.05, tokenizer="none", flow_control=True, tenant_header="X-Tenant",
-            max_queued=64, queue_timeout_s=20, retry_after_s=1))
+            max_queued=64, queue_timeout_s=20, retry_after_s=1, priority_class=["interactive=0", "batch=10"],
+            priority_class_header="X-Priority-Class"))
         try:
             await wait_for(lambda: router.slots(None) == 4, what="the worker's 4 slots")
             yield router, url, engine.model_name
@@ -157,6 +162,17 @@ async def test_two_tenants_flooding_share_the_worker_equally(routed):
     assert 0.4 <= share <= 0.6, done  # without the turns, small (a third of the clients) would get a third
 
 
+async def test_a_request_names_its_priority_class_in_the_trusted_header(routed):
+    router, url, model = routed
+    body = {"model": model, "prompt": "hello", "max_tokens": 2}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(url + "/v1/completions", json=body, headers={"X-Priority-Class": "batch"}) as r:
+            assert r.status == 200, await r.text()
+        async with s.post(url + "/v1/completions", json=body, headers={"X-Priority-Class": "bulk"}) as r:
+            assert r.status == 400
+            assert "unknown priority class 'bulk'" in (await r.json())["error"]["message"]
+
+
 async def test_a_low_priority_flood_is_shed_with_429s_while_high_priority_runs(routed):
     router, url, model = routed
     router.flow.max_queued = 8
@@ -167,3 +183,44 @@ async def test_a_low_priority_flood_is_shed_with_429s_while_high_priority_runs(r
     shed = router.metrics.registry.get_sample_value("hetero_infer_router_requests_shed_total",
                                                     {"priority": "10", "reason": "queue_full"})
     assert shed and shed > 0
+
+
+async def test_a_tenant_at_its_limit_waits_and_its_turn_passes_on():
+    """--tenant-limit a=1: with three slots, tenant a runs one request at a time; b's take the other slots, and a's
+    next runs only when its first has ended."""
+    rec = Recorder(capacity=3, tenant_limits={"a": 1})
+    tasks = [asyncio.create_task(rec.request(name, tenant)) for name, tenant in
+             [("a1", "a"), ("a2", "a"), ("a3", "a"), ("b1", "b"), ("b2", "b"), ("b3", "b")]]
+    await settle()
+    assert rec.order == ["a1", "b1", "b2"]  # a2 queued behind a's limit though a slot was free for it
+    rec.finish_one()  # a1 ends: a's turn again
+    await settle()
+    assert rec.order == ["a1", "b1", "b2", "a2"]
+    for _ in range(5):
+        rec.finish_one()
+        await settle()
+    await asyncio.gather(*tasks)
+    assert sorted(rec.order) == ["a1", "a2", "a3", "b1", "b2", "b3"] and rec.flow.tenant_in_flight["a"] <= 1
+
+
+def test_a_named_priority_class_gives_its_priority_unless_the_request_has_one():
+    classes = {"interactive": 0, "batch": 10}
+    assert priority_of({}, "batch", classes) == 10
+    assert priority_of({"priority": 3}, "batch", classes) == 3  # the request's own field wins
+    assert priority_of({}, None, classes) == 0
+    with pytest.raises(ValueError, match="unknown priority class 'bulk' .*batch, interactive"):
+        priority_of({}, "bulk", classes)
+
+
+def test_priority_classes_and_tenant_limits_are_checked_options():
+    from hetero_infer.contracts.options import InvalidOption
+
+    options = RouterOptions(worker=["http://w:1"], priority_class=["interactive=0,batch=10"],
+                            priority_class_header="X-Priority-Class", tenant_limit=["team-a=2"])
+    assert options.priority_classes == {"interactive": 0, "batch": 10} and options.tenant_limits == {"team-a": 2}
+    for bad in ({"priority_class": ["batch"]}, {"priority_class": ["batch=high"]},
+                {"tenant_limit": ["a=0"]}, {"tenant_limit": ["a=1", "a=2"]}):
+        with pytest.raises(InvalidOption):
+            RouterOptions(worker=["http://w:1"], priority_class_header="X-Priority-Class", **bad)
+    with pytest.raises(InvalidOption, match="priority-class-header"):
+        RouterOptions(worker=["http://w:1"], priority_class=["batch=10"])

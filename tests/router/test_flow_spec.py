@@ -37,3 +37,25 @@ def test_without_it_or_disabled_the_router_is_rendered_as_before():
 def test_bad_values_are_refused(flow):
     with pytest.raises(SpecError):
         args({"flowControl": {"enabled": True, **flow}})
+
+
+def test_priority_classes_and_tenant_limits_from_the_spec_reach_the_router():
+    rendered = args({"flowControl": {"enabled": True, "priorityClassHeader": "X-Priority-Class",
+                                     "priorityClasses": [{"name": "interactive", "priority": 0},
+                                                         {"name": "batch", "priority": 10}],
+                                     "tenantLimits": [{"tenant": "team-a", "maxInFlight": 2}]}})
+    options = resolve_options(rendered[1:], {})
+    assert options.priority_classes == {"interactive": 0, "batch": 10}
+    assert options.priority_class_header == "X-Priority-Class" and options.tenant_limits == {"team-a": 2}
+
+
+@pytest.mark.parametrize("flow, problem", [
+    ({"priorityClasses": [{"name": "batch", "priority": 10}]}, "priorityClassHeader"),
+    ({"priorityClassHeader": "X-C", "priorityClasses": [{"name": "b", "priority": 1}, {"name": "b", "priority": 2}]},
+     "priorityClasses\\[1\\].name"),
+    ({"tenantLimits": [{"tenant": "a", "maxInFlight": 0}]}, "tenantLimits\\[0\\].maxInFlight"),
+    ({"tenantLimits": [{"tenant": "a"}]}, "tenantLimits\\[0\\].maxInFlight"),
+])
+def test_bad_classes_and_limits_are_refused_with_their_paths(flow, problem):
+    with pytest.raises(SpecError, match=problem):
+        args({"flowControl": {"enabled": True, **flow}})
