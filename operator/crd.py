@@ -34,6 +34,9 @@ from hetero_infer.operator.schema import (
 )
 from hetero_infer.operator.spec_overrides import DEFAULT_LIVENESS, DEFAULT_READINESS
 
+# A host name as Ingress and HTTPRoute take it: DNS labels, optionally a leading "*." wildcard.
+HOSTNAME_PATTERN = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
 QUANTIZATIONS = typing.get_args(Quantization)
 ROUTER_DEFAULTS = RouterOptions()  # the router's own defaults, which a spec without the field keeps
 ROUTER_POLICIES = typing.get_args(typing.get_type_hints(RouterOptions)["policy"])
@@ -549,7 +552,7 @@ SCHEMA: Obj = Obj(
                                 ),
                                 "host": Str(
                                     description="The host name it answers for; unset: any host.",
-                                    pattern=r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+                                    pattern=HOSTNAME_PATTERN,
                                     max_length=253,
                                 ),
                                 "path": Str(pattern="^/", max_length=1024, default_value="/"),
@@ -580,7 +583,7 @@ SCHEMA: Obj = Obj(
                                 "hostnames": Arr(
                                     max_items=16,
                                     items=Str(
-                                        pattern=r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+                                        pattern=HOSTNAME_PATTERN,
                                         max_length=253,
                                     ),
                                 ),
