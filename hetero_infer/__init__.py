@@ -20,7 +20,7 @@ if not os.path.isdir(os.path.join(_here, "operator")) and os.path.isdir(os.path.
 del _here
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "LoRARequest"]
 
 _LAZY = {
     "LLM": "hetero_infer.worker.frontend.llm",
@@ -28,9 +28,11 @@ _LAZY = {
     "StructuredOutputsParams": "hetero_infer.contracts.sampling_params",
     "RequestOutput": "hetero_infer.worker.core.outputs",
     "CompletionOutput": "hetero_infer.worker.core.outputs",
+    "LoRARequest": "hetero_infer.contracts.lora",
 }
 
 if TYPE_CHECKING:
+    from hetero_infer.contracts.lora import LoRARequest
     from hetero_infer.contracts.sampling_params import SamplingParams, StructuredOutputsParams
     from hetero_infer.worker.core.outputs import CompletionOutput, RequestOutput
     from hetero_infer.worker.frontend.llm import LLM

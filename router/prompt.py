@@ -54,13 +54,14 @@ def prompt_token_ids(payload: dict[str, Any], tokenizer: Any, body: bytes | str 
 
 
 def request_hashes(payload: dict[str, Any], tokenizer: Any, block_size: int, chunk_bytes: int,
-                   body: bytes | str | None = None) -> tuple[list[int], bool]:
+                   body: bytes | str | None = None, adapter: str | None = None) -> tuple[list[int], bool]:
     """Block hashes of the request's prompt, and whether they are token-block hashes (comparable with the
-    workers' reports) rather than text chunks; [] for anything unreadable (routed as a cold prefix)."""
+    workers' reports) rather than text chunks; [] for anything unreadable (routed as a cold prefix). `adapter`:
+    the LoRA adapter the request names (its blocks hash from the adapter's root, as the workers hash them)."""
     try:
         ids = prompt_token_ids(payload, tokenizer, body)
     except Exception:  # a malformed request: the worker will answer it with a 400
         ids = None
     if ids is not None:
-        return block_hashes(ids, block_size), True
+        return block_hashes(ids, block_size, adapter), True
     return text_block_hashes(prompt_text(payload), chunk_bytes), False

@@ -42,6 +42,10 @@ _HELP = {
     "evicted from the pool are saved there and restored instead of recomputed",
     "kv_events_config": "KV cache events as vLLM publishes them (ZMQ PUB, msgpack): a JSON object or its file, e.g. "
     "'{\"enable_kv_cache_events\": true, \"endpoint\": \"tcp://*:5557\"}'",
+    "enable_lora": "serve LoRA adapters (PEFT folders) beside the base model, mixed in one batch",
+    "max_loras": "LoRA adapters one step can run (device slots)",
+    "max_lora_rank": "largest LoRA rank an adapter may have (smaller ranks are padded to it)",
+    "max_cpu_loras": "LoRA adapters kept read in host memory (default: max_loras); others are read again when used",
     "mock_block_copy_s": "mock executor: seconds per KV block saved to or restored from the host tier",
     "mock_step_latency_s": "mock executor: seconds per step",
     "mock_token_latency_s": "mock executor: seconds more per token a step computes (prefill or decode; prefix-cache "

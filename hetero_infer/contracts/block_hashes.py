@@ -6,6 +6,10 @@ in every process and Python version (Python's `hash()` of a tuple holding None i
 3.11, so it cannot cross a process boundary). The worker's block manager keys its prefix cache by these hashes
 and reports them; the router hashes prompts the same way and compares.
 
+Blocks computed under a LoRA adapter hold other K/V than the base model's for the same tokens: their chain starts
+from a root of the adapter's name (`chain_root`) instead of `ROOT`, so equal tokens under two adapters (or an
+adapter and the base) never share a block, and under one adapter they do. The base model's hashes are unchanged.
+
 `BlockLog` is the worker side of the block report (`GET /v1/cache/blocks?epoch=E&since=N`, docs/router.md): the
 hashes the prefix cache gains and loses, answered as a delta since the router's last report when it can, else a
 snapshot. `BlockReport` is one such answer, what the router's index takes in.
@@ -33,6 +37,11 @@ def blake2b64(parent: bytes, payload: bytes) -> bytes:
     return _blake2b(parent + payload, digest_size=8).digest()
 
 
+def chain_root(adapter: str | None = None) -> bytes:
+    """The parent of a chain's first block: `ROOT` for the base model, a hash of the LoRA adapter's name else."""
+    return ROOT if adapter is None else blake2b64(ROOT, b"lora:" + adapter.encode())
+
+
 def _pack(token_ids: Sequence[int]) -> bytes:
     n = len(token_ids)
     packer = _packers.get(n)
@@ -41,30 +50,33 @@ def _pack(token_ids: Sequence[int]) -> bytes:
     return packer.pack(*token_ids)
 
 
-def chain_hash(parent: int | None, token_ids: Sequence[int]) -> int:
-    """The hash of one block of `token_ids` whose preceding block hashed to `parent` (None: the first block)."""
-    prefix = ROOT if parent is None else parent.to_bytes(8, "little")
+def chain_hash(parent: int | None, token_ids: Sequence[int], adapter: str | None = None) -> int:
+    """The hash of one block of `token_ids` whose preceding block hashed to `parent` (None: the first block, of
+    the base model or of LoRA adapter `adapter`)."""
+    prefix = chain_root(adapter) if parent is None else parent.to_bytes(8, "little")
     return int.from_bytes(_blake2b(prefix + _pack(token_ids), digest_size=8).digest(), "little")
 
 
-def extend_chain(hashes: list[int], token_ids: Sequence[int], block_size: int, num_blocks: int) -> None:
-    """Append to `hashes` (the chain of the leading blocks of `token_ids`) the hashes of its blocks up to
-    `num_blocks`: `chain_hash` block by block, with the tokens packed once (hashing is on the engine's step)."""
+def extend_chain(hashes: list[int], token_ids: Sequence[int], block_size: int, num_blocks: int,
+                 adapter: str | None = None) -> None:
+    """Append to `hashes` (the chain of the leading blocks of `token_ids`, under LoRA adapter `adapter` or the
+    base model) the hashes of its blocks up to `num_blocks`: `chain_hash` block by block, with the tokens packed
+    once (hashing is on the engine's step)."""
     first = len(hashes)
     if num_blocks <= first:
         return
     data = _pack(token_ids[first * block_size : num_blocks * block_size])
-    parent = ROOT if not first else hashes[-1].to_bytes(8, "little")
+    parent = chain_root(adapter) if not first else hashes[-1].to_bytes(8, "little")
     width = block_size * 8
     for off in range(0, len(data), width):
         parent = _blake2b(parent + data[off : off + width], digest_size=8).digest()
         hashes.append(int.from_bytes(parent, "little"))
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """The chain hashes of every full block of `token_ids`."""
+def block_hashes(token_ids: Sequence[int], block_size: int, adapter: str | None = None) -> list[int]:
+    """The chain hashes of every full block of `token_ids` (under LoRA adapter `adapter`, None: the base model)."""
     out: list[int] = []
-    extend_chain(out, token_ids, block_size, len(token_ids) // block_size)
+    extend_chain(out, token_ids, block_size, len(token_ids) // block_size, adapter)
     return out
 
 

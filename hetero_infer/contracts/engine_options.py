@@ -17,6 +17,7 @@ QUANTIZATIONS = (None, *get_args(Quantization))
 # file); "safetensors" / "gguf" insist on that kind; "dummy" makes random weights from config.json alone.
 LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
 LOAD_FORMATS = get_args(LoadFormat)
+MAX_LORA_RANK = 512  # vLLM's largest
 
 
 @dataclass
@@ -52,6 +53,12 @@ class EngineConfig:
     # vLLM's --kv-events-config: a JSON object (or the path of one) that turns on KV cache events over ZMQ
     # (worker/core/kv_events.py): {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "topic": ""}
     kv_events_config: str | None = None
+    # LoRA adapters (vLLM's flags): adapters run in `max_loras` device slots (the most distinct adapters one step
+    # runs), of rank at most `max_lora_rank`, from a host cache of `max_cpu_loras` (None: max_loras) read adapters
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
     # mock executor
     mock_step_latency_s: float = 0.0
     # mock cost model: a step also takes these per token whose K/V it computes (prefill chunks and decodes; a
@@ -104,9 +111,21 @@ class EngineConfig:
             bad("kv_offloading_size", "must be a size in GiB >= 0 (0: no host tier)")
         if self.kv_offloading_size and not self.enable_prefix_caching:
             bad("kv_offloading_size", "the host tier holds prefix-cache blocks: it needs enable_prefix_caching")
+        if not isinstance(self.max_loras, int) or self.max_loras < 1:
+            bad("max_loras", "must be an integer >= 1")
+        if not isinstance(self.max_lora_rank, int) or not 1 <= self.max_lora_rank <= MAX_LORA_RANK:
+            bad("max_lora_rank", f"must be an integer in [1, {MAX_LORA_RANK}]")
+        if self.max_cpu_loras is not None and (not isinstance(self.max_cpu_loras, int)
+                                               or self.max_cpu_loras < self.max_loras):
+            bad("max_cpu_loras", f"must be an integer >= max_loras ({self.max_loras})")
         for name in ("mock_step_latency_s", "mock_token_latency_s", "mock_seq_latency_s", "mock_block_copy_s"):
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0")
+
+    @property
+    def lora_cache_size(self) -> int:
+        """Adapters held in host memory (`max_cpu_loras`, default `max_loras`)."""
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -132,7 +132,7 @@ class BlockManager:
 
     # -- prefix cache -----------------------------------------------------------------
     def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
-        extend_chain(seq.block_hashes, seq.token_ids, self.block_size, num_full_blocks)
+        extend_chain(seq.block_hashes, seq.token_ids, self.block_size, num_full_blocks, seq.lora_name)
 
     def lookup_prefix(self, seq: Sequence) -> list[int | HostHit]:
         """Cached blocks for the longest prefix of `seq`: pool blocks (their ids), then blocks of the host tier

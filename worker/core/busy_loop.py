@@ -11,31 +11,37 @@ slow consumer gets fewer, bigger batches rather than a backlog.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hetero_infer.contracts.lora import LoRAAdapterError, LoRARequest
 from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.outputs import RequestDelta
 from hetero_infer.worker.core.request_check import RequestError
 
-# Command kinds (frontend -> loop): (ADD, EngineRequest), (ABORT, [request ids]), (SHUTDOWN, None).
-ADD, ABORT, SHUTDOWN = 0, 1, 2
+# Command kinds (frontend -> loop): (ADD, EngineRequest), (ABORT, [request ids]), (SHUTDOWN, None),
+# (ADD_LORA, (token, LoRARequest)), (REMOVE_LORA, (token, adapter name)): a LoRA command's outcome comes back in
+# the next hand-over's `lora_results`, by its token.
+ADD, ABORT, SHUTDOWN, ADD_LORA, REMOVE_LORA = 0, 1, 2, 3, 4
 Command = tuple[int, Any]
 
 
 @dataclass(slots=True)
 class EngineRequest:
     """A request for the engine. `max_tokens`: the resolved max_tokens when the frontend has run
-    `check_request` already (the engine then trusts it); None to have the engine check it."""
+    `check_request` already (the engine then trusts it); None to have the engine check it. `lora_request`: the LoRA
+    adapter it runs with (loaded by the engine if it is not yet), None for the base model."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
     max_tokens: int | None = None
+    lora_request: LoRARequest | None = None
 
     def __reduce__(self) -> tuple:
-        return EngineRequest, (self.request_id, self.prompt, self.prompt_token_ids, self.params, self.max_tokens)
+        return EngineRequest, (self.request_id, self.prompt, self.prompt_token_ids, self.params, self.max_tokens,
+                               self.lora_request)
 
 
 @dataclass(slots=True)
@@ -55,7 +61,8 @@ class Aborted:
 class EngineOutputs:
     """One hand-over of the loop: the steps run since the previous one, a merged delta per request that
     progressed, the requests the engine refused or aborted, the engine's stats, and the block hashes that
-    entered and left its prefix cache since the previous hand-over (the router's block report)."""
+    entered and left its prefix cache since the previous hand-over (the router's block report), and the outcomes
+    of LoRA commands: (token, result or the exception it raised)."""
 
     num_steps: int
     deltas: list[RequestDelta]
@@ -63,10 +70,11 @@ class EngineOutputs:
     aborted: list[Aborted]
     stats: Any
     cache_changes: tuple[list[int], list[int]] = ([], [])
+    lora_results: list[tuple[int, Any]] = field(default_factory=list)
 
     def __reduce__(self) -> tuple:
         return EngineOutputs, (self.num_steps, self.deltas, self.rejected, self.aborted, self.stats,
-                               self.cache_changes)
+                               self.cache_changes, self.lora_results)
 
 
 class Link(Protocol):
@@ -79,7 +87,7 @@ class Link(Protocol):
 
 def _rejection(exc: Exception) -> Exception:
     """What a refused request fails with on the frontend's side (plain enough to cross a pipe)."""
-    if isinstance(exc, RequestError):
+    if isinstance(exc, (RequestError, LoRAAdapterError)):
         return exc
     if isinstance(exc, ValueError):
         return RequestError(str(exc))
@@ -94,15 +102,16 @@ def run_busy_loop(engine: Any, link: Link, interval: float) -> None:
     pending: dict[str, RequestDelta] = {}  # the deltas of the steps since the last hand-over, merged
     rejected: list[tuple[str, Exception]] = []
     aborted: list[Aborted] = []
+    lora_results: list[tuple[int, Any]] = []
     num_steps = 0
     last_send = 0.0
     dirty = False  # something happened since the last hand-over (stats to refresh)
 
     def send(deltas: list[RequestDelta], steps: int) -> None:
-        nonlocal rejected, aborted, dirty
+        nonlocal rejected, aborted, lora_results, dirty
         link.send(EngineOutputs(steps, deltas, rejected, aborted, engine.stats(),
-                                engine.block_manager.take_cache_changes()))
-        rejected, aborted = [], []
+                                engine.block_manager.take_cache_changes(), lora_results))
+        rejected, aborted, lora_results = [], [], []
         dirty = False
 
     while True:
@@ -118,9 +127,16 @@ def run_busy_loop(engine: Any, link: Link, interval: float) -> None:
             if kind == ADD:
                 try:
                     engine.add_request(item.request_id, item.prompt, item.prompt_token_ids, item.params,
-                                       max_tokens=item.max_tokens)
+                                       max_tokens=item.max_tokens, lora_request=item.lora_request)
                 except Exception as exc:  # a refused request must not stop the engine
                     rejected.append((item.request_id, _rejection(exc)))
+            elif kind == ADD_LORA or kind == REMOVE_LORA:
+                token, arg = item
+                try:
+                    result = engine.add_lora(arg) if kind == ADD_LORA else engine.remove_lora(arg)
+                except Exception as exc:  # a bad adapter must not stop the engine
+                    result = _rejection(exc)
+                lora_results.append((token, result))
             elif kind == ABORT:
                 now = monotonic()
                 for rid in item:
@@ -132,6 +148,8 @@ def run_busy_loop(engine: Any, link: Link, interval: float) -> None:
                                    Aborted(rid, now, d.step_times, d.num_new_tokens))
             else:
                 return
+        if lora_results and busy:  # answered before the next step (an idle loop sends at its next turn)
+            send([], 0)
         if not engine.has_unfinished_requests():
             continue
         ended = False

@@ -16,12 +16,14 @@ from typing import Any
 
 from hetero_infer.contracts.engine_options import EngineConfig, batch_token_budget
 from hetero_infer.contracts.kv_events import KVEventsConfig
+from hetero_infer.contracts.lora import LoRAAdapterError, LoRARequest
 from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.contracts.step import SamplingRow
 from hetero_infer.contracts.tokenizer import eos_token_ids, load_tokenizer
 from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
 from hetero_infer.worker.core.kv_events import KVEventPublisher
+from hetero_infer.worker.core.lora import LoRARegistry, adapter_names
 from hetero_infer.worker.core.outputs import OutputAccumulator, RequestDelta, RequestOutput, SampleDelta
 from hetero_infer.worker.core.request_check import EngineLimits, check_request
 from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
@@ -119,7 +121,7 @@ class LLMEngine:
                                           record_events=self.kv_events is not None)
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.memory_threshold,
-            config.scheduling_policy,
+            config.scheduling_policy, config.max_loras if config.enable_lora else None,
         )
         self.eos_token_ids = sorted(eos_token_ids(folder, hf_config, self.tokenizer))
         self._eos = frozenset(self.eos_token_ids)
@@ -142,6 +144,8 @@ class LLMEngine:
         self.limits = EngineLimits(self.model_name, self.max_model_len, int(self.vocab_size),
                                    self.block_manager.num_blocks, self.block_manager.block_size,
                                    tuple(self.eos_token_ids), has_tokenizer=self.tokenizer is not None)
+        self.loras = (LoRARegistry(self.executor, config.lora_cache_size, self._loras_in_use, self.model_name)
+                      if config.enable_lora else None)
 
     # -- requests -----------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
@@ -151,19 +155,27 @@ class LLMEngine:
     def add_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
         *, max_tokens: int | None = None, arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue a request. `max_tokens`: the resolved max_tokens of a request its caller has checked already
-        (`check_request`); without it the request is checked here (RequestError)."""
+        (`check_request`); without it the request is checked here (RequestError). `lora_request`: the LoRA
+        adapter it runs with, loaded here if it is not (LoRAAdapterError; None: the base model)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         if max_tokens is None:
             max_tokens = self.check_request(prompt_token_ids, params)
+        if lora_request is not None:
+            self.add_lora(lora_request)
         # vLLM V1's fan-out: one sequence per sample, each scheduled on its own (so each counts against
         # max_num_seqs); the later ones take the first one's prompt blocks from the prefix cache
         seqs = [self._new_sequence(request_id, list(prompt_token_ids), params, max_tokens, i)
                 for i in range(num_samples(params))]
         for seq in seqs[1:]:
             seq.prompt_leader = seqs[0]
+        if lora_request is not None:
+            for seq in seqs:
+                seq.lora_name = lora_request.lora_name
+            self.loras.counted(lora_request.lora_name)
         request = Request(request_id, prompt, list(prompt_token_ids), params, seqs)
         if arrival_time is not None:
             request.arrival_time = arrival_time
@@ -188,6 +200,29 @@ class LLMEngine:
         if params.structured_outputs is not None:
             seq.grammar = self.grammars.new_state(params.structured_outputs)
         return seq
+
+    # -- LoRA adapters --------------------------------------------------------------------
+    def _lora_registry(self) -> LoRARegistry:
+        if self.loras is None:
+            raise LoRAAdapterError("LoRA adapters are not enabled: start the engine with enable_lora=True "
+                                   "(--enable-lora)")
+        return self.loras
+
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        """Read and check a LoRA adapter into host memory (a no-op for one loaded already); LoRAAdapterError, and
+        nothing changed, for a bad one (worker/core/lora.py)."""
+        self._lora_registry().add(lora_request)
+
+    def remove_lora(self, lora_name: str) -> bool:
+        """Unload an adapter (False: none of that name is loaded); its running requests finish with it."""
+        return self._lora_registry().remove(lora_name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return [] if self.loras is None else self.loras.list()
+
+    def _loras_in_use(self) -> set[str]:
+        return {s.lora_name for r in self.requests.values() for s in r.seqs
+                if s.lora_name is not None and not s.is_finished}
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
@@ -250,6 +285,8 @@ class LLMEngine:
         (grammars, logits processors) is finished first; so is every step of an executor that does
         not overlap (or with async_scheduling off), in the call that launched it."""
         touched: list[Request] = []
+        if self.loras is not None and self.loras.needs_drain:
+            self.loras.drain()
         prev, self._inflight = self._inflight, None
         if prev is not None and prev.needs_host_tokens:
             touched += self._finish(prev)
@@ -469,7 +506,21 @@ class LLMEngine:
             iteration_tokens=tuple(self._iteration_tokens),
             iteration_tokens_sum=self._iteration_tokens_sum,
             **self._host_tier_stats(),
+            **self._lora_stats(),
         )
+
+    def _lora_stats(self) -> dict[str, Any]:
+        loras = self.loras
+        if loras is None:
+            return {}
+        active: dict[str, int] = {}
+        for r in self.requests.values():
+            name = r.seqs[0].lora_name
+            if name is not None:
+                active[name] = active.get(name, 0) + 1
+        return {"max_lora": self.config.max_loras, "running_lora_adapters": adapter_names(self.scheduler.running),
+                "waiting_lora_adapters": adapter_names(self.scheduler.waiting), "lora_requests": active,
+                "lora_requests_total": dict(loras.requests_total), "loras": tuple(loras.list())}
 
     def _host_tier_stats(self) -> dict[str, float]:
         bm = self.block_manager

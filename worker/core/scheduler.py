@@ -11,6 +11,10 @@ preemption is the running sequence of the lowest priority (latest arrival among 
 higher priority than a running one takes its place when `max_num_seqs` or the memory threshold keeps it out
 (vLLM's gap: a full batch of low-priority streams would otherwise keep it waiting until one of them ends).
 
+With LoRA adapters (`max_loras` set), no more than `max_loras` distinct adapters are ever running (the base model
+takes no slot), so no step runs more than the device holds: a waiting sequence whose adapter would be one too many
+waits at the head of the queue, FCFS across adapters, until every running sequence of some adapter has ended.
+
 A request with n > 1 is n sequences queued together (vLLM V1's fan-out): each is admitted on
 its own, so every one counts against max_num_seqs. The later ones wait at the head of the
 queue until the first has computed the prompt's full blocks, then take them from the prefix
@@ -77,7 +81,9 @@ class Scheduler:
         max_num_batched_tokens: int,
         memory_threshold: float = 0.9,
         policy: SchedulingPolicy = "fcfs",
+        max_loras: int | None = None,
     ) -> None:
+        """max_loras: the most distinct LoRA adapters running at once (None: no adapters)."""
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"unknown scheduling policy {policy!r}: fcfs or priority")
         self.policy = policy
@@ -88,6 +94,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions_total = 0
+        self.max_loras = max_loras
+        self.running_loras: dict[str, int] = {}  # adapter -> its running sequences
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -124,8 +132,29 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _started(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        if seq.lora_name is not None:
+            self.running_loras[seq.lora_name] = self.running_loras.get(seq.lora_name, 0) + 1
+
+    def _stopped(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        name = seq.lora_name
+        if name is not None:
+            left = self.running_loras[name] - 1
+            if left:
+                self.running_loras[name] = left
+            else:
+                del self.running_loras[name]
+
+    def _waits_for_lora_slot(self, seq: Sequence) -> bool:
+        name = seq.lora_name
+        return (name is not None and name not in self.running_loras and self.max_loras is not None
+                and len(self.running_loras) >= self.max_loras)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._stopped(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -180,7 +209,7 @@ class Scheduler:
                 if self.running and bm.usage >= self.memory_threshold:
                     break
                 seq = self.waiting[0]
-                if self._waits_for_prompt_leader(seq):
+                if self._waits_for_prompt_leader(seq) or self._waits_for_lora_slot(seq):
                     break
                 # a prompt whose logprobs are owed computes every token: a cached block has no logits
                 hits = bm.lookup_prefix(seq) if seq.prompt_logprobs_top is None else []
@@ -191,8 +220,7 @@ class Scheduler:
                 bm.admit(seq, hits)
                 ok = bm.allocate_slots(seq, num_new)
                 assert ok
-                seq.status = SequenceStatus.RUNNING
-                self.running.append(seq)
+                self._started(seq)
                 out.scheduled.append(ScheduledSeq(seq, num_new))
                 budget -= num_new
 
@@ -223,7 +251,7 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
         """Finish a sequence and free its blocks at once (running or waiting)."""
         if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
+            self._stopped(seq)
         elif seq.status is SequenceStatus.WAITING:
             try:
                 self.waiting.remove(seq)

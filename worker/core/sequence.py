@@ -51,6 +51,7 @@ class Sequence:
     # many prompt rows' logprobs the steps launched so far compute (a recomputed prefill skips them)
     prompt_logprobs_top: int | None = None
     prompt_logprob_rows: int = 0
+    lora_name: str | None = None  # the LoRA adapter it runs with (None: the base model)
 
     @property
     def num_tokens(self) -> int:

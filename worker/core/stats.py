@@ -3,7 +3,9 @@ parent too, where it arrives pickled: this module imports nothing heavy)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from hetero_infer.contracts.lora import LoRARequest
 
 
 @dataclass
@@ -25,6 +27,14 @@ class EngineStats:
     host_prefix_cache_hits_total: int = 0  # prompt tokens restored from it
     host_kv_bytes_saved_total: int = 0
     host_kv_bytes_restored_total: int = 0
+    # LoRA adapters (enable_lora; what `vllm:lora_requests_info` reports): the device slots, the adapters of running
+    # and of waiting sequences, unfinished requests per adapter, requests added per adapter, adapters loaded
+    max_lora: int = 0
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
+    lora_requests: dict[str, int] = field(default_factory=dict)
+    lora_requests_total: dict[str, int] = field(default_factory=dict)
+    loras: tuple[LoRARequest, ...] = ()
 
 
 # vLLM's `vllm:iteration_tokens_total` buckets

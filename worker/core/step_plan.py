@@ -36,6 +36,7 @@ def launch_step(sched: SchedulerOutput, finished_seq_ids: list[int] | None = Non
     samples: list[bool] = []
     indexes: list[int] = []
     new_prompts: dict[int, list[int]] = {}
+    adapters: dict[int, str] = {}
     owed_rows: dict[int, PromptLogprobsRows] = {}
     add_id, add_request, add_tokens, add_start = seq_ids.append, request_ids.append, token_ids.append, starts.append
     add_table, add_prefill, add_samples, add_index = tables.append, prefill.append, samples.append, indexes.append
@@ -55,6 +56,8 @@ def launch_step(sched: SchedulerOutput, finished_seq_ids: list[int] | None = Non
         add_prefill(length - start > 1)
         add_samples(end == length)
         add_index(seq.sample_index)
+        if seq.lora_name is not None:
+            adapters[seq.seq_id] = seq.lora_name
         if end == length:
             rows.append(seq)
         if start == seq.num_cached_tokens:
@@ -68,7 +71,7 @@ def launch_step(sched: SchedulerOutput, finished_seq_ids: list[int] | None = Non
             mark_launched(seq)
     moves = sched.block_moves
     plan = StepPlan(seq_ids, request_ids, token_ids, starts, tables, prefill, samples, indexes, new_prompts, owed_rows,
-                    block_copies=list(sched.block_copies), finished_seq_ids=finished_seq_ids or [])
+                    adapters, block_copies=list(sched.block_copies), finished_seq_ids=finished_seq_ids or [])
     if moves:
         plan.blocks_to_offload, plan.blocks_to_load = list(moves.saves), list(moves.restores)
     return Launch(plan, rows, first)

@@ -12,6 +12,7 @@ Everything here runs on the event-loop thread.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -19,7 +20,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from hetero_infer.contracts.block_hashes import BlockLog
-from hetero_infer.worker.core.busy_loop import ABORT, ADD, Command, EngineOutputs, EngineRequest
+from hetero_infer.contracts.lora import LoRARequest
+from hetero_infer.worker.core.busy_loop import (
+    ABORT,
+    ADD,
+    ADD_LORA,
+    REMOVE_LORA,
+    Command,
+    EngineOutputs,
+    EngineRequest,
+)
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer
 from hetero_infer.worker.frontend.stream import OutputStream
 from hetero_infer.worker.frontend.timing import RequestTiming, TimingSink, record_delta, record_steps
@@ -56,6 +66,8 @@ class EngineClient(ABC):
         self._stats: Any = None
         self.steps = 0
         self.block_log = BlockLog()  # the engine's prefix-cache hashes, for GET /v1/cache/blocks
+        self._lora_waiters: dict[int, asyncio.Future[Any]] = {}  # add_lora / remove_lora calls, by token
+        self._lora_tokens = itertools.count()
 
     # ----------------------------------------------------------------- lifecycle
     @abstractmethod
@@ -126,11 +138,44 @@ class EngineClient(ABC):
         only once it is ready): ConstraintError if it does not compile, CompileTimeout if it was still queued at
         `deadline` (`time.monotonic()`); the caller bounds the wait itself."""
 
+    # ----------------------------------------------------------------- LoRA adapters
+    async def add_lora(self, lora_request: LoRARequest) -> None:
+        """Have the engine read and check a LoRA adapter into host memory (between two steps; a no-op for one it
+        holds already): LoRAAdapterError, and nothing changed, for a bad one."""
+        await self._lora_command(ADD_LORA, lora_request)
+
+    async def remove_lora(self, lora_name: str) -> bool:
+        """Unload an adapter (False: the engine held none of that name); its running requests finish with it."""
+        return await self._lora_command(REMOVE_LORA, lora_name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        """The adapters the engine holds in host memory, as of its latest hand-over (fresh after an awaited
+        add_lora / remove_lora)."""
+        return list(getattr(self._stats, "loras", ()) or ())
+
+    async def _lora_command(self, kind: int, arg: Any) -> Any:
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        token = next(self._lora_tokens)
+        waiter = self._lora_waiters[token] = asyncio.get_running_loop().create_future()
+        try:
+            self._send([(kind, (token, arg))])
+            return await waiter
+        finally:
+            self._lora_waiters.pop(token, None)
+
     # ----------------------------------------------------------------- outputs (event loop)
     def _on_outputs(self, outputs: EngineOutputs) -> None:
         """One hand-over of the busy loop: streams, timing, stats."""
         self.steps += outputs.num_steps
         self._stats = outputs.stats
+        for token, result in outputs.lora_results:
+            waiter = self._lora_waiters.pop(token, None)
+            if waiter is not None and not waiter.done():
+                if isinstance(result, BaseException):
+                    waiter.set_exception(result)
+                else:
+                    waiter.set_result(result)
         if outputs.cache_changes[0] or outputs.cache_changes[1]:
             self.block_log.apply(*outputs.cache_changes)
         if outputs.rejected:
@@ -191,6 +236,10 @@ class EngineClient(ABC):
 
     def _on_dead(self, error: BaseException) -> None:
         self._dead = error
+        waiters, self._lora_waiters = self._lora_waiters, {}
+        for waiter in waiters.values():
+            if not waiter.done():
+                waiter.set_exception(error)
         self.detokenizer = DeltaDetokenizer(self.detokenizer.tokenizer)
         for stream in list(self._streams.values()):
             stream._fail(error)

@@ -19,6 +19,7 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.lora import LoRAAdapterError, LoRARequest
 from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.log_config import configure_default_logging
 from hetero_infer.worker.core.busy_loop import EngineRequest
@@ -50,7 +51,8 @@ class LLM:
     Keyword arguments are the engine options (see `EngineConfig`): device, dtype, block_size,
     max_num_blocks, max_num_seqs, max_model_len, max_num_batched_tokens, memory_threshold,
     executor ("torch" | "mock"), load_format ("auto" | "safetensors" | "gguf" | "dummy": random weights from
-    config.json alone), skip_tokenizer_init (token ids in and out, no tokenizer files needed), ...
+    config.json alone), skip_tokenizer_init (token ids in and out, no tokenizer files needed), enable_lora,
+    max_loras, max_lora_rank, max_cpu_loras (LoRA adapters: `generate(..., lora_request=...)`), ...
 
     `engine_process`: run the engine core in a child process (None: the `HETERO_INFER_LLM_ENGINE_PROCESS`
     variable, else yes where at least two CPUs are usable). `shutdown()` (or the end of a `with` block, or the
@@ -110,8 +112,11 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         prompt_token_ids: Seq[int] | Seq[Seq[int]] | None = None,
         use_tqdm: bool = False,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in input order. Bad input raises ValueError before any work."""
+        """One RequestOutput per prompt, in input order. Bad input raises ValueError before any work.
+        `lora_request`: the LoRA adapter every prompt runs with, or one per prompt (None: the base model); an
+        adapter not loaded yet is read from its folder first (LoRAAdapterError for a bad one)."""
         if prompts is None and prompt_token_ids is None:
             raise ValueError("give prompts or prompt_token_ids")
         texts: list[str | None]
@@ -126,19 +131,38 @@ class LLM:
         else:
             texts = [prompts] if isinstance(prompts, str) else list(prompts)
             token_lists = [self._tokenizer("text prompts").encode(t) for t in texts]
-        return self._run(texts, token_lists, sampling_params, use_tqdm)
+        return self._run(texts, token_lists, sampling_params, use_tqdm, lora_request)
 
     def chat(
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation (or a list of them) and generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self._tokenizer("chat")
         token_lists = [tok.apply_chat_template(c, add_generation_prompt=True) for c in conversations]
-        return self._run([None] * len(token_lists), token_lists, sampling_params, use_tqdm)
+        return self._run([None] * len(token_lists), token_lists, sampling_params, use_tqdm, lora_request)
+
+    # -- LoRA adapters --------------------------------------------------------------------
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        """Read and check a LoRA adapter into the engine's host memory ahead of use (LoRAAdapterError)."""
+        if self._remote is not None:
+            self._remote.call(self._remote.client.add_lora(lora_request))
+        else:
+            self._engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_name: str) -> bool:
+        if self._remote is not None:
+            return self._remote.call(self._remote.client.remove_lora(lora_name))
+        return self._engine.remove_lora(lora_name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        if self._remote is not None:
+            return self._remote.client.list_loras()
+        return self._engine.list_loras()
 
     def _tokenizer(self, what: str):
         if self.tokenizer is None:
@@ -146,7 +170,7 @@ class LLM:
                              "prompt_token_ids")
         return self.tokenizer
 
-    def _run(self, texts, token_lists, sampling_params, use_tqdm) -> list[RequestOutput]:
+    def _run(self, texts, token_lists, sampling_params, use_tqdm, lora_request=None) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = (
@@ -161,8 +185,11 @@ class LLM:
                              "create the LLM with engine_process=False to use them")
         limits: EngineLimits = self.limits
         max_tokens = [check_request(ids, p, limits) for ids, p in zip(token_lists, params)]  # all or nothing
-        requests = [EngineRequest(f"llm-{next(self._ids)}", text, ids, p, m)
-                    for text, ids, p, m in zip(texts, token_lists, params, max_tokens)]
+        loras = _per_prompt(lora_request, len(token_lists))
+        for lora in dict.fromkeys(r for r in loras if r is not None):  # bad adapters refused before any request
+            self.add_lora(lora)
+        requests = [EngineRequest(f"llm-{next(self._ids)}", text, ids, p, m, lora)
+                    for text, ids, p, m, lora in zip(texts, token_lists, params, max_tokens, loras)]
         bar = None
         if use_tqdm:
             from tqdm import tqdm
@@ -177,14 +204,27 @@ class LLM:
                 bar.close()
 
 
+def _per_prompt(lora_request: Any, n: int) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * n
+    loras = list(lora_request)
+    if len(loras) != n:
+        raise ValueError(f"{len(loras)} lora requests for {n} prompts")
+    for r in loras:
+        if r is not None and not isinstance(r, LoRARequest):
+            raise LoRAAdapterError(f"lora_request must be a LoRARequest or None, not {type(r).__name__}")
+    return loras
+
+
 def _generate_here(engine: Any, requests: list[EngineRequest], bar: Any) -> list[RequestOutput]:
     """The requests' final outputs, in order, from an engine in this process (`LLMEngine.step` makes the text)."""
     order = {r.request_id: i for i, r in enumerate(requests)}
     results: list[RequestOutput | None] = [None] * len(requests)
-    for r in requests:
-        engine.add_request(r.request_id, r.prompt, r.prompt_token_ids, r.params, max_tokens=r.max_tokens)
     left = len(requests)
     try:
+        for r in requests:
+            engine.add_request(r.request_id, r.prompt, r.prompt_token_ids, r.params, max_tokens=r.max_tokens,
+                               lora_request=r.lora_request)
         while left:
             for out in engine.step():
                 if out.error is not None:
@@ -258,6 +298,18 @@ class _EngineProcessDriver:
             if not stream.done:  # a failure, or an interrupt: the others are no longer wanted
                 self.client.abort(stream)
         return results  # type: ignore[return-value]
+
+    def call(self, coro: Any) -> Any:
+        """`coro`'s result, run on the private loop."""
+        if self.loop.is_closed():
+            raise RuntimeError("this LLM is shut down")
+        box: list[Any] = []
+
+        async def run() -> None:
+            box.append(await coro)
+
+        self._run(run())
+        return box[0]
 
     def _run(self, coro: Any) -> None:
         """Run `coro` on the private loop: on this thread, or, where this thread runs an event loop of its own (a

@@ -8,6 +8,7 @@ import time
 import torch
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.lora import LoRAAdapterError, LoRARequest
 from hetero_infer.contracts.step import SamplingRow, StepPlan
 from hetero_infer.kernels.cpu import decode_step as cpu_decode_step
 from hetero_infer.kernels.cpu import linear as cpu_linear
@@ -161,6 +162,19 @@ class TorchExecutor:
             width = -(-max_model_len // self.block_size)
             self.decode_runner = DecodeRunner(self.model, self.backend, self.kv_caches, max_batch, width,
                                               self.device, use_graphs=not config.enforce_eager)
+
+    # -- LoRA adapters --------------------------------------------------------------------
+    def add_lora(self, request: LoRARequest) -> None:
+        from hetero_infer.worker.runner.lora.adapter import ModelShapes, load_adapter
+        from hetero_infer.worker.runner.models.registry import family_of
+
+        family = family_of({"architectures": getattr(self.model.config, "architectures", None),
+                            "model_type": getattr(self.model.config, "model_type", None)})
+        load_adapter(request, ModelShapes.of(self.model.config, family.supports.moe), self.config.max_lora_rank)
+        raise LoRAAdapterError(f"LoRA adapter {request.lora_name!r}: the torch executor does not run adapters yet")
+
+    def remove_lora(self, name: str) -> bool:
+        return False
 
     @property
     def block_bytes(self) -> int:

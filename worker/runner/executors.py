@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.lora import LoRARequest
 from hetero_infer.contracts.step import SamplingRow, StepPlan
 from hetero_infer.worker.runner.step_handle import StepHandle
 
@@ -28,7 +29,14 @@ class Executor(Protocol):
 
     def execute_async(self, plan: StepPlan, sampling: list[SamplingRow] | None) -> StepHandle:
         """Run (or launch) a step; `sampling`: one row per sequence that samples, in order, or None where every row
-        takes its argmax."""
+        takes its argmax. `plan.adapter_ids` names the LoRA adapter of a sequence (each one added before)."""
+
+    def add_lora(self, request: LoRARequest) -> None:
+        """Read and check a LoRA adapter into host memory (LoRAAdapterError, and nothing kept, for a bad one);
+        the executor copies it into a device slot when a step first runs it."""
+
+    def remove_lora(self, name: str) -> bool:
+        """Forget an adapter (its host copy and its device slot); False where it held none."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,12 @@ def _mock_executor(config: EngineConfig, model: ModelFiles) -> Executor:
     from hetero_infer.worker.runner.mock_executor import MockExecutor
 
     vocab = model.tokenizer_vocab_size if model.tokenizer_vocab_size is not None else model.hf_config.vocab_size
-    return MockExecutor(config, vocab_size=vocab)
+    shapes = None
+    if config.enable_lora:  # the adapters are checked against config.json's sizes, as the torch executor does
+        from hetero_infer.worker.runner.lora.adapter import config_json_shapes
+
+        shapes = config_json_shapes(model.folder)
+    return MockExecutor(config, vocab_size=vocab, shapes=shapes)
 
 
 register_executor("torch", ExecutorKind(_torch_executor))

@@ -6,10 +6,15 @@ preemption behave like a real worker's; used by e2e, load and autoscaling tests.
 By default it picks every token itself (`next_token`), ignoring sampling parameters. With
 `mock_logits` it returns logits from `mock_logits` instead, so the engine's real sampler
 applies every sampling parameter: what the server's request-mapping tests need.
+
+LoRA adapters (`enable_lora`) are read and checked as the torch executor does (worker/runner/lora/adapter.py:
+the same errors for the same bad folders) and held in as many device slots (`max_loras`); a sequence under an
+adapter gets other tokens than under the base model (its token stream is salted by the adapter's name).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,8 +22,11 @@ from dataclasses import dataclass
 import torch
 
 from hetero_infer.contracts.engine_options import EngineConfig
+from hetero_infer.contracts.lora import LoRAAdapterError, LoRARequest
 from hetero_infer.contracts.step import PLACEHOLDER, SamplingRow, StepPlan
 from hetero_infer.worker.runner.host_kv import host_tier_blocks
+from hetero_infer.worker.runner.lora.adapter import ModelShapes, load_adapter
+from hetero_infer.worker.runner.lora.slots import SlotTable
 from hetero_infer.worker.runner.prompt_logprobs import PromptLogprobsCopy, PromptRows, step_entries
 from hetero_infer.worker.runner.sampler import Sampler, pending_tokens, sample_logits
 from hetero_infer.worker.runner.step_handle import CarriesPromptLogprobs
@@ -51,9 +59,20 @@ def _base_logits(vocab_size: int) -> torch.Tensor:
     return base
 
 
-def mock_logits(prompt_token_ids: Sequence[int], token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
-    """The next-token logits (float32, [vocab_size]) after `token_ids`, which start with `prompt_token_ids`."""
+def adapter_salt(adapter: str | None) -> int:
+    """What makes an adapter's tokens differ from the base model's: 0 for the base, a stable hash of its name."""
+    if adapter is None:
+        return 0
+    return int.from_bytes(hashlib.blake2b(adapter.encode(), digest_size=4).digest(), "little") or 1
+
+
+def mock_logits(prompt_token_ids: Sequence[int], token_ids: Sequence[int], vocab_size: int,
+                adapter: str | None = None) -> torch.Tensor:
+    """The next-token logits (float32, [vocab_size]) after `token_ids`, which start with `prompt_token_ids`
+    (under LoRA adapter `adapter`: the base logits rotated by its salt)."""
     logits = _base_logits(vocab_size).clone()
+    if adapter is not None:
+        logits = logits.roll(adapter_salt(adapter) % vocab_size)
     if len(prompt_token_ids) > 1 and token_ids[-1] == prompt_token_ids[0]:
         logits[prompt_token_ids[1] % vocab_size] += COPY_BONUS
     return logits
@@ -67,7 +86,8 @@ class MockExecutor:
 
     overlaps = True
 
-    def __init__(self, config: EngineConfig, vocab_size: int) -> None:
+    def __init__(self, config: EngineConfig, vocab_size: int, shapes: ModelShapes | None = None) -> None:
+        """shapes: the model's, which LoRA adapters are checked against (None: only their own consistency)."""
         self.step_latency_s = config.mock_step_latency_s
         self.token_latency_s = config.mock_token_latency_s
         self.seq_latency_s = config.mock_seq_latency_s
@@ -84,6 +104,30 @@ class MockExecutor:
         self._device_free_at = 0.0  # when the device finishes the steps handed to it so far
         self._last_tokens: dict[int, int] = {}  # seq_id -> the token the previous step sampled for it
         self._prompts: dict[int, list[int]] = {}  # seq_id -> its prompt (`mock_logits`), from its first step
+        self.max_lora_rank = config.max_lora_rank
+        self._shapes = shapes or ModelShapes("the model", None, {})
+        self.loras: dict[str, LoRARequest] = {}  # adapters read into host memory
+        self.lora_slots = SlotTable(config.max_loras)
+        self.lora_loads = 0  # adapters copied into a device slot (what a step's adapters cost)
+
+    def add_lora(self, request: LoRARequest) -> None:
+        """Read and check the adapter (LoRAAdapterError, nothing kept) into host memory."""
+        load_adapter(request, self._shapes, self.max_lora_rank)
+        self.loras[request.lora_name] = request
+
+    def remove_lora(self, name: str) -> bool:
+        self.lora_slots.drop(name)
+        return self.loras.pop(name, None) is not None
+
+    def _assign_slots(self, plan: StepPlan) -> None:
+        if not plan.adapter_ids:
+            return
+        names = plan.adapter_ids.values()
+        missing = [n for n in names if n not in self.loras]
+        if missing:
+            raise LoRAAdapterError(f"LoRA adapter {missing[0]!r} is not loaded")
+        _, loads = self.lora_slots.assign(names)
+        self.lora_loads += len(loads)
 
     def step_prompt_logprobs(self, plan: StepPlan) -> PromptLogprobsCopy | None:
         """The prompt logprobs a step owes, under `mock_logits` (position i's logits follow tokens 0..i: the
@@ -101,17 +145,18 @@ class MockExecutor:
         def logits_of(r: PromptRows, i: int, end: int) -> torch.Tensor:
             k = by_request[r.request_id]
             prompt, start, ids = self._prompts[plan.seq_ids[k]], plan.starts[k], plan.token_ids[k]
-            return torch.stack([mock_logits(prompt, (ids[p - start],), vocab)
+            adapter = plan.adapter_ids.get(plan.seq_ids[k])
+            return torch.stack([mock_logits(prompt, (ids[p - start],), vocab, adapter)
                                 for p in range(r.position + i, r.position + end)])
 
         return step_entries(rows, logits_of)
 
-    def next_token(self, token_ids: list[int], sample_index: int) -> int:
-        return self._next_token(token_ids[-1], len(token_ids), sample_index)
+    def next_token(self, token_ids: list[int], sample_index: int, adapter: str | None = None) -> int:
+        return self._next_token(token_ids[-1], len(token_ids), sample_index, adapter_salt(adapter))
 
-    def _next_token(self, last: int, length: int, sample_index: int) -> int:
+    def _next_token(self, last: int, length: int, sample_index: int, salt: int = 0) -> int:
         span = max(self.vocab_size - _FIRST_ORDINARY_TOKEN, 1)
-        h = (last * 1103515245 + length * 12345 + sample_index * 2654435761) % span
+        h = (last * 1103515245 + length * 12345 + sample_index * 2654435761 + salt * 40503) % span
         return _FIRST_ORDINARY_TOKEN + h
 
     def _last_tokens_of(self, plan: StepPlan) -> list[int]:
@@ -134,9 +179,11 @@ class MockExecutor:
         for seq_id in plan.finished_seq_ids:
             prompts.pop(seq_id, None)
         prompts.update(plan.new_prompts)
+        self._assign_slots(plan)
         if self.samples_itself:
             return None
-        rows = [mock_logits(prompts[seq_id], (last,), self.vocab_size)
+        adapters = plan.adapter_ids
+        rows = [mock_logits(prompts[seq_id], (last,), self.vocab_size, adapters.get(seq_id))
                 for seq_id, last in zip(plan.sampled_seq_ids, self._last_tokens_of(plan))]
         return torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
 
@@ -148,11 +195,14 @@ class MockExecutor:
         sampled = None
         if logits is None:
             next_token, prev, tokens = self._next_token, self._last_tokens, []
+            adapters = plan.adapter_ids
             for seq_id, ids, start, index, samples in zip(plan.seq_ids, plan.token_ids, plan.starts,
                                                           plan.sample_indexes, plan.samples):
                 if samples:
                     last = ids[-1]
-                    tokens.append(next_token(prev[seq_id] if last == PLACEHOLDER else last, start + len(ids), index))
+                    salt = adapter_salt(adapters.get(seq_id)) if adapters else 0
+                    tokens.append(next_token(prev[seq_id] if last == PLACEHOLDER else last, start + len(ids), index,
+                                             salt))
         else:
             pending = None
             if sampling is not None:  # tokens of the step in flight, which penalties count

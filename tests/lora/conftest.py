@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import pytest
+from lora_testing import ALL_LINEAR, save_adapter, save_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """Factory: arch -> (folder, float32 HF model)."""
+    cache = {}
+
+    def make(arch: str):
+        if arch not in cache:
+            folder = tmp_path_factory.mktemp(f"lora-model-{arch}")
+            cache[arch] = (folder, save_tiny_model(arch, folder))
+        return cache[arch]
+
+    return make
+
+
+# The adapters the tests run: two ranks, different target sets, both PEFT scalings.
+ADAPTERS = {
+    "attn8": dict(r=8, targets=["q_proj", "v_proj"], alpha=16.0, seed=1),
+    "all16": dict(r=16, targets=ALL_LINEAR, alpha=8.0, seed=2),
+    "mlp8rs": dict(r=8, targets=["k_proj", "o_proj", "gate_proj", "down_proj"], alpha=4.0, rslora=True, seed=3),
+}
+
+
+@pytest.fixture(scope="session")
+def adapter(tmp_path_factory, tiny_model):
+    """Factory: (arch, adapter name) -> its PEFT folder, made once."""
+    cache = {}
+
+    def make(arch: str, name: str, **overrides):
+        key = (arch, name, tuple(sorted(overrides.items())))
+        if key not in cache:
+            _, base = tiny_model(arch)
+            folder = tmp_path_factory.mktemp(f"adapter-{arch}-{name}")
+            cache[key] = save_adapter(base, folder, **{**ADAPTERS.get(name, {}), **overrides})
+        return cache[key]
+
+    return make
