@@ -1,7 +1,14 @@
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
-from lora_testing import ALL_LINEAR, save_adapter, save_tiny_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))  # quant_testing: the tiny models
+
+from lora_testing import ALL_LINEAR, save_adapter  # noqa: E402
+from quant_testing import save_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

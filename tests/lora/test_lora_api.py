@@ -10,7 +10,7 @@ import shutil
 import struct
 
 import pytest
-from lora_testing import edit_adapter_config
+from lora_testing import edit_adapter_config, other_base
 
 from hetero_infer import LLM, LoRARequest, SamplingParams
 from hetero_infer.contracts.block_hashes import ROOT, block_hashes, chain_hash
@@ -145,11 +145,10 @@ def _try_add(llm, request):
         assert "does not run adapters yet" in str(exc)
 
 
-def test_adapter_for_another_base_refused(tiny_model, adapter):
-    wide, _ = tiny_model("llama-wide")
+def test_adapter_for_another_base_refused(tiny_model, tmp_path):
     folder, _ = tiny_model("llama")
-    llm = mock_llm(wide)
-    with pytest.raises(LoRAAdapterError, match="input size 64 != the model's 96"):
+    llm = mock_llm(other_base(folder, tmp_path / "wide"))
+    with pytest.raises(LoRAAdapterError, match="input size 128 != the model's 96"):
         llm.add_lora(LoRARequest("narrow", 1, str(_adapter_folder(folder))))
     with pytest.raises(LoRAAdapterError, match="is for base model 'other'"):
         llm.add_lora(LoRARequest("x", 1, str(_adapter_folder(folder)), base_model_name="other"))
