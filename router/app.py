@@ -69,7 +69,8 @@ class Router:
         self.metrics = RouterMetrics()
         self.index = PrefixIndex(options.approx_capacity_blocks, options.text_chunks_per_block)
         self.pool = WorkerPool(options.worker, self.index, options.block_size, options.health_interval_s,
-                               on_change=self._pool_changed, api_key=options.worker_api_key)
+                               on_change=self._pool_changed, api_key=options.worker_api_key,
+                               kv_events=options.kv_events)
         self.aliases = options.aliases
         self._rr: dict[str | None, int] = {}
         self.session: aiohttp.ClientSession | None = None
@@ -170,7 +171,9 @@ class Router:
             matched = self.index.match(hashes, [s.url for s in states], exact)
             eviction = {s.url: self.index.eviction_cost(s.url, len(hashes), exact) for s in states}
             decision = policies.prefix(states, matched, self.options.load_factor, affinity=hashes[0] if hashes else None,
-                                       min_slack=self.options.min_slack, eviction=eviction)
+                                       min_slack=self.options.min_slack, eviction=eviction,
+                                       host_matched=self.index.host_match(hashes, matched) if exact else None,
+                                       host_weight=self.options.host_hit_weight)
         assert decision is not None
         return decision
 

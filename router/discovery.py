@@ -114,7 +114,7 @@ class Membership:
                 raise
             except Exception as exc:  # a poll must never end the loop
                 logger.debug("poll of %s failed: %s", worker.url, exc)
-            await asyncio.sleep(self.pool.interval_s)
+            await self.pool.pause(worker)
 
     async def forget(self) -> None:
         """Stop polling every discovered worker and remove them from the pool (their Service is gone for good)."""

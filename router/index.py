@@ -7,6 +7,10 @@ a snapshot. A pending block is confirmed by the first report that holds it, and 
 after its request ended that does not (the worker evicted it, or never cached it): between polls the router
 sees what it just placed, at any request rate.
 
+A worker that publishes KV events (router/kv_events.py) is kept by them instead (`apply_events`: each batch's net
+change, as a delta; its reports then only move the cursor on, apart from the snapshot a resync takes). Both say
+which tier holds a block: the device pool, or the host tier behind it (`host_blocks`, `host_match`).
+
 A worker that does not report gets an approximate entry: the blocks the router sent it, least recently routed
 dropped first beyond its capacity. Prompts the router could only hash as text chunks (no tokenizer, text
 prompts) never match a report: their hashes get approximate entries of their own, for every worker, reporting or
@@ -23,10 +27,11 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hetero_infer.contracts.block_hashes import BlockReport
+from hetero_infer.router.kv_events import TierChanges
 
 
 @dataclass(eq=False)
@@ -48,6 +53,7 @@ class PrefixIndex:
         self._cursor: dict[str, tuple[str, int]] = {}  # reporting worker -> (epoch, seq) of its last report
         self._text: dict[str, OrderedDict[int, int]] = {}  # text-chunk hashes routed to each worker
         self._pool: dict[str, int] = {}  # worker -> KV blocks in its pool (from its report)
+        self._host: dict[str, set[int]] = {}  # reporting worker -> blocks its host tier holds
         self._clock = itertools.count(1)
 
     def now(self) -> int:
@@ -66,26 +72,45 @@ class PrefixIndex:
         """Blocks the worker's pool holds (its report's), else the approximate entries' capacity."""
         return self._pool.get(worker, self.approx_capacity)
 
-    def apply(self, worker: str, report: BlockReport, asked: int | None = None) -> bool:
+    def apply(self, worker: str, report: BlockReport, asked: int | None = None, cursor_only: bool = False) -> bool:
         """Take a report in; False (nothing changed) when it does not continue the last one. `asked`: the clock
         (`now()`) when the report was asked for: pending blocks of requests that had ended before then and that
-        the report does not hold are dropped."""
+        the report does not hold are dropped. `cursor_only`: the worker's blocks come from its KV events, the
+        report only moves the cursor on."""
         if not report.is_snapshot and self._cursor.get(worker) != (report.epoch, report.since):
             return False
+        if not cursor_only:
+            self._take(worker, report.added, report.removed, report.host_added, report.host_removed,
+                       report.is_snapshot, asked)
+        self._cursor[worker] = (report.epoch, report.seq)
+        return True
+
+    def apply_events(self, worker: str, changes: TierChanges, asked: int | None = None) -> None:
+        """Take in the net change of one batch of the worker's KV events (router/kv_events.py); `asked` as for
+        `apply` (the clock when the batch before it arrived)."""
+        if changes.cleared:
+            self._take(worker, (), (), (), (), True, None)
+        self._take(worker, changes.added, changes.removed, changes.host_added, changes.host_removed, False, asked)
+
+    def _take(self, worker: str, added: Sequence[int], removed: Sequence[int], host_added: Sequence[int],
+              host_removed: Sequence[int], snapshot: bool, asked: int | None) -> None:
         blocks = self._blocks.setdefault(worker, OrderedDict())
         unrouted = self._unrouted.setdefault(worker, set())
         pending = self._pending.setdefault(worker, OrderedDict())
-        if report.is_snapshot:
-            held = set(report.added)
+        host = self._host.setdefault(worker, set())
+        if snapshot:
+            held = set(added)
             for h in [h for h in blocks if h not in held]:
                 del blocks[h]
             unrouted.intersection_update(held)
-            added: Sequence[int] = [h for h in report.added if h not in blocks]
+            added = [h for h in added if h not in blocks]
+            host.clear()
         else:
-            for h in report.removed:
+            for h in removed:
                 blocks.pop(h, None)
                 unrouted.discard(h)
-            added = report.added
+            host.difference_update(host_removed)
+        host.update(host_added)
         for h in added:
             route = pending.pop(h, None)
             if h in blocks:
@@ -95,11 +120,9 @@ class PrefixIndex:
             else:  # routed recently: among the freshest (near enough to recency order)
                 unrouted.discard(h)
                 blocks[h] = route.tick
-        self._cursor[worker] = (report.epoch, report.seq)
         for h, route in list(pending.items()):
             if h in blocks or h in unrouted or (asked is not None and route.ended is not None and route.ended < asked):
                 del pending[h]
-        return True
 
     # -- what was routed where ----------------------------------------------------------------
     def record_route(self, worker: str, hashes: Sequence[int], exact: bool = True) -> Route:
@@ -110,7 +133,7 @@ class PrefixIndex:
         if not exact:
             self._touch(self._text.setdefault(worker, OrderedDict()), hashes, route.tick,
                         int(self.capacity(worker) * self.text_chunks_per_block))
-        elif worker in self._cursor:
+        elif worker in self._unrouted:  # a reporting worker (block reports or KV events)
             blocks, unrouted = self._blocks[worker], self._unrouted[worker]
             pending = self._pending.setdefault(worker, OrderedDict())
             for h in hashes:
@@ -142,12 +165,16 @@ class PrefixIndex:
     # -- both ---------------------------------------------------------------------------------
     def drop(self, worker: str) -> None:
         """Forget a worker (it died or left): its cache is gone, and a restart reports a new epoch."""
-        for entries in (self._blocks, self._unrouted, self._pending, self._cursor, self._text, self._pool):
+        for entries in (self._blocks, self._unrouted, self._pending, self._cursor, self._text, self._pool, self._host):
             entries.pop(worker, None)
 
     def blocks(self, worker: str) -> frozenset[int]:
         """Its confirmed blocks (reported; routed, for a worker that does not report)."""
         return frozenset(self._blocks.get(worker, ())) | self._unrouted.get(worker, set())
+
+    def host_blocks(self, worker: str) -> frozenset[int]:
+        """The blocks its host tier holds (reported, or from its KV events)."""
+        return frozenset(self._host.get(worker, ()))
 
     def pending(self, worker: str) -> frozenset[int]:
         return frozenset(self._pending.get(worker, ()))
@@ -172,6 +199,21 @@ class PrefixIndex:
                         break
                     n += 1
             out[w] = n
+        return out
+
+    def host_match(self, hashes: Sequence[int], matched: Mapping[str, int]) -> dict[str, int]:
+        """For each worker of `matched` (its `match`: leading blocks on the device), how many blocks of `hashes` its
+        host tier holds from there on: what the worker restores instead of computing (its prefix lookup continues
+        in the tier where the pool's run ends)."""
+        out = {}
+        for w, n in matched.items():
+            host, m = self._host.get(w), 0
+            if host:
+                for h in hashes[n:]:
+                    if h not in host:
+                        break
+                    m += 1
+            out[w] = m
         return out
 
     def eviction_cost(self, worker: str, n: int, exact: bool = True) -> int:

@@ -16,6 +16,12 @@ cached prefix wins, ties to the least loaded. A prefix nobody holds goes where i
 below 0: the most room first, so pools fill evenly), then to its rendezvous home: a stable worker per prefix,
 different prefixes spread. Where it fits nowhere it costs a full prefill whatever the choice: the least loaded
 first (so it does not wait behind another's prefill), then where it displaces the stalest blocks.
+
+Tiers: a worker with a host KV tier (--kv-offloading-size) restores the blocks it holds there instead of computing
+them, at the cost of a copy. A cached prefix is worth `tier_score`: its leading blocks on the device, plus
+`host_weight` (< 1) times the blocks its host tier holds from there on. So a device hit beats a host hit of the
+same length, a host hit beats no hit, and a host run more than 1/host_weight times longer than another worker's
+device run beats it. The load bound applies before the score, as for device hits.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from hetero_infer.router.hashing import rendezvous
 # prefixes): its home may take up to SMALL_POOL_FACTOR times the mean load while it has room.
 SMALL_POOL_SHARE = 8
 SMALL_POOL_FACTOR = 2.0
+# A block restored from a host tier is worth this much of a block on the device (the router's --host-hit-weight).
+HOST_HIT_WEIGHT = 0.5
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,14 @@ class EndpointState:
 @dataclass(frozen=True)
 class Decision:
     url: str
-    matched_blocks: int = 0
+    matched_blocks: int = 0  # leading blocks of the prompt on its device
+    host_blocks: int = 0  # the blocks after those in its host tier
+
+
+def tier_score(device_blocks: int, host_blocks: int, host_weight: float = HOST_HIT_WEIGHT) -> float:
+    """What a worker's cached prefix is worth: blocks on the device count 1, blocks it restores from its host tier
+    `host_weight` (0 <= host_weight < 1: a copy is cheaper than computing, dearer than nothing)."""
+    return device_blocks + host_weight * host_blocks
 
 
 def load_key(e: EndpointState, kv_full: float = 0.95) -> tuple[bool, int, int, float, str]:
@@ -102,20 +117,24 @@ def worker_bound(e: EndpointState, endpoints: Sequence[EndpointState], load_fact
 
 def prefix(endpoints: Sequence[EndpointState], matched: Mapping[str, int], load_factor: float = 1.25,
            kv_full: float = 0.95, affinity: int | None = None, min_slack: int = 4,
-           eviction: Mapping[str, int] | None = None) -> Decision | None:
-    """The worker under its bound holding the most leading blocks (`matched`: url -> blocks), ties to the least
+           eviction: Mapping[str, int] | None = None, host_matched: Mapping[str, int] | None = None,
+           host_weight: float = HOST_HIT_WEIGHT) -> Decision | None:
+    """The worker under its bound whose cached prefix is worth the most (`tier_score` of `matched`: url -> leading
+    blocks on the device, and `host_matched`: url -> the blocks after those in its host tier), ties to the least
     loaded; a prefix no candidate holds goes to the lowest negative `eviction` cost (url ->
     `PrefixIndex.eviction_cost`: it fits in free room), else the least loaded and then the lowest cost, ties to the
     highest rendezvous rank for `affinity` (the prompt's first block hash)."""
     if not endpoints:
         return None
+    host_matched = host_matched or {}
     under = [e for e in endpoints
-             if e.load + 1 <= worker_bound(e, endpoints, load_factor, min_slack, matched.get(e.url, 0))]
+             if e.load + 1 <= worker_bound(e, endpoints, load_factor, min_slack,
+                                           matched.get(e.url, 0) + host_matched.get(e.url, 0))]
     candidates = [e for e in under if e.has_room] or under or list(endpoints)
     eviction = eviction or {}
 
     def key(e: EndpointState) -> tuple:
-        m = matched.get(e.url, 0)
+        m = tier_score(matched.get(e.url, 0), host_matched.get(e.url, 0), host_weight)
         rank = -rendezvous(affinity, e.url) if affinity is not None else 0
         if m:
             placement: tuple = (e.load, 0, 0)
@@ -125,4 +144,4 @@ def prefix(endpoints: Sequence[EndpointState], matched: Mapping[str, int], load_
         return (e.kv_usage >= kv_full, -m, *placement, rank, *load_key(e, kv_full))
 
     best = min(candidates, key=key)
-    return Decision(best.url, matched.get(best.url, 0))
+    return Decision(best.url, matched.get(best.url, 0), host_matched.get(best.url, 0))

@@ -3,7 +3,10 @@
 A worker joins the pool when its /readyz answers 200 and leaves it at once when a request to it cannot connect
 (`mark_down`) or /readyz fails; its index entry goes with it (a restarted worker starts with an empty cache).
 Load comes from its /metrics (running, waiting, KV usage); its cached blocks, pool size and `max_num_seqs` from
-`GET /v1/cache/blocks` when it serves that (see docs/router.md), else the index keeps an approximate entry.
+`GET /v1/cache/blocks` when it serves that (see docs/router.md), else the index keeps an approximate entry. A
+worker whose report advertises KV events (`kv_events`) is subscribed to (router/kv_events.py): its blocks then come
+from its events, its reports only move the cursor on, and a gap in the events resyncs from a snapshot report at
+once.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import aiohttp
 from hetero_infer.contracts import metric_names
 from hetero_infer.contracts.block_hashes import HASH_NAME, BlockReport
 from hetero_infer.router.index import PrefixIndex
+from hetero_infer.router.kv_events import EventFeed, subscribe_endpoint, zmq_available
 from hetero_infer.router.models import model_ids
 from hetero_infer.router.policies import EndpointState
 
@@ -92,14 +96,35 @@ def parse_report(data: dict, block_size: int) -> BlockReport | None:
     """A block report, or None when it is in another hash scheme or block size (not comparable)."""
     if data.get("hash") != HASH_NAME or data.get("block_size") != block_size:
         return None
+
+    def hashes(key: str) -> tuple[int, ...]:
+        return tuple(int(h) for h in data.get(key, ()))
+
     return BlockReport(str(data["epoch"]), int(data["seq"]), None if data.get("since") is None else int(data["since"]),
-                       tuple(int(h) for h in data.get("added", ())), tuple(int(h) for h in data.get("removed", ())))
+                       hashes("added"), hashes("removed"), hashes("host_added"), hashes("host_removed"))
+
+
+def parse_events(data: dict) -> tuple[str, str, int | None] | None:
+    """(endpoint, topic, seq) of the KV events a block report advertises; None where it advertises none. `seq`:
+    the batches its state holds (None: not known yet)."""
+    info = data.get("kv_events")
+    if not isinstance(info, dict) or not isinstance(info.get("endpoint"), str):
+        return None
+    seq = info.get("seq")
+    return (info["endpoint"], str(info.get("topic") or ""),
+            seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else None)
 
 
 class WorkerPool:
     def __init__(self, urls: Iterable[str], index: PrefixIndex, block_size: int, interval_s: float,
-                 on_change: Callable[[], None] | None = None, api_key: str | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, api_key: str | None = None,
+                 kv_events: bool = True) -> None:
         self.workers = {u: Worker(u) for u in urls}
+        self.kv_events = kv_events and zmq_available()  # subscribe to the workers' KV events they advertise
+        if kv_events and not self.kv_events:
+            logger.warning("pyzmq is not installed: the workers' KV events are not read (block reports only)")
+        self.feeds: dict[str, EventFeed] = {}  # worker -> its KV events
+        self._wake: dict[str, asyncio.Event] = {}  # worker -> set to poll it at once (a resync)
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.index = index
         self.block_size = block_size
@@ -128,6 +153,7 @@ class WorkerPool:
         worker.ready = ready
         if not ready:
             self.index.drop(worker.url)
+            self._stop_feed(worker.url)
             worker.reports_blocks = None
             logger.warning("worker %s left the pool: %s", worker.url, why)
         else:
@@ -155,6 +181,7 @@ class WorkerPool:
         """Forget a worker (not polled any more): its models too, which may leave a model unknown."""
         worker = self.workers.pop(url, None)
         if worker is not None:
+            self._stop_feed(url)
             if worker.ready:
                 self.index.drop(url)
             self._notify()
@@ -182,6 +209,8 @@ class WorkerPool:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(feed.stop() for feed in self.feeds.values()))
+        self.feeds.clear()
 
     async def _watch(self, worker: Worker) -> None:
         while True:
@@ -191,7 +220,39 @@ class WorkerPool:
                 raise
             except Exception as exc:  # a poll must never end the loop
                 logger.debug("poll of %s failed: %s", worker.url, exc)
-            await asyncio.sleep(self.interval_s)
+            await self.pause(worker)
+
+    async def pause(self, worker: Worker) -> None:
+        """Wait for the worker's next poll: `interval_s`, or less when its KV events need a resync."""
+        wake = self._wake.setdefault(worker.url, asyncio.Event())
+        try:
+            await asyncio.wait_for(wake.wait(), self.interval_s)
+        except asyncio.TimeoutError:
+            pass
+        wake.clear()
+
+    # -- KV events ----------------------------------------------------------------------------
+    def _follow_events(self, worker: Worker, advertised: tuple[str, str, int | None] | None) -> EventFeed | None:
+        """The worker's event feed for what its report advertises: started, kept, restarted where the endpoint
+        changed (a restarted worker), stopped where it advertises none."""
+        feed = self.feeds.get(worker.url)
+        if not self.kv_events or advertised is None:
+            if feed is not None:
+                self._stop_feed(worker.url)
+            return None
+        endpoint, topic = subscribe_endpoint(advertised[0], worker.url), advertised[1]
+        if feed is not None and (feed.endpoint, feed.topic) == (endpoint, topic):
+            return feed
+        self._stop_feed(worker.url)
+        wake = self._wake.setdefault(worker.url, asyncio.Event())
+        feed = self.feeds[worker.url] = EventFeed(worker.url, endpoint, topic, self.index, wake.set)
+        feed.start()
+        return feed
+
+    def _stop_feed(self, url: str) -> None:
+        feed = self.feeds.pop(url, None)
+        if feed is not None:
+            asyncio.ensure_future(feed.stop())
 
     async def check(self, worker: Worker) -> None:
         """One round for one worker: readiness, then load, then its block report."""
@@ -239,7 +300,8 @@ class WorkerPool:
 
     async def _poll_blocks(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
         assert self.session is not None
-        cursor = self.index.cursor(worker.url)
+        feed = self.feeds.get(worker.url)
+        cursor = self.index.cursor(worker.url) if feed is None or feed.live else None  # syncing: a snapshot
         for _ in range(2):  # a refused delta is followed by a snapshot
             params = {"epoch": cursor[0], "since": str(cursor[1])} if cursor else {}
             asked = self.index.now()  # requests that ended before this have their blocks in the answer
@@ -261,6 +323,15 @@ class WorkerPool:
             worker.max_num_seqs, worker.num_blocks = parse_capacity(data)
             if worker.num_blocks is not None:
                 self.index.set_pool(worker.url, worker.num_blocks)
-            if self.index.apply(worker.url, report, asked):
+            advertised = parse_events(data)
+            feed = self._follow_events(worker, advertised)
+            last = self.index.cursor(worker.url)
+            if feed is not None and feed.live and last is not None and report.epoch != last[0]:
+                feed.sync.lost()  # the worker restarted: its batches count from 0 again, and 0 may have been missed
+            if feed is not None and not feed.live and report.is_snapshot and advertised and advertised[2] is not None:
+                self.index.apply(worker.url, report, asked)  # resync: the snapshot, then the batches after it
+                feed.synced(advertised[2])
+                return
+            if self.index.apply(worker.url, report, asked, cursor_only=feed is not None and feed.live):
                 return
             cursor = None

@@ -86,13 +86,16 @@ class BlockReport:
 
     `epoch` changes whenever the worker's cache starts over (a restart). `since` None: a snapshot, `added` is
     every block held at `seq`. Otherwise a delta from `since` to `seq`: the net change, `added` and `removed`
-    disjoint."""
+    disjoint. `host_added` and `host_removed`: the same for the host tier behind the pool (--kv-offloading-size).
+    """
 
     epoch: str
     seq: int
     since: int | None
     added: tuple[int, ...] = ()
     removed: tuple[int, ...] = ()
+    host_added: tuple[int, ...] = ()
+    host_removed: tuple[int, ...] = ()
 
     @property
     def is_snapshot(self) -> bool:
@@ -100,52 +103,66 @@ class BlockReport:
 
 
 class BlockLog:
-    """The hashes a worker's prefix cache holds, and the numbered events that changed them (the last
-    `max_events`). `epoch` is new for every log (a worker's start), so a router never mixes two lives."""
+    """The hashes a worker's prefix cache holds (`present`) and its host tier holds (`host`), and the numbered
+    events that changed them (the last `max_events`). `epoch` is new for every log (a worker's start), so a router
+    never mixes two lives."""
 
     def __init__(self, max_events: int = 65536, epoch: str | None = None) -> None:
         self.epoch = epoch or uuid.uuid4().hex
         self.seq = 0
         self.present: set[int] = set()
-        self._events: deque[tuple[int, int, bool]] = deque(maxlen=max_events)  # (seq, hash, added)
+        self.host: set[int] = set()
+        self._events: deque[tuple[int, int, bool, bool]] = deque(maxlen=max_events)  # (seq, hash, added, host)
 
-    def added(self, h: int) -> None:
-        if h not in self.present:
-            self.present.add(h)
-            self._record(h, True)
+    def added(self, h: int, host: bool = False) -> None:
+        held = self.host if host else self.present
+        if h not in held:
+            held.add(h)
+            self._record(h, True, host)
 
-    def removed(self, h: int) -> None:
-        if h in self.present:
-            self.present.discard(h)
-            self._record(h, False)
+    def removed(self, h: int, host: bool = False) -> None:
+        held = self.host if host else self.present
+        if h in held:
+            held.discard(h)
+            self._record(h, False, host)
 
-    def apply(self, added: Iterable[int], removed: Iterable[int]) -> None:
-        """Take in a net change of the cache (disjoint sets: their order does not matter)."""
+    def apply(self, added: Iterable[int], removed: Iterable[int], host_added: Iterable[int] = (),
+              host_removed: Iterable[int] = ()) -> None:
+        """Take in a net change of the cache and of the host tier (disjoint sets: their order does not matter)."""
         for h in removed:
             self.removed(h)
         for h in added:
             self.added(h)
+        for h in host_removed:
+            self.removed(h, True)
+        for h in host_added:
+            self.added(h, True)
 
-    def _record(self, h: int, added: bool) -> None:
+    def _record(self, h: int, added: bool, host: bool) -> None:
         self.seq += 1
-        self._events.append((self.seq, h, added))
+        self._events.append((self.seq, h, added, host))
 
     def report(self, epoch: str | None = None, since: int | None = None) -> BlockReport:
         """The change since `since` in `epoch`, or a snapshot when that is not this epoch or the log no longer
         reaches back that far."""
         oldest = self._events[0][0] if self._events else self.seq + 1
         if epoch != self.epoch or since is None or since > self.seq or since < oldest - 1:
-            return BlockReport(self.epoch, self.seq, None, tuple(sorted(self.present)))
-        first: dict[int, bool] = {}  # hash -> its first event after `since` was an add
-        for seq, h, added in reversed(self._events):
+            return BlockReport(self.epoch, self.seq, None, tuple(sorted(self.present)),
+                               host_added=tuple(sorted(self.host)))
+        first: dict[tuple[int, bool], bool] = {}  # (hash, host) -> its first event after `since` was an add
+        for seq, h, added, host in reversed(self._events):
             if seq <= since:
                 break
-            first[h] = added  # walking backwards: the last write is the first event
-        added = tuple(sorted(h for h, was_add in first.items() if was_add and h in self.present))
-        removed = tuple(sorted(h for h, was_add in first.items() if not was_add and h not in self.present))
-        return BlockReport(self.epoch, self.seq, since, added, removed)
+            first[h, host] = added  # walking backwards: the last write is the first event
+        changes = []
+        for tier, held in ((False, self.present), (True, self.host)):
+            changes.append(tuple(sorted(h for (h, t), was_add in first.items() if t == tier and was_add and h in held)))
+            changes.append(tuple(sorted(h for (h, t), was_add in first.items()
+                                        if t == tier and not was_add and h not in held)))
+        return BlockReport(self.epoch, self.seq, since, *changes)
 
     def to_json(self, epoch: str | None, since: int | None, block_size: int) -> dict:
         r = self.report(epoch, since)
         return {"epoch": r.epoch, "seq": r.seq, "since": r.since, "added": list(r.added),
-                "removed": list(r.removed), "block_size": block_size, "hash": HASH_NAME}
+                "removed": list(r.removed), "host_added": list(r.host_added), "host_removed": list(r.host_removed),
+                "block_size": block_size, "hash": HASH_NAME}

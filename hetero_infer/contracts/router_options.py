@@ -40,6 +40,11 @@ HELP = {
     "slack (default 1.25)",
     "min_slack": "prefix policy: requests a worker with a free sequence slot may hold, whatever the average load, "
     "before a request for a prefix it caches is sent elsewhere (default 4)",
+    "host_hit_weight": "prefix policy: what a prompt block a worker holds in its host KV tier (restored, not "
+    "computed) is worth beside one on its device, 0 <= w < 1 (default 0.5; docs/router.md)",
+    "kv_events": "read the KV events the workers advertise in their block reports (ZMQ; --kv-events-config on the "
+    "workers): the index follows their caches as they change, block reports resync it (default on; "
+    "--no-kv-events: block reports only)",
     "approx_capacity_blocks": "approximate index: blocks remembered per worker whose pool size is unknown (one that "
     "does not report; default 4096)",
     "text_chunk_bytes": "without a tokenizer: bytes of prompt text per hashed chunk (default 64)",
@@ -105,6 +110,8 @@ class RouterOptions:
     health_interval_s: float = 1.0
     load_factor: float = 1.25
     min_slack: int = 4
+    host_hit_weight: float = 0.5
+    kv_events: bool = True
     approx_capacity_blocks: int = 4096
     text_chunk_bytes: int = 64
     discover_service: str | None = None
@@ -188,6 +195,9 @@ class RouterOptions:
                      "queue_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InvalidOption(name, f"invalid router option {name}={getattr(self, name)!r}: must be > 0")
+        if not 0 <= self.host_hit_weight < 1:
+            raise InvalidOption("host_hit_weight", f"invalid router option host_hit_weight={self.host_hit_weight!r}: "
+                                "must be >= 0 and < 1 (a block on the device is worth 1)")
         if self.load_factor < 1.0:
             raise InvalidOption("load_factor", f"invalid router option load_factor={self.load_factor!r}: must be >= 1")
         if bad := cors.check_options(self.allowed_origins, self.allowed_methods, self.allowed_headers,

@@ -176,3 +176,17 @@ def test_the_text_index_remembers_what_a_pool_holds_of_text_denser_than_english(
     for p in prefixes:
         hashes = text_block_hashes(p, options.text_chunk_bytes)
         assert index.match(hashes, ["w"], exact=False)["w"] == len(hashes)
+
+
+def test_the_block_log_reports_the_host_tier_beside_the_pool() -> None:
+    log = BlockLog()
+    log.apply([1, 2], [], [3], [])
+    first = log.report()
+    assert (first.added, first.host_added) == ((1, 2), (3,))
+    log.apply([], [2], [2, 4], [3])  # 2 evicted from the pool into the tier, 3 dropped from the tier
+    delta = log.report(first.epoch, first.seq)
+    assert (delta.added, delta.removed, delta.host_added, delta.host_removed) == ((), (2,), (2, 4), (3,))
+    index = PrefixIndex()
+    assert index.apply("w", first) and index.apply("w", delta)
+    assert index.blocks("w") == {1} and index.host_blocks("w") == {2, 4}
+    assert log.report().host_added == (2, 4)

@@ -1,7 +1,8 @@
 """KV events as vLLM publishes them (`--kv-events-config`): a ZMQ subscriber, as llm-d's precise prefix-cache
 producer is, decodes every batch of a real worker (mock executor, a small pool and a host tier, so blocks are
 stored, evicted, saved and restored) and rebuilds its block set, which must equal the worker's own block report
-(GET /v1/cache/blocks) at the end of a load; `seq` has no gap; the host tier's blocks are the "CPU" medium."""
+(GET /v1/cache/blocks, both tiers) at the end of a load; `seq` has no gap; the host tier's blocks are the "CPU"
+medium; the report advertises the endpoint and the batches its state holds."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def test_a_subscriber_rebuilds_the_workers_blocks(engine: str) -> None:
         report = http("GET", server.url + "/v1/cache/blocks").json()
         assert blocks[kv_events.DEVICE_MEDIUM] == set(report["added"])
         assert blocks.get(kv_events.HOST_MEDIUM), "the load evicted blocks into the host tier"
+        assert blocks[kv_events.HOST_MEDIUM] == set(report["host_added"])
+        # the report advertises the events, and how far its state goes: every batch published
+        assert report["kv_events"] == {"endpoint": endpoint, "topic": "kv", "seq": seqs[-1] + 1}
         metrics = server.metrics()
         assert metrics["hetero_infer_host_kv_bytes_saved_total"] > 0
         assert metrics["vllm:external_prefix_cache_hits_total"] == metrics["hetero_infer_host_prefix_cache_hits_total"]

@@ -7,7 +7,8 @@ allocation evicts them (oldest first).
 
 Hashes are `hetero_infer.contracts.block_hashes.chain_hash` (the same in every process), and the manager keeps the net
 change of its cache's hashes since the last `take_cache_changes()`: what a worker reports to the router
-(docs/router.md). At most one entry per hash, so it stays bounded (2 x blocks) when nobody takes it.
+(docs/router.md). At most one entry per hash, so it stays bounded (2 x blocks) when nobody takes it; the host
+tier's hashes likewise (`take_host_changes()`).
 
 With a host tier (`host_blocks` > 0, `--kv-offloading-size`; worker/core/host_tier.py), a cached block evicted
 from the pool is saved there, and a prefix lookup continues there past the pool's last hit: such blocks are
@@ -24,6 +25,10 @@ from hetero_infer.contracts import kv_events
 from hetero_infer.contracts.block_hashes import extend_chain
 from hetero_infer.worker.core.host_tier import HostTier
 from hetero_infer.worker.core.sequence import Sequence
+
+
+def _split(changes: dict[int, bool]) -> tuple[list[int], list[int]]:
+    return [h for h, entered in changes.items() if entered], [h for h, entered in changes.items() if not entered]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,7 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the executor
         self._cache_changes: dict[int, bool] = {}  # hash -> entered (True) or left the cache since the last take
+        self._host_changes: dict[int, bool] = {}  # the same for the host tier
         self.prefix_queries = 0  # tokens looked up in the prefix cache
         self.prefix_hits = 0  # tokens found there
         # the host tier: only blocks with a prefix hash go there, so none without prefix caching
@@ -105,11 +111,14 @@ class BlockManager:
                 if self.host is not None:
                     slot = self.host.save(block.hash)
                     dropped = self.host.take_dropped()
+                    for h in dropped:
+                        self._change(self._host_changes, h, False)
                     if self.events is not None and dropped:
                         self.events.append(kv_events.BlockRemoved(dropped, kv_events.HOST_MEDIUM))
                     if slot is not None:
                         self._saves.append((block_id, slot))
                         self.blocks_saved += 1
+                        self._change(self._host_changes, block.hash, True)
                         if self.events is not None:
                             self.events.append(kv_events.BlockStored([block.hash], None, [], self.block_size, None,
                                                                      kv_events.HOST_MEDIUM))
@@ -194,15 +203,24 @@ class BlockManager:
                 start = prev = i
 
     def _cache_change(self, h: int, entered: bool) -> None:
+        self._change(self._cache_changes, h, entered)
+
+    @staticmethod
+    def _change(changes: dict[int, bool], h: int, entered: bool) -> None:
         # A hash enters and leaves alternately: a pending opposite change cancels out.
-        if self._cache_changes.pop(h, None) is None:
-            self._cache_changes[h] = entered
+        if changes.pop(h, None) is None:
+            changes[h] = entered
 
     def take_cache_changes(self) -> tuple[list[int], list[int]]:
         """(hashes that entered the prefix cache, hashes that left it) since the last call: a net change, the
         two disjoint."""
         changes, self._cache_changes = self._cache_changes, {}
-        return [h for h, entered in changes.items() if entered], [h for h, entered in changes.items() if not entered]
+        return _split(changes)
+
+    def take_host_changes(self) -> tuple[list[int], list[int]]:
+        """`take_cache_changes` for the host tier."""
+        changes, self._host_changes = self._host_changes, {}
+        return _split(changes)
 
     # -- allocation -------------------------------------------------------------------
     def can_admit(self, seq: Sequence, hits: list[int | HostHit], num_new_tokens: int) -> bool:
@@ -301,6 +319,8 @@ class BlockManager:
         restored into hold nothing anyone may find again."""
         if self.host is not None:
             dropped = self.host.forget_slots({slot for _, slot in moves.saves})
+            for h in dropped:
+                self._change(self._host_changes, h, False)
             if self.events is not None and dropped:
                 self.events.append(kv_events.BlockRemoved(dropped, kv_events.HOST_MEDIUM))
         for _, block_id in moves.restores:

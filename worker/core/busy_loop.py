@@ -61,8 +61,9 @@ class Aborted:
 class EngineOutputs:
     """One hand-over of the loop: the steps run since the previous one, a merged delta per request that
     progressed, the requests the engine refused or aborted, the engine's stats, and the block hashes that
-    entered and left its prefix cache since the previous hand-over (the router's block report), and the outcomes
-    of LoRA commands: (token, result or the exception it raised)."""
+    entered and left its prefix cache and its host tier since the previous hand-over (the router's block report;
+    `kv_events_seq`: the KV event batches published so far, the report then holds what batches before it said;
+    None: no events published), and the outcomes of LoRA commands: (token, result or the exception it raised)."""
 
     num_steps: int
     deltas: list[RequestDelta]
@@ -70,11 +71,14 @@ class EngineOutputs:
     aborted: list[Aborted]
     stats: Any
     cache_changes: tuple[list[int], list[int]] = ([], [])
+    cache_changes: tuple[list[int], list[int]] = ([], [])
     lora_results: list[tuple[int, Any]] = field(default_factory=list)
+    host_changes: tuple[list[int], list[int]] = ([], [])
+    kv_events_seq: int | None = None
 
     def __reduce__(self) -> tuple:
         return EngineOutputs, (self.num_steps, self.deltas, self.rejected, self.aborted, self.stats,
-                               self.cache_changes, self.lora_results)
+                               self.cache_changes, self.lora_results, self.host_changes, self.kv_events_seq)
 
 
 class Link(Protocol):
@@ -109,8 +113,9 @@ def run_busy_loop(engine: Any, link: Link, interval: float) -> None:
 
     def send(deltas: list[RequestDelta], steps: int) -> None:
         nonlocal rejected, aborted, lora_results, dirty
-        link.send(EngineOutputs(steps, deltas, rejected, aborted, engine.stats(),
-                                engine.block_manager.take_cache_changes(), lora_results))
+        manager, events = engine.block_manager, engine.kv_events
+        link.send(EngineOutputs(steps, deltas, rejected, aborted, engine.stats(), manager.take_cache_changes(),
+                                lora_results, manager.take_host_changes(), None if events is None else events.seq))
         rejected, aborted, lora_results = [], [], []
         dirty = False
 

@@ -143,7 +143,8 @@ class LLMEngine:
         self._accumulators: dict[str, OutputAccumulator] = {}  # `step()`'s cumulative outputs
         self.limits = EngineLimits(self.model_name, self.max_model_len, int(self.vocab_size),
                                    self.block_manager.num_blocks, self.block_manager.block_size,
-                                   tuple(self.eos_token_ids), has_tokenizer=self.tokenizer is not None)
+                                   tuple(self.eos_token_ids), has_tokenizer=self.tokenizer is not None,
+                                   kv_events=self.kv_events.address if self.kv_events is not None else None)
         self.loras = (LoRARegistry(self.executor, config.lora_cache_size, self._loras_in_use, self.model_name)
                       if config.enable_lora else None)
 

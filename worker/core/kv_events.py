@@ -25,6 +25,7 @@ class KVEventPublisher:
         self.seq = 0
         self.dropped = 0  # batches a full send queue refused
         self._socket = None
+        self.endpoint: str | None = None  # bound (tcp://*:5557 as bound, a port picked for tcp://host:*)
         if config.publisher == "zmq":
             import zmq
 
@@ -36,6 +37,11 @@ class KVEventPublisher:
             self._socket.bind(config.endpoint)
             self.endpoint = self._socket.getsockopt(zmq.LAST_ENDPOINT).decode()
             log.info("KV events: publishing on %s (topic %r)", self.endpoint, config.topic)
+
+    @property
+    def address(self) -> tuple[str, str] | None:
+        """(endpoint, topic) for subscribers (the block report advertises it to the router); None: nothing sent."""
+        return None if self.endpoint is None else (self.endpoint, self.config.topic)
 
     def publish(self, events: list[KVCacheEvent]) -> None:
         if not events:

@@ -25,6 +25,7 @@ class EngineLimits:
     block_size: int
     eos_token_ids: tuple[int, ...]
     has_tokenizer: bool = True  # False with skip_tokenizer_init: token ids only, no text-based features
+    kv_events: tuple[str, str] | None = None  # (endpoint bound, topic) of its KV events (--kv-events-config)
 
 
 class RequestError(ValueError):

@@ -68,6 +68,9 @@ class EngineClient(ABC):
         self.block_log = BlockLog()  # the engine's prefix-cache hashes, for GET /v1/cache/blocks
         self._lora_waiters: dict[int, asyncio.Future[Any]] = {}  # add_lora / remove_lora calls, by token
         self._lora_tokens = itertools.count()
+        # KV event batches the block log's state holds (None: the engine publishes none); before the first
+        # hand-over the log is the empty cache, what the engine held before its first batch
+        self.kv_events_seq: int | None = 0
 
     # ----------------------------------------------------------------- lifecycle
     @abstractmethod
@@ -176,8 +179,9 @@ class EngineClient(ABC):
                     waiter.set_exception(result)
                 else:
                     waiter.set_result(result)
-        if outputs.cache_changes[0] or outputs.cache_changes[1]:
-            self.block_log.apply(*outputs.cache_changes)
+        if any(outputs.cache_changes) or any(outputs.host_changes):
+            self.block_log.apply(*outputs.cache_changes, *outputs.host_changes)
+        self.kv_events_seq = outputs.kv_events_seq
         if outputs.rejected:
             self._on_rejected(outputs.rejected)
         streams = self._streams
