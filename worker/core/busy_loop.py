@@ -71,7 +71,6 @@ class EngineOutputs:
     aborted: list[Aborted]
     stats: Any
     cache_changes: tuple[list[int], list[int]] = ([], [])
-    cache_changes: tuple[list[int], list[int]] = ([], [])
     lora_results: list[tuple[int, Any]] = field(default_factory=list)
     host_changes: tuple[list[int], list[int]] = ([], [])
     kv_events_seq: int | None = None
