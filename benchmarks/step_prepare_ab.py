@@ -53,7 +53,8 @@ def decode_step(rows: int, context: int = 300):
         seq.num_computed_tokens = context - 1
         seq.block_table = list(range(i * 64, i * 64 + -(-context // BLOCK)))
         scheduled.append(ScheduledSeq(seq, 1))
-    return step_inputs(launch_step(SchedulerOutput(scheduled)).plan, BLOCK)
+    tables = {item.seq.seq_id: item.seq.block_table for item in scheduled}  # the executor's
+    return step_inputs(launch_step(SchedulerOutput(scheduled)).plan, tables, BLOCK)
 
 
 def main() -> None:

@@ -352,7 +352,7 @@ from hetero_infer.contracts.step import StepPlan
 from hetero_infer.worker.runner.executors import ModelFiles, executor_kind
 
 ex = executor_kind("mock").create(EngineConfig(executor="mock", mock_logits=True), ModelFiles(".", None, 64, 1000))
-plan = StepPlan([1], ["r"], [[5, 6, 7]], [0], [[0]], [True], [True], [0], {1: [5, 6, 7]})
+plan = StepPlan([1], [[5, 6, 7]], [0], [True], {1: (0, [0])}, {1: [5, 6, 7]})
 assert len(ex.execute_async(plan, None).result()[0]) == 1
 """
 

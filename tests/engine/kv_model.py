@@ -12,6 +12,9 @@ between the pool's slots and a modelled host memory (slot -> the contents of eac
 that holds anything but what its hash promises fails the same read checks; with `record_events`, a subscriber's
 view rebuilt from the KV events must equal both pools' actual contents after every step.
 
+The simulated executor keeps its own block tables, as an executor does, from the steps' `block_table_updates`
+alone, and every scheduled sequence's must equal the core's.
+
 The step loop follows `LLMEngine._update`: count the computed tokens, offer full blocks to the
 prefix cache, then append one token to every sequence that samples. An n > 1 request is n
 sequences queued together, as `LLMEngine.add_request` fans it out (the later ones name the first
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 
 from hetero_infer import SamplingParams
 from hetero_infer.contracts import kv_events
+from hetero_infer.contracts.step import StepPlan, apply_block_table_updates
 from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
@@ -108,6 +112,7 @@ class Sim:
         self.arrival: dict[int, int] = {}  # seq_id -> arrival rank of its request
         self.ever_ran: set[int] = set()  # seq_ids admitted at least once
         self.last_num_decodes = 0  # SchedulerOutput.num_decodes as the executor sees it
+        self.tables: dict[int, list[int]] = {}  # the executor's block tables, from the steps' updates
 
     @property
     def live(self) -> list[Sequence]:
@@ -142,6 +147,9 @@ class Sim:
             assert item.seq.status is SequenceStatus.RUNNING
             self.ever_ran.add(item.seq.seq_id)
         check_refcounts(self.bm, self.live)
+        apply_block_table_updates(self.tables, StepPlan(block_table_updates=out.block_table_updates))
+        for item in out.scheduled:
+            assert self.tables[item.seq.seq_id] == item.seq.block_table, "the executor's block table is stale"
         # the executor: moves to and from the host tier (saves, then restores), block copies, then each token's
         # K/V into its slot, then attention
         if out.block_moves:

@@ -106,15 +106,17 @@ def test_copy_on_write_for_shared_partial_block():
     parent.num_computed_tokens = 6
     child = Sequence("p", list(parent.token_ids), 6, SamplingParams(n=2), 4)
     bm.fork(parent, child)
+    assert bm.take_table_updates() == {parent.seq_id: (0, parent.block_table), child.seq_id: (0, child.block_table)}
     assert bm.blocks[parent.block_table[1]].ref_count == 2
     parent.token_ids.append(9)
     assert bm.allocate_slots(parent, 1)
     copies = bm.take_pending_copies()
     assert len(copies) == 1 and copies[0][0] == child.block_table[1]
     assert parent.block_table[0] == child.block_table[0] and parent.block_table[1] != child.block_table[1]
+    assert bm.take_table_updates() == {parent.seq_id: (1, parent.block_table[1:])}  # the block replaced
     child.token_ids.append(8)
     assert bm.allocate_slots(child, 1)  # now the sole owner: writes in place
-    assert bm.take_pending_copies() == []
+    assert bm.take_pending_copies() == [] and bm.take_table_updates() == {}
 
 
 def test_kv_waste_is_at_most_one_partial_block_per_sequence():

@@ -42,7 +42,7 @@ def test_the_engine_builds_its_executor_from_the_registry(monkeypatch):
 
     class Recording(MockExecutor):
         def execute_async(self, plan, sampling):
-            built.append(plan.request_ids)
+            built.append(list(plan.new_prompts.values()))
             return super().execute_async(plan, sampling)
 
     monkeypatch.setitem(executors._REGISTRY, "mock",
@@ -51,4 +51,4 @@ def test_the_engine_builds_its_executor_from_the_registry(monkeypatch):
     engine.add_request("r", None, [5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step_deltas()
-    assert isinstance(engine.executor, Recording) and built[0] == ["r"]
+    assert isinstance(engine.executor, Recording) and built[0] == [[5, 6, 7]]

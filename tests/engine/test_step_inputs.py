@@ -27,8 +27,13 @@ def _step() -> SchedulerOutput:
     return SchedulerOutput([ScheduledSeq(a, 1), ScheduledSeq(b, 1), ScheduledSeq(c, 3), ScheduledSeq(d, 3)])
 
 
+def _inputs(sched: SchedulerOutput):
+    """The executor's inputs, with the tables it keeps (no block manager here: the sequences' own)."""
+    return step_inputs(launch_step(sched).plan, {s.seq.seq_id: s.seq.block_table for s in sched.scheduled}, BS)
+
+
 def test_tokens_positions_slots_and_sampled_rows() -> None:
-    step = step_inputs(launch_step(_step()).plan, BS)
+    step = _inputs(_step())
     assert step.token_ids.tolist() == [15, 23, 34, 35, 36, 40, 41, 42]
     assert step.batch.positions.tolist() == [5, 3, 4, 5, 6, 0, 1, 2]
     assert step.batch.slot_mapping.tolist() == [2 * 4 + 1, 9 * 4 + 3, 1 * 4 + 0, 1 * 4 + 1, 1 * 4 + 2, 12, 13, 14]
@@ -39,7 +44,7 @@ def test_tokens_positions_slots_and_sampled_rows() -> None:
 
 
 def test_cpu_metadata_gives_every_row_its_sequences_table() -> None:
-    meta = CpuBackend(rope=None).prepare(step_inputs(launch_step(_step()).plan, BS).batch)
+    meta = CpuBackend(rope=None).prepare(_inputs(_step()).batch)
     assert meta.block_tables.tolist() == [[7, 2], [9, 0], [5, 1], [5, 1], [5, 1], [3, 6], [3, 6], [3, 6]]
     assert meta.context_lens.tolist() == [6, 4, 5, 6, 7, 1, 2, 3]
     assert meta.positions.tolist() == [5, 3, 4, 5, 6, 0, 1, 2]
@@ -48,15 +53,16 @@ def test_cpu_metadata_gives_every_row_its_sequences_table() -> None:
 
 def test_decode_step_tables_one_row_a_sequence() -> None:
     step = SchedulerOutput(_step().scheduled[:2])
-    meta = CpuBackend(rope=None).prepare(step_inputs(launch_step(step).plan, BS).batch)
+    meta = CpuBackend(rope=None).prepare(_inputs(step).batch)
     assert meta.block_tables.tolist() == [[7, 2], [9, 0]] and meta.block_tables.is_contiguous()
     assert str(meta.block_tables.dtype) == str(meta.context_lens.dtype) == "torch.int32"
 
 
 def test_the_step_contract_is_plain_data_copied_from_the_sequences() -> None:
-    """What the executor gets (`launch_step`): each sequence's new tokens, start, table, whether it samples, the
-    prompt of a sequence's first step, the prompt logprobs owed; copies (the core changes its sequences at once:
-    they count the step's tokens as computed), and it pickles (an executor in another process)."""
+    """What the executor gets (`launch_step`): each sequence's new tokens, start, whether it samples, the tables
+    the scheduler changed, the prompt (and sample index) of a sequence's first step, the prompt logprobs owed;
+    copies (the core changes its sequences at once: they count the step's tokens as computed), and it pickles (an
+    executor in another process)."""
     import pickle
 
     from hetero_infer.contracts.step import STEP_CONTRACT_VERSION, PromptLogprobsRows, StepPlan
@@ -66,22 +72,40 @@ def test_the_step_contract_is_plain_data_copied_from_the_sequences() -> None:
     c.num_cached_tokens = 4  # admitted with a cached block, computing from there: its first step
     d.prompt_logprobs_top = 2
     sched.block_copies = [(4, 8)]
+    sched.block_table_updates = {a.seq_id: (1, [2])}
+    d.sample_index = 1
     launch = launch_step(sched, [99])
     plan = launch.plan
     assert isinstance(plan, StepPlan) and plan.version == STEP_CONTRACT_VERSION
-    assert plan.seq_ids == [a.seq_id, b.seq_id, c.seq_id, d.seq_id] and plan.request_ids == ["r"] * 4
+    assert plan.seq_ids == [a.seq_id, b.seq_id, c.seq_id, d.seq_id]
     assert plan.token_ids == [[15], [23], [34, 35, 36], [40, 41, 42]] and plan.starts == [5, 3, 4, 0]
-    assert plan.block_tables == [[7, 2], [9], [5, 1], [3, 6]]
+    assert plan.block_table_updates == {a.seq_id: (1, [2])}
     assert plan.is_prefill == [False, False, True, True] and plan.samples == [True, True, True, False]
-    assert plan.new_prompts == {c.seq_id: c.token_ids, d.seq_id: d.token_ids}
-    assert plan.prompt_logprobs == {d.seq_id: PromptLogprobsRows(0, [41, 42, 43], 2)}
+    assert plan.new_prompts == {c.seq_id: c.token_ids, d.seq_id: d.token_ids} and plan.sample_indexes == {d.seq_id: 1}
+    assert plan.prompt_logprobs == {d.seq_id: PromptLogprobsRows("r", 0, [41, 42, 43], 2)}
     assert plan.block_copies == [(4, 8)] and plan.finished_seq_ids == [99] and plan.num_tokens == 8
     assert plan.sampled_seq_ids == [a.seq_id, b.seq_id, c.seq_id]
     # the step's work counted on the sequences: what the engine hands on (rows that sample, first steps)
     assert [s.num_computed_tokens for s in (a, b, c, d)] == [6, 4, 7, 3] and d.prompt_logprob_rows == 3
     assert launch.rows == [a, b, c] and launch.first == [c, d]
     a.token_ids.append(16)
-    a.block_table.append(3)
-    assert plan.token_ids[0] == [15] and plan.block_tables[0] == [7, 2]  # copies
+    assert plan.token_ids[0] == [15]  # copies
     assert plan.new_prompts[c.seq_id] is not c.token_ids
     assert pickle.loads(pickle.dumps(plan)) == plan
+
+
+def test_an_executor_keeps_its_block_tables_from_the_updates() -> None:
+    """`apply_block_table_updates`: a table sent whole (index 0: a first step), extended (blocks appended), cut
+    and extended (a block replaced by copy-on-write), dropped when its sequence finishes; the executor's lists
+    are its own."""
+    from hetero_infer.contracts.step import StepPlan, apply_block_table_updates
+
+    tables: dict[int, list[int]] = {}
+    sent = [4, 5]
+    apply_block_table_updates(tables, StepPlan(block_table_updates={1: (0, sent), 2: (0, [7])}))
+    sent.append(99)
+    assert tables == {1: [4, 5], 2: [7]}
+    apply_block_table_updates(tables, StepPlan(block_table_updates={1: (2, [6]), 2: (0, [8, 9])}))
+    assert tables == {1: [4, 5, 6], 2: [8, 9]}
+    apply_block_table_updates(tables, StepPlan(block_table_updates={1: (1, [3, 6])}, finished_seq_ids=[2, 42]))
+    assert tables == {1: [4, 3, 6]}

@@ -68,7 +68,8 @@ def steps(draw, decodes_only: bool = False) -> tuple[StepInputs, dict[int, int]]
             prev_rows[seq.seq_id] = rnd.randrange(PREV)
         scheduled.append(ScheduledSeq(seq, new))
     copies = [(next(blocks), next(blocks)) for _ in range(draw(st.integers(0, 3)))]
-    return step_inputs(launch_step(SchedulerOutput(scheduled, copies)).plan, bs), prev_rows
+    tables = {item.seq.seq_id: item.seq.block_table for item in scheduled}  # the executor's (no block manager here)
+    return step_inputs(launch_step(SchedulerOutput(scheduled, copies)).plan, tables, bs), prev_rows
 
 
 # -- what the code before the staging built (one tensor, one copy each) ------------------------------------------

@@ -14,6 +14,11 @@ With a host tier (`host_blocks` > 0, `--kv-offloading-size`; worker/core/host_ti
 from the pool is saved there, and a prefix lookup continues there past the pool's last hit: such blocks are
 restored into fresh blocks instead of computed. The moves are the executor's to copy at the start of the next
 step, before its forward (`take_block_moves`: saves first, then restores).
+
+The executor keeps its own copy of each sequence's block table: the manager notes where a table changed (a
+sequence admitted, blocks appended, a block replaced by copy-on-write) and hands the changes over once a step
+(`take_table_updates`), so a step carries only tables that changed. Freeing notes nothing: a sequence admitted
+again is sent its whole table.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class BlockManager:
         self.blocks_restored = 0
         self._saves: list[tuple[int, int]] = []
         self._restores: list[tuple[int, int]] = []
+        self._table_changes: dict[int, tuple[Sequence, int]] = {}  # seq_id -> (seq, first table index changed)
         # KV events (contracts/kv_events.py) since the last `take_events`; None: not recorded
         self.events: list[kv_events.KVCacheEvent] | None = [kv_events.AllBlocksCleared()] if record_events else None
 
@@ -253,6 +259,7 @@ class BlockManager:
                 self.blocks_restored += 1
                 table.append(block_id)
         seq.block_table = table
+        self._table_changed(seq, 0)
         if self.events is not None and restored:
             self._stored_events(seq, list(range(len(hits) - len(restored), len(hits))))
         seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
@@ -289,15 +296,35 @@ class BlockManager:
             self._decref(src)
             seq.block_table[index] = dst
             self.pending_copies.append((src, dst))
-        for _ in range(self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)):
-            seq.block_table.append(self._take_free())
+            self._table_changed(seq, index)
+        table = seq.block_table
+        more = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(table)
+        if more > 0:
+            self._table_changed(seq, len(table))
+            for _ in range(more):
+                table.append(self._take_free())
         return True
+
+    def _table_changed(self, seq: Sequence, index: int) -> None:
+        prev = self._table_changes.get(seq.seq_id)
+        if prev is None or index < prev[1]:
+            self._table_changes[seq.seq_id] = (seq, index)
+
+    def take_table_updates(self) -> dict[int, tuple[int, list[int]]]:
+        """The block tables changed since the last call: seq_id -> (index, the table from there on), as the step
+        contract's `block_table_updates` (copies)."""
+        changes = self._table_changes
+        if not changes:  # most decode steps
+            return {}
+        self._table_changes = {}
+        return {seq_id: (index, seq.block_table[index:]) for seq_id, (seq, index) in changes.items()}
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Share all of the parent's blocks with a child sequence (copy-on-write on the first write)."""
         for block_id in parent.block_table:
             self._incref(block_id)
         child.block_table = list(parent.block_table)
+        self._table_changed(child, 0)
         child.num_computed_tokens = parent.num_computed_tokens
         child.block_hashes = list(parent.block_hashes)
         child.num_registered_blocks = parent.num_registered_blocks

@@ -47,6 +47,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes first, then prefill chunks
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # seq_id -> (index, block ids): the block tables changed by this schedule, from index on (the step contract's)
+    block_table_updates: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
     # saves to and restores from the host tier, copied before the step's forward (and before block_copies)
     block_moves: BlockMoves | None = None
     num_preempted: int = 0
@@ -225,6 +227,7 @@ class Scheduler:
                 budget -= num_new
 
         out.block_copies = bm.take_pending_copies()
+        out.block_table_updates = bm.take_table_updates()
         if bm.host is not None:
             out.block_moves = bm.take_block_moves()
         # decodes first, then prefill chunks (newly admitted ones included)

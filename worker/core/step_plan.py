@@ -28,52 +28,48 @@ def launch_step(sched: SchedulerOutput, finished_seq_ids: list[int] | None = Non
     """The step's contract (`finished_seq_ids`: the sequences that ended since the previous step), then each
     sequence's `num_computed_tokens` moved past the step's tokens."""
     seq_ids: list[int] = []
-    request_ids: list[str] = []
     token_ids: list[list[int]] = []
     starts: list[int] = []
-    tables: list[list[int]] = []
-    prefill: list[bool] = []
     samples: list[bool] = []
-    indexes: list[int] = []
     new_prompts: dict[int, list[int]] = {}
     adapters: dict[int, str] = {}
+    indexes: dict[int, int] = {}
     owed_rows: dict[int, PromptLogprobsRows] = {}
-    add_id, add_request, add_tokens, add_start = seq_ids.append, request_ids.append, token_ids.append, starts.append
-    add_table, add_prefill, add_samples, add_index = tables.append, prefill.append, samples.append, indexes.append
+    add_id, add_tokens, add_start, add_samples = seq_ids.append, token_ids.append, starts.append, samples.append
     rows: list[Sequence] = []
+    add_row = rows.append
     first: list[Sequence] = []
     for item in sched.scheduled:
         seq = item.seq
         start = seq.num_computed_tokens
         end = start + item.num_new_tokens
         tokens = seq.token_ids
-        length = len(tokens)
         add_id(seq.seq_id)
-        add_request(seq.request_id)
         add_tokens(tokens[start:end])
         add_start(start)
-        add_table(seq.block_table[:])
-        add_prefill(length - start > 1)
-        add_samples(end == length)
-        add_index(seq.sample_index)
+        if end == len(tokens):
+            add_samples(True)
+            add_row(seq)
+        else:
+            add_samples(False)
         if seq.lora_name is not None:
             adapters[seq.seq_id] = seq.lora_name
-        if end == length:
-            rows.append(seq)
         if start == seq.num_cached_tokens:
             first.append(seq)
             new_prompts[seq.seq_id] = tokens[: seq.num_prompt_tokens]
+            if seq.sample_index:
+                indexes[seq.seq_id] = seq.sample_index
         seq.num_computed_tokens = end
         if seq.prompt_logprobs_top is not None:
             owed = owed_prompt_rows(seq, start, end - start)
             if owed is not None:
                 owed_rows[seq.seq_id] = owed
             mark_launched(seq)
+    plan = StepPlan(seq_ids, token_ids, starts, samples, sched.block_table_updates, new_prompts, indexes, owed_rows,
+                    adapters, block_copies=sched.block_copies, finished_seq_ids=finished_seq_ids or [])
     moves = sched.block_moves
-    plan = StepPlan(seq_ids, request_ids, token_ids, starts, tables, prefill, samples, indexes, new_prompts, owed_rows,
-                    adapters, block_copies=list(sched.block_copies), finished_seq_ids=finished_seq_ids or [])
     if moves:
-        plan.blocks_to_offload, plan.blocks_to_load = list(moves.saves), list(moves.restores)
+        plan.blocks_to_offload, plan.blocks_to_load = moves.saves, moves.restores
     return Launch(plan, rows, first)
 
 
@@ -84,7 +80,7 @@ def owed_prompt_rows(seq: Sequence, start: int, num_new: int) -> PromptLogprobsR
     hi = min(start + num_new, seq.num_prompt_tokens - 1)
     if hi <= lo:
         return None
-    return PromptLogprobsRows(lo, seq.token_ids[lo + 1 : hi + 1], seq.prompt_logprobs_top)
+    return PromptLogprobsRows(seq.request_id, lo, seq.token_ids[lo + 1 : hi + 1], seq.prompt_logprobs_top)
 
 
 def mark_launched(seq: Sequence) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.contracts.lora import LoRAAdapterError, LoRARequest
-from hetero_infer.contracts.step import SamplingRow, StepPlan
+from hetero_infer.contracts.step import SamplingRow, StepPlan, apply_block_table_updates
 from hetero_infer.kernels.cpu import decode_step as cpu_decode_step
 from hetero_infer.kernels.cpu import linear as cpu_linear
 from hetero_infer.kernels.cpu import native as cpu_native
@@ -88,6 +88,7 @@ class TorchExecutor:
         # the previous step's sampled tokens on the device and each sequence's row in them (PLACEHOLDER inputs)
         self._prev_tokens: torch.Tensor | None = None
         self._prev_rows: dict[int, int] = {}
+        self.block_tables: dict[int, list[int]] = {}  # seq_id -> its block table (the steps' updates applied)
         # the sampled tokens' host buffers (pinned on CUDA): two, alternating, since step N+1's copy may land
         # before the host has read step N's; a step with logprobs packs them with its tokens into a float64 pair
         # (`StepSample.pack`), made on the first such step and grown when a step needs more
@@ -247,7 +248,8 @@ class TorchExecutor:
             self.thread_governor.tick()  # fewer threads while other processes hold our cores
         if plan.blocks_to_offload or plan.blocks_to_load:  # before anything reads or writes those blocks
             self.host_kv.move(self.kv_cache, plan.blocks_to_offload, plan.blocks_to_load)
-        step = step_inputs(plan, self.block_size)
+        apply_block_table_updates(self.block_tables, plan)
+        step = step_inputs(plan, self.block_tables, self.block_size)
         runner = self.decode_runner
         # every row a decode, and every row samples (a prompt row is a prefill's)
         if runner is not None and not step.prompt_rows and runner.accepts_step(step):

@@ -24,10 +24,11 @@ class StepInputs:
     prompt_rows: list[PromptRows] = field(default_factory=list)  # rows whose logits give prompt logprobs
 
 
-def step_inputs(plan: StepPlan, block_size: int) -> StepInputs:
-    """Plain Python lists, one numpy array each at the end: after a decode step's weights have streamed through
-    the caches every distinct numpy or torch call runs cold (~10-100 us), and a decode step has one row a
-    sequence."""
+def step_inputs(plan: StepPlan, tables: dict[int, list[int]], block_size: int) -> StepInputs:
+    """`tables`: the executor's block tables by seq_id, with the plan's updates applied
+    (`apply_block_table_updates`). Plain Python lists, one numpy array each at the end: after a decode step's
+    weights have streamed through the caches every distinct numpy or torch call runs cold (~10-100 us), and a
+    decode step has one row a sequence."""
     bs = block_size
     tokens: list[int] = []
     pos: list[int] = []
@@ -38,17 +39,17 @@ def step_inputs(plan: StepPlan, block_size: int) -> StepInputs:
     prompt_rows: list[PromptRows] = []
     owed = plan.prompt_logprobs
     row = 0
-    for seq_id, ids, start, table, prefill, samples in zip(plan.seq_ids, plan.token_ids, plan.starts,
-                                                           plan.block_tables, plan.is_prefill, plan.samples):
+    for seq_id, ids, start, samples in zip(plan.seq_ids, plan.token_ids, plan.starts, plan.samples):
         n = len(ids)
+        table = tables[seq_id]
         positions = range(start, start + n)
         tokens += ids
         pos.extend(positions)
         slots.extend([table[p // bs] * bs + p % bs for p in positions])
-        spans.append(SeqSpan(table, start, n, prefill))
+        spans.append(SeqSpan(table, start, n, n > 1 or not samples))  # is_prefill (StepPlan.is_prefill)
         if owed and (rows := owed.get(seq_id)) is not None:
-            prompt_rows.append(PromptRows(plan.request_ids[len(spans) - 1], row + rows.position - start, rows.position,
-                                          rows.targets, rows.k))
+            prompt_rows.append(PromptRows(rows.request_id, row + rows.position - start, rows.position, rows.targets,
+                                          rows.k))
         row += n
         if ids[-1] == PLACEHOLDER:  # only ever a sequence's newest token
             placeholders.append((row - 1, seq_id))

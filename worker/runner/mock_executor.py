@@ -104,6 +104,7 @@ class MockExecutor:
         self._device_free_at = 0.0  # when the device finishes the steps handed to it so far
         self._last_tokens: dict[int, int] = {}  # seq_id -> the token the previous step sampled for it
         self._prompts: dict[int, list[int]] = {}  # seq_id -> its prompt (`mock_logits`), from its first step
+        self._sample_indexes: dict[int, int] = {}  # seq_id -> which sample of its request, where not the first
         self.max_lora_rank = config.max_lora_rank
         self._shapes = shapes or ModelShapes("the model", None, {})
         self.loras: dict[str, LoRARequest] = {}  # adapters read into host memory
@@ -138,8 +139,8 @@ class MockExecutor:
         for i, seq_id in enumerate(plan.seq_ids):
             owed = plan.prompt_logprobs.get(seq_id)
             if owed is not None:
-                rows.append(PromptRows(plan.request_ids[i], 0, owed.position, owed.targets, owed.k))
-                by_request[plan.request_ids[i]] = i
+                rows.append(PromptRows(owed.request_id, 0, owed.position, owed.targets, owed.k))
+                by_request[owed.request_id] = i
         vocab = self.vocab_size
 
         def logits_of(r: PromptRows, i: int, end: int) -> torch.Tensor:
@@ -168,18 +169,25 @@ class MockExecutor:
     def step_seconds(self, plan: StepPlan) -> float:
         """The cost model: a fixed step time, plus time per token computed, per sequence run and per block moved
         to or from the host tier."""
-        moved = len(plan.blocks_to_offload) + len(plan.blocks_to_load)
-        return (self.step_latency_s + self.token_latency_s * plan.num_tokens + self.seq_latency_s * plan.num_seqs
-                + self.block_copy_s * moved)
+        seconds = self.step_latency_s
+        if self.token_latency_s:
+            seconds += self.token_latency_s * plan.num_tokens
+        if self.seq_latency_s:
+            seconds += self.seq_latency_s * plan.num_seqs
+        if plan.blocks_to_offload or plan.blocks_to_load:
+            seconds += self.block_copy_s * (len(plan.blocks_to_offload) + len(plan.blocks_to_load))
+        return seconds
 
     def execute(self, plan: StepPlan) -> torch.Tensor | None:
         """Stand in for the forward pass: with `mock_logits`, a logits row per sequence that samples in this
         step; otherwise nothing (`execute_async` then picks each sampled row's token with `next_token`)."""
-        prompts = self._prompts
+        prompts, indexes = self._prompts, self._sample_indexes
         for seq_id in plan.finished_seq_ids:
             prompts.pop(seq_id, None)
+            indexes.pop(seq_id, None)
         prompts.update(plan.new_prompts)
         self._assign_slots(plan)
+        indexes.update(plan.sample_indexes)
         if self.samples_itself:
             return None
         adapters = plan.adapter_ids
@@ -195,14 +203,13 @@ class MockExecutor:
         sampled = None
         if logits is None:
             next_token, prev, tokens = self._next_token, self._last_tokens, []
-            adapters = plan.adapter_ids
-            for seq_id, ids, start, index, samples in zip(plan.seq_ids, plan.token_ids, plan.starts,
-                                                          plan.sample_indexes, plan.samples):
+            adapters, indexes = plan.adapter_ids, self._sample_indexes
+            for seq_id, ids, start, samples in zip(plan.seq_ids, plan.token_ids, plan.starts, plan.samples):
                 if samples:
                     last = ids[-1]
                     salt = adapter_salt(adapters.get(seq_id)) if adapters else 0
-                    tokens.append(next_token(prev[seq_id] if last == PLACEHOLDER else last, start + len(ids), index,
-                                             salt))
+                    tokens.append(next_token(prev[seq_id] if last == PLACEHOLDER else last, start + len(ids),
+                                             indexes.get(seq_id, 0) if indexes else 0, salt))
         else:
             pending = None
             if sampling is not None:  # tokens of the step in flight, which penalties count
