@@ -37,6 +37,8 @@ _HELP = {
     "skip_tokenizer_init": "load no tokenizer: prompts must be token ids, outputs carry token ids and empty text",
     "seed": "seed for requests that give none (and for dummy weights)",
     "enforce_eager": "disable CUDA graphs",
+    "tensor_parallel_size": "split the model over N ranks (one process and one GPU each; CPU: gloo, the cores "
+    "shared out): for models larger than one device",
     "async_scheduling": "schedule and prepare the next step while the device runs the current one (CUDA, mock)",
     "kv_offloading_size": "GiB of host memory for a second KV tier behind the device pool (0: off): cached blocks "
     "evicted from the pool are saved there and restored instead of recomputed",

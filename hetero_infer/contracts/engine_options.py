@@ -44,6 +44,8 @@ class EngineConfig:
     skip_tokenizer_init: bool = False
     seed: int = 0
     enforce_eager: bool = False
+    # ranks the model is split over (Megatron-style tensor parallelism, one process per rank; docs/tensor-parallel.md)
+    tensor_parallel_size: int = 1
     # the overlap: schedule and prepare step N+1 while the device runs step N (executors that run asynchronously:
     # CUDA, the mock)
     async_scheduling: bool = True
@@ -90,6 +92,10 @@ class EngineConfig:
             bad("block_size", "must be an integer in [1, 256]")
         if self.max_num_blocks is not None and self.max_num_blocks < 1:
             bad("max_num_blocks", "must be >= 1")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            bad("tensor_parallel_size", "must be an integer >= 1")
+        if self.tensor_parallel_size > 1 and self.executor != "torch":
+            bad("tensor_parallel_size", "splits a model over ranks: it needs the torch executor")
         if self.max_num_seqs < 1:
             bad("max_num_seqs", "must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:

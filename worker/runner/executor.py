@@ -23,6 +23,7 @@ from hetero_infer.worker.runner.host_kv import HostKV, host_tier_blocks
 from hetero_infer.worker.runner.inputs import StepInputs, placeholder_rows, step_inputs
 from hetero_infer.worker.runner.loader import load_model
 from hetero_infer.worker.runner.models.rotary import head_dim_of
+from hetero_infer.worker.runner.parallel import group as tp_group
 from hetero_infer.worker.runner.prompt_logprobs import PromptLogprobsCopy
 from hetero_infer.worker.runner.sampler import Sampler, pending_tokens, sample_logits
 from hetero_infer.worker.runner.staging import StagingArea
@@ -73,8 +74,10 @@ class TorchExecutor:
 
     samples_itself = False
 
-    def __init__(self, config: EngineConfig, hf_config, folder, max_model_len: int) -> None:
+    def __init__(self, config: EngineConfig, hf_config, folder, max_model_len: int,
+                 tp: tp_group.TensorParallel = tp_group.SINGLE) -> None:
         self.config = config
+        self.tp = tp  # this rank of a tensor-parallel model (worker/runner/parallel); SINGLE: the whole model
         self.device = resolve_device(config.device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)  # one worker, one GPU: graphs and memory stats use the current one
@@ -83,7 +86,8 @@ class TorchExecutor:
         self.dtype = resolve_dtype(config.dtype, hf_config, self.device, config.quantization)
         self.block_size = config.block_size
         self.vocab_size = hf_config.vocab_size
-        self.overlaps = self.device.type == "cuda"
+        # the overlap reads the previous step's sampled tokens on the device: only one rank samples
+        self.overlaps = self.device.type == "cuda" and tp.world_size == 1
         self.sampler = Sampler(all_logprobs=False)  # logprobs only for requests that ask
         # the previous step's sampled tokens on the device and each sequence's row in them (PLACEHOLDER inputs)
         self._prev_tokens: torch.Tensor | None = None
@@ -101,9 +105,11 @@ class TorchExecutor:
         self.sample_staging = StagingArea(self.device)
         torch.manual_seed(config.seed)
         started = time.perf_counter()
-        model = load_model(hf_config, folder, load_format=config.load_format, device=self.device, dtype=self.dtype,
-                           max_positions=max_model_len, seed=config.seed)
+        with tp_group.building(tp):
+            model = load_model(hf_config, folder, load_format=config.load_format, device=self.device,
+                               dtype=self.dtype, max_positions=max_model_len, seed=config.seed)
         self.model = model.eval()
+        tp.rendezvous("loaded")  # every rank loaded: the collectives from here on wait for no slow load
         self.backend = select_backend(self.device, self.dtype, model.rotary_embedding(self.dtype, self.device))
         log.info("attention backend: %s", self.backend.name)
         self.weight_bytes = weight_bytes(self.model)
@@ -137,19 +143,19 @@ class TorchExecutor:
             most = cpu_threads.base_threads()  # an earlier engine's governor may have left fewer
             if most != torch.get_num_threads():
                 torch.set_num_threads(most)
-            if cpu_threads.adapt_enabled() and most > 1:
+            if cpu_threads.adapt_enabled() and most > 1 and tp.world_size == 1:  # ranks run in lockstep
                 self.thread_governor = cpu_threads.ThreadGovernor(most)
         self.num_layers = hf_config.num_hidden_layers
-        self.num_kv_heads = hf_config.num_key_value_heads
+        self.num_kv_heads = self.model.layers[0].self_attn.num_kv_heads  # this rank's (tensor parallel)
         self.head_dim = head_dim_of(hf_config)
         self.max_model_len = max_model_len
-        self.num_blocks = config.max_num_blocks or self._default_num_blocks()
+        self.num_blocks = tp.min_int(config.max_num_blocks or self._default_num_blocks(), self.device)
         self.kv_cache = self._new_kv_cache(self.num_blocks)
         self.kv_caches = _layer_caches(self.kv_cache)
         self.num_host_blocks = host_tier_blocks(config.kv_offloading_size, self.block_bytes)
         self.host_kv = HostKV(self.kv_cache, self.num_host_blocks) if self.num_host_blocks else None
         self.cpu_decode: cpu_decode_step.FusedDecodeStack | None = None  # a decode step's layers in one C call
-        if self.device.type == "cpu" and self.cpu_paths:
+        if self.device.type == "cpu" and self.cpu_paths and tp.world_size == 1:  # its layers end in no all-reduce
             started = time.perf_counter()
             self.cpu_decode = cpu_decode_step.FusedDecodeStack.build(self.model, self.backend, self.kv_caches,
                                                                      self.dtype)
@@ -179,6 +185,11 @@ class TorchExecutor:
 
     @property
     def block_bytes(self) -> int:
+        """Bytes of one KV block over every rank (each holds its KV heads' part of it)."""
+        return self.rank_block_bytes * self.tp.world_size
+
+    @property
+    def rank_block_bytes(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
 
@@ -207,10 +218,10 @@ class TorchExecutor:
         activations = peak - torch.cuda.memory_allocated(dev)
         # the CUDA context and other processes are invisible to torch's counters: never plan past what is free
         budget = min(total * self.config.gpu_memory_utilization - peak, free - activations)
-        blocks = int(budget // self.block_bytes)
+        blocks = int(budget // self.rank_block_bytes)
         log.info("memory profile: weights %.2f GiB, activation peak %.2f GiB, KV cache %d blocks (%.2f GiB) "
                  "at gpu_memory_utilization %.2f", self.weight_bytes / 2**30, activations / 2**30, blocks,
-                 blocks * self.block_bytes / 2**30, self.config.gpu_memory_utilization)
+                 blocks * self.rank_block_bytes / 2**30, self.config.gpu_memory_utilization)
         if blocks < 1:
             raise ValueError(f"no GPU memory left for the KV cache (weights and activations take {peak / 2**30:.2f} "
                              f"GiB of {total / 2**30:.2f} GiB); raise gpu_memory_utilization or lower "

@@ -81,6 +81,10 @@ def _torch_executor(config: EngineConfig, model: ModelFiles) -> Executor:
     # the kernels and the model code: imported only where a model runs
     from hetero_infer.worker.runner.executor import TorchExecutor
 
+    if config.tensor_parallel_size > 1:  # rank 0 here, the other ranks in processes of their own
+        from hetero_infer.worker.runner.parallel.executor import TensorParallelExecutor
+
+        return TensorParallelExecutor(config, model)
     return TorchExecutor(config, model.hf_config, model.folder, model.max_model_len)
 
 

@@ -19,6 +19,9 @@ from torch import nn
 
 from hetero_infer.worker.runner.attention import AttentionBackend, KVCache
 from hetero_infer.worker.runner.models.rotary import RotaryEmbedding, head_dim_of
+from hetero_infer.worker.runner.parallel import group as tp_group
+from hetero_infer.worker.runner.parallel.checks import kv_heads_per_rank, vocab_per_rank
+from hetero_infer.worker.runner.parallel.sharding import shard_tensor
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,9 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     def __init__(self, config, layout: AttentionLayout) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        tp = tp_group.current()  # tensor parallel: this rank's heads (KV heads replicated below one per rank)
+        self.num_heads = tp.part(config.num_attention_heads)
+        self.num_kv_heads = kv_heads_per_rank(config.num_key_value_heads, tp.world_size)
         self.head_dim = head_dim_of(config)
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, qkv_out, bias=layout.qkv_bias)
@@ -71,6 +75,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
         super().__init__()
+        intermediate_size = tp_group.current().part(intermediate_size)  # tensor parallel: this rank's rows
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
@@ -85,6 +90,7 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tp = tp_group.current()  # o_proj and the MLP's down projections are row-parallel: summed here
 
     def forward(self, h, residual, backend: AttentionBackend, meta, kv_cache: KVCache):
         """(layer input, residual stream) -> (MLP output, residual stream); residual None on the first layer."""
@@ -93,9 +99,9 @@ class DecoderLayer(nn.Module):
             h = self.input_layernorm(h, backend)
         else:
             h, residual = self.input_layernorm(h, backend, residual)
-        h = self.self_attn(h, backend, meta, kv_cache)
+        h = self.tp.all_reduce(self.self_attn(h, backend, meta, kv_cache))
         h, residual = self.post_attention_layernorm(h, backend, residual)
-        return self.mlp(h, backend), residual
+        return self.tp.all_reduce(self.mlp(h, backend)), residual
 
 
 def check_activation(config) -> None:
@@ -138,17 +144,19 @@ class DecoderForCausalLM(nn.Module):
         super().__init__()
         check_activation(config)
         self.config = config
+        self.tp = tp_group.current()
+        # tensor parallel: this rank's slice of the vocabulary (embedding rows, LM head rows; parallel/sharding.py)
+        vocab = vocab_per_rank(config.vocab_size, self.tp.world_size)
         # Given its tensor, the embedding skips its random init (the weights are loaded next): on the meta device
         # that init would import torch's Python reference kernels, over a second of every engine's start.
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
-                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
+        self.embed_tokens = nn.Embedding(vocab, config.hidden_size, _weight=torch.empty(vocab, config.hidden_size))
         attention = self.attention_layout(config)
         self.layers = nn.ModuleList(DecoderLayer(config, attention, self.layer_mlp(config, i))
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(config.hidden_size, vocab, bias=False)
         self.max_positions = max_positions or config.max_position_embeddings
         self.packed_lm_head: nn.Module | None = None  # the CPU GEMMs' LM head (pack_for_cpu)
 
@@ -158,17 +166,28 @@ class DecoderForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, backend: AttentionBackend, meta, kv_caches: list[KVCache]) -> torch.Tensor:
         """Hidden states [T, hidden] of the step's rows; `meta` is `backend.prepare(batch)` of the step."""
-        h = self.embed_tokens(input_ids)
+        h = self.embed_tokens(input_ids) if self.tp.group is None else self._embed_parallel(input_ids)
         residual = None
         for layer, kv in zip(self.layers, kv_caches):
             h, residual = layer(h, residual, backend, meta, kv)
         return self.norm(h, backend, residual)[0]
 
+    def _embed_parallel(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The vocabulary-parallel embedding: each rank looks up the ids in its slice (zeros elsewhere), summed."""
+        rows = self.embed_tokens.weight.shape[0]
+        local = input_ids - self.tp.rank * rows
+        outside = (local < 0) | (local >= rows)
+        h = self.embed_tokens(local.masked_fill(outside, 0))
+        return self.tp.all_reduce(h.masked_fill_(outside.unsqueeze(-1), 0))
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed_lm_head is not None:
-            return self.packed_lm_head(hidden)
-        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight)
+            logits = self.packed_lm_head(hidden)
+        else:
+            logits = F.linear(hidden, self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight)
+        if self.tp.group is None:
+            return logits
+        return self.tp.all_gather_last(logits)[..., : self.config.vocab_size]  # the vocabulary slices, gathered once
 
     def decode_weights(self) -> list[dict[str, object]]:
         """Per layer, what a whole-layer kernel of the "llama" layout reads: the two norms' weights and the four
@@ -213,8 +232,8 @@ class DecoderForCausalLM(nn.Module):
                 if isinstance(which, int):
                     rows = params[target].shape[0] // 2
                     return target, None, which * rows, rows
-                hd = head_dim_of(self.config)
-                q, kv = self.config.num_attention_heads * hd, self.config.num_key_value_heads * hd
+                attn = self.layers[0].self_attn  # this rank's heads (tensor parallel)
+                q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
                 return target, None, {"q": 0, "k": q, "v": q + kv}[which], q if which == "q" else kv
         return ".".join(parts), None, None, None
 
@@ -234,6 +253,8 @@ class DecoderForCausalLM(nn.Module):
             target, expert, offset, size = self._target(name, params)
             if target not in params:
                 raise ValueError(f"unexpected weight {name!r} for {type(self).__name__}")
+            if self.tp.world_size > 1:  # this rank's part of it
+                tensor = shard_tensor(self.checkpoint_name(name), tensor, self.tp.rank, self.tp.world_size, self.config)
             key = (target, expert, offset)
             if key in seen:
                 raise ValueError(f"weight {name!r} given twice")

@@ -11,4 +11,4 @@ class LlamaForCausalLM(DecoderForCausalLM):
 
 
 FAMILY = ModelFamily("llama", ("LlamaForCausalLM",), ("llama",), LlamaForCausalLM,
-                     Supports(cpu_fused_decode=True), "Llama 2/3, SmolLM")
+                     Supports(cpu_fused_decode=True, tensor_parallel=True), "Llama 2/3, SmolLM")

@@ -11,4 +11,4 @@ class MistralForCausalLM(DecoderForCausalLM):
 
 
 FAMILY = ModelFamily("mistral", ("MistralForCausalLM",), ("mistral",), MistralForCausalLM,
-                     Supports(cpu_fused_decode=True), "Mistral", SlidingWindow(default_when_absent=True))
+                     Supports(cpu_fused_decode=True, tensor_parallel=True), "Mistral", SlidingWindow(default_when_absent=True))

@@ -30,4 +30,4 @@ class MixtralForCausalLM(DecoderForCausalLM):
 
 
 FAMILY = ModelFamily("mixtral", ("MixtralForCausalLM",), ("mixtral",), MixtralForCausalLM,
-                     Supports(moe=True, gguf=False), "Mixtral-8x7B, Mixtral-8x22B")  # transformers maps no Mixtral GGUF
+                     Supports(moe=True, gguf=False, tensor_parallel=True), "Mixtral-8x7B, Mixtral-8x22B")  # transformers maps no Mixtral GGUF

@@ -12,6 +12,7 @@ from torch import nn
 from hetero_infer import kernels
 from hetero_infer.worker.runner.attention import AttentionBackend
 from hetero_infer.worker.runner.models.decoder import MLP
+from hetero_infer.worker.runner.parallel import group as tp_group
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Experts(nn.Module):
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
+        intermediate_size = tp_group.current().part(intermediate_size)  # tensor parallel: a slice of every expert
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))

@@ -13,4 +13,4 @@ class Qwen2ForCausalLM(DecoderForCausalLM):
 
 
 FAMILY = ModelFamily("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), Qwen2ForCausalLM,
-                     Supports(cpu_fused_decode=True), "Qwen2, Qwen2.5", SlidingWindow(switch="use_sliding_window"))
+                     Supports(cpu_fused_decode=True, tensor_parallel=True), "Qwen2, Qwen2.5", SlidingWindow(switch="use_sliding_window"))

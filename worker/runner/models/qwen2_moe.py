@@ -26,5 +26,5 @@ class Qwen2MoeForCausalLM(DecoderForCausalLM):
 
 
 FAMILY = ModelFamily("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), Qwen2MoeForCausalLM,
-                     Supports(moe=True), "Qwen2-MoE: Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B",
+                     Supports(moe=True, tensor_parallel=True), "Qwen2-MoE: Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B",
                      SlidingWindow(switch="use_sliding_window"))

@@ -20,4 +20,4 @@ class Qwen3ForCausalLM(DecoderForCausalLM):
 
 
 FAMILY = ModelFamily("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), Qwen3ForCausalLM,
-                     Supports(), "Qwen3", SlidingWindow(switch="use_sliding_window"))
+                     Supports(tensor_parallel=True), "Qwen3", SlidingWindow(switch="use_sliding_window"))

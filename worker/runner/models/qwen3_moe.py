@@ -40,5 +40,5 @@ class Qwen3MoeForCausalLM(DecoderForCausalLM):
 
 
 FAMILY = ModelFamily("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), Qwen3MoeForCausalLM,
-                     Supports(moe=True), "Qwen3-MoE: Qwen3-30B-A3B, Qwen3-235B-A22B",
+                     Supports(moe=True, tensor_parallel=True), "Qwen3-MoE: Qwen3-30B-A3B, Qwen3-235B-A22B",
                      SlidingWindow(switch="use_sliding_window"))
