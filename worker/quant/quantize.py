@@ -267,8 +267,7 @@ def _first_layer_inputs(model: nn.Module, seqs: list[list[int]]) -> tuple:
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     batch = StepBatch.fresh_prompts([len(s) for s in seqs], block_size=1)
     cfg = model.config
-    kv_heads = model.layers[0].self_attn.num_kv_heads  # this rank's (tensor parallel)
-    kv = torch.zeros(2, batch.num_blocks, 1, kv_heads, head_dim_of(cfg), dtype=dtype, device=device)
+    kv = torch.zeros(2, batch.num_blocks, 1, model.num_kv_heads, head_dim_of(cfg), dtype=dtype, device=device)
     backend = TorchBackend(model.rotary_embedding(dtype, device), device)  # calibrated on the reference path
     meta = backend.prepare(batch)
     ids = torch.tensor([t for s in seqs for t in s], device=device)

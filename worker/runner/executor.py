@@ -146,7 +146,7 @@ class TorchExecutor:
             if cpu_threads.adapt_enabled() and most > 1 and tp.world_size == 1:  # ranks run in lockstep
                 self.thread_governor = cpu_threads.ThreadGovernor(most)
         self.num_layers = hf_config.num_hidden_layers
-        self.num_kv_heads = self.model.layers[0].self_attn.num_kv_heads  # this rank's (tensor parallel)
+        self.num_kv_heads = self.model.num_kv_heads  # this rank's (tensor parallel)
         self.head_dim = head_dim_of(hf_config)
         self.max_model_len = max_model_len
         self.num_blocks = tp.min_int(config.max_num_blocks or self._default_num_blocks(), self.device)

@@ -147,6 +147,7 @@ class DecoderForCausalLM(nn.Module):
         self.tp = tp_group.current()
         # tensor parallel: this rank's slice of the vocabulary (embedding rows, LM head rows; parallel/sharding.py)
         vocab = vocab_per_rank(config.vocab_size, self.tp.world_size)
+        self.num_kv_heads = kv_heads_per_rank(config.num_key_value_heads, self.tp.world_size)  # this rank's
         # Given its tensor, the embedding skips its random init (the weights are loaded next): on the meta device
         # that init would import torch's Python reference kernels, over a second of every engine's start.
         self.embed_tokens = nn.Embedding(vocab, config.hidden_size, _weight=torch.empty(vocab, config.hidden_size))
@@ -232,8 +233,8 @@ class DecoderForCausalLM(nn.Module):
                 if isinstance(which, int):
                     rows = params[target].shape[0] // 2
                     return target, None, which * rows, rows
-                attn = self.layers[0].self_attn  # this rank's heads (tensor parallel)
-                q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+                hd = head_dim_of(self.config)  # this rank's heads (tensor parallel)
+                q, kv = self.tp.part(self.config.num_attention_heads) * hd, self.num_kv_heads * hd
                 return target, None, {"q": 0, "k": q, "v": q + kv}[which], q if which == "q" else kv
         return ".".join(parts), None, None, None
 

@@ -51,14 +51,16 @@ class TensorParallelError(RuntimeError):
     """A tensor-parallel rank died, hung or failed: the engine cannot run another step."""
 
 
-def check_tensor_parallel(hf_config, world_size: int, device: torch.device) -> None:
-    """The start-up checks: the family splits, the model's shapes divide by `world_size`, and on CUDA there is a
-    GPU per rank. A ValueError saying what is wrong."""
+def check_tensor_parallel(hf_config, world_size: int, device: torch.device, quantization: str | None = None) -> None:
+    """The start-up checks: the family splits, the model's shapes divide by `world_size` (in whole INT4 groups
+    for int4), and on CUDA there is a GPU per rank. A ValueError saying what is wrong."""
     family = model_family(hf_config)
     if not family.supports.tensor_parallel:
         able = ", ".join(a for f in families() if f.supports.tensor_parallel for a in f.architectures)
         raise ValueError(f"{family.architectures[0]} does not support tensor parallelism (supported: {able})")
-    check_split(hf_config.to_dict(), world_size)
+    from hetero_infer import kernels
+
+    check_split(hf_config.to_dict(), world_size, min(kernels.INT4_GROUP_SIZES) if quantization == "int4" else None)
     if device.type == "cuda" and torch.cuda.device_count() < world_size:
         raise ValueError(f"tensor_parallel_size={world_size} needs {world_size} GPUs, "
                          f"{torch.cuda.device_count()} visible (CUDA_VISIBLE_DEVICES, the pod's GPU request)")
@@ -81,7 +83,7 @@ class TensorParallelExecutor:
         n = config.tensor_parallel_size
         self.world_size = n
         device = resolve_device(config.device)
-        check_tensor_parallel(model.hf_config, n, device)
+        check_tensor_parallel(model.hf_config, n, device, config.quantization)
         self._failure: TensorParallelError | None = None
         self._closed = False
         timeout = collective_timeout_s()
