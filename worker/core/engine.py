@@ -30,7 +30,7 @@ from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
 from hetero_infer.worker.core.stats import ITERATION_TOKENS_BUCKETS, EngineStats
 from hetero_infer.worker.core.step_plan import launch_step
-from hetero_infer.worker.runner.executors import ModelFiles, executor_kind
+from hetero_infer.worker.runner.executors import ExecutorDeadError, ModelFiles, executor_kind
 from hetero_infer.worker.runner.loader import (
     load_hf_config,
     resolve_engine_model,
@@ -303,6 +303,8 @@ class LLMEngine:
             self._iteration_tokens_sum += n
             try:
                 step = self._launch(sched)
+            except ExecutorDeadError:  # no step can run any more: the engine stops
+                raise
             except Exception as exc:  # one bad step fails only its own requests
                 log.exception("engine step failed; failing the %d requests in it", len(sched.scheduled))
                 if sched.block_moves:  # their copies may not have been made: no block may claim their contents

@@ -18,6 +18,11 @@ from hetero_infer.contracts.step import SamplingRow, StepPlan
 from hetero_infer.worker.runner.step_handle import StepHandle
 
 
+class ExecutorDeadError(RuntimeError):
+    """The executor can run no more steps (a tensor-parallel rank died or hung): raised from `execute_async`, it
+    stops the engine (every open request fails, the server turns unready) instead of failing one step's requests."""
+
+
 class Executor(Protocol):
     vocab_size: int  # rows of the logits it samples from
     num_blocks: int  # KV blocks in its pool (the engine's block manager hands out exactly these)

@@ -32,7 +32,7 @@ from hetero_infer.contracts.engine_options import EngineConfig
 from hetero_infer.contracts.step import SamplingRow, StepPlan
 from hetero_infer.kernels.cpu import threads as cpu_threads
 from hetero_infer.worker.runner.executor import TorchExecutor, resolve_device
-from hetero_infer.worker.runner.executors import ModelFiles
+from hetero_infer.worker.runner.executors import ExecutorDeadError, ModelFiles
 from hetero_infer.worker.runner.loader import model_family
 from hetero_infer.worker.runner.models.registry import families
 from hetero_infer.worker.runner.parallel.checks import check_split
@@ -47,7 +47,7 @@ DEFAULT_TIMEOUT_S = 30.0
 _EXIT_GRACE_S = 2.0  # an idle engine process exits this long after a rank died (a step in flight reports first)
 
 
-class TensorParallelError(RuntimeError):
+class TensorParallelError(ExecutorDeadError):
     """A tensor-parallel rank died, hung or failed: the engine cannot run another step."""
 
 
@@ -125,6 +125,11 @@ class TensorParallelExecutor:
         self.vocab_size, self.num_blocks, self.num_host_blocks = local.vocab_size, local.num_blocks, local.num_host_blocks
         self.block_bytes, self.device = local.block_bytes, local.device
         threading.Thread(target=self._watch, name="tp-watchdog", daemon=True).start()
+
+    @property
+    def rank_pids(self) -> list[int]:
+        """The process ids of ranks 1..N-1."""
+        return [proc.pid for proc in self._ranks]
 
     # -- start-up ---------------------------------------------------------------------------
     def _arrive(self, stage: str) -> None:

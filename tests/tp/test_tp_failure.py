@@ -1,0 +1,135 @@
+"""A tensor-parallel rank that dies takes the engine down within seconds with an error naming it: `LLM.generate`
+raises; a server answers 503, ends its open streams and requests with an error and turns /readyz and /healthz red
+(the kubelet restarts the pod); an idle server's engine process exits on its own. No client hangs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import aiohttp
+import psutil
+import pytest
+
+from hetero_infer import LLM, SamplingParams
+from hetero_infer.worker.runner.executors import ExecutorDeadError
+from tests.server.server_proc import ServerProcess, http
+
+DEADLINE_S = 10.0  # "within seconds": each wait below ends in well under a second on a quiet machine
+RANK_MODULE = "hetero_infer.worker.runner.parallel.rank"
+
+
+def test_a_killed_rank_fails_generate_within_seconds(tiny_model):
+    folder, _ = tiny_model("llama")
+    llm = LLM(str(folder), device="cpu", dtype="float32", tensor_parallel_size=2)
+    executor = llm.engine.executor
+    killed = []
+
+    def kill() -> None:
+        killed.append(time.monotonic())
+        os.kill(executor.rank_pids[0], signal.SIGKILL)
+
+    timer = threading.Timer(1.0, kill)
+    timer.start()
+    try:
+        with pytest.raises(ExecutorDeadError, match=r"tensor-parallel rank 1 \(pid \d+\) exited "
+                                               r"with code -9"):
+            llm.generate(prompt_token_ids=[[1, 2, 3]] * 8,
+                         sampling_params=SamplingParams(max_tokens=500, ignore_eos=True))
+        assert killed and time.monotonic() - killed[0] < DEADLINE_S
+    finally:
+        timer.cancel()
+        executor.close()
+
+
+def _rank_pids(server: ServerProcess) -> list[int]:
+    procs = psutil.Process(server.proc.pid).children(recursive=True)
+    return [p.pid for p in procs if RANK_MODULE in " ".join(p.cmdline())]
+
+
+def _serve(folder) -> ServerProcess:
+    return ServerProcess("--model", str(folder), "--device", "cpu", "--dtype", "float32", "--engine-process",
+                         "--tensor-parallel-size", "2", "--max-model-len", "512", executor="torch",
+                         start_timeout=180.0)
+
+
+async def _until(condition, what: str) -> float:
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < DEADLINE_S, what
+        await asyncio.sleep(0.02)
+    return time.monotonic() - start
+
+
+async def test_a_killed_rank_under_load_fails_streams_and_requests_and_turns_the_server_red(tiny_model):
+    folder, _ = tiny_model("llama")
+    s = _serve(folder)
+    try:
+        (rank,) = _rank_pids(s)
+        async with aiohttp.ClientSession() as session:
+            streaming = await session.post(s.url + "/v1/completions", json={
+                "prompt": "doomed", "max_tokens": 450, "stream": True, "ignore_eos": True})
+            assert streaming.status == 200
+            await streaming.content.readline()  # the stream has started
+            plain = asyncio.create_task(session.post(s.url + "/v1/completions", json={
+                "prompt": "doomed too", "max_tokens": 450, "ignore_eos": True}))
+            await _until(lambda: s.metrics()["hetero_infer_num_requests_running"] == 2, "both running")
+            os.kill(rank, signal.SIGKILL)
+            killed = time.monotonic()
+            resp = await asyncio.wait_for(plain, DEADLINE_S)
+            assert 500 <= resp.status < 600
+            assert "tensor-parallel rank 1" in (await resp.json())["error"]["message"]
+            text = await asyncio.wait_for(streaming.text(), DEADLINE_S)
+            events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+            assert any('"error"' in e and "tensor-parallel rank 1" in e for e in events), events[-3:]
+            assert time.monotonic() - killed < DEADLINE_S
+        ready = http("GET", s.url + "/readyz")
+        assert ready.status == 503 and ready.json()["status"] == "engine_failed"
+        assert http("POST", s.url + "/v1/completions", {"prompt": "after", "max_tokens": 2}).status == 503
+        assert http("GET", s.url + "/healthz").status == 503  # liveness fails: the kubelet restarts the pod
+        assert not _rank_pids(s)  # no rank left behind
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+async def test_a_rank_killed_while_idle_takes_the_engine_process_down(tiny_model):
+    folder, _ = tiny_model("llama")
+    s = _serve(folder)
+    try:
+        (rank,) = _rank_pids(s)
+        assert http("GET", s.url + "/readyz").status == 200
+        os.kill(rank, signal.SIGKILL)
+        took = await _until(lambda: http("GET", s.url + "/readyz").status == 503, "readyz red")
+        assert http("POST", s.url + "/v1/completions", {"prompt": "after", "max_tokens": 2}).status == 503
+        assert any("tensor-parallel rank 1" in line for line in s.lines), s.log()[-2000:]
+        print(f"an idle engine turned red {took:.2f} s after its rank was killed")
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+def test_a_hung_rank_fails_generate_after_the_collective_timeout(tiny_model, monkeypatch):
+    monkeypatch.setenv("HETERO_INFER_TP_TIMEOUT_S", "3")
+    folder, _ = tiny_model("llama")
+    llm = LLM(str(folder), device="cpu", dtype="float32", tensor_parallel_size=2)
+    executor = llm.engine.executor
+    stopped = []
+
+    def stop() -> None:
+        stopped.append(time.monotonic())
+        os.kill(executor.rank_pids[0], signal.SIGSTOP)
+
+    timer = threading.Timer(1.0, stop)
+    timer.start()
+    try:
+        with pytest.raises(ExecutorDeadError, match="tensor-parallel step failed: .*Timed out"):
+            llm.generate(prompt_token_ids=[[1, 2, 3]] * 8, sampling_params=SamplingParams(max_tokens=500,
+                                                                                           ignore_eos=True))
+        assert stopped and time.monotonic() - stopped[0] < 3 + DEADLINE_S
+    finally:
+        timer.cancel()
+        executor.close()
