@@ -42,9 +42,7 @@ def _build(config, tp):
     with group.building(tp or group.SINGLE):
         model = model_family(config).model_class(config, max_positions=64)
     model.family = model_family(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # nonzero biases: their split is checked too
-            p.zero_()
+    with torch.no_grad():  # nonzero biases: their split is checked too
         named = [(n, t + 0.05 if n.endswith("bias") else t) for n, t in dummy_weights(config, "cpu", torch.float32)]
         model.load_weights(named)
     return model.eval()
