@@ -22,27 +22,34 @@ DEADLINE_S = 10.0  # "within seconds": each wait below ends in well under a seco
 RANK_MODULE = "hetero_infer.worker.runner.parallel.rank"
 
 
-def test_a_killed_rank_fails_generate_within_seconds(tiny_model):
-    folder, _ = tiny_model("llama")
+def _signal_rank_while_generating(folder, sig: int, match: str) -> float:
+    """Send rank 1 `sig` a second into a long generation; the seconds from then until `generate` raised."""
     llm = LLM(str(folder), device="cpu", dtype="float32", tensor_parallel_size=2)
     executor = llm.engine.executor
-    killed = []
+    sent = []
 
-    def kill() -> None:
-        killed.append(time.monotonic())
-        os.kill(executor.rank_pids[0], signal.SIGKILL)
+    def send() -> None:
+        sent.append(time.monotonic())
+        os.kill(executor.rank_pids[0], sig)
 
-    timer = threading.Timer(1.0, kill)
+    timer = threading.Timer(1.0, send)
     timer.start()
     try:
-        with pytest.raises(ExecutorDeadError, match=r"tensor-parallel rank 1 \(pid \d+\) exited "
-                                               r"with code -9"):
-            llm.generate(prompt_token_ids=[[1, 2, 3]] * 8,
-                         sampling_params=SamplingParams(max_tokens=500, ignore_eos=True))
-        assert killed and time.monotonic() - killed[0] < DEADLINE_S
+        with pytest.raises(ExecutorDeadError, match=match):
+            llm.generate(prompt_token_ids=[[1, 2, 3]] * 8, sampling_params=SamplingParams(max_tokens=500,
+                                                                                           ignore_eos=True))
+        assert sent
+        return time.monotonic() - sent[0]
     finally:
         timer.cancel()
         executor.close()
+
+
+def test_a_killed_rank_fails_generate_within_seconds(tiny_model):
+    folder, _ = tiny_model("llama")
+    took = _signal_rank_while_generating(folder, signal.SIGKILL, r"tensor-parallel rank 1 \(pid \d+\) exited "
+                                                                 r"with code -9")
+    assert took < DEADLINE_S
 
 
 def _rank_pids(server: ServerProcess) -> list[int]:
@@ -115,21 +122,5 @@ async def test_a_rank_killed_while_idle_takes_the_engine_process_down(tiny_model
 def test_a_hung_rank_fails_generate_after_the_collective_timeout(tiny_model, monkeypatch):
     monkeypatch.setenv("HETERO_INFER_TP_TIMEOUT_S", "3")
     folder, _ = tiny_model("llama")
-    llm = LLM(str(folder), device="cpu", dtype="float32", tensor_parallel_size=2)
-    executor = llm.engine.executor
-    stopped = []
-
-    def stop() -> None:
-        stopped.append(time.monotonic())
-        os.kill(executor.rank_pids[0], signal.SIGSTOP)
-
-    timer = threading.Timer(1.0, stop)
-    timer.start()
-    try:
-        with pytest.raises(ExecutorDeadError, match="tensor-parallel step failed: .*Timed out"):
-            llm.generate(prompt_token_ids=[[1, 2, 3]] * 8, sampling_params=SamplingParams(max_tokens=500,
-                                                                                           ignore_eos=True))
-        assert stopped and time.monotonic() - stopped[0] < 3 + DEADLINE_S
-    finally:
-        timer.cancel()
-        executor.close()
+    took = _signal_rank_while_generating(folder, signal.SIGSTOP, "tensor-parallel step failed: .*Timed out")
+    assert took < 3 + DEADLINE_S
