@@ -6,7 +6,8 @@ standard environment (HF_ENDPOINT, HF_TOKEN, HF_HOME / HF_HUB_CACHE, HF_HUB_OFFL
 an S3-compatible store through boto3 (the `s3` extra), with the standard AWS variables (AWS_ENDPOINT_URL /
 AWS_ENDPOINT_URL_S3, keys, region, profile), into `model_cache_dir()/s3/BUCKET/PREFIX`.
 
-Only the files a model needs are fetched (`select_model_files`). A source that cannot be reached falls back to
+Only the files a model needs are fetched (`select_model_files`). A LoRA adapter (`adapter=True`: a PEFT folder,
+`adapter_config.json` and its safetensors) comes from the same sources into the same caches. A source that cannot be reached falls back to
 the cache; a missing repository, prefix or revision and a 401/403 are one ModelSourceError line naming the
 source. Secrets (tokens, keys, URL passwords) never reach a message. Torch-free: the operator's download Job
 reuses it.
@@ -41,6 +42,7 @@ _SECRET_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AWS_SECRET_ACCESS_KE
                      "AWS_ACCESS_KEY_ID")
 _URL_PASSWORD = re.compile(r"(?<=://)[^/@\s]+@")
 _S3_MANIFEST = ".source.json"
+MODEL_CONFIG, ADAPTER_CONFIG = "config.json", "adapter_config.json"  # what a model's / an adapter's folder holds
 
 
 # The HTTP clients huggingface_hub uses log every request at INFO (httpx; httpx2 from huggingface_hub 2.x).
@@ -116,20 +118,22 @@ def parse_model_ref(value: str | os.PathLike) -> ModelRef:
 
 
 def fetch_model(value: str | os.PathLike | ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
-                weights: bool = True) -> tuple[Path, str]:
+                weights: bool = True, adapter: bool = False) -> tuple[Path, str]:
     """(local path, served name) for a model reference: local paths as given, remote ones from the cache,
     downloaded first where the cache lacks them (progress every `interval` seconds). `weights` False fetches
-    the configs and tokenizer only (`load_format="dummy"` reads no weights)."""
+    the configs and tokenizer only (`load_format="dummy"` reads no weights). `adapter`: a PEFT LoRA adapter
+    (adapter_config.json) rather than a model (config.json)."""
     ref = value if isinstance(value, ModelRef) else parse_model_ref(value)
+    marker = ADAPTER_CONFIG if adapter else MODEL_CONFIG
     if ref.scheme == "hf":
         try:
-            return fetch_hf(ref, interval=interval, weights=weights), ref.name
+            return fetch_hf(ref, interval=interval, weights=weights, marker=marker), ref.name
         except ModelSourceError as exc:
             if isinstance(value, ModelRef) or "://" in os.fspath(value):
                 raise
             raise ModelSourceError(f"{exc} (nor is there a local folder {value})") from None
     if ref.scheme == "s3":
-        return fetch_s3(ref, interval=interval, weights=weights), ref.name
+        return fetch_s3(ref, interval=interval, weights=weights, marker=marker), ref.name
     return Path(ref.location), ref.name
 
 
@@ -157,10 +161,12 @@ def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
     return _URL_PASSWORD.sub("***@", text)
 
 
-def _check_model_files(ref: ModelRef, names: Iterable[str], weights: bool = True) -> None:
+def _check_model_files(ref: ModelRef, names: Iterable[str], weights: bool = True,
+                       marker: str = MODEL_CONFIG) -> None:
     names = set(names)
-    if "config.json" not in names:
-        raise ModelSourceError(f"{ref}: no config.json at its top level: not a Hugging Face model", permanent=True)
+    if marker not in names:
+        what = "a PEFT adapter" if marker == ADAPTER_CONFIG else "a Hugging Face model"
+        raise ModelSourceError(f"{ref}: no {marker} at its top level: not {what}", permanent=True)
     if weights and not any(n.endswith(".safetensors") for n in names):
         raise ModelSourceError(f"{ref}: no .safetensors weights (.bin/.pth checkpoints are not loaded)",
                                permanent=True)
@@ -230,7 +236,7 @@ def _hub_error(ref: ModelRef, exc: BaseException) -> ModelSourceError | None:
 
 
 def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
-             settings: HubSettings | None = None, weights: bool = True) -> Path:
+             settings: HubSettings | None = None, weights: bool = True, marker: str = MODEL_CONFIG) -> Path:
     """The snapshot folder of a Hub model in the Hub cache, downloading the files it lacks."""
     import huggingface_hub as hub
     from huggingface_hub.hf_api import RepoFile
@@ -238,7 +244,7 @@ def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
     s = settings or HubSettings.from_env()
     revision = ref.revision or "main"
     if s.offline:  # asked for (a pod whose init container fetched the model): no warning
-        return _cached_hf(ref, s, "HF_HUB_OFFLINE is set", level=logging.INFO, weights=weights)
+        return _cached_hf(ref, s, "HF_HUB_OFFLINE is set", level=logging.INFO, weights=weights, marker=marker)
     api = hub.HfApi(endpoint=s.endpoint, token=s.token)
     try:
         info = api.model_info(ref.location, revision=revision)
@@ -247,9 +253,10 @@ def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
         error = _hub_error(ref, exc)
         if error is not None:
             raise error from None
-        return _cached_hf(ref, s, f"cannot reach {s.endpoint} ({type(exc).__name__})", weights=weights)
+        return _cached_hf(ref, s, f"cannot reach {s.endpoint} ({type(exc).__name__})", weights=weights,
+                          marker=marker)
     names = select_model_files(files, weights)
-    _check_model_files(ref, names, weights)
+    _check_model_files(ref, names, weights, marker)
     storage = s.cache / f"models--{ref.location.replace('/', '--')}"
     snapshot = storage / "snapshots" / str(info.sha)
     missing = [n for n in names if not (snapshot / n).is_file()]
@@ -274,13 +281,13 @@ def fetch_hf(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S,
 
 
 def _cached_hf(ref: ModelRef, s: HubSettings, reason: str, level: int = logging.WARNING,
-               weights: bool = True) -> Path:
+               weights: bool = True, marker: str = MODEL_CONFIG) -> Path:
     import huggingface_hub as hub
 
     try:  # the snapshot of the revision's commit (refs/REVISION): found through its config
         folder = Path(hub.snapshot_download(ref.location, revision=ref.revision or "main", cache_dir=s.cache,
-                                            local_files_only=True, allow_patterns=["config.json"]))
-        _check_complete(ref, folder, weights)
+                                            local_files_only=True, allow_patterns=[marker]))
+        _check_complete(ref, folder, weights, marker)
     except Exception as exc:  # not cached, or cached incompletely
         why = str(exc) if isinstance(exc, ModelSourceError) else type(exc).__name__
         raise ModelSourceError(redact(f"{ref}: {reason}, and it is not in the cache {s.cache} ({why})")) from None
@@ -288,10 +295,10 @@ def _cached_hf(ref: ModelRef, s: HubSettings, reason: str, level: int = logging.
     return folder
 
 
-def _check_complete(ref: ModelRef, folder: Path, weights: bool = True) -> None:
+def _check_complete(ref: ModelRef, folder: Path, weights: bool = True, marker: str = MODEL_CONFIG) -> None:
     """A cached folder has a config and all its weights (each shard its index names)."""
     names = [p.name for p in folder.iterdir()]
-    _check_model_files(ref, names, weights)
+    _check_model_files(ref, names, weights, marker)
     index = folder / "model.safetensors.index.json"
     if weights and index.is_file():
         shards = set(json.loads(index.read_text())["weight_map"].values())
@@ -337,7 +344,7 @@ def _s3_client() -> Any:
 
 
 def fetch_s3(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S, client: Any = None,
-             weights: bool = True) -> Path:
+             weights: bool = True, marker: str = MODEL_CONFIG) -> Path:
     """The cached copy of an S3 prefix's model files, downloading the files that are missing or changed."""
     client = client or _s3_client()
     target = s3_cache_folder(ref)
@@ -361,7 +368,7 @@ def fetch_s3(ref: ModelRef, *, interval: float = DEFAULT_INTERVAL_S, client: Any
         raise ModelSourceError(f"{ref}: no objects under this prefix", permanent=True)
     sizes = {k: o["Size"] for k, o in objects.items()}
     names = select_model_files(sizes, weights)
-    _check_model_files(ref, names, weights)
+    _check_model_files(ref, names, weights, marker)
     wanted = {n: objects[n]["ETag"] for n in names}
     have = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     missing = [n for n in names if have.get(n) != wanted[n] or not (target / n).is_file()]
@@ -413,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gguf-dtype", choices=("float32", "bfloat16"), default=None,
                         help="convert a .gguf model once into a Hugging Face folder of this dtype (in "
                              "HETERO_INFER_MODEL_CACHE; needs the worker's dependencies) and print that folder")
+    parser.add_argument("--adapter", action="store_true",
+                        help="a PEFT LoRA adapter (adapter_config.json and its safetensors) rather than a model")
     parser.add_argument("--link", type=Path, default=None,
                         help="then point this path (a relative symlink, replaced atomically) at the model's folder: "
                              "the operator's download Job marks a complete cache folder with it")
@@ -420,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_http_client_logs()
     try:
-        folder, _ = fetch_model(args.model, interval=args.progress_interval)
+        folder, _ = fetch_model(args.model, interval=args.progress_interval, adapter=args.adapter)
     except ModelSourceError as exc:
         logger.error("%s", exc)
         return EXIT_PERMANENT if exc.permanent else 1
