@@ -80,6 +80,7 @@ class Router:
         self.scaler: ScaleFromZero | None = None  # --scale-target (cli.add_scale_from_zero): any model's
         self.scalers: dict[str, ScaleFromZero] = {}  # per model (the cluster router: one per InferenceDeployment)
         self.declared: dict[str, str] = {}  # model -> the InferenceDeployment serving it (the cluster router)
+        self.adapters: dict[str, str] = {}  # LoRA adapter -> its base model (the workers' /v1/models)
         self.flow: FlowControl | None = None
         if options.flow_control:
             self.flow = FlowControl(self.slots, options.max_queued, options.queue_timeout_s,
@@ -107,17 +108,20 @@ class Router:
         """The tokenizer that hashes a request for `model`: --tokenizer's, else its workers'; None: text hashes."""
         if self.tokenizer is not None:
             return self.tokenizer
+        model = self.adapters.get(model, model) if model is not None else None  # an adapter's is its base's
         if model is None and len(self.tokenizers) == 1:
             return next(iter(self.tokenizers.values()))
         return self.tokenizers.get(model) or self.tokenizers.get(None)
 
     def _pool_changed(self) -> None:
         self.metrics.workers_ready.set(len(self.pool.ready()))
+        self.adapters = self.pool.adapter_bases()
         if self.session is not None and self.tokenizer is None and source_of(self.options.tokenizer) == "workers":
             for worker in self.pool.ready():
                 # A worker that does not list its models (another server) may still serve its tokenizer: the
                 # tokenizer of unknown models (None), fetched from any worker.
-                wanted: set[str | None] = set(worker.models) if worker.cards is not None else {None}
+                wanted: set[str | None] = ({self.adapters.get(m, m) for m in worker.models}
+                                           if worker.cards is not None else {None})
                 for model in wanted - set(self._tokenizer_tasks):
                     fetcher = WorkersTokenizer(self.pool, functools.partial(self._fetched, model),
                                                self.options.worker_api_key, model=model)
@@ -160,20 +164,22 @@ class Router:
     def choose(self, candidates: list[Worker], hashes: list[int], policy: str,
                exact: bool = True, model: str | None = None) -> policies.Decision:
         """Among `candidates` (the ready workers of `model`): the policies see only them, so load bounds and prefix
-        affinity are per model."""
+        affinity are per model; a LoRA adapter's request prefers the workers using it, then those with a free
+        adapter slot (policies.lora_rank)."""
         states = [w.state() for w in candidates]
+        adapter = model if model in self.adapters else None
         if policy == "round-robin":
             decision = policies.round_robin(states, self._rr.get(model, 0))
             self._rr[model] = self._rr.get(model, 0) + 1
         elif policy == "least-load":
-            decision = policies.least_load(states)
+            decision = policies.least_load(states, adapter=adapter)
         else:
             matched = self.index.match(hashes, [s.url for s in states], exact)
             eviction = {s.url: self.index.eviction_cost(s.url, len(hashes), exact) for s in states}
             decision = policies.prefix(states, matched, self.options.load_factor, affinity=hashes[0] if hashes else None,
                                        min_slack=self.options.min_slack, eviction=eviction,
                                        host_matched=self.index.host_match(hashes, matched) if exact else None,
-                                       host_weight=self.options.host_hit_weight)
+                                       host_weight=self.options.host_hit_weight, adapter=adapter)
         assert decision is not None
         return decision
 
@@ -198,19 +204,13 @@ class Router:
         model = asked
         if isinstance(payload, dict) and request.method == "POST":
             if policy == "prefix" or asked in self.aliases:
-                # An alias's target is chosen by the prompt's first block: hashed with the alias's first target's
-                # tokenizer (a canary serves the same tokenizer).
-                tokenizer = self.tokenizer_for(self.aliases[asked][0][0] if asked in self.aliases else asked)
-                args = (payload, tokenizer, self.options.block_size, self.options.text_chunk_bytes, body)
-                # Hashing ids or text is cheap, tokenizing is not: a thread hop only for the tokenizer's long prompts.
-                if tokenizer is None or len(body) <= _INLINE_TOKENIZE_BYTES:
-                    hashes, exact = request_hashes(*args)
-                else:
-                    hashes, exact = await asyncio.get_running_loop().run_in_executor(None, request_hashes, *args)
+                hashes, exact = await self._hash(payload, body, asked)
             model = self.resolve(asked, hashes)
             if model != asked:
                 payload["model"] = model
                 body = json.dumps(payload).encode()
+                if policy == "prefix" and model in self.adapters:  # an alias of an adapter: the adapter's blocks
+                    hashes, exact = await self._hash(payload, body, model)
         elif policy == "prefix":
             policy = "least-load"
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
@@ -224,6 +224,19 @@ class Router:
             response = await self._route(request, body, headers, hashes, policy, exact, model)
         self.metrics.responses.labels(str(response.status)).inc()
         return response
+
+    async def _hash(self, payload: dict, body: bytes, model: str | None) -> tuple[list[int], bool]:
+        """The block hashes of a request's prompt for `model`. An alias's target is chosen by the prompt's first
+        block: hashed with the alias's first target's tokenizer (a canary serves the same tokenizer). A LoRA
+        adapter's blocks chain from the adapter's name, as the workers' prefix caches key them."""
+        target = self.aliases[model][0][0] if model in self.aliases else model
+        tokenizer = self.tokenizer_for(target)
+        args = (payload, tokenizer, self.options.block_size, self.options.text_chunk_bytes, body,
+                model if model in self.adapters else None)
+        # Hashing ids or text is cheap, tokenizing is not: a thread hop only for the tokenizer's long prompts.
+        if tokenizer is None or len(body) <= _INLINE_TOKENIZE_BYTES:
+            return request_hashes(*args)
+        return await asyncio.get_running_loop().run_in_executor(None, request_hashes, *args)
 
     async def _flow(self, request: web.Request, payload: Any, body: bytes, headers: dict[str, str],
                     hashes: list[int], policy: str, exact: bool, model: str | None) -> web.StreamResponse:
@@ -276,7 +289,7 @@ class Router:
                     decision.matched_blocks * self.options.block_size)
                 route = self.index.record_route(worker.url, hashes, exact)
             try:
-                return await self._attempt(request, worker, body, headers, policy)
+                return await self._attempt(request, worker, body, headers, policy, model)
             except Retry as retry:
                 self.metrics.retries.labels(worker.url, retry.reason).inc()
                 refusal = retry.response or refusal
@@ -311,11 +324,14 @@ class Router:
             self.metrics.hold_seconds.observe(time.monotonic() - start)
 
     async def _attempt(self, request: web.Request, worker: Worker, body: bytes, headers: dict[str, str],
-                       policy: str) -> web.StreamResponse:
+                       policy: str, model: str | None = None) -> web.StreamResponse:
         assert self.session is not None
         opts = self.options
         self.metrics.routed.labels(worker.url, policy).inc()
         worker.in_flight += 1
+        adapter = model if model in self.adapters else None
+        if adapter is not None:
+            worker.sent_adapters[adapter] += 1
         self.metrics.in_flight.labels(worker.url).inc()
         sent = time.monotonic()
         upstream: aiohttp.ClientResponse | None = None
@@ -363,6 +379,10 @@ class Router:
             return response
         finally:
             worker.in_flight -= 1
+            if adapter is not None:
+                worker.sent_adapters[adapter] -= 1
+                if not worker.sent_adapters[adapter]:
+                    del worker.sent_adapters[adapter]
             self.metrics.in_flight.labels(worker.url).dec()
             if upstream is not None:
                 upstream.close()  # a response not read to the end closes its connection: the worker aborts

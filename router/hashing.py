@@ -7,16 +7,17 @@ prefixes still give equal hashes, but they never match a worker's token-block re
 
 from __future__ import annotations
 
-from hetero_infer.contracts.block_hashes import HASH_NAME, ROOT, blake2b64, block_hashes, chain_hash
+from hetero_infer.contracts.block_hashes import HASH_NAME, blake2b64, block_hashes, chain_hash, chain_root
 
 __all__ = ["HASH_NAME", "block_hashes", "chain_hash", "rendezvous", "text_block_hashes"]
 
 
-def text_block_hashes(text: str, chunk_bytes: int) -> list[int]:
-    """The chain hashes of every full `chunk_bytes` chunk of `text` in UTF-8 (the no-tokenizer fallback)."""
+def text_block_hashes(text: str, chunk_bytes: int, adapter: str | None = None) -> list[int]:
+    """The chain hashes of every full `chunk_bytes` chunk of `text` in UTF-8 (the no-tokenizer fallback), from
+    LoRA `adapter`'s root (None: the base model's) as the token chains."""
     data = text.encode()
     out: list[int] = []
-    parent = ROOT
+    parent = chain_root(adapter)
     for start in range(0, len(data) - chunk_bytes + 1, chunk_bytes):
         parent = blake2b64(b"t" + parent, data[start : start + chunk_bytes])
         out.append(int.from_bytes(parent, "little"))

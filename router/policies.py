@@ -22,6 +22,13 @@ them, at the cost of a copy. A cached prefix is worth `tier_score`: its leading 
 `host_weight` (< 1) times the blocks its host tier holds from there on. So a device hit beats a host hit of the
 same length, a host hit beats no hit, and a host run more than 1/host_weight times longer than another worker's
 device run beats it. The load bound applies before the score, as for device hits.
+
+A request for a LoRA adapter (`adapter`) ranks the workers as llm-d's LoRA-affinity scorer does (`lora_rank`):
+those whose requests use the adapter now (it is in a device slot), then those with a free adapter slot, then the
+rest (the request would wait there for a slot). The load bound applies first, as for any request; a worker without
+a slot for the adapter ranks after every worker with one, even one holding the prefix; among the others the best
+cached prefix still wins (the prefix hashes include the adapter, so a holder of the prefix had it), then the
+adapter's rank.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ class EndpointState:
     kv_usage: float = 0.0  # last scraped hetero_infer_kv_cache_usage_ratio
     max_num_seqs: int | None = None  # sequences it runs at once (its block report; None: not known)
     num_blocks: int | None = None  # KV blocks in its pool (its block report; None: not known)
+    max_lora: int | None = None  # its adapter slots (vllm:lora_requests_info; None: not known, no adapters)
+    adapters: frozenset[str] = frozenset()  # adapters its requests use now (running, waiting, sent by the router)
 
     @property
     def load(self) -> int:
@@ -62,6 +71,20 @@ class EndpointState:
         if self.max_num_seqs is None:
             return self.waiting == 0
         return self.load < self.max_num_seqs
+
+
+# lora_rank: the adapter is in use there, a slot is free for it, neither (it waits there for a slot)
+LORA_ACTIVE, LORA_FREE_SLOT, LORA_NO_SLOT = 0, 1, 2
+
+
+def lora_rank(e: EndpointState, adapter: str | None) -> int:
+    """How ready `e` is for a request of `adapter` (None: the base model, ready anywhere). A worker that does not
+    report its slots is taken to have one free."""
+    if adapter is None or adapter in e.adapters:
+        return LORA_ACTIVE
+    if e.max_lora is None or len(e.adapters) < e.max_lora:
+        return LORA_FREE_SLOT
+    return LORA_NO_SLOT
 
 
 @dataclass(frozen=True)
@@ -81,10 +104,13 @@ def load_key(e: EndpointState, kv_full: float = 0.95) -> tuple[bool, int, int, f
     return (e.kv_usage >= kv_full, e.load, e.waiting, e.kv_usage, e.url)
 
 
-def least_load(endpoints: Sequence[EndpointState], kv_full: float = 0.95) -> Decision | None:
+def least_load(endpoints: Sequence[EndpointState], kv_full: float = 0.95,
+               adapter: str | None = None) -> Decision | None:
+    """The least loaded worker that has a slot for `adapter`, ties to one already using it."""
     if not endpoints:
         return None
-    return Decision(min(endpoints, key=lambda e: load_key(e, kv_full)).url)
+    return Decision(min(endpoints, key=lambda e: (lora_rank(e, adapter) == LORA_NO_SLOT, *load_key(e, kv_full),
+                                                  lora_rank(e, adapter))).url)
 
 
 def round_robin(endpoints: Sequence[EndpointState], counter: int) -> Decision | None:
@@ -118,10 +144,11 @@ def worker_bound(e: EndpointState, endpoints: Sequence[EndpointState], load_fact
 def prefix(endpoints: Sequence[EndpointState], matched: Mapping[str, int], load_factor: float = 1.25,
            kv_full: float = 0.95, affinity: int | None = None, min_slack: int = 4,
            eviction: Mapping[str, int] | None = None, host_matched: Mapping[str, int] | None = None,
-           host_weight: float = HOST_HIT_WEIGHT) -> Decision | None:
+           host_weight: float = HOST_HIT_WEIGHT, adapter: str | None = None) -> Decision | None:
     """The worker under its bound whose cached prefix is worth the most (`tier_score` of `matched`: url -> leading
-    blocks on the device, and `host_matched`: url -> the blocks after those in its host tier), ties to the least
-    loaded; a prefix no candidate holds goes to the lowest negative `eviction` cost (url ->
+    blocks on the device, and `host_matched`: url -> the blocks after those in its host tier) among those with a
+    slot for `adapter`, ties to the one using the adapter already, then to the least loaded; a prefix no candidate
+    holds goes to the lowest negative `eviction` cost (url ->
     `PrefixIndex.eviction_cost`: it fits in free room), else the least loaded and then the lowest cost, ties to the
     highest rendezvous rank for `affinity` (the prompt's first block hash)."""
     if not endpoints:
@@ -141,7 +168,8 @@ def prefix(endpoints: Sequence[EndpointState], matched: Mapping[str, int], load_
         else:  # free room first; where it must evict, the request is a full prefill: the least loaded first
             cost = eviction.get(e.url, -1)
             placement = (min(cost, 0), e.load if cost >= 0 else 0, cost)
-        return (e.kv_usage >= kv_full, -m, *placement, rank, *load_key(e, kv_full))
+        lora = lora_rank(e, adapter)
+        return (e.kv_usage >= kv_full, lora == LORA_NO_SLOT, -m, lora, *placement, rank, *load_key(e, kv_full))
 
     best = min(candidates, key=key)
     return Decision(best.url, matched.get(best.url, 0), host_matched.get(best.url, 0))

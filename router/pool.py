@@ -15,8 +15,9 @@ import asyncio
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -24,6 +25,7 @@ from hetero_infer.contracts import metric_names
 from hetero_infer.contracts.block_hashes import HASH_NAME, BlockReport
 from hetero_infer.router.index import PrefixIndex
 from hetero_infer.router.kv_events import EventFeed, subscribe_endpoint, zmq_available
+from hetero_infer.router.lora import LoraInfo, adapter_bases, parse_lora_info
 from hetero_infer.router.models import model_ids
 from hetero_infer.router.policies import EndpointState
 
@@ -48,6 +50,9 @@ class Worker:
     max_num_seqs: int | None = None  # from its block report
     num_blocks: int | None = None  # its KV pool, from its block report
     cards: list[dict] | None = None  # its GET /v1/models (None: not known yet; kept while it is away)
+    lora: LoraInfo | None = None  # its vllm:lora_requests_info (None: it reports no adapter slots)
+    # adapters of the requests the router has open to it: in use there before its next report says so
+    sent_adapters: Counter[str] = field(default_factory=Counter)
 
     @property
     def models(self) -> set[str]:
@@ -59,8 +64,9 @@ class Worker:
         return model is None or self.cards is None or model in self.models
 
     def state(self) -> EndpointState:
+        adapters = frozenset(self.sent_adapters) | (self.lora.active if self.lora else frozenset())
         return EndpointState(self.url, self.in_flight, self.running, self.waiting, self.kv_usage, self.max_num_seqs,
-                             self.num_blocks)
+                             self.num_blocks, self.lora.max_lora if self.lora else None, adapters)
 
 
 def parse_load(text: str) -> dict[str, float]:
@@ -146,6 +152,10 @@ class WorkerPool:
         if any(w.cards is None for w in self.workers.values()):
             return None
         return set().union(*(w.models for w in self.workers.values()))
+
+    def adapter_bases(self) -> dict[str, str]:
+        """adapter -> base model, from every worker's model cards (ready or not)."""
+        return adapter_bases(w.cards or () for w in self.workers.values())
 
     def _set_ready(self, worker: Worker, ready: bool, why: str = "") -> None:
         if worker.ready == ready:
@@ -271,7 +281,9 @@ class WorkerPool:
         await self._poll_models(worker, timeout)
         async with self.session.get(worker.url + "/metrics", timeout=timeout) as r:
             if r.status == 200:
-                load = parse_load(await r.text())
+                text = await r.text()
+                load = parse_load(text)
+                worker.lora = parse_lora_info(text)
                 worker.running = int(load.get("running", 0))
                 worker.waiting = int(load.get("waiting", 0))
                 worker.kv_usage = float(load.get("kv_usage", 0.0))

@@ -64,4 +64,4 @@ def request_hashes(payload: dict[str, Any], tokenizer: Any, block_size: int, chu
         ids = None
     if ids is not None:
         return block_hashes(ids, block_size, adapter), True
-    return text_block_hashes(prompt_text(payload), chunk_bytes), False
+    return text_block_hashes(prompt_text(payload), chunk_bytes, adapter), False

@@ -27,6 +27,8 @@ class FakeWorker:
     waiting: int = 0  # reported on /metrics
     kv_usage: float = 0.0
     models: list[str] | None = None  # served on GET /v1/models (None: the endpoint is absent, as another server)
+    parents: dict[str, str] = field(default_factory=dict)  # LoRA adapter -> its base model (the card's parent)
+    extra_metrics: str = ""  # more exposition lines on /metrics (vllm:lora_requests_info)
     requests: list[dict] = field(default_factory=list)
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     cut: asyncio.Event = field(default_factory=asyncio.Event)
@@ -45,15 +47,17 @@ class FakeWorker:
     async def list_models(self, request: web.Request) -> web.Response:
         if self.models is None:
             return web.Response(status=404)
-        return web.json_response({"object": "list", "data": [{"id": m, "object": "model", "owned_by": self.name}
-                                                             for m in self.models]})
+        return web.json_response({"object": "list", "data": [
+            {"id": m, "object": "model", "owned_by": self.name, **({"parent": self.parents[m]} if m in self.parents
+                                                                   else {})} for m in self.models]})
 
     async def readyz(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.ready else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=f"hetero_infer_num_requests_running 1\nhetero_infer_num_requests_waiting "
-                                 f"{self.waiting}\nhetero_infer_kv_cache_usage_ratio {self.kv_usage}\n")
+                                 f"{self.waiting}\nhetero_infer_kv_cache_usage_ratio {self.kv_usage}\n"
+                                 f"{self.extra_metrics}")
 
     async def blocks(self, request: web.Request) -> web.Response:
         if self.block_log is None:
