@@ -294,6 +294,21 @@ class ChatCompletionRequest(_Sampling):
 # --------------------------------------------------------------------------------------------- responses
 
 
+class LoadLoRAAdapterRequest(_Request):
+    """vLLM's `POST /v1/load_lora_adapter` body (`--allow-runtime-lora-updating`)."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)  # a PEFT folder, hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX
+    base_model_name: str | None = None
+
+
+class UnloadLoRAAdapterRequest(_Request):
+    """vLLM's `POST /v1/unload_lora_adapter` body."""
+
+    lora_name: str = Field(min_length=1)
+    lora_int_id: int | None = None  # vLLM's; the name decides
+
+
 class _Response(BaseModel):
     """Documents a response shape exactly (no undeclared fields)."""
 
@@ -317,6 +332,8 @@ class ModelCard(_Response):
     created: int
     owned_by: str
     max_model_len: int
+    root: str | None = None  # vLLM's: where the model or LoRA adapter came from
+    parent: str | None = None  # vLLM's: a LoRA adapter's base model (None: a base model)
 
 
 class ModelList(_Response):

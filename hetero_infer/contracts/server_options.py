@@ -50,6 +50,11 @@ class ServerOptions:
     # Run the engine core in its own process (False: on a thread of the server). None: auto, a process when
     # at least ENGINE_PROCESS_MIN_CPUS CPUs are usable (with one CPU the two processes only compete for it).
     engine_process: bool | None = None
+    # LoRA adapters (vLLM's flags; the engine's --enable-lora, --max-loras, ... are engine options): the adapters
+    # served from the start (NAME=PATH or vLLM's JSON object, contracts/lora_modules.py), and whether
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter exist (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING too)
+    lora_modules: list[str] = field(default_factory=list)
+    allow_runtime_lora_updating: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.api_key, str):
@@ -102,6 +107,12 @@ class ServerOptions:
             bad("log_level", f"must be one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in LOG_FORMATS:
             bad("log_format", f"must be one of {', '.join(LOG_FORMATS)}")
+        from hetero_infer.contracts.lora_modules import parse_lora_modules
+
+        try:
+            parse_lora_modules(self.lora_modules)
+        except ValueError as exc:
+            bad("lora_modules", str(exc))
 
     def use_engine_process(self) -> bool:
         if self.engine_process is not None:

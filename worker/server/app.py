@@ -27,6 +27,7 @@ from hetero_infer.worker.server.logs import (
     REQUEST_ID_KEY,
     log_access,
 )
+from hetero_infer.worker.server.lora import add_routes as add_lora_routes
 from hetero_infer.worker.server.metrics import CONTENT_TYPE
 from hetero_infer.worker.server.openapi import build_openapi
 from hetero_infer.worker.server.state import DRAINING, STATE_KEY, ServerState, get_state
@@ -123,22 +124,29 @@ async def openapi(request: web.Request) -> web.Response:
     return web.Response(body=request.app[OPENAPI_KEY], content_type="application/json")
 
 
-def _model_card(state: ServerState) -> dict[str, object]:
-    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "hetero-infer",
-            "max_model_len": state.max_model_len}
+_OWNER = "hetero-infer"
+
+
+def _model_cards(state: ServerState) -> list[dict[str, object]]:
+    """The base model's card, then its LoRA adapters' (vLLM's shape: `root` where each came from, `parent` an
+    adapter's base model)."""
+    base = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": _OWNER,
+            "max_model_len": state.max_model_len, "root": state.model_root, "parent": None}
+    return [base, *state.adapters.cards(state.model_name, _OWNER, state.max_model_len)]
 
 
 async def list_models(request: web.Request) -> web.Response:
     state = get_state(request)
     state.check_serving()
-    return web.json_response({"object": "list", "data": [_model_card(state)]})
+    return web.json_response({"object": "list", "data": _model_cards(state)})
 
 
 async def get_model(request: web.Request) -> web.Response:
     state = get_state(request)
     state.check_serving()
-    state.check_model(request.match_info["model"])
-    return web.json_response(_model_card(state))
+    name = request.match_info["model"]
+    state.check_model(name)
+    return web.json_response(next(c for c in _model_cards(state) if c["id"] == name))
 
 
 OPENAPI_KEY = web.AppKey("openapi", bytes)
@@ -169,7 +177,8 @@ def create_app(state: ServerState) -> web.Application:
     app.on_response_prepare.append(close_when_draining)
     app[STATE_KEY] = state
     app[GUARD_KEY] = guard
-    app[OPENAPI_KEY] = json.dumps(build_openapi(auth=bool(state.api_keys))).encode()
+    app[OPENAPI_KEY] = json.dumps(build_openapi(auth=bool(state.api_keys),
+                                                lora_updates=options.allow_runtime_lora_updating)).encode()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -181,4 +190,6 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_get("/v1/cache/blocks", cache_blocks)  # the router's exact prefix index (docs/router.md)
     app.router.add_get("/v1/tokenizer/files", tokenizer_files)  # the router's tokenizer (docs/router.md)
     add_vllm_routes(app)  # /tokenize, /detokenize, /health, /version
+    if options.allow_runtime_lora_updating:  # vLLM's: the routes exist only when allowed
+        add_lora_routes(app)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
     return app

@@ -41,14 +41,14 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
     state = get_state(request)
     req: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
-    state.check_model(req.model)
+    lora_request = state.check_model(req.model)
     state.check_serving()
     prompt = await chat_prompt(state, req)
     params = [request_sampling_params(state, req, prompt)]
     fmt = ChatFormatter(state, req, [prompt])
     return await generate(request, state, [prompt], params, fmt, arrival, req.stream,
                           bool(req.stream_options and req.stream_options.include_usage),
-                          lambda: prepare_grammar(state, req, params[0]))
+                          lambda: prepare_grammar(state, req, params[0]), lora_request)
 
 
 def chat_template(state: ServerState) -> str | None:
@@ -94,7 +94,7 @@ class ChatFormatter(Formatter):
     id_prefix = "chatcmpl-"
 
     def __init__(self, state: Any, req: ChatCompletionRequest, prompts: list[Prompt]) -> None:
-        super().__init__(state, req.n, prompts)
+        super().__init__(state, req.n, prompts, req.model)
         self.req = req
         self.top_n = (req.top_logprobs or 0) if req.logprobs else None
         self.tool_mode = req.tool_mode

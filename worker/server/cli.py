@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import copy
 import logging
+import os
 import signal
 import sys
 import threading
@@ -26,11 +27,13 @@ from aiohttp import web
 
 from hetero_infer.contracts import cors, hosts
 from hetero_infer.contracts.engine_options import EngineConfig
-from hetero_infer.contracts.options import add_flags, environment_values, load_options
+from hetero_infer.contracts.lora_modules import parse_lora_modules
+from hetero_infer.contracts.options import TRUE_WORDS, add_flags, environment_values, load_options
 from hetero_infer.contracts.server_options import LOG_FORMATS, LOG_LEVELS, ServerOptions
 from hetero_infer.model_source import ModelSourceError
 from hetero_infer.worker.cli_args import ENV_PREFIX, add_engine_args
 from hetero_infer.worker.frontend.gc_freeze import freeze_startup_objects
+from hetero_infer.worker.server.lora import VLLM_RUNTIME_ENV
 
 logger = logging.getLogger("hetero_infer.server")
 
@@ -64,6 +67,11 @@ _SERVER_HELP = {
     "engine_process": "run the engine core in its own process, so that it does not share the GIL with the HTTP "
     "side; --no-engine-process runs it on a thread of the server process (default: a process when at least 2 "
     "CPUs are usable, else a thread)",
+    "lora_modules": "LoRA adapters to serve from the start (needs --enable-lora), each NAME=PATH or vLLM's JSON "
+    "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; PATH a PEFT folder, hf://ORG/NAME[@REVISION] or "
+    "s3://BUCKET/PREFIX; a request's model names one",
+    "allow_runtime_lora_updating": "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's; also "
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true; off by default, and behind the API key when there is one)",
 }
 
 
@@ -72,7 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hetero-infer serve",
         description="Run the OpenAI-compatible worker. Options: flags > HETERO_INFER_* environment > --config file.",
     )
-    add_flags(parser.add_argument_group("server"), ServerOptions, _SERVER_HELP)
+    group = parser.add_argument_group("server")
+    add_flags(group, ServerOptions, _SERVER_HELP, skip=("lora_modules",))
+    # vLLM's form: several values after one flag (--lora-modules a=/x b=/y), or the flag again
+    group.add_argument("--lora-modules", dest="lora_modules", nargs="+", action="extend", default=None,
+                       metavar="NAME=PATH", help=_SERVER_HELP["lora_modules"])
     add_engine_args(parser)
     return parser
 
@@ -84,8 +96,15 @@ def _server_env(environ: Mapping[str, str]) -> dict[str, Any]:
 
 def resolve_options(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> tuple[ServerOptions, EngineConfig]:
     """Merge defaults < config file < environment < flags; ValueError with a clear message on bad input."""
+    environ = os.environ if environ is None else environ
     options, engine = load_options((ServerOptions, EngineConfig), args, ENV_PREFIX, environ)
     options.api_keys()  # a missing or empty key file fails now, not at the first request
+    if (not options.allow_runtime_lora_updating and args.allow_runtime_lora_updating is None
+            and environ.get(VLLM_RUNTIME_ENV, "").strip().lower() in TRUE_WORDS):
+        options.allow_runtime_lora_updating = True  # vLLM's variable, below our flag and variable
+    if (options.lora_modules or options.allow_runtime_lora_updating) and not engine.enable_lora:
+        what = "--lora-modules" if options.lora_modules else "--allow-runtime-lora-updating"
+        raise ValueError(f"{what} serves LoRA adapters: it needs --enable-lora")
     return options, engine
 
 
@@ -190,7 +209,7 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
     from hetero_infer.worker.server.app import create_app
     from hetero_infer.worker.server.errors import unavailable
     from hetero_infer.worker.server.logs import ACCESS_LOGGER, AccessLogger
-    from hetero_infer.worker.server.state import DRAINING, FAILED, ServerState
+    from hetero_infer.worker.server.state import DRAINING, FAILED, READY, ServerState
     from hetero_infer.worker.server.timeouts import GUARD_KEY
 
     state = ServerState(options)
@@ -247,7 +266,18 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
 
     core = rest[0] if rest else None
     async_engine = state.start_engine(engine, max_num_seqs=engine_config.max_num_seqs, tokenizer=tokenizer,
-                                      core=core)
+                                      core=core, ready=False)
+    try:
+        for module in parse_lora_modules(options.lora_modules):  # ready only then: requests may name them at once
+            await state.adapters.load(state, module)
+    except Exception as exc:
+        state.phase = FAILED
+        state.load_error = f"--lora-modules: {getattr(exc, 'message', exc)}"
+        logger.error("could not load a LoRA adapter: %s", state.load_error)
+        await runner.cleanup()
+        async_engine.shutdown()
+        return 1
+    state.phase = READY
     freeze_startup_objects()
     logger.info("ready: serving %s (max_model_len %d, executor %s, engine %s)", state.model_name,
                 state.max_model_len, engine_config.executor,

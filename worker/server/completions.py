@@ -26,7 +26,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
     state = get_state(request)
     req: CompletionRequest = await parse_body(request, CompletionRequest)
-    state.check_model(req.model)
+    lora_request = state.check_model(req.model)
     state.check_serving()
     prompts = await completion_prompts(state, req)
     params = [request_sampling_params(state, req, p, "prompt" if len(prompts) == 1 else f"prompt.{i}")
@@ -34,7 +34,8 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     fmt = CompletionFormatter(state, req, prompts)
     return await generate(request, state, prompts, params, fmt, arrival, req.stream,
                           bool(req.stream_options and req.stream_options.include_usage),
-                          lambda: prepare_grammar(state, req, params[0]))  # one constraint for all the prompts
+                          lambda: prepare_grammar(state, req, params[0]),  # one constraint for all the prompts
+                          lora_request)
 
 
 class CompletionFormatter(Formatter):
@@ -43,7 +44,7 @@ class CompletionFormatter(Formatter):
     id_prefix = "cmpl-"
 
     def __init__(self, state: Any, req: CompletionRequest, prompts: list[Prompt]) -> None:
-        super().__init__(state, req.n, prompts)
+        super().__init__(state, req.n, prompts, req.model)
         self.top_n = req.logprobs
         self.echo = req.echo
         self.prompt_top = prompt_logprobs_of(req)

@@ -59,9 +59,10 @@ class Formatter(ABC):
     chunk_object = ""
     id_prefix = ""
 
-    def __init__(self, state: Any, n: int, prompts: list[Prompt]) -> None:
+    def __init__(self, state: Any, n: int, prompts: list[Prompt], model: str | None = None) -> None:
+        """`model`: the served name the request asked for (checked: the base model's or a LoRA adapter's)."""
         self.state = state
-        self.model = state.model_name
+        self.model = model or state.model_name
         self.n = n
         self.prompts = prompts
         self.id = f"{self.id_prefix}{new_id()}"

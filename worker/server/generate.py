@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from hetero_infer.contracts.lora import LoRARequest
 from hetero_infer.contracts.sampling_params import SamplingParams
 from hetero_infer.worker.core.busy_loop import EngineRequest
 from hetero_infer.worker.core.outputs import OutputAccumulator
@@ -23,11 +24,14 @@ from hetero_infer.worker.server.state import ServerState
 
 async def generate(request: web.Request, state: ServerState, prompts: list[Prompt], params: list[SamplingParams],
                    fmt: Formatter, arrival: float, stream: bool, include_usage: bool,
-                   prepare: Callable[[], Awaitable[None]] | None = None) -> web.StreamResponse:
-    """`prepare`: awaited once the request is admitted, before it reaches the engine (its grammar's compile)."""
+                   prepare: Callable[[], Awaitable[None]] | None = None,
+                   lora_request: LoRARequest | None = None) -> web.StreamResponse:
+    """`prepare`: awaited once the request is admitted, before it reaches the engine (its grammar's compile);
+    `lora_request`: the LoRA adapter every prompt runs with (None: the base model)."""
     num_seqs = sum(max(p.n, p.best_of or 0) for p in params)  # best_of: every sample runs
     base = new_id()
-    engine_requests = [EngineRequest(f"{base}-{i}", p.text, p.token_ids, sp, sp.max_tokens)  # checked already
+    engine_requests = [EngineRequest(f"{base}-{i}", p.text, p.token_ids, sp, sp.max_tokens,  # checked already
+                                     lora_request)
                        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
     fmt.bind([r.request_id for r in engine_requests])
     with state.admit(num_seqs):  # 429/503 beyond capacity; counts the request for the drain

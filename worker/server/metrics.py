@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -141,7 +142,39 @@ class EngineStatsCollector(Collector):
         if s is not None:
             healthy.add_metric([model], 1.0 if self._healthy() else 0.0)
             info.add_metric([model, *self._cache_info.values()], 1.0)
-        return [*out, healthy, info]
+        return [*out, healthy, info, *_lora_families(s, model)]
+
+
+LORA_INFO_LABELS = ("max_lora", "running_lora_adapters", "waiting_lora_adapters")
+
+
+def _lora_families(s: Any, model: str) -> list[Metric]:
+    """The LoRA adapters' series, only on a worker serving adapters (--enable-lora), as vLLM does:
+
+    - `vllm:lora_requests_info`, as the Gateway API Inference Extension's model-server protocol reads it: a gauge
+      whose value is the time of the state it describes and whose labels are `max_lora` (device slots) and the
+      comma-separated names of the adapters of running and of waiting requests (one label set: the current one);
+    - per adapter (`lora_name`): `hetero_infer_lora_requests_in_flight` (its requests running or waiting) and
+      `hetero_infer_lora_requests_total` (its requests so far); `hetero_infer_lora_adapters_loaded`."""
+    if s is not None and not getattr(s, "max_lora", 0):
+        return []
+    info = GaugeMetricFamily(names.VLLM_LORA_REQUESTS_INFO, "Running stats on LoRA requests (vLLM-compatible; the "
+                             "value is the time of the state the labels describe).", labels=list(LORA_INFO_LABELS))
+    active = GaugeMetricFamily("hetero_infer_lora_requests_in_flight", "Requests running or waiting, per LoRA adapter.",
+                               labels=[LABEL, "lora_name"])
+    total = CounterMetricFamily("hetero_infer_lora_requests", "Requests received, per LoRA adapter.",
+                                labels=[LABEL, "lora_name"])
+    loaded = GaugeMetricFamily("hetero_infer_lora_adapters_loaded", "LoRA adapters the engine holds (read and "
+                               "checked, in host memory).", labels=[LABEL])
+    if s is not None:
+        info.add_metric([str(s.max_lora), ",".join(s.running_lora_adapters), ",".join(s.waiting_lora_adapters)],
+                        time.time())
+        for name, n in sorted(s.lora_requests.items()):
+            active.add_metric([model, name], float(n))
+        for name, n in sorted(s.lora_requests_total.items()):
+            total.add_metric([model, name], float(n))
+        loaded.add_metric([model], float(len(s.loras)))
+    return [info, active, total, loaded]
 
 
 def _buckets(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, int]]:

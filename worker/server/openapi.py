@@ -97,9 +97,26 @@ def _vllm_extras(auth: list[str]) -> dict[str, Any]:
     }
 
 
-def build_openapi(*, title: str = "hetero-infer worker", version: str = "0.1.0", auth: bool = False) -> dict[str, Any]:
+def _lora_updates(auth: list[str]) -> dict[str, Any]:
+    """vLLM's run-time adapter endpoints (worker/server/lora.py; only with --allow-runtime-lora-updating)."""
+    def post(request: type[BaseModel], summary: str, *errors: str) -> dict[str, Any]:
+        return {"post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+            "responses": {"200": {"description": "Success (a line of text)",
+                                  "content": {"text/plain": {"schema": {"type": "string"}}}},
+                          **_errors(*auth, "400", *errors, "503")},
+        }}
+
+    return {"/v1/load_lora_adapter": post(p.LoadLoRAAdapterRequest, "Load a LoRA adapter and serve it by name"),
+            "/v1/unload_lora_adapter": post(p.UnloadLoRAAdapterRequest, "Stop serving a LoRA adapter", "404")}
+
+
+def build_openapi(*, title: str = "hetero-infer worker", version: str = "0.1.0", auth: bool = False,
+                  lora_updates: bool = False) -> dict[str, Any]:
     request_models: list[type[BaseModel]] = [p.CompletionRequest, p.ChatCompletionRequest,
-                                             x.TokenizeCompletionRequest, x.TokenizeChatRequest, x.DetokenizeRequest]
+                                             x.TokenizeCompletionRequest, x.TokenizeChatRequest, x.DetokenizeRequest,
+                                             p.LoadLoRAAdapterRequest, p.UnloadLoRAAdapterRequest]
     response_models: list[type[BaseModel]] = [
         p.CompletionResponse, p.CompletionChunk, p.ChatCompletionResponse, p.ChatCompletionChunk,
         p.ModelList, p.ModelCard, p.ErrorResponse, p.HealthStatus,
@@ -124,7 +141,7 @@ def build_openapi(*, title: str = "hetero-infer worker", version: str = "0.1.0",
                 "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
             "/openapi.json": {"get": {"summary": "This document", "responses": {"200": _json({"type": "object"},
                                                                                              "OpenAPI 3.1")}}},
-            "/v1/models": {"get": {"summary": "The served model", "responses": {
+            "/v1/models": {"get": {"summary": "The served model and its LoRA adapters", "responses": {
                 "200": _json(_ref(p.ModelList), "Models"), **_errors(*auth_codes, "503")}}},
             "/v1/models/{model}": {"get": {
                 "summary": "One model",
@@ -136,6 +153,7 @@ def build_openapi(*, title: str = "hetero-infer worker", version: str = "0.1.0",
             "/v1/chat/completions": _generation(p.ChatCompletionRequest, p.ChatCompletionResponse,
                                                 p.ChatCompletionChunk, "Chat completion", auth_codes),
             **_vllm_extras(auth_codes),
+            **(_lora_updates(auth_codes) if lora_updates else {}),
         },
         "components": {"schemas": top.get("$defs", {})},
     }

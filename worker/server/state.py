@@ -10,10 +10,12 @@ from typing import Any
 
 from aiohttp import web
 
+from hetero_infer.contracts.lora import LoRARequest
 from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.worker.core.request_check import EngineLimits
 from hetero_infer.worker.frontend.client import EngineClient
 from hetero_infer.worker.server.errors import APIError, overloaded, unavailable
+from hetero_infer.worker.server.lora import ServedAdapters
 from hetero_infer.worker.server.metrics import ServerMetrics
 
 LOADING, READY, DRAINING, FAILED = "loading", "ready", "draining", "failed"
@@ -31,7 +33,10 @@ class ServerState:
         self.tokenizer: Any = None
         self.limits: EngineLimits | None = None
         self.model_name = ""
+        self.model_root = ""  # where the base model came from (its /v1/models card's root)
         self.max_model_len = 0
+        self.lora_enabled = False  # the engine serves LoRA adapters (--enable-lora)
+        self.adapters = ServedAdapters()
         self.max_num_seqs = 1
         self.open_seqs = 0  # sequences of admitted requests (running or waiting)
         self.active_requests = 0  # generation handlers in flight
@@ -42,11 +47,12 @@ class ServerState:
 
     # ----------------------------------------------------------------- engine
     def start_engine(self, engine: Any, *, max_num_seqs: int, tokenizer: Any = None,
-                     core: Any = None) -> EngineClient:
+                     core: Any = None, ready: bool = True) -> EngineClient:
         """Start serving a loaded `LLMEngine` on an engine thread (call on the event loop), or, with `core` (an
         `EngineProcess` that is ready; `engine` is then unused), the engine in that process.
 
-        `tokenizer` is the loop's own copy (default: the engine's, shared with the engine thread).
+        `tokenizer` is the loop's own copy (default: the engine's, shared with the engine thread). `ready` False:
+        still loading (the caller has more to do first: --lora-modules) until it sets the phase to READY.
         """
         client: EngineClient
         if core is not None:
@@ -63,6 +69,9 @@ class ServerState:
                                         tokenizer=tokenizer)
             limits = engine.limits
         client.start()
+        config = getattr(core, "pinned", None) if core is not None else getattr(engine, "config", None)
+        self.lora_enabled = bool(getattr(config, "enable_lora", False))
+        self.model_root = str(getattr(config, "model", None) or limits.model_name)
         self._engine = client
         self.tokenizer = tokenizer
         self.limits = limits
@@ -72,7 +81,7 @@ class ServerState:
         self.metrics.bind(self.model_name, client.stats, lambda: client.healthy,
                           {"block_size": str(limits.block_size), "num_gpu_blocks": str(limits.num_blocks)},
                           limits.max_model_len)
-        self.phase = READY
+        self.phase = READY if ready else LOADING
         return client
 
     @property
@@ -123,10 +132,16 @@ class ServerState:
         return text
 
     # ----------------------------------------------------------------- admission
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name and self.phase != LOADING:
-            raise APIError(404, f"The model `{model}` does not exist. This worker serves `{self.model_name}`.",
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter `model` names (None: the base model); 404 for a name this worker does not serve."""
+        if model is None or model == self.model_name or self.phase == LOADING:
+            return None
+        adapter = self.adapters.get(model)
+        if adapter is None:
+            served = ", ".join(f"`{m}`" for m in [self.model_name, *self.adapters.names()])
+            raise APIError(404, f"The model `{model}` does not exist. This worker serves {served}.",
                            param="model", code="model_not_found")
+        return adapter
 
     def check_serving(self) -> None:
         """503 unless the engine is loaded, healthy and the server is not draining."""
