@@ -44,6 +44,17 @@ MODEL_URL_ANNOTATION = f"{GROUP}/model-url"
 # may wait on though another one created it).
 MODEL_CACHE_CLAIM_ANNOTATION = f"{GROUP}/model-cache-claim"
 
+# On a LoRA adapter's download Job (spec.adapters): the adapter's name.
+ADAPTER_ANNOTATION = f"{GROUP}/lora-adapter"
+# spec.adapters: the ConfigMap NAME-adapters lists the adapters ready to serve (its key ADAPTERS_KEY: a JSON list of
+# {"name", "path"}); the workers mount it at ADAPTERS_CONFIG_DIR and follow it (--lora-modules-file), so adding or
+# removing an adapter changes the ConfigMap, never the pods. hf:// and s3:// adapters are read from the cache claim,
+# mounted whole at ADAPTERS_MOUNT.
+ADAPTERS_SUFFIX = "-adapters"
+ADAPTERS_KEY = "adapters.json"
+ADAPTERS_CONFIG_DIR = "/etc/hetero-infer/lora"
+ADAPTERS_MOUNT = "/model-cache"
+
 # Annotation prefix for kopf's own bookkeeping (progress, last handled spec).
 KOPF_ANNOTATION_PREFIX = f"operator.{GROUP}"
 

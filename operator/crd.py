@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from hetero_infer.contracts.engine_options import DTYPES, EXECUTORS, Quantization
+from hetero_infer.contracts.engine_options import DTYPES, EXECUTORS, MAX_LORA_RANK, Quantization
+from hetero_infer.contracts.lora_modules import ADAPTER_NAME
 from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.operator import constants as c
 from hetero_infer.operator.schema import (
@@ -49,6 +50,19 @@ def NAME(description: str | None = None) -> Str:  # noqa: N802  (a node, named l
     return Str(description=description, pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=253)
 
 
+# A model's or a LoRA adapter's url (spec.py's MODEL_URL is the same pattern, for clusters without CEL).
+URL_RULES = (
+    Rule(
+        "self.matches('^(hf://[A-Za-z0-9][-_.A-Za-z0-9]*(/[A-Za-z0-9][-_.A-Za-z0-9]*)?(@[^@ ]+)?|s3://[a-z0-9][-.a-z0-9]{1,61}[a-z0-9](/.*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?)$')",
+        "url must be hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX or pvc://CLAIM/PATH",
+    ),
+    Rule(
+        "!self.startsWith('pvc://') || !self.matches('(^|/)[.][.](/|$)')",
+        "the path in a pvc:// url must not contain '..'",
+    ),
+)
+MAX_ADAPTERS = 256
+
 SECRET_KEY_REF = Obj(
     required=("name", "key"),
     properties={
@@ -76,8 +90,8 @@ SPREAD_CONSTRAINT = Obj(  # a core/v1 TopologySpreadConstraint: its labelSelecto
 
 # What the operator mounts itself: extra volumes and mounts (spec.volumes, spec.model.cache.download.volumes) must not
 # take these names and paths (manifests/worker.py, manifests/cache.py).
-OWN_VOLUMES = ("tmp", "cache", "dshm", "model")
-OWN_MOUNT_PATHS = ("/tmp", "/var/cache/hetero-infer", "/dev/shm", "/models")
+OWN_VOLUMES = ("tmp", "cache", "dshm", "model", "lora-adapters")
+OWN_MOUNT_PATHS = ("/tmp", "/var/cache/hetero-infer", "/dev/shm", "/models", c.ADAPTERS_CONFIG_DIR, c.ADAPTERS_MOUNT)
 DOWNLOAD_OWN_VOLUMES = ("tmp", "model", "source")
 DOWNLOAD_OWN_MOUNT_PATHS = ("/tmp", "/models", "/source")
 
@@ -183,16 +197,7 @@ SCHEMA: Obj = Obj(
                     properties={
                         "url": Str(
                             description="Where the model is: hf://ORG/NAME[@REVISION] (the Hugging Face Hub, or HF_ENDPOINT from credentialsSecret), s3://BUCKET/PREFIX (an S3-compatible store; AWS_ENDPOINT_URL from credentialsSecret) or pvc://CLAIM/PATH (a PersistentVolumeClaim, mounted read-only). hf:// and s3:// models are downloaded by each pod's init container into a volume of downloadSize (docs/models.md).",
-                            rules=(
-                                Rule(
-                                    "self.matches('^(hf://[A-Za-z0-9][-_.A-Za-z0-9]*(/[A-Za-z0-9][-_.A-Za-z0-9]*)?(@[^@ ]+)?|s3://[a-z0-9][-.a-z0-9]{1,61}[a-z0-9](/.*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?)$')",
-                                    "url must be hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX or pvc://CLAIM/PATH",
-                                ),
-                                Rule(
-                                    "!self.startsWith('pvc://') || !self.matches('(^|/)[.][.](/|$)')",
-                                    "the path in a pvc:// url must not contain '..'",
-                                ),
-                            ),
+                            rules=URL_RULES,
                             max_length=4096,
                         ),
                         "credentialsSecret": Str(
@@ -402,6 +407,26 @@ SCHEMA: Obj = Obj(
                         ),
                     },
                 ),
+                "adapters": Arr(
+                    description="LoRA adapters (PEFT folders) the workers serve beside the model: a request's model names one (docs/kubernetes.md). hf:// and s3:// adapters need model.cache: one download Job each fetches them into it (with credentialsSecret), and the workers read them there; a pvc:// adapter must be on the cache's claim or model.pvc's, which the workers mount already. The list reaches the workers through a ConfigMap they watch: adding or removing an adapter never restarts a worker (only giving this field for the first time does, to turn LoRA on: give adapters: [] up front to avoid that). status.adapters shows each one's phase.",
+                    max_items=MAX_ADAPTERS,
+                    list_map_keys=("name",),
+                    items=Obj(
+                        required=("name", "url"),
+                        properties={
+                            "name": Str(
+                                description="The served name: what a request's model says (not the model's own name).",
+                                pattern=ADAPTER_NAME.pattern,
+                                max_length=128,
+                            ),
+                            "url": Str(
+                                description="Where the adapter is: hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX or pvc://CLAIM/PATH.",
+                                rules=URL_RULES,
+                                max_length=4096,
+                            ),
+                        },
+                    ),
+                ),
                 "engine": Obj(
                     description="Worker engine options; unset ones keep the worker's defaults.",
                     properties={
@@ -418,6 +443,19 @@ SCHEMA: Obj = Obj(
                         "quantization": Str(enum=QUANTIZATIONS),
                         "memoryThreshold": Num(minimum=0, exclusive_minimum=True, maximum=1),
                         "gpuMemoryUtilization": Num(minimum=0, exclusive_minimum=True, maximum=1),
+                        "maxLoras": Int(
+                            description="LoRA adapters one engine step can run (device slots; --max-loras, default 1). With adapters.",
+                            minimum=1,
+                        ),
+                        "maxLoraRank": Int(
+                            description="The largest LoRA rank an adapter may have (--max-lora-rank, default 16). With adapters.",
+                            minimum=1,
+                            maximum=MAX_LORA_RANK,
+                        ),
+                        "maxCpuLoras": Int(
+                            description="LoRA adapters kept read in host memory (--max-cpu-loras, default maxLoras). With adapters.",
+                            minimum=1,
+                        ),
                         "kvOffloadingSize": Num(
                             description="GiB of host memory for a second KV tier behind the device pool (--kv-offloading-size): evicted prefixes are restored instead of recomputed. Counted in the pod's memory: added to the default, or held by spec.resources.memory when that is given.",
                             minimum=0,
@@ -930,6 +968,20 @@ SCHEMA: Obj = Obj(
                         "url": Str(),
                         "phase": Str(enum=("Pending", "Downloading", "Ready", "Failed")),
                     },
+                ),
+                "adapters": Arr(
+                    description="Each LoRA adapter of spec.adapters: Pending, Downloading (into model.cache), Ready (the workers load it) or Failed (message says why).",
+                    list_map_keys=("name",),
+                    items=Obj(
+                        required=("name",),
+                        properties={
+                            "name": Str(),
+                            "url": Str(),
+                            "phase": Str(enum=("Pending", "Downloading", "Ready", "Failed")),
+                            "reason": Str(),
+                            "message": Str(),
+                        },
+                    ),
                 ),
                 "router": Obj(
                     description="The router Deployment (only with spec.router.enabled); the RouterReady condition says whether it serves.",

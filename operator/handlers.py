@@ -48,6 +48,7 @@ CHILD_RESOURCES = (
     ("autoscaling", "v2", "horizontalpodautoscalers"),
     ("batch", "v1", "jobs"),  # spec.model.cache: a finished download starts or rolls the workers at once
     ("", "v1", "persistentvolumeclaims"),
+    ("", "v1", "configmaps"),  # spec.adapters: the list the workers follow
 )
 CHILD_SELECTOR = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}"
 RETRY_DELAY_SECONDS = 10.0

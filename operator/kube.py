@@ -63,8 +63,9 @@ PVC = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 POD = Kind("v1", "Pod", "pods")
 INGRESS = Kind("networking.k8s.io/v1", "Ingress", "ingresses")
 HTTP_ROUTE = Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes")
+CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
 KINDS_BY_NAME = {k.kind: k for k in (INFERENCE_DEPLOYMENT, DEPLOYMENT, SERVICE, PDB, HPA, SERVICE_ACCOUNT, ROLE,
-                                     ROLE_BINDING, INFERENCE_POOL, JOB, PVC, POD, INGRESS, HTTP_ROUTE)}
+                                     ROLE_BINDING, INFERENCE_POOL, JOB, PVC, POD, INGRESS, HTTP_ROUTE, CONFIG_MAP)}
 
 
 def kind_of(manifest: Mapping[str, Any]) -> Kind:

@@ -32,9 +32,13 @@ from hetero_infer.operator.manifests import (
     selector_string,
     stale_optional_children,
 )
+from hetero_infer.operator.manifests.adapters import adapters_config_map, adapters_name
+from hetero_infer.operator.manifests.cache import adapter_source
+from hetero_infer.operator.manifests.common import common_labels
 from hetero_infer.operator.manifests.worker import downloads_per_pod
 from hetero_infer.operator.model_state import (
     FETCH_CONTAINER,
+    READY,
     ModelState,
     fetching_pod,
     init_state,
@@ -190,6 +194,58 @@ def sync_cache(client: kube.Client, owner: Owner, spec: InferenceSpec, defaults:
     stale = fetch_job_name(owner, served, spec.model.cache.claim_name) if state.ready and served and served != key \
         else None
     return CacheStep(state, key if state.ready else served, stale)
+
+
+def sync_adapters(client: kube.Client, owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults,
+                  outcome: Outcome, record: Recorder, had_adapters: bool) -> tuple[tuple[str, ModelState], ...] | None:
+    """spec.adapters: a download Job per hf:// or s3:// adapter into the model cache (the Jobs of adapters the spec
+    dropped deleted; their files stay), the ConfigMap that lists the ready ones to the workers
+    (manifests/adapters.py), and each adapter's state for status.adapters; None without adapters or on an API error
+    (in `outcome`). `had_adapters`: the status lists adapters (without spec.adapters, their Jobs and ConfigMap go)."""
+    if spec.adapters is None and not had_adapters:
+        return None
+    ns, claim = owner.namespace, cache_claim_name(owner, spec)
+    states: list[tuple[str, ModelState]] = []
+    try:
+        _drop_adapter_jobs(client, owner, spec, record)
+        claim_missing = None
+        if spec.model.cache is not None and spec.model.cache.claim_name and any(
+                a.downloaded for a in spec.adapters or ()) and client.get(kube.PVC, ns, claim) is None:
+            claim_missing = claim
+        for adapter in spec.adapters or ():
+            if not adapter.downloaded:  # on a claim the workers mount: nothing to fetch
+                states.append((adapter.name, ModelState(READY, READY, "read from its claim", adapter.url)))
+                continue
+            job = None if claim_missing else _ensure_job(
+                client, download_job(owner, spec, defaults or WorkerDefaults(), claim, adapter_source(adapter)),
+                owner, outcome, record)
+            pods, log = _job_pods(client, job) if job is not None and not _job_done(job, "Complete") else ([], "")
+            states.append((adapter.name, model_state(adapter.url, job, pods, log, claim_missing)))
+        config_map = adapters_config_map(owner, spec, [name for name, state in states if state.ready])
+        if config_map is not None:
+            result = apply_child(client, config_map, owner.uid)
+            outcome.results.append(result)
+            record_result(record, ns, result)
+        elif delete_owned(client, kube.CONFIG_MAP, ns, adapters_name(owner.name), owner.uid):
+            record("Normal", "Deleted", f"deleted ConfigMap {ns}/{adapters_name(owner.name)} (no spec.adapters)")
+    except kube.ApiError as e:
+        outcome.errors.append(f"LoRA adapters of {ns}/{owner.name}: {e}")
+        return None
+    return tuple(states) if spec.adapters is not None else None
+
+
+def _drop_adapter_jobs(client: kube.Client, owner: Owner, spec: InferenceSpec, record: Recorder) -> None:
+    """Delete this InferenceDeployment's adapter download Jobs that no adapter of the spec needs any more."""
+    wanted = {cache_key(a.url) for a in spec.adapters or () if a.downloaded}
+    selector = ",".join(f"{k}={v}" for k, v in sorted(common_labels(owner.name, c.COMPONENT_MODEL_CACHE).items()))
+    for job in client.list(kube.JOB, owner.namespace, selector):
+        annotations = job["metadata"].get("annotations") or {}
+        if c.ADAPTER_ANNOTATION not in annotations or annotations.get(c.MODEL_CACHE_KEY_ANNOTATION) in wanted:
+            continue
+        name = job["metadata"]["name"]
+        if delete_owned(client, kube.JOB, owner.namespace, name, owner.uid):
+            record("Normal", "Deleted", f"deleted Job {owner.namespace}/{name} (the LoRA adapter "
+                                        f"{annotations[c.ADAPTER_ANNOTATION]} left spec.adapters)")
 
 
 def pod_downloads(client: kube.Client, owner: Owner, spec: InferenceSpec, outcome: Outcome) -> ModelState | None:
@@ -362,8 +418,10 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
             outcome.errors.append(f"HorizontalPodAutoscaler {ns}/{name}: {e}")
 
     model = cache.state if cache else pod_downloads(client, owner, spec, outcome) if downloads_per_pod(spec) else None
+    adapters = sync_adapters(client, owner, spec, defaults or WorkerDefaults(), outcome, record,
+                             previous.get("adapters") is not None)
     return _finish(client, record, body, spec, owner, outcome, live,
-                   {router_name(name)} if wanted.router else set(), model, previous, now)
+                   {router_name(name)} if wanted.router else set(), model, previous, now, adapters)
 
 
 def _model_event(record: Recorder, previous: Mapping[str, Any], state: ModelState) -> None:
@@ -375,7 +433,8 @@ def _model_event(record: Recorder, previous: Mapping[str, Any], state: ModelStat
 
 def _finish(client: kube.Client, record: Recorder, body: Mapping[str, Any], spec: InferenceSpec, owner: Owner,
             outcome: Outcome, live: Mapping[tuple[str, str], dict[str, Any] | None], routers: set[str],
-            model: ModelState | None, previous: Mapping[str, Any], now: str) -> Outcome:
+            model: ModelState | None, previous: Mapping[str, Any], now: str,
+            adapters: tuple[tuple[str, ModelState], ...] | None = None) -> Outcome:
     """The status from what the pass saw, written when it changed."""
     name, generation = owner.name, _identity(body)[3]
     conflicts = [r.detail for r in outcome.results if r.action == "conflict"]
@@ -392,6 +451,7 @@ def _finish(client: kube.Client, record: Recorder, body: Mapping[str, Any], spec
         problems=conflicts + outcome.errors,
         problem_reason="ChildConflict" if conflicts else "ReconcileFailed",
         model=model,
+        adapters=adapters,
     )
     selector = selector_string(name)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from hetero_infer.contracts import cors  # the router's and workers' CORS rules, not a copy
 from hetero_infer.contracts.kube import WORKERS_SERVICE_SUFFIX  # the worker Service <name>-workers
+from hetero_infer.contracts.lora_modules import ADAPTER_NAME_RULE
 from hetero_infer.operator import crd
 from hetero_infer.operator.crd import DOWNLOAD_OWN_MOUNT_PATHS, DOWNLOAD_OWN_VOLUMES, SCHEMA
 from hetero_infer.operator.diff import parse_quantity
@@ -200,6 +201,29 @@ class EngineSpec:
     memory_threshold: float | None = None
     gpu_memory_utilization: float | None = None
     kv_offloading_size: float | None = None  # GiB of host memory for the host KV tier, counted in the pod's memory
+    # LoRA adapters' slots (spec.adapters turns LoRA on): None, the worker's defaults
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    max_cpu_loras: int | None = None
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """One of spec.adapters: a LoRA adapter served as `name`, from `url` (hf://, s3:// or pvc://CLAIM/PATH)."""
+
+    name: str
+    url: str
+
+    @property
+    def downloaded(self) -> bool:
+        """hf:// and s3:// adapters are downloaded into spec.model.cache by a Job; a pvc:// one is read in place."""
+        return self.url.startswith(CACHE_URL_SCHEMES)
+
+    @property
+    def claim_path(self) -> tuple[str, str]:
+        """(claim, path in it) of a pvc:// adapter."""
+        claim, _, sub = self.url[len("pvc://"):].partition("/")
+        return claim, sub.strip("/")
 
 
 @dataclass(frozen=True)
@@ -351,6 +375,12 @@ class InferenceSpec:
     pod: PodSpec = field(default_factory=PodSpec)
     api_key: SecretKeyRef | None = None  # the workers require it; the router sends it on its own requests
     overrides: OverridesSpec = field(default_factory=OverridesSpec)  # the escape hatch (spec_overrides.py)
+    adapters: tuple[AdapterSpec, ...] | None = None  # None: no LoRA (the field absent); () turns LoRA on
+
+    @property
+    def lora(self) -> bool:
+        """The workers serve LoRA adapters (--enable-lora): spec.adapters given, even empty."""
+        return self.adapters is not None
 
 
 def validate_name(name: str) -> list[str]:
@@ -395,6 +425,9 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
         memory_threshold=r.field(eng, "memoryThreshold", p),
         gpu_memory_utilization=r.field(eng, "gpuMemoryUtilization", p),
         kv_offloading_size=r.field(eng, "kvOffloadingSize", p),
+        max_loras=r.field(eng, "maxLoras", p),
+        max_lora_rank=r.field(eng, "maxLoraRank", p),
+        max_cpu_loras=r.field(eng, "maxCpuLoras", p),
     )
     _check_host_tier(r, engine, resources)
 
@@ -414,6 +447,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
     api_key = parse_secret_key_ref(r, spec.get("apiKey"), "spec.apiKey")
     _check_scale_to_zero(r, autoscaling, router)
     _check_cache_sharing(r, model.cache, replicas, autoscaling)
+    adapters = _parse_adapters(r, spec.get("adapters"), model, engine)
     if router.enabled and name is not None and len(name) > MAX_NAME_LENGTH_WITH_ROUTER:
         r.bad("metadata.name", f"must be at most {MAX_NAME_LENGTH_WITH_ROUTER} characters with the router enabled "
                                f"(the worker Service is named <name>{WORKERS_SERVICE_SUFFIX})")
@@ -424,7 +458,7 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
         model=model, image=image, executor=executor, replicas=replicas, resources=resources,
         engine=engine, autoscaling=autoscaling, service=service, rollout=rollout, node_selector=node_selector,
         tolerations=tolerations, affinity=affinity, env=env, router=router, pod=pod,
-        api_key=api_key, overrides=overrides,
+        api_key=api_key, overrides=overrides, adapters=adapters,
     )
 
 
@@ -464,6 +498,54 @@ def _parse_model(r: Reader, raw: Any) -> ModelSpec:
     cache = _parse_cache(r, m.get("cache"), raw_url, gguf)
     return ModelSpec(name=name, path=path, pvc=pvc, host_path=host_path, url=url, credentials_secret=secret,
                      download_size=size, cache=cache)
+
+
+def _parse_adapters(r: Reader, raw: Any, model: ModelSpec, engine: EngineSpec) -> tuple[AdapterSpec, ...] | None:
+    """spec.adapters: unique names other than the model's; hf:// and s3:// ones need the cache (one download each,
+    read there by every worker); a pvc:// one must be on a claim the workers mount already (adding an adapter never
+    changes the pod template). The engine's LoRA options only with adapters."""
+    p = "spec.adapters"
+    if raw is None:
+        for key, value in (("maxLoras", engine.max_loras), ("maxLoraRank", engine.max_lora_rank),
+                           ("maxCpuLoras", engine.max_cpu_loras)):
+            if value is not None:
+                r.bad(f"spec.engine.{key}", "applies to LoRA adapters: give spec.adapters (an empty list is fine)")
+        return None
+    if not isinstance(raw, list):
+        r.bad(p, f"must be an array, got {type_name(raw)}")
+        return None
+    node = SCHEMA.at(p)
+    if len(raw) > node.max_items:
+        r.bad(p, f"holds at most {node.max_items} adapters, got {len(raw)}")
+    mounted = {model.pvc.claim_name: "spec.model.pvc"} if model.pvc is not None else {}
+    if model.cache is not None and model.cache.claim_name:
+        mounted[model.cache.claim_name] = "spec.model.cache.claimName"
+    out: list[AdapterSpec] = []
+    for i, item in enumerate(raw):
+        at = f"{p}[{i}]"
+        a = r.obj(item, at, r.keys(p + "[0]"), required=("name", "url"))
+        name = r.field(a, "name", at, what=f"an adapter name ({ADAPTER_NAME_RULE})")
+        url = r.string(a, "url", at, pattern=MODEL_URL, what=MODEL_URL_FORMS)
+        if not name or not url:
+            continue
+        if name == model.name:
+            r.bad(f"{at}.name", f"{name!r} is the model's own name: an adapter needs a name of its own")
+        if any(o.name == name for o in out):
+            r.bad(f"{at}.name", f"{name!r} is given twice")
+        adapter = AdapterSpec(name, url)
+        if adapter.downloaded and model.cache is None:
+            r.bad(f"{at}.url", "an hf:// or s3:// adapter is downloaded once into spec.model.cache, which this "
+                               "InferenceDeployment does not have (or give a pvc:// adapter)")
+        elif url.startswith("pvc://"):
+            claim, sub = adapter.claim_path
+            if ".." in sub.split("/") or not sub:
+                r.bad(f"{at}.url", f"needs a path inside the claim, without '..', got {url!r}")
+            elif claim not in mounted:
+                known = ", ".join(f"{c!r} ({where})" for c, where in mounted.items()) or "none"
+                r.bad(f"{at}.url", f"the workers mount no claim {claim!r}: a pvc:// adapter must be on the claim of "
+                                   f"spec.model.pvc or spec.model.cache.claimName (mounted: {known})")
+        out.append(adapter)
+    return tuple(out)
 
 
 def _parse_cache(r: Reader, raw: Any, url: str | None, gguf: str | None) -> CacheSpec | None:

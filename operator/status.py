@@ -45,6 +45,8 @@ class Observed:
     problem_reason: str = "ReconcileFailed"
     # the download of spec.model.url: the Job's with spec.model.cache, else the worker pods' init containers
     model: ModelState | None = None
+    # spec.adapters: each adapter's name and where it stands (its download Job's state); None: not read this pass
+    adapters: tuple[tuple[str, ModelState], ...] | None = None
 
 
 def _cond(ctype: str, status: str, reason: str, message: str) -> dict[str, Any]:
@@ -267,6 +269,10 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
         status["model"] = {"url": observed.model.source or spec.model.url, "phase": observed.model.phase}
     elif not downloads and previous.get("model") is not None:
         status["model"] = None  # the model is no longer downloaded (a path, a claim)
+    if spec.adapters is not None and observed.adapters is not None:
+        status["adapters"] = [adapter_status(name, state) for name, state in observed.adapters]
+    elif spec.adapters is None and previous.get("adapters") is not None:
+        status["adapters"] = None  # no adapters any more
     if observed.generation is not None:
         status["observedGeneration"] = observed.generation
     if spec.autoscaling.by_operator:
@@ -308,6 +314,12 @@ def invalid_spec_status(*, previous: Mapping[str, Any] | None, generation: int |
     if generation is not None:
         status["observedGeneration"] = generation
     return status
+
+
+def adapter_status(name: str, state: ModelState) -> dict[str, Any]:
+    """One entry of status.adapters: Pending, Downloading, Ready or Failed, with the reason and message."""
+    return {"name": name, "url": state.source, "phase": state.phase, "reason": state.reason,
+            "message": state.message}
 
 
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:

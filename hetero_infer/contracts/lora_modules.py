@@ -10,9 +10,11 @@ hetero_infer/model_source.py into the model cache). Dependency-free: the option 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 # A served adapter name: what a request's `model` says. No spaces, commas (vllm:lora_requests_info's labels list
 # names separated by commas) or quotes.
@@ -36,11 +38,11 @@ def check_adapter_name(name: object) -> str | None:
     return None
 
 
-def parse_lora_module(text: str) -> LoRAModulePath:
-    """One `--lora-modules` value: NAME=PATH or a JSON object with name, path and optionally base_model_name;
-    ValueError saying which form was expected."""
-    text = text.strip()
-    if text.startswith("{"):
+def parse_lora_module(value: str | dict) -> LoRAModulePath:
+    """One `--lora-modules` value: NAME=PATH, or a JSON object (its text, or the object itself) with name, path and
+    optionally base_model_name; ValueError saying which form was expected."""
+    text = json.dumps(value) if isinstance(value, dict) else value.strip()
+    if isinstance(value, dict) or text.startswith("{"):
         try:
             data = json.loads(text)
         except ValueError as exc:
@@ -62,7 +64,7 @@ def parse_lora_module(text: str) -> LoRAModulePath:
     return LoRAModulePath(name, path.strip(), base)
 
 
-def parse_lora_modules(values: Iterable[str]) -> list[LoRAModulePath]:
+def parse_lora_modules(values: Iterable[str | dict]) -> list[LoRAModulePath]:
     """Every `--lora-modules` value; ValueError for a bad one or a name given twice."""
     modules = [parse_lora_module(v) for v in values]
     seen: set[str] = set()
@@ -71,3 +73,19 @@ def parse_lora_modules(values: Iterable[str]) -> list[LoRAModulePath]:
             raise ValueError(f"the adapter name {m.name!r} is given twice")
         seen.add(m.name)
     return modules
+
+
+def read_lora_modules_file(path: str | os.PathLike[str]) -> list[LoRAModulePath]:
+    """`--lora-modules-file`: a JSON list of `--lora-modules` values (strings or objects); a missing file lists
+    none (a ConfigMap not written yet). ValueError for anything else that is not such a list."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    try:
+        data = json.loads(text) if text.strip() else []
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, list) or not all(isinstance(v, (str, dict)) for v in data):
+        raise ValueError(f"{path} must hold a JSON list of NAME=PATH strings or {{name, path}} objects")
+    return parse_lora_modules(data)

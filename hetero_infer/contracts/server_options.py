@@ -55,6 +55,9 @@ class ServerOptions:
     # POST /v1/load_lora_adapter and /v1/unload_lora_adapter exist (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING too)
     lora_modules: list[str] = field(default_factory=list)
     allow_runtime_lora_updating: bool = False
+    # A JSON file listing adapters as --lora-modules does (strings or objects), followed while the worker runs: the
+    # adapters it gains are loaded, those it loses unloaded (the operator's ConfigMap, mounted in the pod)
+    lora_modules_file: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.api_key, str):

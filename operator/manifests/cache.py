@@ -40,7 +40,12 @@ from hetero_infer.operator.manifests.worker import (
     worker_image,
     worker_memory,
 )
-from hetero_infer.operator.spec import DEFAULT_CACHE_ACCESS_MODES, DEFAULT_FETCH_BACKOFF_LIMIT, InferenceSpec
+from hetero_infer.operator.spec import (
+    DEFAULT_CACHE_ACCESS_MODES,
+    DEFAULT_FETCH_BACKOFF_LIMIT,
+    AdapterSpec,
+    InferenceSpec,
+)
 
 FETCH_BACKOFF_LIMIT = DEFAULT_FETCH_BACKOFF_LIMIT
 CACHE_ACCESS_MODES = list(DEFAULT_CACHE_ACCESS_MODES)  # one download, every worker on any node reads it
@@ -57,6 +62,12 @@ class FetchSource:
     argument: str
     gguf_dtype: str | None = None
     claim: str | None = None
+    adapter: str | None = None  # a LoRA adapter of spec.adapters (fetched with --adapter), named so
+
+
+def adapter_source(adapter: AdapterSpec) -> FetchSource:
+    """What the download Job of an hf:// or s3:// LoRA adapter fetches."""
+    return FetchSource(adapter.url, adapter.url, adapter=adapter.name)
 
 
 def fetch_source(spec: InferenceSpec, defaults: WorkerDefaults) -> FetchSource:
@@ -112,13 +123,17 @@ def pod_failure_policy() -> dict[str, Any]:
     ]}
 
 
-def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, claim: str) -> dict[str, Any]:
-    """The Job that fetches the model (fetch_source) into its folder of the cache claim `claim`."""
+def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, claim: str,
+                 source: FetchSource | None = None) -> dict[str, Any]:
+    """The Job that fetches `source` (default: the model, fetch_source) into its folder of the cache claim
+    `claim`."""
     assert spec.model.cache is not None, "a download Job needs spec.model.cache"
     dl = spec.model.cache.download
-    source = fetch_source(spec, defaults)
+    source = source or fetch_source(spec, defaults)
     key = cache_key(source.name)
-    options = ("--gguf-dtype", source.gguf_dtype) if source.gguf_dtype else ()
+    options: tuple[str, ...] = ("--gguf-dtype", source.gguf_dtype) if source.gguf_dtype else ()
+    if source.adapter is not None:
+        options += ("--adapter",)
     container = fetch_container(spec, download_image(spec, defaults), defaults, container_security(spec), cached=key,
                                 source=source.argument, options=options)
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}},
@@ -138,6 +153,8 @@ def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cl
     meta = metadata(owner, fetch_job_name(owner, key, spec.model.cache.claim_name), c.COMPONENT_MODEL_CACHE)
     meta["annotations"] = {c.MODEL_URL_ANNOTATION: source.name, c.MODEL_CACHE_KEY_ANNOTATION: key,
                            c.MODEL_CACHE_CLAIM_ANNOTATION: cache_claim_name(owner, spec)}
+    if source.adapter is not None:
+        meta["annotations"][c.ADAPTER_ANNOTATION] = source.adapter
     template_meta: dict[str, Any] = {"labels": {**dl.labels, **common_labels(owner.name, c.COMPONENT_MODEL_CACHE)}}
     if dl.annotations:
         template_meta["annotations"] = dict(dl.annotations)
@@ -170,5 +187,5 @@ def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cl
     }
 
 
-__all__ = ["CACHE_ACCESS_MODES", "FETCH_BACKOFF_LIMIT", "MODEL_MOUNT", "SOURCE_MOUNT", "FetchSource", "cache_claim",
-           "cache_key", "download_image", "download_job", "fetch_source", "pod_failure_policy"]
+__all__ = ["CACHE_ACCESS_MODES", "FETCH_BACKOFF_LIMIT", "MODEL_MOUNT", "SOURCE_MOUNT", "FetchSource", "adapter_source",
+           "cache_claim", "cache_key", "download_image", "download_job", "fetch_source", "pod_failure_policy"]

@@ -83,6 +83,9 @@ def worker_args(spec: InferenceSpec, cached: str | None = None) -> list[str]:
         "shutdown_grace": spec.pod.drain_seconds,
         "model": model_path(spec, cached),
         **asdict(spec.engine),  # spec.engine's fields are EngineConfig's, unset ones None
+        # spec.adapters: the list follows the ConfigMap (manifests/adapters.py), not the command line
+        "enable_lora": True if spec.lora else None,
+        "lora_modules_file": f"{c.ADAPTERS_CONFIG_DIR}/{c.ADAPTERS_KEY}" if spec.lora else None,
     }), *spec.overrides.extra_args]
 
 
@@ -118,6 +121,12 @@ def _volumes(owner: Owner, spec: InferenceSpec, cached: str | None) -> tuple[lis
     elif m.url is not None:  # sized for the model: the download never evicts the pod for ephemeral storage
         volumes.append({"name": "model", "emptyDir": {"sizeLimit": m.download_size}})
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT})
+    if spec.lora:  # the adapters' list (optional: a pod may start before the operator wrote it) and their files
+        volumes.append({"name": "lora-adapters", "configMap": {"name": owner.name + c.ADAPTERS_SUFFIX,
+                                                               "optional": True}})
+        mounts.append({"name": "lora-adapters", "mountPath": c.ADAPTERS_CONFIG_DIR, "readOnly": True})
+        if m.cache is not None:  # the whole cache claim: every adapter's folder, present and future
+            mounts.append({"name": "model", "mountPath": c.ADAPTERS_MOUNT, "readOnly": True})
     volumes += [dict(v) for v in spec.pod.volumes]
     mounts += [dict(m) for m in spec.pod.volume_mounts]
     return volumes, mounts

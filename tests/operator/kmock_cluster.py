@@ -57,6 +57,7 @@ ROLE_BINDINGS = kmock.resource("rbac.authorization.k8s.io", "v1", "rolebindings"
 JOBS = kmock.resource("batch", "v1", "jobs")
 PVCS = kmock.resource("", "v1", "persistentvolumeclaims")
 PODS = kmock.resource("", "v1", "pods")
+CONFIG_MAPS = kmock.resource("", "v1", "configmaps")
 
 _VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 RESOURCES: dict[kmock.resource, kmock.ResourceInfo] = {
@@ -86,6 +87,8 @@ RESOURCES: dict[kmock.resource, kmock.ResourceInfo] = {
                              verbs=_VERBS, shortnames={"pvc"}, subresources={"status"}),
     PODS: kmock.ResourceInfo(kind="Pod", singular="pod", namespaced=True, verbs=_VERBS, shortnames={"po"},
                              subresources={"status", "log"}),
+    CONFIG_MAPS: kmock.ResourceInfo(kind="ConfigMap", singular="configmap", namespaced=True, verbs=_VERBS,
+                                    shortnames={"cm"}),
     kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"): kmock.ResourceInfo(
         kind="CustomResourceDefinition", singular="customresourcedefinition", namespaced=False, verbs=_VERBS,
         shortnames={"crd"}),

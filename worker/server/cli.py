@@ -33,7 +33,7 @@ from hetero_infer.contracts.server_options import LOG_FORMATS, LOG_LEVELS, Serve
 from hetero_infer.model_source import ModelSourceError
 from hetero_infer.worker.cli_args import ENV_PREFIX, add_engine_args
 from hetero_infer.worker.frontend.gc_freeze import freeze_startup_objects
-from hetero_infer.worker.server.lora import VLLM_RUNTIME_ENV
+from hetero_infer.worker.server.lora import VLLM_RUNTIME_ENV, follow_modules_file
 
 logger = logging.getLogger("hetero_infer.server")
 
@@ -70,6 +70,8 @@ _SERVER_HELP = {
     "lora_modules": "LoRA adapters to serve from the start (needs --enable-lora), each NAME=PATH or vLLM's JSON "
     "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; PATH a PEFT folder, hf://ORG/NAME[@REVISION] or "
     "s3://BUCKET/PREFIX; a request's model names one",
+    "lora_modules_file": "a JSON file listing LoRA adapters as --lora-modules does, followed while the worker runs: "
+    "adapters it gains are loaded, those it loses unloaded (the operator's ConfigMap of spec.adapters)",
     "allow_runtime_lora_updating": "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's; also "
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true; off by default, and behind the API key when there is one)",
 }
@@ -102,9 +104,11 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str] | None 
     if (not options.allow_runtime_lora_updating and args.allow_runtime_lora_updating is None
             and environ.get(VLLM_RUNTIME_ENV, "").strip().lower() in TRUE_WORDS):
         options.allow_runtime_lora_updating = True  # vLLM's variable, below our flag and variable
-    if (options.lora_modules or options.allow_runtime_lora_updating) and not engine.enable_lora:
-        what = "--lora-modules" if options.lora_modules else "--allow-runtime-lora-updating"
-        raise ValueError(f"{what} serves LoRA adapters: it needs --enable-lora")
+    given = [flag for flag, on in (("--lora-modules", options.lora_modules), ("--lora-modules-file",
+                                                                              options.lora_modules_file),
+                                   ("--allow-runtime-lora-updating", options.allow_runtime_lora_updating)) if on]
+    if given and not engine.enable_lora:
+        raise ValueError(f"{given[0]} serves LoRA adapters: it needs --enable-lora")
     return options, engine
 
 
@@ -278,12 +282,16 @@ async def serve(options: ServerOptions, engine_config: EngineConfig) -> int:
         async_engine.shutdown()
         return 1
     state.phase = READY
+    follower = (asyncio.ensure_future(follow_modules_file(state, options.lora_modules_file))
+                if options.lora_modules_file else None)
     freeze_startup_objects()
     logger.info("ready: serving %s (max_model_len %d, executor %s, engine %s)", state.model_name,
                 state.max_model_len, engine_config.executor,
                 f"process pid {core.pid}" if core is not None else "thread")
 
     await stopper
+    if follower is not None:
+        follower.cancel()
     alive, _, engine_error = state.liveness()
     state.phase = DRAINING
     logger.info("draining: %d request(s) in flight, grace %.1f s", state.active_requests, options.shutdown_grace)

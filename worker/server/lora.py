@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from hetero_infer.contracts.lora import LoRAAdapterError, LoRARequest
-from hetero_infer.contracts.lora_modules import LoRAModulePath, check_adapter_name
+from hetero_infer.contracts.lora_modules import LoRAModulePath, check_adapter_name, read_lora_modules_file
 from hetero_infer.contracts.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from hetero_infer.model_source import ModelSourceError, fetch_model
 from hetero_infer.worker.server.errors import APIError
@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # state.py holds a ServedAdapters
 logger = logging.getLogger("hetero_infer.server")
 
 LOAD_PATH, UNLOAD_PATH = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
+FOLLOW_INTERVAL_S = 2.0  # --lora-modules-file: how often it is read
 VLLM_RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
 
@@ -139,6 +140,50 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
     req: UnloadLoRAAdapterRequest = await parse_body(request, UnloadLoRAAdapterRequest)
     await state.adapters.unload(state, req.lora_name)
     return web.Response(text=f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
+
+
+async def follow_modules_file(state: ServerState, path: str, interval_s: float = FOLLOW_INTERVAL_S) -> None:
+    """`--lora-modules-file`: every `interval_s`, serve what the file lists (read again whole each time: a mounted
+    ConfigMap is swapped in at once by the kubelet). Adapters it gains are loaded, those it loses or whose entry
+    changed are unloaded (and the changed ones loaded again); one that fails to load is logged once and tried again
+    when its entry changes. Adapters loaded otherwise (--lora-modules, the load endpoint) are left alone."""
+    ours: dict[str, LoRAModulePath] = {}  # loaded from the file, as the file gave them
+    failed: dict[str, LoRAModulePath] = {}  # the entries that could not be loaded, as given
+    bad_file: str | None = None
+    while True:
+        try:
+            wanted = {m.name: m for m in read_lora_modules_file(path)}
+        except (ValueError, OSError) as exc:
+            if str(exc) != bad_file:
+                logger.error("--lora-modules-file: %s; the adapters stay as they are", exc)
+                bad_file = str(exc)
+        else:
+            bad_file = None
+            await _follow(state, wanted, ours, failed)
+        await asyncio.sleep(interval_s)
+
+
+async def _follow(state: ServerState, wanted: dict[str, LoRAModulePath], ours: dict[str, LoRAModulePath],
+                  failed: dict[str, LoRAModulePath]) -> None:
+    for name in [n for n, m in ours.items() if wanted.get(n) != m]:
+        del ours[name]
+        try:
+            await state.adapters.unload(state, name)
+        except APIError:  # unloaded through the endpoint meanwhile
+            pass
+    for name, module in wanted.items():
+        if name in ours or failed.get(name) == module or name in state.adapters:
+            continue
+        try:
+            await state.adapters.load(state, module)
+        except APIError as exc:
+            failed[name] = module
+            logger.error("--lora-modules-file: %s", exc.message)
+        else:
+            ours[name] = module
+            failed.pop(name, None)
+    for name in [n for n in failed if n not in wanted]:
+        del failed[name]
 
 
 def add_routes(app: web.Application) -> None:

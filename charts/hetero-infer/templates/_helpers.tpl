@@ -74,6 +74,10 @@ app.kubernetes.io/component: worker
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# spec.adapters: the ConfigMap that lists the LoRA adapters the workers load.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # spec.router: the router's ServiceAccount, Role and RoleBinding. The API server lets the operator grant
 # only what it holds itself (RBAC escalation check), hence the endpointslices read below; no escalate/bind.
 - apiGroups: [""]
