@@ -23,6 +23,8 @@ Primitives (see docs/kernels.md for the math, layouts and numbers):
   :func:`int4_matmul` (W4A16).
 * Mixture of experts: :func:`moe_routing`, :func:`fused_moe` (one grouped GEMM over all experts; float,
   INT8 or INT4 experts as :class:`ExpertWeights`).
+* LoRA over a batch of mixed adapters: :func:`lora_shrink`, :func:`lora_expand`, :func:`lora_apply` (with
+  :func:`lora_groups`, the CPU path's grouping).
 * Sampling: :func:`top_k_top_p_filter`.
 """
 
@@ -36,6 +38,7 @@ from .attention import (
     rotary_and_write_kv,
     write_kv_cache,
 )
+from .lora import LoRAGroups, lora_apply, lora_expand, lora_groups, lora_shrink
 from .moe import ExpertWeights, fused_moe, moe_routing
 from .ops import compute_cos_sin_cache, compute_inv_freq, rms_norm, rotary_embedding, silu_and_mul
 from .quant import (
@@ -65,6 +68,11 @@ __all__ = [
     "int4_matmul",
     "int8_matmul",
     "interpret_mode",
+    "LoRAGroups",
+    "lora_apply",
+    "lora_expand",
+    "lora_groups",
+    "lora_shrink",
     "moe_routing",
     "paged_attention_decode",
     "rotary_and_write_kv",

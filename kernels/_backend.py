@@ -182,7 +182,7 @@ def num_sms(device: torch.device) -> int:
 
 
 #: The modules that define this package's Triton kernels.
-TRITON_MODULES = ("_triton_attention", "_triton_ops", "_triton_fused", "_triton_quant", "_triton_moe")
+TRITON_MODULES = ("_triton_attention", "_triton_ops", "_triton_fused", "_triton_quant", "_triton_moe", "_triton_lora")
 
 
 def triton_compiles() -> dict[str, int]:

@@ -36,6 +36,8 @@ __all__ = [
     "ExpertWeights",
     "moe_routing",
     "fused_moe",
+    "lora_shrink",
+    "lora_expand",
 ]
 
 
@@ -594,3 +596,23 @@ def fused_moe(
     y = torch.bmm(w2.dequantized(flat, acc), a[:, :, None])[:, :, 0]
     y = y * topk_weights.reshape(-1, 1).to(acc)
     return y.reshape(t, k, -1).sum(dim=1).to(x.dtype)
+
+
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``y[t] = a[slots[t]] @ x[t]`` (``[T, K]`` in x's dtype), zero where ``slots[t] < 0``: every token with its
+    own gathered adapter weights."""
+    acc = _acc_dtype(x.dtype)
+    idx = slots.long()
+    gathered = a.index_select(0, idx.clamp(min=0)).to(acc)  # [T, K, in]
+    y = torch.einsum("tki,ti->tk", gathered, x.to(acc)) * (idx >= 0).to(acc)[:, None]
+    return y.to(x.dtype)
+
+
+def lora_expand(y: torch.Tensor, b: torch.Tensor, slots: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out[t] += b[slots[t]] @ y[t]`` where ``slots[t] >= 0`` (in place; the sum in float32, rounded once)."""
+    acc = _acc_dtype(out.dtype)
+    idx = slots.long()
+    gathered = b.index_select(0, idx.clamp(min=0)).to(acc)  # [T, N, K]
+    delta = torch.einsum("tnk,tk->tn", gathered, y.to(acc)) * (idx >= 0).to(acc)[:, None]
+    out.copy_((out.to(acc) + delta).to(out.dtype))
+    return out

@@ -89,6 +89,7 @@ def _scenarios(quick: bool = False) -> None:
     B.num_sms = lambda device: 132
     from hetero_infer.kernels import _triton_attention as A
     from hetero_infer.kernels import _triton_fused as F
+    from hetero_infer.kernels import _triton_lora as L
     from hetero_infer.kernels import _triton_moe as M
     from hetero_infer.kernels import _triton_ops as O
     from hetero_infer.kernels import _triton_quant as Q
@@ -135,6 +136,11 @@ def _scenarios(quick: bool = False) -> None:
             Q.int8_matmul(xm, w, s, None, torch.empty(m, 512, dtype=dt))
             Q.int4_matmul(xm, pk, sc, z, 128, s, torch.empty(m, 512, dtype=dt))
         _moe_scenarios(M, dt, quick)
+        # LoRA shrink / expand: the fused q/k/v of rank 16 (K = 48) over 4096 wide, a decode-sized step
+        slots = torch.zeros(4, dtype=torch.int32)
+        xl, al, bl = torch.empty(4, 4096, dtype=dt), torch.empty(4, 48, 4096, dtype=dt), torch.empty(4, 6144, 48, dtype=dt)
+        L.shrink(xl, al, slots, torch.empty(4, 48, dtype=dt))
+        L.expand(torch.empty(4, 48, dtype=dt), bl, slots, torch.empty(4, 6144, dtype=dt))
 
 
 def _moe_scenarios(M, dt: torch.dtype, quick: bool) -> None:

@@ -1,0 +1,125 @@
+"""LoRA over a batch of mixed adapters (kernels.lora_shrink / lora_expand / lora_apply): the Triton kernels (the
+interpreter here), the CPU path (tokens grouped by slot, torch's grouped GEMM) and the reference, each against a
+naive float64 oracle written here (a loop over tokens), on many shapes: decode- and prefill-sized steps, every
+token without an adapter, every token under one, ranks and widths not multiples of the tiles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetero_infer import kernels
+from hetero_infer.kernels import lora as lora_mod
+from hetero_infer.kernels import reference
+from tests.kernels.kernel_testing import DTYPES, assert_close
+
+
+def naive(x, a, b, slots, base):
+    """float64, one token at a time: the definition."""
+    out = base.double().cpu().clone()
+    for t in range(x.shape[0]):
+        s = int(slots[t])
+        if s >= 0:
+            out[t] += b[s].double().cpu() @ (a[s].double().cpu() @ x[t].double().cpu())
+    return out
+
+
+def make_case(t, n_in, k, n_out, s, dtype, device, pattern="mixed", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, n_in, generator=g).to(device, dtype)
+    a = (torch.randn(s, k, n_in, generator=g) * n_in**-0.5).to(device, dtype)
+    b = (torch.randn(s, n_out, k, generator=g) * k**-0.5).to(device, dtype)
+    base = torch.randn(t, n_out, generator=g).to(device, dtype)
+    if pattern == "none":
+        slots = torch.full((t,), -1)
+    elif pattern == "one":
+        slots = torch.full((t,), s - 1)
+    else:
+        slots = torch.randint(-1, s, (t,), generator=g)
+    return x, a, b, slots.to(device, torch.int32), base
+
+
+# (tokens, in, K, out, slots): a decode step, prefill-sized steps, widths and ranks off the tiles (72, 24, 40),
+# the fused q/k/v's 3 x rank (48), one slot
+SHAPES = [(1, 64, 16, 64, 1), (7, 64, 48, 96, 4), (33, 72, 24, 40, 8), (20, 128, 32, 256, 3), (64, 64, 8, 128, 2)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("path", ["triton", "cpu", "reference"])
+def test_lora_apply_matches_oracle(device, path, shape, dtype):
+    if path != "triton" and device.type == "cuda":
+        pytest.skip("the CPU path and the reference are checked on the CPU")
+    x, a, b, slots, base = make_case(*shape, dtype, device)
+    backend = {"triton": "triton", "cpu": "auto", "reference": "reference"}[path]
+    out = base.clone()
+    with kernels.use_backend(backend):
+        groups = kernels.lora_groups(slots, a.shape[0]) if path == "cpu" else None
+        kernels.lora_apply(x, out, a, b, slots, groups)
+    # the shrink's output is rounded to the dtype before the expand, the sum once more
+    assert_close(out, naive(x, a, b, slots, base), dtype, scale=4, what=f"{path} lora_apply")
+
+
+@pytest.mark.parametrize("pattern", ["none", "one", "mixed"])
+@pytest.mark.parametrize("path", ["triton", "cpu", "reference"])
+def test_slot_patterns(device, path, pattern):
+    if path != "triton" and device.type == "cuda":
+        pytest.skip("the CPU path and the reference are checked on the CPU")
+    x, a, b, slots, base = make_case(17, 64, 16, 80, 4, torch.float32, device, pattern, seed=3)
+    out = base.clone()
+    with kernels.use_backend({"triton": "triton", "cpu": "auto", "reference": "reference"}[path]):
+        kernels.lora_apply(x, out, a, b, slots, kernels.lora_groups(slots, 4) if path == "cpu" else None)
+    expected = naive(x, a, b, slots, base)
+    assert_close(out, expected, torch.float32, what=f"{path} {pattern}")
+    if pattern == "none":
+        assert torch.equal(out, base)  # tokens without an adapter are left exactly as the base layer made them
+
+
+@pytest.mark.parametrize("path", ["triton", "reference"])
+def test_shrink_and_expand_alone(device, path):
+    x, a, b, slots, base = make_case(9, 72, 24, 40, 3, torch.float32, device, seed=5)
+    with kernels.use_backend(path):
+        y = kernels.lora_shrink(x, a, slots)
+        out = kernels.lora_expand(y, b, slots, base.clone())
+    for t in range(9):
+        s = int(slots[t])
+        want = a[s].double().cpu() @ x[t].double().cpu() if s >= 0 else torch.zeros(24, dtype=torch.float64)
+        assert_close(y[t], want, torch.float32, what=f"{path} shrink row {t}")
+    assert_close(out, naive(x, a, b, slots, base), torch.float32, what=f"{path} expand")
+
+
+def test_cpu_path_is_the_grouped_gemm(monkeypatch):
+    """On the CPU `auto` with groups takes the grouped path (not the reference)."""
+    x, a, b, slots, base = make_case(12, 64, 16, 64, 4, torch.float32, "cpu")
+    calls = []
+    real = lora_mod.grouped_lora
+    monkeypatch.setattr(lora_mod, "grouped_lora", lambda *args: calls.append(1) or real(*args))
+    with kernels.use_backend("auto"):
+        kernels.lora_apply(x, base.clone(), a, b, slots, kernels.lora_groups(slots, 4))
+        kernels.lora_apply(x, base.clone(), a, b, slots)  # no groups: the reference
+    assert calls == [1]
+
+
+def test_groups_sort_tokens_by_slot():
+    slots = torch.tensor([2, -1, 0, 2, 1, -1, 0], dtype=torch.int32)
+    g = kernels.lora_groups(slots, 4)
+    assert g.rows.tolist() == [2, 6, 4, 0, 3] and g.ends.tolist() == [2, 3, 5, 5]
+
+
+@pytest.mark.parametrize("bad, error", [
+    (lambda x, a, s: (x, a.double(), s), TypeError),
+    (lambda x, a, s: (x, a[:, :, :10], s), ValueError),
+    (lambda x, a, s: (x, a, s[:3]), ValueError),
+    (lambda x, a, s: (x, a, s.float()), TypeError),
+    (lambda x, a, s: (x, a, s + 10), ValueError),
+])
+def test_arguments_checked(bad, error):
+    x, a, _, slots, _ = make_case(5, 64, 16, 64, 2, torch.float32, "cpu")
+    with pytest.raises(error):
+        kernels.lora_shrink(*bad(x, a, slots))
+
+
+def test_reference_is_the_oracle_in_float64():
+    x, a, b, slots, base = make_case(11, 40, 8, 24, 3, torch.float64, "cpu", seed=7)
+    out = reference.lora_expand(reference.lora_shrink(x, a, slots), b, slots, base.clone())
+    torch.testing.assert_close(out, naive(x, a, b, slots, base), rtol=1e-12, atol=1e-12)
