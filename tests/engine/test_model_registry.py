@@ -40,7 +40,7 @@ def test_capabilities_agree_with_the_code():
         assert supports.cpu_fused_decode == (cls.decode_layout in decode_step.LAYOUTS), family.name
         assert supports.moe == (cls.decode_layout == "moe"), family.name
         assert set(supports.quantization) <= {"int8", "int4"}
-        assert not supports.lora  # not built yet: declared so
+        assert supports.lora  # attention, and the MLPs of dense families (tests/lora)
         assert supports.tensor_parallel  # every family's layers are the shared decoder's (tests/tp)
 
 

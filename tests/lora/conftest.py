@@ -39,7 +39,7 @@ def adapter(tmp_path_factory, tiny_model):
     cache = {}
 
     def make(arch: str, name: str, **overrides):
-        key = (arch, name, tuple(sorted(overrides.items())))
+        key = (arch, name, repr(sorted(overrides.items())))
         if key not in cache:
             _, base = tiny_model(arch)
             folder = tmp_path_factory.mktemp(f"adapter-{arch}-{name}")

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from quant_testing import forced_greedy, hf_greedy
+from quant_testing import dequantized_hf, forced_greedy, hf_greedy
 
 from hetero_infer import LLM, SamplingParams
 from hetero_infer.worker.quant.calibration import CONVERSATIONS
@@ -19,27 +19,6 @@ MAX_NEW = 8
 def prompts(lengths, seed=0):
     rng = random.Random(seed)
     return [[rng.randrange(100, 49000) for _ in range(n)] for n in lengths]
-
-
-def dequantized_hf(hf, llm):
-    """A copy of the HF model with the engine's quantized projections, dequantized (the fused qkv / gate_up rows
-    split back into q, k, v / gate, up)."""
-    import copy
-
-    model = copy.deepcopy(hf)
-    with torch.no_grad():
-        for layer, ours in zip(model.model.layers, llm.engine.executor.model.layers, strict=True):
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv = ours.self_attn.qkv_proj.dequantized_weight()
-            sizes = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
-            for linear, w in zip((attn.q_proj, attn.k_proj, attn.v_proj), qkv.split(sizes), strict=True):
-                linear.weight.copy_(w)
-            attn.o_proj.weight.copy_(ours.self_attn.o_proj.dequantized_weight())
-            gate, up = ours.mlp.gate_up_proj.dequantized_weight().chunk(2)
-            mlp.gate_proj.weight.copy_(gate)
-            mlp.up_proj.weight.copy_(up)
-            mlp.down_proj.weight.copy_(ours.mlp.down_proj.dequantized_weight())
-    return model
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])

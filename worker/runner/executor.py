@@ -169,19 +169,33 @@ class TorchExecutor:
             width = -(-max_model_len // self.block_size)
             self.decode_runner = DecodeRunner(self.model, self.backend, self.kv_caches, max_batch, width,
                                               self.device, use_graphs=not config.enforce_eager)
+        self.lora = self._lora_model(hf_config)  # after the graphs: captured without the LoRA hooks' work
 
     # -- LoRA adapters --------------------------------------------------------------------
     def add_lora(self, request: LoRARequest) -> None:
-        from hetero_infer.worker.runner.lora.adapter import ModelShapes, load_adapter
-        from hetero_infer.worker.runner.models.registry import family_of
-
-        family = family_of({"architectures": getattr(self.model.config, "architectures", None),
-                            "model_type": getattr(self.model.config, "model_type", None)})
-        load_adapter(request, ModelShapes.of(self.model.config, family.supports.moe), self.config.max_lora_rank)
-        raise LoRAAdapterError(f"LoRA adapter {request.lora_name!r}: the torch executor does not run adapters yet")
+        if self.lora is None:
+            raise LoRAAdapterError(f"LoRA adapter {request.lora_name!r}: {self._no_lora}")
+        self.lora.add(request)
 
     def remove_lora(self, name: str) -> bool:
-        return False
+        return self.lora is not None and self.lora.remove(name)
+
+    def _lora_model(self, hf_config):
+        """The model's LoRA slots and hooks (worker/runner/lora/model.py); None where its family takes none
+        (`_no_lora` says why)."""
+        from hetero_infer.worker.runner.loader import model_family
+        from hetero_infer.worker.runner.lora.model import LoRAModel
+
+        family = model_family(hf_config)
+        self._no_lora = "LoRA is not enabled (enable_lora=True)"
+        if not self.config.enable_lora:
+            return None
+        if not family.supports.lora:
+            self._no_lora = f"{family.name} models take no LoRA adapters here"
+            return None
+        return LoRAModel(self.model, moe=family.supports.moe, max_loras=self.config.max_loras,
+                         max_rank=self.config.max_lora_rank, dtype=self.dtype, device=self.device,
+                         max_tokens=self.config.max_num_batched_tokens)
 
     @property
     def block_bytes(self) -> int:
@@ -262,15 +276,20 @@ class TorchExecutor:
         apply_block_table_updates(self.block_tables, plan)
         step = step_inputs(plan, self.block_tables, self.block_size)
         runner = self.decode_runner
+        # a step with LoRA adapters runs eagerly, layer by layer (the hooks add the adapters' updates)
+        lora = self.lora is not None and self.lora.begin_step(plan)
         # every row a decode, and every row samples (a prompt row is a prefill's)
-        if runner is not None and not step.prompt_rows and runner.accepts_step(step):
+        if runner is not None and not lora and not step.prompt_rows and runner.accepts_step(step):
             hidden = runner.run_step(step, self._prev_tokens, self._prev_rows, self._copy_blocks)
             return self.model.compute_logits(hidden[: len(step.token_ids)]), None
         input_ids, meta, logits_index = self._prepare(step)
-        if self.cpu_decode is not None and self.cpu_decode.accepts(input_ids.shape[0], logits_index.shape[0]):
+        if self.cpu_decode is not None and not lora and self.cpu_decode.accepts(input_ids.shape[0],
+                                                                                logits_index.shape[0]):
             hidden = self.cpu_decode.run(input_ids, meta)
         else:
             hidden = self.model(input_ids, self.backend, meta, self.kv_caches)
+        if lora:
+            self.lora.end_step()
         prompt = None
         if step.prompt_rows:
             prompt = prompt_logprobs.step_entries(

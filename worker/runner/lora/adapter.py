@@ -53,8 +53,8 @@ class ModelShapes:
         projections = {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden)}
         refused = {}
         if moe:
-            refused = {p: "its MLPs are mixture-of-experts layers, which take no LoRA here (attention only)"
-                       for p in MLP_PROJECTIONS}
+            why = "its MLPs are mixture-of-experts layers, which take no LoRA here (attention only)"
+            refused = {p: why for p in (*MLP_PROJECTIONS, "gate_up_proj")}
         else:
             inter = get("intermediate_size")
             projections.update(gate_proj=(hidden, inter), up_proj=(hidden, inter), down_proj=(inter, hidden))
@@ -164,9 +164,16 @@ def load_adapter(request: LoRARequest, shapes: ModelShapes, max_rank: int,
     if isinstance(targets, (list, tuple)):
         for target in targets:
             name = str(target).rsplit(".", 1)[-1]
+            if name in shapes.refused:
+                raise _fail(request, f"target module {name}: {shapes.model_type} {shapes.refused[name]}")
             if name not in known:
                 raise _fail(request, f"target module {target!r} is not in the model ({shapes.model_type} has "
                                      f"{', '.join(sorted(known))})")
+    params = config.get("target_parameters")
+    if params:  # peft's LoRA on raw parameters: what it makes of MoE experts' stacked weights
+        why = next((shapes.refused[str(p)] for p in params if str(p) in shapes.refused), None) or (
+            "LoRA on raw parameters is not supported")
+        raise _fail(request, f"target_parameters {list(params)!r}: {shapes.model_type} {why}")
     tensors = _read_tensors(request)
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():

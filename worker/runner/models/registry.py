@@ -22,7 +22,8 @@ class Supports:
 
     quantization: tuple[str, ...] = ("int8", "int4")  # weight-only methods (worker/quant)
     cpu_fused_decode: bool = False  # its layers are in a layout the C decode step computes (kernels/cpu/decode_step)
-    lora: bool = False
+    # LoRA adapters (worker/runner/lora): attention projections, and MLP projections where the MLPs are dense
+    lora: bool = True
     tensor_parallel: bool = False
     moe: bool = False  # Mixture-of-Experts layers (kernels.fused_moe)
     gguf: bool = True  # its .gguf files convert through transformers (the gguf package maps the tensors)

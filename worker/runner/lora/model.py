@@ -1,0 +1,150 @@
+"""LoRA adapters on a loaded model: the device slots' stacked weights of every projection adapters may update, the
+step's token -> slot map, and the forward hooks that add each token's adapter update to a projection's output.
+
+Each target projection (a layer's fused q/k/v, o, fused gate/up, down) holds `a [max_loras, n * R, in]` and
+`b [max_loras, out, n * R]`, `n` its output slices (q, k, v: 3; gate, up: 2; else 1), `R` = max_lora_rank: an
+adapter's rank-r A of slice i fills rows i*R .. i*R+r of its slot's `a`, its B (times the PEFT scale) the slice's
+output rows and the same columns of `b`, zeros elsewhere (smaller ranks padded, block-diagonal over the slices).
+Then `out += b[s] @ (a[s] @ x)` per token (kernels.lora_apply) is exactly PEFT's `base(x) + B(A(x)) * scale` of
+every targeted slice.
+
+The hooks run only in a step that has adapters (`begin_step`): a step of the base model alone goes through the
+model as without LoRA (the executors' fused paths included). The base weights may be in any format (float,
+INT8, INT4, packed for the CPU GEMMs): the update applies to the projection's input and output activations.
+On CUDA the token -> slot map is copied into a static buffer that the kernels read on the device, so a captured
+graph would replay any step's adapters; capturing LoRA steps is owed (they run eagerly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+from torch import nn
+
+from hetero_infer import kernels
+from hetero_infer.contracts.lora import LoRAAdapterError, LoRARequest
+from hetero_infer.contracts.step import StepPlan
+from hetero_infer.worker.runner.lora.adapter import AdapterWeights, ModelShapes, load_adapter
+from hetero_infer.worker.runner.lora.slots import SlotTable
+from hetero_infer.worker.runner.models.rotary import head_dim_of
+
+
+@dataclass
+class _Target:
+    """One projection of one layer: its output slices (projection name, first output row, rows) and the slots'
+    stacked weights."""
+
+    slices: tuple[tuple[str, int, int], ...]
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+def _projections(model: nn.Module, moe: bool) -> list[tuple[int, nn.Module, tuple[tuple[str, int, int], ...]]]:
+    """(layer, module, slices) of every projection adapters may update."""
+    config = model.config
+    hd = head_dim_of(config)
+    q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
+    out = []
+    for i, layer in enumerate(model.layers):
+        attn = layer.self_attn
+        out.append((i, attn.qkv_proj, (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv))))
+        out.append((i, attn.o_proj, (("o_proj", 0, config.hidden_size),)))
+        if not moe and hasattr(layer.mlp, "gate_up_proj"):
+            inter = config.intermediate_size
+            out.append((i, layer.mlp.gate_up_proj, (("gate_proj", 0, inter), ("up_proj", inter, inter))))
+            out.append((i, layer.mlp.down_proj, (("down_proj", 0, config.hidden_size),)))
+    return out
+
+
+class LoRAModel:
+    """`max_tokens`: the most tokens a step has (the CUDA slot buffer's size)."""
+
+    def __init__(self, model: nn.Module, *, moe: bool, max_loras: int, max_rank: int, dtype: torch.dtype,
+                 device: torch.device, max_tokens: int) -> None:
+        self.shapes = ModelShapes.of(model.config, moe)
+        self.max_rank = max_rank
+        self.dtype = dtype
+        self.device = device
+        self.slots = SlotTable(max_loras)
+        self.host: dict[str, AdapterWeights] = {}
+        self.targets: list[_Target] = []
+        self._index: dict[tuple[int, str], tuple[_Target, int]] = {}  # (layer, projection) -> (target, slice)
+        self._hooks = []
+        for layer, module, slices in _projections(model, moe):
+            k = len(slices) * max_rank
+            in_features = self.shapes.projections[slices[0][0]][0]
+            out_features = slices[-1][1] + slices[-1][2]
+            target = _Target(slices, torch.zeros(max_loras, k, in_features, dtype=dtype, device=device),
+                             torch.zeros(max_loras, out_features, k, dtype=dtype, device=device))
+            self.targets.append(target)
+            for i, (name, _, _) in enumerate(slices):
+                self._index[(layer, name)] = (target, i)
+            self._hooks.append(module.register_forward_hook(partial(self._hook, target)))
+        self.active = False
+        self._slots: torch.Tensor | None = None
+        self._groups: kernels.LoRAGroups | None = None
+        self._slot_buffer = (torch.full((max_tokens,), -1, dtype=torch.int32, device=device)
+                             if device.type == "cuda" else None)
+        self.slot_loads = 0  # adapters copied into a device slot
+
+    # -- adapters ----------------------------------------------------------------------
+    def add(self, request: LoRARequest) -> AdapterWeights:
+        weights = load_adapter(request, self.shapes, self.max_rank, self.dtype)
+        self.host[request.lora_name] = weights
+        return weights
+
+    def remove(self, name: str) -> bool:
+        self.slots.drop(name)
+        return self.host.pop(name, None) is not None
+
+    @torch.inference_mode()
+    def load_slot(self, slot: int, weights: AdapterWeights) -> None:
+        """Copy an adapter into device slot `slot` (every target: zeros where it has no module)."""
+        for target in self.targets:
+            target.a[slot].zero_()
+            target.b[slot].zero_()
+        r_max = self.max_rank
+        for (layer, proj), (a, b, scale) in weights.modules.items():
+            target, i = self._index[(layer, proj)]
+            _, first, rows = target.slices[i]
+            r = a.shape[0]
+            target.a[slot, i * r_max:i * r_max + r].copy_(a)
+            target.b[slot, first:first + rows, i * r_max:i * r_max + r].copy_(b * scale)
+        self.slot_loads += 1
+
+    # -- a step ------------------------------------------------------------------------
+    def begin_step(self, plan: StepPlan) -> bool:
+        """Make the step's adapters resident and the hooks active for it; False (nothing to do) for a step of the
+        base model alone."""
+        adapters = plan.adapter_ids
+        self.active = False
+        if not adapters:
+            return False
+        missing = [n for n in adapters.values() if n not in self.host]
+        if missing:
+            raise LoRAAdapterError(f"LoRA adapter {missing[0]!r} is not loaded")
+        mapping, loads = self.slots.assign(adapters.values())
+        for name, slot in loads:
+            self.load_slot(slot, self.host[name])
+        per_seq = np.array([mapping[adapters[s]] if s in adapters else -1 for s in plan.seq_ids], dtype=np.int32)
+        slots = np.repeat(per_seq, [len(ids) for ids in plan.token_ids])
+        if self._slot_buffer is None:
+            self._slots = torch.from_numpy(slots)
+            self._groups = kernels.lora_groups(self._slots, self.slots.num_slots)
+        else:
+            view = self._slot_buffer[:len(slots)]
+            view.copy_(torch.from_numpy(slots), non_blocking=False)
+            self._slots, self._groups = view, None
+        self.active = True
+        return True
+
+    def end_step(self) -> None:
+        self.active = False
+        self._slots = self._groups = None
+
+    def _hook(self, target: _Target, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        if self.active:
+            kernels.lora_apply(args[0], output, target.a, target.b, self._slots, self._groups)
