@@ -117,6 +117,8 @@ class EngineConfig:
             bad("kv_offloading_size", "must be a size in GiB >= 0 (0: no host tier)")
         if self.kv_offloading_size and not self.enable_prefix_caching:
             bad("kv_offloading_size", "the host tier holds prefix-cache blocks: it needs enable_prefix_caching")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            bad("enable_lora", "LoRA adapters do not run under tensor parallelism (tensor_parallel_size > 1) yet")
         if not isinstance(self.max_loras, int) or self.max_loras < 1:
             bad("max_loras", "must be an integer >= 1")
         if not isinstance(self.max_lora_rank, int) or not 1 <= self.max_lora_rank <= MAX_LORA_RANK:

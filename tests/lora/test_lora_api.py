@@ -40,7 +40,7 @@ def test_lora_request_fields_and_checks():
 
 @pytest.mark.parametrize("bad, what", [
     ({"max_loras": 0}, "max_loras"), ({"max_lora_rank": 0}, "max_lora_rank"), ({"max_lora_rank": 1024}, "max_lora_rank"),
-    ({"max_loras": 4, "max_cpu_loras": 2}, "max_cpu_loras"),
+    ({"max_loras": 4, "max_cpu_loras": 2}, "max_cpu_loras"), ({"enable_lora": True, "tensor_parallel_size": 2}, "enable_lora"),
 ])
 def test_engine_options_checked(bad, what):
     with pytest.raises(InvalidOption, match=what):
