@@ -142,7 +142,15 @@ def test_a_bad_adapter_is_a_400_that_changes_nothing(client, lora_files, name, p
     assert tokens_of(client, "sql") == sql
 
 
-# -- the HTTP behaviour, on the mock executor ------------------------------------------------------------------------
+def test_an_adapter_declared_for_another_base_is_a_400(client, lora_files):
+    before = served(client)
+    with pytest.raises(openai.BadRequestError, match="is for base model 'org/other'"):
+        client.post("/load_lora_adapter", cast_to=str, body={
+            "lora_name": "chat", "lora_path": str(lora_files["chat"]), "base_model_name": "org/other"})
+    assert served(client) == before
+
+
+# -- more of the HTTP behaviour ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def mock_lora(lora_files, tmp_path_factory) -> Iterator[tuple[ServerProcess, Path]]:
     listing = tmp_path_factory.mktemp("listing") / "adapters.json"

@@ -36,6 +36,7 @@ logger = logging.getLogger("hetero_infer.server")
 
 LOAD_PATH, UNLOAD_PATH = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
 FOLLOW_INTERVAL_S = 2.0  # --lora-modules-file: how often it is read
+RETRY_S = 60.0  # --lora-modules-file: an adapter that failed to load is tried again this much later
 VLLM_RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
 
@@ -77,10 +78,6 @@ class ServedAdapters:
             raise _bad(f"'{name}' is the base model's name; choose another name for the adapter", "lora_name")
         if name in self.by_name or name in self._loading:
             raise _bad(f"The lora adapter '{name}' has already been loaded.", "lora_name")  # vLLM's words
-        base = module.base_model_name
-        if base is not None and base != state.model_name:
-            raise _bad(f"the adapter '{name}' is for the base model '{base}'; this worker serves "
-                       f"'{state.model_name}'", "base_model_name")
         self._loading.add(name)
         try:
             try:  # a download: off the event loop
@@ -88,7 +85,7 @@ class ServedAdapters:
                     None, lambda: fetch_model(module.path, adapter=True))
             except ModelSourceError as exc:
                 raise _bad(f"cannot load the adapter '{name}': {exc}", "lora_path") from None
-            request = LoRARequest(name, next(self._ids), str(folder), base)
+            request = LoRARequest(name, next(self._ids), str(folder), module.base_model_name)
             try:
                 await state.engine.add_lora(request)
             except LoRAAdapterError as exc:
@@ -145,10 +142,11 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
 async def follow_modules_file(state: ServerState, path: str, interval_s: float = FOLLOW_INTERVAL_S) -> None:
     """`--lora-modules-file`: every `interval_s`, serve what the file lists (read again whole each time: a mounted
     ConfigMap is swapped in at once by the kubelet). Adapters it gains are loaded, those it loses or whose entry
-    changed are unloaded (and the changed ones loaded again); one that fails to load is logged once and tried again
-    when its entry changes. Adapters loaded otherwise (--lora-modules, the load endpoint) are left alone."""
+    changed are unloaded (and the changed ones loaded again); one that fails to load is logged and tried again when
+    its entry changes or RETRY_S later. Adapters loaded otherwise (--lora-modules, the load endpoint) are left
+    alone."""
     ours: dict[str, LoRAModulePath] = {}  # loaded from the file, as the file gave them
-    failed: dict[str, LoRAModulePath] = {}  # the entries that could not be loaded, as given
+    failed: dict[str, tuple[LoRAModulePath, float]] = {}  # entries that could not be loaded, as given, and when
     bad_file: str | None = None
     while True:
         try:
@@ -164,7 +162,7 @@ async def follow_modules_file(state: ServerState, path: str, interval_s: float =
 
 
 async def _follow(state: ServerState, wanted: dict[str, LoRAModulePath], ours: dict[str, LoRAModulePath],
-                  failed: dict[str, LoRAModulePath]) -> None:
+                  failed: dict[str, tuple[LoRAModulePath, float]]) -> None:
     for name in [n for n, m in ours.items() if wanted.get(n) != m]:
         del ours[name]
         try:
@@ -172,12 +170,14 @@ async def _follow(state: ServerState, wanted: dict[str, LoRAModulePath], ours: d
         except APIError:  # unloaded through the endpoint meanwhile
             pass
     for name, module in wanted.items():
-        if name in ours or failed.get(name) == module or name in state.adapters:
+        if name in ours or name in state.adapters:
+            continue
+        if name in failed and failed[name][0] == module and time.monotonic() - failed[name][1] < RETRY_S:
             continue
         try:
             await state.adapters.load(state, module)
         except APIError as exc:
-            failed[name] = module
+            failed[name] = (module, time.monotonic())
             logger.error("--lora-modules-file: %s", exc.message)
         else:
             ours[name] = module
