@@ -1,6 +1,7 @@
 """spec.adapters with the real operator (kopf) against the API emulator: each hf:// or s3:// adapter downloaded by
 its own Job into the model cache, listed to the workers (the ConfigMap they follow) once it is there, its phase in
-status.adapters; adapters added and removed while the worker Deployment's pod template stays as it is: no rollout.
+status.adapters; adapters added and removed while the worker Deployment's pod template stays as it is: no rollout;
+the field dropped: LoRA off, the list, the Jobs and the status entries gone.
 
 The emulator has no Job controller: the test completes or fails the Jobs as the controller would."""
 
@@ -62,3 +63,9 @@ async def test_adapters_come_and_go_without_a_rollout(kmock: Any, operator: Any)
     after = live(kmock, DEPLOYMENTS)
     assert json.dumps(after["spec"]["template"], sort_keys=True) == pod, "the adapters changed the pod template"
     assert after["metadata"].get("generation") == deployment["metadata"].get("generation")
+
+    await patch(kmock, INFD_PATH, {"spec": {"adapters": None}})  # LoRA off: the list, the Jobs and the status go
+    await wait_for(lambda: live(kmock, CONFIG_MAPS, "smol-adapters") is None, what="the ConfigMap deleted")
+    await wait_for(lambda: live(kmock, JOBS, job_name(CHAT["url"])) is None, what="chat's Job deleted")
+    await wait_for(lambda: "adapters" not in (live(kmock, INFD).get("status") or {}), what="status.adapters gone")
+    assert "--enable-lora" not in live(kmock, DEPLOYMENTS)["spec"]["template"]["spec"]["containers"][0]["args"]
