@@ -1,6 +1,11 @@
-"""LoRA adapters through the official `openai` client against real `hetero-infer serve` processes on the mock
-executor, with a tiny random-weight llama's config and real PEFT adapters (peft makes them; the mock reads and
-refuses adapters as the torch executor does, and salts an adapter's tokens so they differ from the base's):
+"""LoRA adapters through the official `openai` client against real `hetero-infer serve` processes, with a tiny
+random-weight llama and real PEFT adapters (peft makes them):
+
+- on the torch executor, where the test claims engine output: an adapter's greedy float32 tokens are transformers
+  + peft's (`PeftModel`), alone and with concurrent requests for the base model and another adapter;
+
+on the mock executor (which reads and refuses adapters as the torch executor does, and salts an adapter's tokens so
+they differ from the base's):
 
 - `/v1/models` with `parent` and `root`; a request's model naming an adapter reaches the engine as that adapter;
 - load and unload at run time, and a 400 that changes nothing for each bad adapter (a name taken or the base's, a
@@ -27,8 +32,8 @@ from server_proc import ServerProcess, http
 _TESTS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(_TESTS / "lora"))
 sys.path.insert(0, str(_TESTS / "quant"))
-from lora_testing import edit_adapter_config, save_adapter  # noqa: E402
-from quant_testing import save_tiny_model  # noqa: E402
+from lora_testing import edit_adapter_config, peft_reference, save_adapter  # noqa: E402
+from quant_testing import hf_greedy, save_tiny_model  # noqa: E402
 
 PROMPT = [1, 520, 3451, 314, 4911, 42, 17, 905]
 MAX_NEW = 8
@@ -57,7 +62,35 @@ def lora_files(tmp_path_factory) -> dict[str, Path]:
     edit_adapter_config(files["lacks"], target_modules=["q_proj", "v_proj", "lm_head_proj"])
     files["empty"] = root / "empty"
     files["empty"].mkdir()
+    files["base"] = base
     return files
+
+
+@pytest.fixture(scope="module")
+def torch_client(lora_files) -> Iterator[openai.OpenAI]:
+    s = ServerProcess("--model", str(lora_files["model"]), "--served-model-name", "tiny", "--dtype", "float32",
+                      "--device", "cpu", "--enable-lora", "--max-loras", "2", "--max-lora-rank", "16",
+                      "--lora-modules", f"sql={lora_files['sql']}", f"chat={lora_files['chat']}",
+                      "--skip-tokenizer-init", executor="torch")
+    yield openai.OpenAI(base_url=s.base_url, api_key="unused", max_retries=0, timeout=120)
+    assert s.stop() == 0, s.log()
+
+
+def test_an_adapters_greedy_tokens_are_transformers_and_peft(torch_client, lora_files):
+    base = lora_files["base"]
+    want = {"tiny": hf_greedy(base, PROMPT, MAX_NEW),
+            "sql": hf_greedy(peft_reference(base, lora_files["sql"]), PROMPT, MAX_NEW),
+            "chat": hf_greedy(peft_reference(base, lora_files["chat"]), PROMPT, MAX_NEW)}
+    assert len({tuple(t) for t in want.values()}) == 3  # each adapter changes the tokens (else this proves nothing)
+    assert tokens_of(torch_client, "sql") == want["sql"]
+    results: list[tuple[str, list[int]]] = []
+    threads = [threading.Thread(target=lambda m=m: results.append((m, tokens_of(torch_client, m))))
+               for m in ("tiny", "sql", "chat") * 2]  # concurrent: the engine batches them together
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 6 and all(tokens == want[m] for m, tokens in results), results
 
 
 @pytest.fixture(scope="module")
