@@ -79,6 +79,17 @@ def test_the_config_map_lists_the_ready_adapters_where_the_workers_read_them():
     assert adapters_config_map(OWNER, spec_of(), []) is None
 
 
+def test_the_workers_read_the_config_map_as_the_operator_writes_it(tmp_path):
+    """The ConfigMap's file is what the worker's --lora-modules-file reads (hetero_infer/contracts/lora_modules.py)."""
+    from hetero_infer.contracts.lora_modules import LoRAModulePath, read_lora_modules_file
+
+    spec = spec_of(adapters=[SQL, CHAT])
+    path = tmp_path / c.ADAPTERS_KEY
+    path.write_text(adapters_config_map(OWNER, spec, ["sql", "chat"])["data"][c.ADAPTERS_KEY])
+    assert read_lora_modules_file(path) == [LoRAModulePath(a.name, adapter_path(spec, a)) for a in spec.adapters]
+    assert read_lora_modules_file(tmp_path / "absent.json") == []  # a pod that started before the ConfigMap
+
+
 def test_an_adapters_download_job_fetches_it_as_an_adapter():
     spec = spec_of(adapters=[SQL])
     job = download_job(OWNER, spec, WorkerDefaults(), "qwen-model-cache", adapter_source(spec.adapters[0]))
