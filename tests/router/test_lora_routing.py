@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import aiohttp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
-from router_fakes import FakeWorker, start_router, wait_for
+from router_fakes import FakeWorker, wait_for
+from test_models import cluster as model_cluster
 
-from hetero_infer.contracts.router_options import RouterOptions
 from hetero_infer.router.hashing import block_hashes, text_block_hashes
 from hetero_infer.router.lora import LoraInfo, adapter_bases, parse_lora_info
 from hetero_infer.router.policies import (
@@ -106,20 +105,10 @@ def test_an_adapters_blocks_chain_from_its_own_root():
 # -- through the router -----------------------------------------------------------------------------------------------
 @contextlib.asynccontextmanager
 async def cluster(*workers: FakeWorker, **options):
-    for w in workers:
-        await w.start()
-    opts = RouterOptions(worker=[w.url for w in workers], health_interval_s=0.05, tokenizer="none", **options)
-    router, runner, url = await start_router(opts)
-    session = aiohttp.ClientSession()
-    try:
-        await wait_for(lambda: len(router.pool.ready()) == len(workers) and
-                       all(w.lora is not None for w in router.pool.workers.values()), what="workers ready")
+    """test_models' cluster, once the router has read every worker's adapter slots too."""
+    async with model_cluster(*workers, **options) as (router, url, session):
+        await wait_for(lambda: all(w.lora is not None for w in router.pool.workers.values()), what="lora info read")
         yield router, url, session
-    finally:
-        await session.close()
-        await runner.cleanup()
-        for w in workers:
-            await w.stop()
 
 
 def lora_worker(name: str, max_lora: int, running: str = "") -> FakeWorker:
