@@ -181,6 +181,9 @@ class Router:
                                        host_matched=self.index.host_match(hashes, matched) if exact else None,
                                        host_weight=self.options.host_hit_weight, adapter=adapter)
         assert decision is not None
+        if adapter is not None:
+            chosen = next(s for s in states if s.url == decision.url)
+            self.metrics.lora_routed.labels(policies.LORA_RANK_NAMES[policies.lora_rank(chosen, adapter)]).inc()
         return decision
 
     # -- proxying -----------------------------------------------------------------------------

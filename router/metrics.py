@@ -50,6 +50,9 @@ class RouterMetrics:
         self.reports_blocks = Gauge("hetero_infer_router_worker_reports_blocks",
                                     "1: the worker's entry is exact (it serves block reports), 0: approximate",
                                     ["worker"], registry=r)
+        self.lora_routed = Counter("hetero_infer_router_lora_routed", "requests for a LoRA adapter, by what the "
+                                   "chosen worker had for it: active (it ran the adapter), free_slot (a free adapter "
+                                   "slot), no_slot (it waits there for a slot)", ["rank"], registry=r)
         self.workers_ready = Gauge("hetero_infer_router_workers_ready", "workers passing their readiness check",
                                    registry=r)
         self.tokenizer_mode = Gauge("hetero_infer_router_tokenizer_mode",

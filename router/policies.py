@@ -75,6 +75,7 @@ class EndpointState:
 
 # lora_rank: the adapter is in use there, a slot is free for it, neither (it waits there for a slot)
 LORA_ACTIVE, LORA_FREE_SLOT, LORA_NO_SLOT = 0, 1, 2
+LORA_RANK_NAMES = ("active", "free_slot", "no_slot")
 
 
 def lora_rank(e: EndpointState, adapter: str | None) -> int:

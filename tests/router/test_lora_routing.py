@@ -139,6 +139,9 @@ async def test_adapter_requests_go_to_the_worker_using_it_then_to_a_free_slot():
     # a free slot, which from the first request the router sent it uses the adapter too (before its next report
     # says so), so it takes the rest rather than a second worker loading it; never the worker without a slot
     assert order[:4] == ["using"] * 4 and order[4] in ("free1", "free2") and order[4:] == [order[4]] * 3, order
+    routed = {rank: router.metrics.registry.get_sample_value("hetero_infer_router_lora_routed_total", {"rank": rank})
+              for rank in ("active", "free_slot", "no_slot")}
+    assert routed == {"active": 6.0, "free_slot": 1.0, "no_slot": None}
 
 
 async def test_the_same_adapter_prompt_returns_to_its_worker_and_the_base_prompt_is_another_prefix():
