@@ -55,13 +55,12 @@ async def test_the_server_loads_adapters_from_the_hub_and_s3(hub_env, s3_env, ti
     """`POST /v1/load_lora_adapter` with an hf:// and an s3:// lora_path: fetched into the caches and served (a mock
     engine over the tiny llama, which checks the adapters' shapes against its config)."""
     import aiohttp
+    from inproc_server import inproc_server
+    from lora_testing import save_adapter
     from transformers import AutoModelForCausalLM
 
     from hetero_infer.contracts.engine_options import EngineConfig
     from hetero_infer.worker.core.engine import LLMEngine
-
-    from inproc_server import inproc_server
-    from lora_testing import save_adapter
 
     adapter = save_adapter(AutoModelForCausalLM.from_pretrained(tiny_folder), tmp_path / "sql", r=4,
                            targets=["q_proj"])
