@@ -6,9 +6,10 @@ Three implementations of one function:
 * Triton (CUDA, or the interpreter): the (token, expert) pairs are sorted by expert and each expert's run padded
   to the tile height (``moe_align``), so one launch of one grouped GEMM covers every expert: each program multiplies
   a tile of one expert's rows by that expert's weights (float, or INT8 / INT4 dequantized in the kernel).
-* CPU (any other device): the pairs sorted by expert and both products as ``torch.nn.functional.grouped_mm``, one
-  call each over all experts (quantized experts: only the experts hit are dequantized first); no Python loop over
-  experts.
+* CPU (any other device): for a decode step's few tokens and float experts, one C call (kernels/cpu/moe.py: every
+  weight row of the experts hit read once, each a GEMV of its expert's tokens); otherwise the pairs sorted by expert
+  and both products as ``torch.nn.functional.grouped_mm``, one call each over all experts (quantized experts: only
+  the experts hit are dequantized first); no Python loop over experts.
 * The reference (``HETERO_INFER_KERNELS=reference``, and the tests' oracle): every pair with its own gathered
   weights (:func:`hetero_infer.kernels.reference.fused_moe`).
 """
@@ -104,10 +105,18 @@ def fused_moe(
         from . import _triton_moe
 
         y = _triton_moe.fused_moe(x, w1, w2, topk_weights, topk_ids)
-    elif get_backend() == "reference" or not _grouped_mm_fits(x, w1, w2):
+    elif get_backend() == "reference":
         y = reference.fused_moe(x, w1, w2, topk_weights, topk_ids)
     else:
-        y = grouped_moe(x, w1, w2, topk_weights, topk_ids)
+        # imported here: at import the kernels package loads nothing of hetero_infer (transformers may import it)
+        from .cpu import moe as cpu_moe
+
+        if w1.method == w2.method == "float" and cpu_moe.takes(x, w1.weight, w2.weight, topk_ids):
+            y = cpu_moe.moe_experts(x, w1.weight, w2.weight, topk_weights, topk_ids)
+        elif not _grouped_mm_fits(x, w1, w2):
+            y = reference.fused_moe(x, w1, w2, topk_weights, topk_ids)
+        else:
+            y = grouped_moe(x, w1, w2, topk_weights, topk_ids)
     if out is None:
         return y
     out.copy_(y)

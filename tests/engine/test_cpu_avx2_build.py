@@ -67,6 +67,12 @@ def test_avx2_gemms_and_ops_pass_their_tests():
     _assert_all_passed(proc, at_least=170)
 
 
+def test_avx2_moe_decode_kernel_equals_the_grouped_path():
+    """The MoE experts' C kernel (kernels/cpu/moe.py) at the AVX2 level: both dtypes against the grouped GEMM."""
+    proc = _pytest(str(ROOT / "tests/kernels/test_kernel_moe.py"), "-k", "cpu_decode_kernel")
+    _assert_all_passed(proc, at_least=8)
+
+
 def test_avx2_paged_attention_against_float64():
     """The AVX2 attention kernel (D = 40, 64, 128; GQA 1-8; blocks of 16) against float64, and the CPU backend's
     mixed decode / prefill / SDPA step against the reference backend (the whole file under -m slow)."""

@@ -20,6 +20,7 @@ def test_portable_build_passes_the_kernel_tests(tmp_path):
          "assert c.available(); print(c.variant())"], env=env, capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0 and probe.stdout.strip() == "portable", probe.stderr[-2000:]
     tests = [str(HERE / name) for name in ("test_cpu_ops.py", "test_cpu_paged_attention.py", "test_cpu_linear.py")]
+    tests.append(str(HERE.parent / "kernels" / "test_kernel_moe.py") + "::test_cpu_decode_kernel_is_the_grouped_path_within_rounding")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], env=env,
                           capture_output=True, text=True, timeout=600, cwd=HERE.parent.parent)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from hetero_infer import kernels
 from hetero_infer.kernels import _backend, moe, reference
+from hetero_infer.kernels.cpu import moe as cpu_moe
+from hetero_infer.kernels.cpu import native
 from tests.kernels.kernel_testing import DTYPES, assert_close
 
 
@@ -81,8 +83,9 @@ def test_quantized_experts_match_oracle(device, path, shape, method):
 
 
 def test_cpu_path_is_the_grouped_gemm_and_matches_the_reference(monkeypatch):
-    """On the CPU `auto` takes the grouped path (not the reference), float32 within rounding of the reference."""
-    x, w1, w2, _, _, weights, ids = make_case(9, 64, 32, 8, 2, torch.float32, "cpu")
+    """On the CPU `auto` takes the grouped path (not the reference) past a decode step's tokens, float32 within
+    rounding of the reference."""
+    x, w1, w2, _, _, weights, ids = make_case(cpu_moe.MAX_TOKENS + 1, 64, 32, 8, 2, torch.float32, "cpu")
     calls = []
     monkeypatch.setattr(moe, "grouped_moe", lambda *a: calls.append(1) or reference.fused_moe(*a))
     with kernels.use_backend("auto"):
@@ -92,6 +95,32 @@ def test_cpu_path_is_the_grouped_gemm_and_matches_the_reference(monkeypatch):
     ew1, ew2 = kernels.ExpertWeights(w1), kernels.ExpertWeights(w2)
     torch.testing.assert_close(moe.grouped_moe(x, ew1, ew2, weights, ids),
                                reference.fused_moe(x, ew1, ew2, weights, ids), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler: the CPU path is the grouped GEMM everywhere")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 64, 32, 4, 1), (8, 72, 40, 16, 4), (cpu_moe.MAX_TOKENS, 128, 64, 64, 8),
+                                   (3, 1024, 384, 64, 8)], ids=lambda s: "x".join(map(str, s)))
+def test_cpu_decode_kernel_is_the_grouped_path_within_rounding(monkeypatch, shape, dtype):
+    """A decode step's tokens (up to MAX_TOKENS) on float experts take the C kernel (kernels/cpu/moe.py), which
+    computes what the grouped path computes: float32 to its accumulation order, bfloat16 within one rounding;
+    HETERO_INFER_CPU_MOE=0 turns it off."""
+    x, w1, w2, _, _, weights, ids = make_case(*shape, dtype, "cpu")
+    calls = []
+    kernel = cpu_moe.moe_experts
+    monkeypatch.setattr(cpu_moe, "moe_experts", lambda *a: calls.append(1) or kernel(*a))
+    with kernels.use_backend("auto"):
+        out = kernels.fused_moe(x, w1, w2, weights, ids)
+    assert calls == [1] and out.dtype == dtype
+    grouped = moe.grouped_moe(x, kernels.ExpertWeights(w1), kernels.ExpertWeights(w2), weights, ids)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, grouped, atol=1e-6, rtol=1e-5)
+    else:
+        assert_close(out, grouped, dtype, scale=2, what="C moe vs grouped")
+    monkeypatch.setenv("HETERO_INFER_CPU_MOE", "0")
+    with kernels.use_backend("auto"):
+        kernels.fused_moe(x, w1, w2, weights, ids)
+    assert calls == [1]
 
 
 def test_align_pads_each_expert_to_whole_tiles_and_shapes_do_not_depend_on_routing():
