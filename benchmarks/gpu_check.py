@@ -20,7 +20,10 @@ log under OUT; a phase that no longer fits is skipped and said so); estimates fr
    (~1,000-token contexts) on the Qwen3-0.6B shape, with CUDA graphs and eager (OUT/profile.json);
 5. peers (what is left, at most ~3 min): transformers on the bench workloads, quickest first;
 6. moe (~1 min, asked for by name): benchmarks/moe_kernel_bench.py, the fused MoE kernel on one Qwen3-30B-A3B
-   layer's experts at batch 1 and 64, weight bytes/s against the copy bandwidth (OUT/moe_kernel.json).
+   layer's experts at batch 1 and 64, weight bytes/s against the copy bandwidth (OUT/moe_kernel.json);
+7. serving (~2-3 min, asked for by name): benchmarks/serving_check.py, the OpenAI server on the GPU (Qwen3-0.6B
+   shape, dummy bf16 weights) under `hetero-infer bench serve`, random 512-word prompts, 128 outputs, all at once and
+   at 16 req/s, beside vLLM 0.19's published H100 numbers (OUT/serving.json).
 
 The Qwen3-30B-A3B workloads (`--workloads qwen3moe-one,qwen3moe-nano`: 61 GB of bf16 weights, ours then
 transformers', one at a time) are asked for by name too; nothing of the default call changes.
@@ -186,7 +189,7 @@ def peer(folder: str, which: str, out_json: str, *workload: str, deadline_s: flo
     print(f"PEER {r.system}: {r.output_tokens} tokens in {r.seconds:.2f} s = {r.tokens_per_s:.1f} tok/s")
 
 
-PHASES = ("suite", "tune", "bench", "profile", "peers", "moe")  # the order they run in
+PHASES = ("suite", "tune", "bench", "profile", "peers", "moe", "serving")  # the order they run in
 # One run of at most 8 minutes on a bare H100 (2026-11-27: install and stand-in 22 s, suite 161 s, bench 107 s,
 # peers 40-60 s each, the slowest last and skipped when the budget is spent).
 DEFAULT_PHASES = ("suite", "bench", "peers")
@@ -232,6 +235,11 @@ def tune_cmd(out: Path, search_s: float) -> list[str]:
 def moe_cmd(out: Path) -> list[str]:
     return [sys.executable, str(ROOT / "benchmarks" / "moe_kernel_bench.py"), "--device", "cuda", "--json",
             str(out / "moe_kernel.json")]
+
+
+def serving_cmd(out: Path) -> list[str]:
+    return [sys.executable, str(ROOT / "benchmarks" / "serving_check.py"), "--device", "cuda", "--json",
+            str(out / "serving.json")]
 
 
 def profile_cmd(out: Path, modes: str) -> list[str]:
@@ -323,6 +331,10 @@ def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | 
         run.phase("moe", moe_cmd(out), 30, 120)
         if (out / "moe_kernel.json").is_file():
             results["moe_kernel"] = json.loads((out / "moe_kernel.json").read_text())
+    if "serving" in phases:
+        run.phase("serving", serving_cmd(out), 90, 300)
+        if (out / "serving.json").is_file():
+            results["serving"] = json.loads((out / "serving.json").read_text())
     results["phases"] = run.phases
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
     print()
@@ -377,8 +389,30 @@ def summary(results: dict) -> str:
                   "", "| batch | experts hit | µs | weight GB/s | vs copy |", "|---|---|---|---|---|"]
         lines += [f"| {r['batch']} | {r['experts_hit']} | {r['us']:.1f} | {r['weight_gbs']:.0f} | {r['vs_copy']:.2f} |"
                   for r in moe["rows"]]
+    lines += serving_summary(results.get("serving"))
     lines += profile_summary(results.get("profile"))
     return "\n".join(lines)
+
+
+def serving_summary(serving: dict | None) -> list[str]:
+    """The serving phase's runs against vLLM's published numbers (requests/s unbounded, TPOT at 16 req/s)."""
+    if not serving:
+        return []
+    pub = serving["published_vllm"]
+    lines = ["", f"Serving ({serving['shape']}, {serving['device']}, {serving['input_words']}-word prompts, "
+                 f"{serving['output_len']} outputs; vLLM {pub['version']} on {pub['device']}: "
+                 f"{pub['req_per_s_unbounded']} req/s unbounded, TPOT {pub['tpot_ms_at_16']} ms at 16 req/s):",
+             "", "| rate | req/s | output tok/s | TTFT p50 ms | TPOT p50 ms | failed |", "|---|---|---|---|---|---|"]
+    for run in serving.get("runs", []):
+        r = run.get("result")
+        if r is None:
+            lines.append(f"| {run['request_rate']} | rc={run['rc']} | - | - | - | - |")
+            continue
+        lines.append(f"| {run['request_rate']} | {r['request_throughput']:.1f} | {r['output_throughput']:.0f} | "
+                     f"{r['ttft_ms']['p50']:.1f} | {r['tpot_ms']['p50']:.2f} | {r['failed']} |")
+    if serving.get("error"):
+        lines.append(f"(error: {serving['error']})")
+    return lines
 
 
 def step_split(benches: dict) -> list[str]:

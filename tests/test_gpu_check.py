@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -324,3 +326,44 @@ def test_moe_workloads_and_kernel_phase_are_asked_for_by_name(tmp_path, monkeypa
     assert str(gc.SHAPES / "qwen3-30b-a3b") in started[0][1]
     args = _load("moe_kernel_bench").build_parser().parse_args(started[1][1][2:])
     assert (args.device, args.json, args.batches) == ("cuda", tmp_path / "moe_kernel.json", "1,64")
+
+
+def test_the_serving_phase_is_asked_for_by_name_and_its_command_parses(tmp_path, monkeypatch) -> None:
+    """The serving phase (issue 38) runs only when named, after the others, its command parses with the serving
+    check's parser (the GPU, the Qwen3-0.6B shape, 512 in / 128 out, unbounded and 16 req/s), and its summary
+    names vLLM's published numbers."""
+    gc = _gpu_check()
+    started = _fake_run(gc, monkeypatch, tmp_path, {})
+    assert gc.main(["check", str(tmp_path), "--phases", "bench", "--budget-s", "1000"]) == 0
+    assert "serving" not in [s[0] for s in started]
+    started.clear()
+    assert gc.main(["check", str(tmp_path), "--phases", "moe,serving", "--budget-s", "1000"]) == 0
+    assert [s[0] for s in started] == ["moe", "serving"]
+    sc = _load("serving_check")
+    args = sc.build_parser().parse_args(started[1][1][2:])
+    assert (args.device, args.json, args.input_len, args.output_len, args.rates) == (
+        "cuda", tmp_path / "serving.json", 512, 128, "inf,16")
+    assert Path(args.shape).name == "qwen3-0.6b" and (Path(args.shape) / "config.json").is_file()
+    lines = gc.serving_summary({"shape": "qwen3-0.6b", "device": "cuda", "input_words": 512, "output_len": 128,
+                                "published_vllm": sc.PUBLISHED_VLLM, "runs": [{"request_rate": 16, "rc": 1}]})
+    assert "94.9 req/s unbounded" in "\n".join(lines) and "| 16 | rc=1 |" in "\n".join(lines)
+
+
+@pytest.mark.slow  # ~70 s on a loaded 2-vCPU box (a server start and two runs); the wiring test above is cheap
+def test_the_serving_check_serves_and_benches_on_the_cpu(tmp_path) -> None:
+    """benchmarks/serving_check.py end to end on the CPU: a real server with the default model's config and
+    tokenizer (dummy weights), `bench serve` at two rates, every request answered, the report written."""
+    from hetero_infer.worker.runner.loader import resolve_model
+
+    folder, _ = resolve_model(None)
+    out = tmp_path / "serving.json"
+    rc = _load("serving_check").main(["--shape", str(folder), "--tokenizer-from", str(folder), "--device", "cpu",
+                                      "--dtype", "float32", "--num-prompts", "4", "--input-len", "16",
+                                      "--output-len", "4", "--rates", "inf,16", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0, report.get("error") or report["server_log_tail"]
+    assert [r["request_rate"] for r in report["runs"]] == ["inf", 16.0]
+    for run in report["runs"]:
+        result = run["result"]
+        assert result["completed"] == 4 and result["failed"] == 0 and result["output_tokens"] == 16
+        assert result["prompt_tokens"] >= 4 * 16 and result["tpot_ms"]["p50"] > 0
