@@ -384,10 +384,15 @@ SCHEMA: Obj = Obj(
                 "resources": Obj(
                     properties={
                         "gpus": Int(
-                            description="GPUs per pod (of gpuResource); one worker process drives one GPU.",
+                            description="GPUs per pod (of gpuResource). More than one splits the model over them with tensor parallelism (the worker's --tensor-parallel-size gpus: one rank process per GPU, NCCL between them; /dev/shm sized 1Gi per GPU unless shmSize says); the model's attention heads and intermediate sizes must divide by it (the worker refuses it at start otherwise).",
                             minimum=0,
-                            maximum=1,
+                            maximum=8,
                             default_value=0,
+                        ),
+                        "nodes": Int(
+                            description="Reserved: nodes one replica spans (only 1 today). A model larger than one node would be served by LeaderWorkerSet groups of this many pods, tensor parallel within a node and pipeline parallel across nodes (docs/tensor-parallel.md).",
+                            minimum=1,
+                            maximum=1,
                         ),
                         "gpuResource": Str(
                             description="The device plugin's resource a GPU is asked for as: nvidia.com/gpu (default), amd.com/gpu, a MIG slice such as nvidia.com/mig-1g.10gb, or another extended resource (DOMAIN/NAME). The pods tolerate a NoSchedule taint of that name (and of nvidia.com/gpu for nvidia.com/*).",
@@ -887,7 +892,7 @@ SCHEMA: Obj = Obj(
                     ),
                 ),
                 "shmSize": Quantity(
-                    description="The size of the worker's /dev/shm (a memory-backed emptyDir; counts against its memory). Default 1Gi.",
+                    description="The size of the worker's /dev/shm (a memory-backed emptyDir; counts against its memory). Default 1Gi per GPU (at least 1Gi): the tensor-parallel ranks' collectives use it.",
                 ),
                 "probes": Obj(
                     description="The worker's liveness (/healthz: fails once its engine died, so the kubelet restarts it) and readiness (/readyz) probes. Defaults: liveness every 10 s, 3 s time-out, 3 failures; readiness every 5 s, 3 s time-out, 2 failures. The startup window is startupTimeoutSeconds.",

@@ -85,7 +85,7 @@ DEFAULT_ROLLOUT_STRATEGY = _default("spec.rollout.strategy")
 # Rolling updates by pool: a GPU pool is usually full, so a surge pod would wait for a GPU that only the
 # old pod frees (the rollout stalls); replace one pod at a time instead. CPU pods can surge.
 DEFAULT_ROLLOUT = {True: (0, 1), False: (1, 0)}  # has a GPU -> (maxSurge, maxUnavailable)
-MAX_GPUS = SCHEMA.at("spec.resources.gpus").maximum  # one worker process uses one GPU (docs/contracts.md)
+MAX_GPUS = SCHEMA.at("spec.resources.gpus").maximum  # a worker's tensor-parallel ranks, one GPU each (one node)
 # spec.model.url: the CRD's pattern (crds/), checked here too for clusters without CEL.
 MODEL_URL = re.compile(
     r"^(hf://[A-Za-z0-9][-_.A-Za-z0-9]*(/[A-Za-z0-9][-_.A-Za-z0-9]*)?(@[^@ ]+)?"
@@ -185,6 +185,7 @@ class ResourcesSpec:
     gpu_resource: str = DEFAULT_GPU_RESOURCE  # the device plugin's resource: amd.com/gpu, nvidia.com/mig-1g.10gb, ...
     cpu: str | None = None
     memory: str | None = None
+    nodes: int = 1  # reserved: a replica on several nodes (LeaderWorkerSet groups; docs/tensor-parallel.md)
 
 
 @dataclass(frozen=True)
@@ -411,7 +412,11 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
                                    "or nvidia.com/mig-1g.10gb (DOMAIN/NAME, not in kubernetes.io)"),
         cpu=r.quantity(res, "cpu", "spec.resources"),
         memory=r.quantity(res, "memory", "spec.resources"),
+        nodes=r.field(res, "nodes", "spec.resources") or 1,
     )
+    if resources.gpus > 1 and executor == "mock":
+        r.bad("spec.resources.gpus", f"{resources.gpus} GPUs split the model over them (tensor parallelism), "
+                                     "but the mock executor runs no model: use executor torch or one GPU")
 
     eng = r.obj(spec.get("engine"), "spec.engine", r.keys("spec.engine"))
     p = "spec.engine"

@@ -17,12 +17,12 @@ from hetero_infer.contracts.options import add_flags, options_of
 from hetero_infer.contracts.server_options import ServerOptions
 from hetero_infer.operator.spec_reader import Reader, type_name
 
-DEFAULT_SHM_SIZE = "1Gi"
+DEFAULT_SHM_SIZE = "1Gi"  # per GPU, at least one (shm_size)
 MAX_EXTRA_ARGS = 64
 # The flags the operator renders from the spec itself (manifests/worker.py: worker_args), by the field that sets them.
 RENDERED_FLAGS = {"host": "all addresses, in a pod", "port": "the pod's named port", "served_model_name": "spec.model.name",
                   "executor": "spec.executor", "device": "spec.resources.gpus", "shutdown_grace": "spec.drainSeconds",
-                  "model": "spec.model"}
+                  "model": "spec.model", "tensor_parallel_size": "spec.resources.gpus"}
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ DEFAULT_READINESS = ProbeTuning(5, 3, 2)
 class OverridesSpec:
     extra_args: tuple[str, ...] = ()
     json_patches: tuple[dict[str, Any], ...] = ()
-    shm_size: str = DEFAULT_SHM_SIZE
+    shm_size: str | None = None  # None: DEFAULT_SHM_SIZE per GPU (shm_size)
     liveness: ProbeTuning = DEFAULT_LIVENESS
     readiness: ProbeTuning = DEFAULT_READINESS
     pod_security_context: dict[str, Any] | None = None
@@ -96,7 +96,7 @@ def parse_overrides(r: Reader, spec: Mapping[str, Any], extra_args: tuple[str, .
     return OverridesSpec(
         extra_args=extra_args,
         json_patches=_json_patches(r, spec.get("jsonPatches"), f"{p}.jsonPatches"),
-        shm_size=r.quantity(spec, "shmSize", p) or DEFAULT_SHM_SIZE,
+        shm_size=r.quantity(spec, "shmSize", p),
         liveness=_probe(r, probes.get("liveness"), f"{p}.probes.liveness", DEFAULT_LIVENESS),
         readiness=_probe(r, probes.get("readiness"), f"{p}.probes.readiness", DEFAULT_READINESS),
         pod_security_context=_security(r, spec.get("podSecurityContext"), f"{p}.podSecurityContext", pod=True),
@@ -170,3 +170,10 @@ def _security(r: Reader, raw: Any, path: str, pod: bool) -> dict[str, Any] | Non
         if isinstance(caps, Mapping) and "drop" in caps and "ALL" not in (caps.get("drop") or []):
             r.bad(f"{path}.capabilities.drop", "must include ALL (restricted)")
     return sc
+
+
+def shm_size(overrides: OverridesSpec, gpus: int) -> str:
+    """The worker's /dev/shm: spec.shmSize, else 1Gi per GPU (the tensor-parallel ranks' NCCL buffers), at least 1Gi."""
+    if overrides.shm_size:
+        return overrides.shm_size
+    return f"{max(1, gpus) * int(DEFAULT_SHM_SIZE.removesuffix('Gi'))}Gi"

@@ -367,3 +367,14 @@ def test_the_serving_check_serves_and_benches_on_the_cpu(tmp_path) -> None:
         result = run["result"]
         assert result["completed"] == 4 and result["failed"] == 0 and result["output_tokens"] == 16
         assert result["prompt_tokens"] >= 4 * 16 and result["tpot_ms"]["p50"] > 0
+
+
+def test_the_tensor_parallel_phase_is_asked_for_by_name(tmp_path, monkeypatch) -> None:
+    """Issue 41's phase runs only when named, last, with its script's command."""
+    gc = _gpu_check()
+    assert "tp" not in gc.DEFAULT_PHASES and gc.PHASES[-1] == "tp"
+    started = _fake_run(gc, monkeypatch, tmp_path, {})
+    assert gc.main(["check", str(tmp_path), "--phases", "tp,moe", "--budget-s", "1000"]) == 0
+    assert [s[0] for s in started] == ["moe", "tp"]
+    assert started[1][1][1:] == [str(gc.ROOT / "benchmarks" / "gpu_tp_check.py"), "--device", "cuda", "--json",
+                                 str(tmp_path / "tp.json")]

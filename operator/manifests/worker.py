@@ -30,7 +30,7 @@ from hetero_infer.operator.manifests.common import (
     selector_labels,
 )
 from hetero_infer.operator.spec import InferenceSpec, SpecError
-from hetero_infer.operator.spec_overrides import DEFAULT_SHM_SIZE, ProbeTuning
+from hetero_infer.operator.spec_overrides import DEFAULT_SHM_SIZE, ProbeTuning, shm_size
 from hetero_infer.operator.spec_pod import PRESTOP_SLEEP_SECONDS, PodSpec
 
 MODEL_MOUNT = "/models"
@@ -43,6 +43,9 @@ API_KEY_ENV = "HETERO_INFER_API_KEY"  # ServerOptions.api_key from the environme
 SHM_SIZE = DEFAULT_SHM_SIZE
 DEFAULT_CPU = {False: "1", True: "4"}  # by "has a GPU"
 DEFAULT_MEMORY = {False: "4Gi", True: "24Gi"}
+# each GPU beyond the first: its tensor-parallel rank process (torch, its CUDA context, the weights' host staging)
+# and its 1Gi of /dev/shm
+RANK_MEMORY_GIB = 9
 
 
 def cached_model_path(key: str) -> str:
@@ -80,6 +83,8 @@ def worker_args(spec: InferenceSpec, cached: str | None = None) -> list[str]:
         "served_model_name": spec.model.name,
         "executor": spec.executor,
         "device": "cuda" if gpu else "cpu",
+        # several GPUs: the model split over them, one rank each (docs/tensor-parallel.md)
+        "tensor_parallel_size": spec.resources.gpus if spec.resources.gpus > 1 else None,
         "shutdown_grace": spec.pod.drain_seconds,
         "model": model_path(spec, cached),
         **asdict(spec.engine),  # spec.engine's fields are EngineConfig's, unset ones None
@@ -98,7 +103,8 @@ def _volumes(owner: Owner, spec: InferenceSpec, cached: str | None) -> tuple[lis
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", "emptyDir": {}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.overrides.shm_size}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory",
+                                      "sizeLimit": shm_size(spec.overrides, spec.resources.gpus)}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "tmp", "mountPath": "/tmp"},
@@ -137,10 +143,11 @@ def worker_memory(spec: InferenceSpec) -> str:
     if spec.resources.memory:
         return spec.resources.memory
     default = DEFAULT_MEMORY[spec.resources.gpus > 0]
+    ranks = max(0, spec.resources.gpus - 1) * RANK_MEMORY_GIB
     tier = spec.engine.kv_offloading_size
-    if not tier:
+    if not tier and not ranks:
         return default
-    return f"{math.ceil((parse_quantity(default) + Decimal(str(tier)) * 2**30) / 2**20)}Mi"
+    return f"{math.ceil((parse_quantity(default) + Decimal(str(tier or 0)) * 2**30 + ranks * 2**30) / 2**20)}Mi"
 
 
 def _resources(spec: InferenceSpec) -> dict[str, Any]:

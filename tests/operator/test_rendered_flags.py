@@ -34,9 +34,12 @@ engine_specs = st.fixed_dictionaries({}, optional={
 
 
 @settings(max_examples=25, deadline=None)
-@given(engine=engine_specs, gpus=st.sampled_from([0, 1]), executor=st.sampled_from(["torch", "mock"]))
+@given(engine=engine_specs, gpus=st.sampled_from([0, 1, 2, 8]), executor=st.sampled_from(["torch", "mock"]))
 def test_the_worker_command_line_reads_back_as_the_spec(engine: dict, gpus: int, executor: str) -> None:
     from hetero_infer.worker.server.cli import build_parser, resolve_options
+
+    if gpus > 1:
+        executor = "torch"  # the mock runs no model to split (refused: test_tensor_parallel_spec.py)
 
     spec = parse_spec({"model": {"name": "smol", "path": "/models/smol"}, "executor": executor,
                        "resources": {"gpus": gpus}, "engine": engine}, "smol")
@@ -46,6 +49,7 @@ def test_the_worker_command_line_reads_back_as_the_spec(engine: dict, gpus: int,
     assert (server.host, server.port, server.shutdown_grace) == ("0.0.0.0", c.WORKER_PORT, SHUTDOWN_GRACE_SECONDS)
     assert (config.model, config.served_model_name, config.executor) == ("/models/smol", "smol", executor)
     assert config.device == ("cuda" if gpus else "cpu")
+    assert config.tensor_parallel_size == max(1, gpus)
     for name, value in dataclasses.asdict(spec.engine).items():
         assert getattr(config, name) == (value if value is not None else getattr(EngineConfig(), name)), name
 
