@@ -2,7 +2,8 @@
 
 On one CPU the ranks share the cores (2 cores, 2 ranks: one thread each), so this shows the overhead of the
 collectives (two all-reduces per layer, the embedding's, the logits' all-gather) and of feeding the step plan to
-the other rank, not a speedup. TP=1 runs with all the threads and with one thread (what each rank gets).
+the other rank, not a speedup. TP=1 runs with all the threads, fused (the C decode step) and per op (the path the
+ranks run: the fused step has no all-reduce between layers), and per op with one thread (what each rank gets).
 
     python benchmarks/tp_step_bench.py [--shape benchmarks/shapes/qwen3-0.6b] [--layers 8] [--batches 1,16]
 
@@ -25,15 +26,21 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("HETERO_INFER_LLM_ENGINE_PROCESS", "0")
 
 
-def decode_step_ms(folder: str, tp: int, threads: int, batch: int, steps: int, dtype: str) -> float:
+def decode_step_ms(folder: str, tp: int, threads: int, batch: int, steps: int, dtype: str,
+                   fused: bool = True) -> float:
     import torch
     from decode_batch import fill_decode_batch
 
     from hetero_infer import LLM
 
     torch.set_num_threads(threads)
-    llm = LLM(folder, device="cpu", dtype=dtype, load_format="dummy", tensor_parallel_size=tp,
-              skip_tokenizer_init=True, max_model_len=1024)
+    if not fused:  # the per-op path the ranks run (the C decode step has no all-reduce between layers)
+        os.environ["HETERO_INFER_CPU_FUSED"] = "0"
+    try:
+        llm = LLM(folder, device="cpu", dtype=dtype, load_format="dummy", tensor_parallel_size=tp,
+                  skip_tokenizer_init=True, max_model_len=1024)
+    finally:
+        os.environ.pop("HETERO_INFER_CPU_FUSED", None)
     try:
         engine = llm.engine
         fill_decode_batch(engine, batch, max_tokens=steps + 64)
@@ -67,9 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "config.json").write_text(json.dumps(config))
         batches = [int(b) for b in args.batches.split(",")]
-        runs = [("TP=1", 1, cores), ("TP=1, 1 thread", 1, 1), (f"TP=2, {max(1, cores // 2)} thread(s) each", 2, cores)]
-        rows = {name: [decode_step_ms(folder, tp, threads, b, args.steps, args.dtype) for b in batches]
-                for name, tp, threads in runs}
+        runs = [("TP=1", 1, cores, True), ("TP=1, per op", 1, cores, False), ("TP=1, per op, 1 thread", 1, 1, False),
+                (f"TP=2, {max(1, cores // 2)} thread(s) each", 2, cores, False)]
+        rows = {name: [decode_step_ms(folder, tp, threads, b, args.steps, args.dtype, fused) for b in batches]
+                for name, tp, threads, fused in runs}
     name = f"{Path(args.shape).name}" + (f", {args.layers} layers" if args.layers else "")
     print(f"\n{name}, {args.dtype}, {cores} cores: decode step, median ms over {args.steps} steps")
     print("| run | " + " | ".join(f"batch {b}" for b in batches) + " |")

@@ -31,6 +31,10 @@ def _tokens(outs) -> list[list[int]]:
     return [list(c.token_ids) for o in outs for c in o.outputs]
 
 
+def _value(logprob) -> float:
+    return getattr(logprob, "logprob", logprob)
+
+
 def _pressure_and_prefix_reuse(folder, hf, tp: int) -> None:
     prompts = random_prompts([20, 25, 18, 30, 22, 27], seed=12)
     shared = random_prompts([40], seed=13)[0]
@@ -60,15 +64,23 @@ def test_tp2_llama_matches_tp1_and_hf_with_n_and_seeds(tiny_model):
     prompts = random_prompts([3, 17, 40, 1], seed=11)
     sampled = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, seed=7, n=2),
                SamplingParams(temperature=1.0, top_k=50, max_tokens=8, seed=3, n=3, ignore_eos=True)]
-    results = {}
+    results, logprobs = {}, {}
     for tp in (1, 2):
         with engine(folder, tp, block_size=8) as llm:
             greedy = _tokens(llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY))
             seeded = _tokens(llm.generate(prompt_token_ids=prompts[:2], sampling_params=sampled))
+            (scored,) = llm.generate(prompt_token_ids=prompts[2:3], sampling_params=SamplingParams(
+                temperature=0.0, max_tokens=3, logprobs=3, prompt_logprobs=2))
             assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
             results[tp] = greedy, seeded
+            logprobs[tp] = scored.prompt_logprobs[1:] + scored.outputs[0].logprobs
     assert results[2][0] == [hf_greedy(hf, p) for p in prompts]
     assert results[2] == results[1]
+    # prompt and sampled logprobs: the same tokens, the same values up to the all-reduces' float rounding
+    assert [sorted(d) for d in logprobs[2]] == [sorted(d) for d in logprobs[1]]
+    for got, ref in zip(logprobs[2], logprobs[1]):
+        for token, value in ref.items():
+            assert abs(_value(got[token]) - _value(value)) < 1e-4
     assert len(results[2][1]) == 5 and len({tuple(t) for t in results[2][1]}) > 1  # n samples, not copies
 
 

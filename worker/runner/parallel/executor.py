@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import weakref
+from dataclasses import replace
 
 import torch
 
@@ -37,7 +38,7 @@ from hetero_infer.worker.runner.loader import model_family
 from hetero_infer.worker.runner.models.registry import families
 from hetero_infer.worker.runner.parallel.checks import check_split
 from hetero_infer.worker.runner.parallel.group import TensorParallel, process_group
-from hetero_infer.worker.runner.parallel.rank import RankSpec, frame
+from hetero_infer.worker.runner.parallel.rank import RankSpec, frame, rank_device
 from hetero_infer.worker.runner.step_handle import StepHandle
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ class TensorParallelExecutor:
                                   device if device.type == "cuda" else None)
             if device.type == "cpu":
                 torch.set_num_threads(threads)
+            config = replace(config, device=rank_device(config, 0))  # rank r on GPU r
             self.local = TorchExecutor(config, model.hf_config, model.folder, model.max_model_len,
                                        TensorParallel(0, n, group, self._arrive))
         except BaseException as exc:
@@ -124,7 +126,8 @@ class TensorParallelExecutor:
         local = self.local
         self.vocab_size, self.num_blocks, self.num_host_blocks = local.vocab_size, local.num_blocks, local.num_host_blocks
         self.block_bytes, self.device = local.block_bytes, local.device
-        threading.Thread(target=self._watch, name="tp-watchdog", daemon=True).start()
+        # the watchdog holds the executor weakly: an executor dropped without close() still stops its ranks (finalizer)
+        threading.Thread(target=_watch, args=(weakref.ref(self),), name="tp-watchdog", daemon=True).start()
 
     @property
     def rank_pids(self) -> list[int]:
@@ -183,21 +186,14 @@ class TensorParallelExecutor:
         return failure
 
     # -- failure and shutdown ---------------------------------------------------------------
-    def _watch(self) -> None:
-        while not self._closed:
-            failure = self._rank_failure()
-            if failure is not None:
-                if self._closed:
-                    return
-                self._failure = failure
-                log.error("%s; the engine stops", failure)
-                _stop_ranks(self._ranks)  # the others would wait in their next collective
-                if multiprocessing.current_process().name == "engine-core":  # the engine's own process
-                    time.sleep(_EXIT_GRACE_S)  # a step in flight fails and reports the error first
-                    log.critical("tensor-parallel engine exits after the failure of a rank")
-                    os._exit(1)
-                return
-            time.sleep(0.1)
+    def _on_rank_failure(self, failure: TensorParallelError) -> None:
+        self._failure = failure
+        log.error("%s; the engine stops", failure)
+        _stop_ranks(self._ranks)  # the others would wait in their next collective
+        if multiprocessing.current_process().name == "engine-core":  # the engine's own process
+            time.sleep(_EXIT_GRACE_S)  # a step in flight fails and reports the error first
+            log.critical("tensor-parallel engine exits after the failure of a rank")
+            os._exit(1)
 
     def close(self) -> None:
         """Stop the rank processes (end-of-file on their pipes, then a kill)."""
@@ -205,6 +201,18 @@ class TensorParallelExecutor:
         self._finalizer()
         if torch.get_num_threads() != self._threads_before:
             torch.set_num_threads(self._threads_before)
+
+
+def _watch(ref: weakref.ref) -> None:
+    """Every 0.1 s: has a rank process exited (while the executor is open)?"""
+    while (executor := ref()) is not None and not executor._closed:
+        failure = executor._rank_failure()
+        if failure is not None:
+            if not executor._closed:
+                executor._on_rank_failure(failure)
+            return
+        del executor
+        time.sleep(0.1)
 
 
 def _stop_ranks(ranks: list[subprocess.Popen], timeout: float = 5.0) -> None:
