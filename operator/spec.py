@@ -453,6 +453,9 @@ def parse_spec(raw: Any, name: str | None = None) -> InferenceSpec:
     _check_scale_to_zero(r, autoscaling, router)
     _check_cache_sharing(r, model.cache, replicas, autoscaling)
     adapters = _parse_adapters(r, spec.get("adapters"), model, engine)
+    if adapters is not None and resources.gpus > 1:  # the worker's EngineConfig refuses the pair too
+        r.bad("spec.adapters", f"LoRA adapters do not run under tensor parallelism yet (spec.resources.gpus "
+                               f"{resources.gpus} splits the model): one GPU per worker with adapters")
     if router.enabled and name is not None and len(name) > MAX_NAME_LENGTH_WITH_ROUTER:
         r.bad("metadata.name", f"must be at most {MAX_NAME_LENGTH_WITH_ROUTER} characters with the router enabled "
                                f"(the worker Service is named <name>{WORKERS_SERVICE_SUFFIX})")

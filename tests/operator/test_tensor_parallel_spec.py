@@ -60,6 +60,7 @@ def test_shm_size_given_wins_over_the_per_gpu_default() -> None:
      "--tensor-parallel-size is set by the operator (spec.resources.gpus)"),
     ({"resources": {"gpus": 2, "nodes": 2}}, "spec.resources.nodes"),
     ({"resources": {"gpus": 9}}, "spec.resources.gpus"),
+    ({"resources": {"gpus": 2}, "adapters": []}, "LoRA adapters do not run under tensor parallelism yet"),
 ])
 def test_what_cannot_be_split_is_refused_with_its_reason(raw: dict, needle: str) -> None:
     with pytest.raises(SpecError) as err:
