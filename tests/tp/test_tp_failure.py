@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -45,6 +47,7 @@ def _signal_rank_while_generating(folder, sig: int, match: str) -> float:
         executor.close()
 
 
+@pytest.mark.slow  # the server test below checks the same, end to end
 def test_a_killed_rank_fails_generate_within_seconds(tiny_model):
     folder, _ = tiny_model("llama")
     took = _signal_rank_while_generating(folder, signal.SIGKILL, r"tensor-parallel rank 1 \(pid \d+\) exited "
@@ -124,3 +127,15 @@ def test_a_hung_rank_fails_generate_after_the_collective_timeout(tiny_model, mon
     folder, _ = tiny_model("llama")
     took = _signal_rank_while_generating(folder, signal.SIGSTOP, "tensor-parallel step failed: .*Timed out")
     assert took < 3 + DEADLINE_S
+
+
+@pytest.mark.slow  # ~20 s of a server's start; test_tp_engine.py checks the same refusal in the engine, cheaply
+def test_a_worker_whose_model_cannot_be_split_exits_1_with_the_reason(tiny_model):
+    """The check at worker start (the operator cannot read config.json): exit 1, the reason as the last words."""
+    folder, _ = tiny_model("llama")  # 4 attention heads
+    done = subprocess.run([sys.executable, "-m", "hetero_infer.cli", "serve", "--model", str(folder), "--port", "0",
+                           "--device", "cpu", "--tensor-parallel-size", "3"],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1
+    assert "the model cannot be split over tensor_parallel_size=3: num_attention_heads=4 is not divisible by 3" in \
+        done.stdout + done.stderr

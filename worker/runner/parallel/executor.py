@@ -110,11 +110,11 @@ class TensorParallelExecutor:
             log.info("tensor parallel: %d ranks (%s), %d thread(s) each; rank processes %s", n, backend, threads,
                      ", ".join(str(p.pid) for p in self._ranks))
             self._arrive("joined")
+            config = replace(config, device=rank_device(config, 0))  # rank r on GPU r
             group = process_group(backend, self._store, 0, n, datetime.timedelta(seconds=timeout),
-                                  device if device.type == "cuda" else None)
+                                  torch.device(config.device) if device.type == "cuda" else None)
             if device.type == "cpu":
                 torch.set_num_threads(threads)
-            config = replace(config, device=rank_device(config, 0))  # rank r on GPU r
             self.local = TorchExecutor(config, model.hf_config, model.folder, model.max_model_len,
                                        TensorParallel(0, n, group, self._arrive))
         except BaseException as exc:

@@ -86,6 +86,8 @@ def process_group(backend: str, store: Any, rank: int, world_size: int, timeout:
     if backend == "gloo":
         return dist.ProcessGroupGloo(store, rank, world_size, timeout)
     if backend == "nccl":
+        if device is not None:  # the rank's GPU before its communicator: NCCL binds to the current device
+            torch.cuda.set_device(device)
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         pg = dist.ProcessGroupNCCL(store, rank, world_size, options)
