@@ -21,10 +21,14 @@ log under OUT; a phase that no longer fits is skipped and said so); estimates fr
 5. peers (what is left, at most ~3 min): transformers on the bench workloads, quickest first;
 6. moe (~1 min, asked for by name): benchmarks/moe_kernel_bench.py, the fused MoE kernel on one Qwen3-30B-A3B
    layer's experts at batch 1 and 64, weight bytes/s against the copy bandwidth (OUT/moe_kernel.json);
-7. serving (~2-3 min, asked for by name): benchmarks/serving_check.py, the OpenAI server on the GPU (Qwen3-0.6B
+7. kv_tier (~2 min estimated, asked for by name; owed, issue 40): benchmarks/kv_tier_gpu.py on the Llama-3-8B
+   shape, the host KV tier's copies on their own CUDA streams: TTFT of a restored 8k-token prefix against
+   recomputing it (target <= 1/3) and decode step time while the tier's copies run (target within 5%)
+   (OUT/kv_tier.json);
+8. serving (~2-3 min, asked for by name): benchmarks/serving_check.py, the OpenAI server on the GPU (Qwen3-0.6B
    shape, dummy bf16 weights) under `hetero-infer bench serve`, random 512-word prompts, 128 outputs, all at once and
    at 16 req/s, beside vLLM 0.19's published H100 numbers (OUT/serving.json).
-8. tp (~2 min, asked for by name): benchmarks/gpu_tp_check.py, tensor parallelism on one GPU: the NCCL path at
+9. tp (~2 min, asked for by name): benchmarks/gpu_tp_check.py, tensor parallelism on one GPU: the NCCL path at
    world size 1 inside the captured CUDA graphs against the plain executor, then tests/tp's TP=2 equivalence on
    gloo (OUT/tp.json). Owed on a machine with several GPUs: Llama-3-8B at TP=2 against TP=1.
 
@@ -50,7 +54,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CARRY = ROOT / ".gpucheck"  # ignored by git; travels with the device call (`carry`)
 SHAPES = ROOT / "benchmarks" / "shapes"
 # What the GPU machine's image lacks (its package list: /work/.library/device/KINDS.md on the dev machines).
-WHEELS = ["pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.7.0", "typing-inspection==0.4.5",
+WHEELS = ["msgspec==0.22.0",  # contracts/kv_events.py, imported by the engine
+          "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.7.0", "typing-inspection==0.4.5",
           "typing-extensions==4.16.0", "gguf==0.19.0", "xgrammar==0.2.8", "apache-tvm-ffi==0.1.15.post2",
           "pytest-asyncio==1.5.0"]
 DEFAULT_MODEL_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -192,7 +197,7 @@ def peer(folder: str, which: str, out_json: str, *workload: str, deadline_s: flo
     print(f"PEER {r.system}: {r.output_tokens} tokens in {r.seconds:.2f} s = {r.tokens_per_s:.1f} tok/s")
 
 
-PHASES = ("suite", "tune", "bench", "profile", "peers", "moe", "serving", "tp")  # the order they run in
+PHASES = ("suite", "tune", "bench", "profile", "peers", "moe", "kv_tier", "serving", "tp")  # the order they run in
 # One run of at most 8 minutes on a bare H100 (2026-11-27: install and stand-in 22 s, suite 161 s, bench 107 s,
 # peers 40-60 s each, the slowest last and skipped when the budget is spent).
 DEFAULT_PHASES = ("suite", "bench", "peers")
@@ -238,6 +243,10 @@ def tune_cmd(out: Path, search_s: float) -> list[str]:
 def moe_cmd(out: Path) -> list[str]:
     return [sys.executable, str(ROOT / "benchmarks" / "moe_kernel_bench.py"), "--device", "cuda", "--json",
             str(out / "moe_kernel.json")]
+
+
+def kv_tier_cmd(out: Path) -> list[str]:
+    return [sys.executable, str(ROOT / "benchmarks" / "kv_tier_gpu.py"), "--json", str(out / "kv_tier.json")]
 
 
 def serving_cmd(out: Path) -> list[str]:
@@ -339,6 +348,10 @@ def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | 
         run.phase("moe", moe_cmd(out), 30, 120)
         if (out / "moe_kernel.json").is_file():
             results["moe_kernel"] = json.loads((out / "moe_kernel.json").read_text())
+    if "kv_tier" in phases:
+        run.phase("kv_tier", kv_tier_cmd(out), 60, 240)
+        if (out / "kv_tier.json").is_file():
+            results["kv_tier"] = json.loads((out / "kv_tier.json").read_text())
     if "serving" in phases:
         run.phase("serving", serving_cmd(out), 90, 300)
         if (out / "serving.json").is_file():

@@ -378,3 +378,22 @@ def test_the_tensor_parallel_phase_is_asked_for_by_name(tmp_path, monkeypatch) -
     assert [s[0] for s in started] == ["moe", "tp"]
     assert started[1][1][1:] == [str(gc.ROOT / "benchmarks" / "gpu_tp_check.py"), "--device", "cuda", "--json",
                                  str(tmp_path / "tp.json")]
+
+
+def test_the_kv_tier_phase_runs_its_steps_on_a_small_shape(tmp_path) -> None:
+    """The kv_tier phase's script (benchmarks/kv_tier_gpu.py) end to end on the CPU and a tiny shape: the prefix is
+    restored with the tier and recomputed without, and copies run during the decode window. Its numbers mean
+    nothing here; a broken script would cost a GPU lease."""
+    gc = _gpu_check()
+    cmd = gc.kv_tier_cmd(tmp_path)
+    assert Path(cmd[1]).is_file() and cmd[-2:] == ["--json", str(tmp_path / "kv_tier.json")]
+    out = tmp_path / "kv.json"
+    proc = subprocess.run([sys.executable, cmd[1], "--shape", "tiny-qwen3", "--device", "cpu", "--dtype", "float32",
+                           "--prefix", "256", "--tier-gib", "0.01", "--batch", "2", "--steps", "6", "--restore", "64",
+                           "--prefixes", "6", "--every", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["ttft_on"]["blocks_restored"] > 0 and result["ttft_off"]["blocks_restored"] == 0
+    assert result["decode"]["blocks_restored"] > 0 and result["decode"]["blocks_saved"] > 0
+    assert "restored / recomputed" in proc.stdout

@@ -100,13 +100,15 @@ class Sim:
 
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int = 8, budget: int = 64,
                  memory_threshold: float | None = 0.9, enable_prefix_caching: bool = True,
-                 policy: str = "fcfs", host_blocks: int = 0, record_events: bool = False) -> None:
+                 policy: str = "fcfs", host_blocks: int = 0, record_events: bool = False,
+                 defer_restored: bool = False) -> None:
         self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching, host_blocks=host_blocks,
                                record_events=record_events)
         self.host: dict[int, tuple] = {}  # host slot -> the saved block's contents
         self.subscriber: dict[str, set[int]] = {}  # what a KV-events subscriber knows of each medium
         threshold = {} if memory_threshold is None else {"memory_threshold": memory_threshold}
         self.sched = Scheduler(self.bm, max_num_seqs, budget, **threshold, policy=policy)
+        self.sched.defer_restored = defer_restored  # as with the CUDA executor's asynchronous tier copies
         self.kv = KVPool(block_size)
         self.seqs: list[Sequence] = []  # every sequence ever made, children included
         self.arrival: dict[int, int] = {}  # seq_id -> arrival rank of its request

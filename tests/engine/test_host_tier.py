@@ -23,13 +23,41 @@ from hetero_infer.worker.core.host_tier import HostTier
     max_num_seqs=st.integers(1, 6),
     budget=st.integers(1, 32),
     ops=st.lists(OPS, min_size=1, max_size=24),
+    defer_restored=st.booleans(),
 )
-def test_both_pools_hold_what_their_hashes_promise(num_blocks, block_size, host_blocks, max_num_seqs, budget, ops):
+def test_both_pools_hold_what_their_hashes_promise(num_blocks, block_size, host_blocks, max_num_seqs, budget, ops,
+                                                   defer_restored):
+    # defer_restored: a restored request computes from the next step (CUDA, whose tier copies are asynchronous)
     sim = Sim(num_blocks, block_size, max_num_seqs, budget, memory_threshold=0.9, host_blocks=host_blocks,
-              record_events=True)
+              record_events=True, defer_restored=defer_restored)
     sim.play(ops)
     assert all(s.is_finished for s in sim.seqs)
     assert len(sim.bm.host) <= host_blocks
+
+
+def test_a_deferred_restore_computes_from_the_next_step():
+    sim = Sim(num_blocks=8, block_size=4, max_num_seqs=2, host_blocks=8, defer_restored=True)
+    first = list(range(1, 13))
+    sim.add(first, max_tokens=1)
+    sim.run()
+    sim.add(list(range(50, 75)), max_tokens=1)  # 7 blocks: evicts the first prompt's blocks to the tier
+    sim.run()
+    decoder = sim.add([90, 91, 92, 93], max_tokens=6)
+    sim.step()
+    again = sim.add(first + [9], max_tokens=1)
+    out = sim.step()
+    assert out.block_moves.restores and [item.seq for item in out.scheduled] == [decoder]  # restored behind it
+    assert again.num_computed_tokens == 12 and again.status.name == "RUNNING"
+    out = sim.step()
+    assert (again, 1) in [(item.seq, item.num_new_tokens) for item in out.scheduled]  # its last token only
+    assert not out.block_moves.restores
+    sim.run()
+    # alone, a restored request is computed in the step that restores it (nothing to overlap)
+    sim.add(list(range(50, 75)), max_tokens=1)
+    sim.run()
+    alone = sim.add(first + [9, 9], max_tokens=1)
+    out = sim.step()
+    assert out.block_moves.restores and [item.seq for item in out.scheduled] == [alone]
 
 
 def test_an_evicted_prefix_is_restored_not_recomputed():

@@ -2,8 +2,9 @@
 GPU: a fake GPU runs the three streams' operations in any order their events allow (hypothesis picks the
 interleaving), over many steps left in flight; every forward must read what the sequential semantics (saves, then
 restores, then the forward, step after step: the CPU path) says, and the tier must end up holding the same. And:
-the step's stream never waits for a transfer to the host (only, when the staging ring wraps, for an old one), and
-a restore waits only on the saves of the slots it reads."""
+the step's stream never waits for a transfer to the host (only, when the staging ring wraps, for an old one), a
+restore waits only on the saves of the slots it reads, and a deferred restore (its sequence computes from the
+next step) is waited on by the next step only."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ NUM_BLOCKS, NUM_SLOTS = 8, 6
 
 
 @st.composite
-def steps(draw):
+def steps(draw, deferred: bool = False):
     """Per step: saves (device block, host slot: distinct slots and blocks) and restores (host slot already
-    written, distinct device blocks)."""
-    out, written = [], set()
+    written, distinct device blocks). Deferred: the blocks restored by a step are read by the next one's forward,
+    so that step neither evicts them nor restores into them (they belong to a running sequence)."""
+    out, written, busy = [], set(), set()
+    free = st.integers(0, NUM_BLOCKS - 1).filter(lambda b: b not in busy)
     for _ in range(draw(st.integers(1, 8))):
-        save_blocks = draw(st.lists(st.integers(0, NUM_BLOCKS - 1), unique=True, max_size=4))
+        save_blocks = draw(st.lists(free, unique=True, max_size=4))
         slots = draw(st.lists(st.integers(0, NUM_SLOTS - 1), unique=True, min_size=len(save_blocks),
                               max_size=len(save_blocks)))
         saves = list(zip(save_blocks, slots))
@@ -32,9 +35,11 @@ def steps(draw):
         readable = sorted(written)
         restores = []
         if readable:
-            targets = draw(st.lists(st.integers(0, NUM_BLOCKS - 1), unique=True, max_size=3))
+            targets = draw(st.lists(free, unique=True, max_size=3))
             restores = [(draw(st.sampled_from(readable)), b) for b in targets]
         out.append((saves, restores))
+        if deferred:
+            busy = {b for _, b in restores}
     return out
 
 
@@ -47,18 +52,20 @@ class Event:
         return f"e{self.n}"
 
 
-def plan_all(planner: CopyPlanner, schedule):
-    """Each step's ops, then its forward on the compute stream: it reads the restored blocks and writes the
-    evicted ones (their new owners)."""
-    ops, fresh = [], itertools.count(1000)
+def plan_all(planner: CopyPlanner, schedule, deferred: bool = False):
+    """Each step's ops, then its forward on the compute stream: it reads the restored blocks (deferred: those the
+    step before restored) and writes the evicted ones (their new owners)."""
+    ops, fresh, earlier = [], itertools.count(1000), set()
     for k, (saves, restores) in enumerate(schedule):
-        step_ops = planner.plan(saves, restores)
+        step_ops = planner.plan(saves, restores, deferred)
         for op in step_ops:
             if op.kind == "record":
                 op.args[0].stream = op.stream
         restored = {b for _, b in restores}
+        reads = earlier if deferred else restored
         writes = tuple((b, next(fresh)) for b, _ in saves if b not in restored)
-        ops.append((step_ops, Op(COMPUTE, "forward", (k, tuple(sorted(restored)), writes))))
+        ops.append((step_ops, Op(COMPUTE, "forward", (k, tuple(sorted(reads)), writes))))
+        earlier = restored
     return ops
 
 
@@ -113,10 +120,11 @@ def on_fake_gpu(ops, choose) -> tuple[dict, dict, dict]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(schedule=steps(), staging=st.integers(1, 6), data=st.data())
-def test_any_interleaving_the_events_allow_reads_what_the_sequential_copies_would(schedule, staging, data):
+@given(deferred=st.booleans(), staging=st.integers(1, 6), data=st.data())
+def test_any_interleaving_the_events_allow_reads_what_the_sequential_copies_would(deferred, staging, data):
+    schedule = data.draw(steps(deferred))
     counter = itertools.count()
-    ops = plan_all(CopyPlanner(staging, lambda: Event(next(counter))), schedule)
+    ops = plan_all(CopyPlanner(staging, lambda: Event(next(counter))), schedule, deferred)
     expected = sequential(schedule, ops)
     got = on_fake_gpu(ops, lambda runnable: data.draw(st.sampled_from(sorted(runnable))))
     assert got == expected
@@ -154,3 +162,14 @@ def test_a_small_ring_makes_the_step_wait_for_the_oldest_transfer_only() -> None
     assert second[0] == Op(COMPUTE, "wait", (first[-1].args[0],))  # staging block 0 is reused
     with pytest.raises(ValueError):
         CopyPlanner(0, object)
+
+
+def test_a_deferred_restore_is_waited_on_by_the_next_step_only() -> None:
+    counter = itertools.count()
+    planner = CopyPlanner(4, lambda: Event(next(counter)))
+    planner.plan([(0, 0)], [])
+    now = planner.plan([], [(0, 3)], deferred=True)
+    assert not [op for op in now if op.stream == COMPUTE and op.kind == "wait"]  # this step's forward overlaps it
+    assert planner.pending
+    restored = [op for op in now if op.stream == RESTORE and op.kind == "record"][0].args[0]
+    assert planner.plan([], []) == [Op(COMPUTE, "wait", (restored,))] and not planner.pending

@@ -123,6 +123,7 @@ class LLMEngine:
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.memory_threshold,
             config.scheduling_policy, config.max_loras if config.enable_lora else None,
         )
+        self.scheduler.defer_restored = bool(getattr(self.executor, "tier_copies_async", False))
         self.eos_token_ids = sorted(eos_token_ids(folder, hf_config, self.tokenizer))
         self._eos = frozenset(self.eos_token_ids)
         # the overlap: step N+1 is launched before step N's tokens reach the host (`_step`)

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hetero_infer.worker.core.block_manager import BlockManager, BlockMoves
+from hetero_infer.worker.core.block_manager import BlockManager, BlockMoves, HostHit
 from hetero_infer.worker.core.sequence import Sequence, SequenceStatus
 
 
@@ -97,6 +97,10 @@ class Scheduler:
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions_total = 0
         self.max_loras = max_loras
+        # a request restored from the host tier computes from the step after the one that restores its blocks, so
+        # the restore overlaps that step's other work (the executor's copies are asynchronous: CUDA;
+        # runner/tier_copies.py); a step with nothing else to run computes it at once
+        self.defer_restored = False
         self.running_loras: dict[str, int] = {}  # adapter -> its running sequences
 
     def add(self, seq: Sequence) -> None:
@@ -223,6 +227,8 @@ class Scheduler:
                 ok = bm.allocate_slots(seq, num_new)
                 assert ok
                 self._started(seq)
+                if self.defer_restored and out.scheduled and hits and isinstance(hits[-1], HostHit):
+                    continue  # running, its blocks on their way behind this step's work: computed from the next
                 out.scheduled.append(ScheduledSeq(seq, num_new))
                 budget -= num_new
 

@@ -154,6 +154,8 @@ class TorchExecutor:
         self.kv_caches = _layer_caches(self.kv_cache)
         self.num_host_blocks = host_tier_blocks(config.kv_offloading_size, self.block_bytes)
         self.host_kv = HostKV(self.kv_cache, self.num_host_blocks) if self.num_host_blocks else None
+        # the tier's copies run on their own CUDA streams: the scheduler computes a restored request a step later
+        self.tier_copies_async = self.host_kv is not None and self.host_kv.cuda is not None
         self.cpu_decode: cpu_decode_step.FusedDecodeStack | None = None  # a decode step's layers in one C call
         if self.device.type == "cpu" and self.cpu_paths and tp.world_size == 1:  # its layers end in no all-reduce
             started = time.perf_counter()
@@ -271,9 +273,11 @@ class TorchExecutor:
         step owes (runner/prompt_logprobs.py; on their way to the host, the step not waited for), else None."""
         if self.thread_governor is not None:
             self.thread_governor.tick()  # fewer threads while other processes hold our cores
-        if plan.blocks_to_offload or plan.blocks_to_load:  # before anything reads or writes those blocks
-            self.host_kv.move(self.kv_cache, plan.blocks_to_offload, plan.blocks_to_load)
         apply_block_table_updates(self.block_tables, plan)
+        if plan.blocks_to_offload or plan.blocks_to_load or self.tier_copies_async:  # before anything reads or
+            # writes those blocks (CUDA: the wait on the last step's restores, which this step's sequences read)
+            self.host_kv.move(self.kv_cache, plan.blocks_to_offload, plan.blocks_to_load,
+                              deferred=not self._reads_restored(plan))
         step = step_inputs(plan, self.block_tables, self.block_size)
         runner = self.decode_runner
         # a step with LoRA adapters runs eagerly, layer by layer (the hooks add the adapters' updates)
@@ -297,6 +301,13 @@ class TorchExecutor:
         if logits_index.shape[0] != hidden.shape[0]:  # else every row samples (a decode step): no gather
             hidden = hidden[logits_index]
         return self.model.compute_logits(hidden), prompt
+
+    def _reads_restored(self, plan: StepPlan) -> bool:
+        """Whether a sequence of the step holds a block it restores (else the scheduler deferred them all: the
+        restores may run behind this step's forward)."""
+        restored = {block for _, block in plan.blocks_to_load}
+        tables = self.block_tables
+        return bool(restored) and any(not restored.isdisjoint(tables[s]) for s in plan.seq_ids if s in tables)
 
     def _prepare(self, step: StepInputs):
         """(input ids, the backend's metadata, rows whose logits are sampled) of an eager step, its block copies

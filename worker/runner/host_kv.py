@@ -73,10 +73,11 @@ class HostKV:
                  self.cache.element_size() / 2**30, ", pinned" if pin else "", os.getpid())
 
     def move(self, device_cache: torch.Tensor, saves: list[tuple[int, int]],
-             restores: list[tuple[int, int]]) -> None:
-        """Saves (device block, host slot) first, then restores (host slot, device block)."""
+             restores: list[tuple[int, int]], deferred: bool = False) -> None:
+        """Saves (device block, host slot) first, then restores (host slot, device block). `deferred`: no
+        sequence of this step reads the restored blocks (CUDA: the next step waits on them instead)."""
         if self.cuda is not None:
-            self.cuda.move(device_cache, saves, restores)
+            self.cuda.move(device_cache, saves, restores, deferred)
         else:
             for block, slot in saves:
                 self.cache[slot].copy_(device_cache[:, :, block])
@@ -104,10 +105,12 @@ class CudaCopies:
         self.device = device
 
     def move(self, device_cache: torch.Tensor, saves: list[tuple[int, int]],
-             restores: list[tuple[int, int]]) -> None:
+             restores: list[tuple[int, int]], deferred: bool = False) -> None:
         streams = {COMPUTE: torch.cuda.current_stream(self.device), **self.streams}
         host, staging = self.host.cache, self.staging
-        for op in self.planner.plan(saves, restores):
+        if not (saves or restores or self.planner.pending):
+            return
+        for op in self.planner.plan(saves, restores, deferred):
             stream = streams[op.stream]
             if op.kind == "wait":
                 stream.wait_event(op.args[0])

@@ -13,8 +13,10 @@ device, `RESTORE`), so the two directions use the GPU's two copy engines and ove
   the gather, on the compute stream, which waited on every earlier restore.
 - A restore waits on the compute stream's work so far (the block it fills may still be read or written by an
   earlier step's kernels, or be gathered by a save of this step) and on the saves that wrote the host slots it
-  reads (only those: a step waits on the restores it needs, not on every copy in flight); the compute stream then
-  waits on the restore before the forward reads the blocks.
+  reads (only those); the compute stream then waits on the restore before the forward reads the blocks. With
+  `deferred` (the scheduler computes a restored request from the step after the one that restores its blocks)
+  the wait moves to the start of the next step: this step's forward, which reads none of them, overlaps the
+  transfer, and no step waits on a restore it does not need.
 
 Nothing here blocks the host: waits are between streams (`wait_event`), never a synchronize.
 """
@@ -50,15 +52,25 @@ class CopyPlanner:
         self._next = 0  # the staging ring's next block
         self._staging_read: dict[int, Any] = {}  # staging block -> event after the transfer that last read it
         self._slot_written: dict[int, Any] = {}  # host slot -> event after the save that last wrote it
+        self._restoring: Any = None  # a deferred restore's event: the next step waits on it first
 
-    def plan(self, saves: list[tuple[int, int]], restores: list[tuple[int, int]]) -> list[Op]:
+    @property
+    def pending(self) -> bool:
+        """A deferred restore the next step must wait on (plan it even without copies of its own)."""
+        return self._restoring is not None
+
+    def plan(self, saves: list[tuple[int, int]], restores: list[tuple[int, int]], deferred: bool = False) -> list[Op]:
         """The operations for one step's `saves` (device block, host slot) and `restores` (host slot, device
-        block), in the order they are issued."""
+        block), in the order they are issued; `deferred`: no sequence of this step reads the restored blocks (the
+        next step waits on them)."""
         ops: list[Op] = []
+        if self._restoring is not None:  # first: this step may read, gather or overwrite those blocks
+            ops.append(Op(COMPUTE, "wait", (self._restoring,)))
+            self._restoring = None
         for start in range(0, len(saves), self.staging_blocks):
             ops += self._save_chunk(saves[start:start + self.staging_blocks])
         if restores:
-            ops += self._restore(restores)
+            ops += self._restore(restores, deferred)
         return ops
 
     def _save_chunk(self, saves: list[tuple[int, int]]) -> list[Op]:
@@ -79,7 +91,7 @@ class CopyPlanner:
             self._slot_written[slot] = saved
         return ops
 
-    def _restore(self, restores: list[tuple[int, int]]) -> list[Op]:
+    def _restore(self, restores: list[tuple[int, int]], deferred: bool) -> list[Op]:
         ops: list[Op] = []
         before = self.new_event()
         ops.append(Op(COMPUTE, "record", (before,)))
@@ -88,7 +100,10 @@ class CopyPlanner:
         ops.append(Op(RESTORE, "h2d", (tuple(slot for slot, _ in restores), tuple(b for _, b in restores))))
         restored = self.new_event()
         ops.append(Op(RESTORE, "record", (restored,)))
-        ops.append(Op(COMPUTE, "wait", (restored,)))
+        if deferred:
+            self._restoring = restored
+        else:
+            ops.append(Op(COMPUTE, "wait", (restored,)))
         return ops
 
 
