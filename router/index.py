@@ -85,6 +85,11 @@ class PrefixIndex:
         self._cursor[worker] = (report.epoch, report.seq)
         return True
 
+    def resync(self, worker: str) -> None:
+        """Take no more deltas from the worker: its next report must be a snapshot (its events, which kept the
+        entry while its reports only moved the cursor on, have stopped)."""
+        self._cursor.pop(worker, None)
+
     def apply_events(self, worker: str, changes: TierChanges, asked: int | None = None) -> None:
         """Take in the net change of one batch of the worker's KV events (router/kv_events.py); `asked` as for
         `apply` (the clock when the batch before it arrived)."""

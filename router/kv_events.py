@@ -148,12 +148,31 @@ class EventFeed:
         self.sync = EventsSync()
         self.batches = 0  # batches received
         self.resyncs = 0  # gaps seen
+        self.reported: int | None = None  # the batches the last block report said were published
+        self.stalls = 0  # polls that found the stream still short of what the report before had said
         self._last_tick: int | None = None  # the index's clock when the previous batch arrived
         self._task: asyncio.Task | None = None
 
     @property
     def live(self) -> bool:
         return self.sync.live
+
+    @property
+    def alive(self) -> bool:
+        """Its subscriber runs (it has not failed)."""
+        return self._task is not None and not self._task.done()
+
+    def check(self, seq: int | None) -> bool:
+        """A block report says `seq` batches were published: False when the stream has not even reached what the
+        report before it said (batches that never arrive: a port the router cannot reach, a dead subscription),
+        and it syncs again."""
+        stalled = (self.live and seq is not None and self.reported is not None
+                   and self.sync.expected is not None and self.sync.expected < self.reported)
+        self.reported = seq
+        if stalled:
+            self.stalls += 1
+            self.sync.lost()
+        return not stalled
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())

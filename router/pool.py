@@ -36,6 +36,7 @@ LOAD_METRICS = {metric_names.REQUESTS_RUNNING: "running", metric_names.REQUESTS_
 BLOCKS_PATH = "/v1/cache/blocks"
 MODELS_PATH = "/v1/models"
 _NAME_END = re.compile(r"[{\s]")
+MAX_STALLS = 3  # polls a worker's events may stall without a batch ever arriving before block reports take over
 
 
 @dataclass
@@ -130,6 +131,7 @@ class WorkerPool:
         if kv_events and not self.kv_events:
             logger.warning("pyzmq is not installed: the workers' KV events are not read (block reports only)")
         self.feeds: dict[str, EventFeed] = {}  # worker -> its KV events
+        self.no_events: set[str] = set()  # workers whose advertised events never arrive: block reports only
         self._wake: dict[str, asyncio.Event] = {}  # worker -> set to poll it at once (a resync)
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.index = index
@@ -164,6 +166,7 @@ class WorkerPool:
         if not ready:
             self.index.drop(worker.url)
             self._stop_feed(worker.url)
+            self.no_events.discard(worker.url)  # a restarted worker may publish where the router can reach
             worker.reports_blocks = None
             logger.warning("worker %s left the pool: %s", worker.url, why)
         else:
@@ -246,12 +249,19 @@ class WorkerPool:
         """The worker's event feed for what its report advertises: started, kept, restarted where the endpoint
         changed (a restarted worker), stopped where it advertises none."""
         feed = self.feeds.get(worker.url)
-        if not self.kv_events or advertised is None:
+        if not self.kv_events or advertised is None or worker.url in self.no_events:
             if feed is not None:
                 self._stop_feed(worker.url)
             return None
         endpoint, topic = subscribe_endpoint(advertised[0], worker.url), advertised[1]
-        if feed is not None and (feed.endpoint, feed.topic) == (endpoint, topic):
+        if feed is not None and (feed.endpoint, feed.topic) == (endpoint, topic) and feed.alive:
+            if feed.check(advertised[2]):
+                return feed
+            if feed.stalls >= MAX_STALLS and not feed.batches:
+                logger.warning("worker %s: its KV events (%s) never arrive: block reports only", worker.url, endpoint)
+                self.no_events.add(worker.url)
+                self._stop_feed(worker.url)
+                return None
             return feed
         self._stop_feed(worker.url)
         wake = self._wake.setdefault(worker.url, asyncio.Event())
@@ -262,6 +272,7 @@ class WorkerPool:
     def _stop_feed(self, url: str) -> None:
         feed = self.feeds.pop(url, None)
         if feed is not None:
+            self.index.resync(url)  # the entry was the events': block reports take it over from a snapshot
             asyncio.ensure_future(feed.stop())
 
     async def check(self, worker: Worker) -> None:

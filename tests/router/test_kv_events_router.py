@@ -110,6 +110,33 @@ async def test_the_index_follows_a_real_workers_events_and_resyncs_after_a_gap()
         await pool.stop()
 
 
+async def test_events_that_never_arrive_fall_back_to_block_reports(monkeypatch) -> None:
+    """A worker whose advertised events the router cannot reach (a port closed between them): the stream stalls
+    behind what the reports say, resyncs, and after a few stalls without a batch the router keeps to block
+    reports, which keep the index exact."""
+    from hetero_infer.router import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "subscribe_endpoint", lambda advertised, url: "tcp://127.0.0.1:9")
+    engine = tiered_engine()
+    rng = random.Random(11)
+    async with real_workers([engine]) as (url,), aiohttp.ClientSession() as session:
+        pool = WorkerPool([url], PrefixIndex(), BLOCK, interval_s=3600)
+        pool.session = session
+        worker = pool.workers[url]
+        for _ in range(12):
+            await pool.check(worker)
+            if url in pool.no_events:
+                break
+            await load(session, url, engine.model_name, rng, 2)
+        assert url in pool.no_events and url not in pool.feeds
+        await load(session, url, engine.model_name, rng, 6)
+        await pool.check(worker)
+        data = await report(session, url)
+        assert pool.index.blocks(url) == frozenset(data["added"])
+        assert pool.index.host_blocks(url) == frozenset(data["host_added"])
+        await pool.stop()
+
+
 async def test_the_router_follows_events_and_routes_on_them() -> None:
     """Through the router: its poll loop syncs, the events keep it exact, and a worker leaving stops its feed."""
     from router_fakes import start_router
