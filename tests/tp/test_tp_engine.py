@@ -101,3 +101,15 @@ def test_a_model_that_cannot_be_split_is_refused_before_any_rank_starts(tiny_mod
         LLM(str(folder), device="cpu", dtype="float32", tensor_parallel_size=3)
     with pytest.raises(ValueError, match="tensor_parallel_size.*needs the torch executor"):
         LLM(str(folder), executor="mock", tensor_parallel_size=2)
+
+
+@pytest.mark.slow
+def test_tp2_host_kv_tier_restores_each_ranks_shard(tiny_model):
+    """The host tier's copies (blocks out to host memory, back into the pool) run on every rank's KV shard."""
+    folder, hf = tiny_model("llama")
+    prompts = random_prompts([8, 9, 7, 10, 8, 9, 11], seed=15)
+    with engine(folder, 2, block_size=4, max_num_blocks=8, kv_offloading_size=0.01) as llm:
+        first = _tokens(llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY))
+        again = _tokens(llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY))
+        assert llm.engine.stats().host_prefix_cache_hits_total > 0
+    assert first == again == [hf_greedy(hf, p) for p in prompts]
