@@ -126,6 +126,8 @@ class TensorParallelExecutor:
         local = self.local
         self.vocab_size, self.num_blocks, self.num_host_blocks = local.vocab_size, local.num_blocks, local.num_host_blocks
         self.block_bytes, self.device = local.block_bytes, local.device
+        # CUDA host tier: restores copied behind the step (the scheduler defers their sequences); every rank alike
+        self.tier_copies_async = getattr(local, "tier_copies_async", False)
         # the watchdog holds the executor weakly: an executor dropped without close() still stops its ranks (finalizer)
         threading.Thread(target=_watch, args=(weakref.ref(self),), name="tp-watchdog", daemon=True).start()
 
