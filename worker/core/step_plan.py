@@ -30,12 +30,12 @@ def launch_step(sched: SchedulerOutput, finished_seq_ids: list[int] | None = Non
     seq_ids: list[int] = []
     token_ids: list[list[int]] = []
     starts: list[int] = []
-    samples: list[bool] = []
     new_prompts: dict[int, list[int]] = {}
     adapters: dict[int, str] = {}
     indexes: dict[int, int] = {}
     owed_rows: dict[int, PromptLogprobsRows] = {}
-    add_id, add_tokens, add_start, add_samples = seq_ids.append, token_ids.append, starts.append, samples.append
+    partial: list[int] = []  # rows that do not sample (a prefill chunk short of its prompt's end): few
+    add_id, add_tokens, add_start = seq_ids.append, token_ids.append, starts.append
     rows: list[Sequence] = []
     add_row = rows.append
     first: list[Sequence] = []
@@ -48,10 +48,9 @@ def launch_step(sched: SchedulerOutput, finished_seq_ids: list[int] | None = Non
         add_tokens(tokens[start:end])
         add_start(start)
         if end == len(tokens):
-            add_samples(True)
             add_row(seq)
         else:
-            add_samples(False)
+            partial.append(len(starts) - 1)
         if seq.lora_name is not None:
             adapters[seq.seq_id] = seq.lora_name
         if start == seq.num_cached_tokens:
@@ -65,6 +64,9 @@ def launch_step(sched: SchedulerOutput, finished_seq_ids: list[int] | None = Non
             if owed is not None:
                 owed_rows[seq.seq_id] = owed
             mark_launched(seq)
+    samples = [True] * len(seq_ids)
+    for i in partial:
+        samples[i] = False
     plan = StepPlan(seq_ids, token_ids, starts, samples, sched.block_table_updates, new_prompts, indexes, owed_rows,
                     adapters, block_copies=sched.block_copies, finished_seq_ids=finished_seq_ids or [])
     moves = sched.block_moves

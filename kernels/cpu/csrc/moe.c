@@ -26,33 +26,28 @@ void silu_mul_span_bf16(const uint16_t* g, const uint16_t* u, uint16_t* o, int n
 #define MOE_ROWS 16 /* weight rows a work unit */
 #define MOE_COLS 64 /* output columns a unit of the weighted sum */
 
-/* float32 dot products of a weight row (float32 or bfloat16) with a float32 vector: two accumulators wide */
+/* float32 dot products of a weight row (float32 or bfloat16: LOADW widens VEC lanes of it) with a float32 vector,
+   two accumulators wide */
+#define DEFINE_DOT(NAME, T, V, VEC, ZERO, FMA, LOADX, LOADW, HSUM, SCALAR)                                         \
+static inline float NAME(const T* w, const float* x, int n) {                                                     \
+    V a = ZERO(), b = ZERO();                                                                                     \
+    int i = 0;                                                                                                    \
+    for (; i + 2 * VEC <= n; i += 2 * VEC) {                                                                      \
+        a = FMA(LOADW(w + i), LOADX(x + i), a);                                                                   \
+        b = FMA(LOADW(w + i + VEC), LOADX(x + i + VEC), b);                                                       \
+    }                                                                                                             \
+    for (; i + VEC <= n; i += VEC) a = FMA(LOADW(w + i), LOADX(x + i), a);                                        \
+    float s = HSUM(a, b);                                                                                         \
+    for (; i < n; i++) s += SCALAR(w[i]) * x[i];                                                                  \
+    return s;                                                                                                     \
+}
+static inline float moe_id(float x) { return x; }
 #if HAVE_AVX512
 static inline float hsum(__m512 a, __m512 b) { return _mm512_reduce_add_ps(_mm512_add_ps(a, b)); }
-static inline float dot_w_f32(const float* w, const float* x, int n) {
-    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a);
-        b = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), b);
-    }
-    for (; i + 16 <= n; i += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a);
-    float s = hsum(a, b);
-    for (; i < n; i++) s += w[i] * x[i];
-    return s;
-}
-static inline float dot_w_bf16(const uint16_t* w, const float* x, int n) {
-    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a = _mm512_fmadd_ps(load_bf16x16(w + i), _mm512_loadu_ps(x + i), a);
-        b = _mm512_fmadd_ps(load_bf16x16(w + i + 16), _mm512_loadu_ps(x + i + 16), b);
-    }
-    for (; i + 16 <= n; i += 16) a = _mm512_fmadd_ps(load_bf16x16(w + i), _mm512_loadu_ps(x + i), a);
-    float s = hsum(a, b);
-    for (; i < n; i++) s += bf16_to_f32(w[i]) * x[i];
-    return s;
-}
+DEFINE_DOT(dot_w_f32, float, __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_ps, hsum,
+           moe_id)
+DEFINE_DOT(dot_w_bf16, uint16_t, __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps, load_bf16x16, hsum,
+           bf16_to_f32)
 #elif HAVE_AVX2_FMA
 static inline float hsum(__m256 a, __m256 b) {
     __m256 s = _mm256_add_ps(a, b);
@@ -61,43 +56,20 @@ static inline float hsum(__m256 a, __m256 b) {
     q = _mm_add_ss(q, _mm_movehdup_ps(q));
     return _mm_cvtss_f32(q);
 }
-static inline float dot_w_f32(const float* w, const float* x, int n) {
-    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a);
-        b = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), b);
-    }
-    for (; i + 8 <= n; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a);
-    float s = hsum(a, b);
-    for (; i < n; i++) s += w[i] * x[i];
-    return s;
-}
-static inline float dot_w_bf16(const uint16_t* w, const float* x, int n) {
-    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        a = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), a);
-        b = _mm256_fmadd_ps(load_bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8), b);
-    }
-    for (; i + 8 <= n; i += 8) a = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), a);
-    float s = hsum(a, b);
-    for (; i < n; i++) s += bf16_to_f32(w[i]) * x[i];
-    return s;
-}
+DEFINE_DOT(dot_w_f32, float, __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_loadu_ps, hsum,
+           moe_id)
+DEFINE_DOT(dot_w_bf16, uint16_t, __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps, load_bf16x8, hsum,
+           bf16_to_f32)
 #else
-static inline float dot_w_f32(const float* w, const float* x, int n) {
-    float s = 0.f;
-    _Pragma("omp simd reduction(+:s)")
-    for (int i = 0; i < n; i++) s += w[i] * x[i];
-    return s;
+#define DEFINE_PORTABLE_DOT(NAME, T, SCALAR)                                                                       \
+static inline float NAME(const T* w, const float* x, int n) {                                                     \
+    float s = 0.f;                                                                                                \
+    _Pragma("omp simd reduction(+:s)")                                                                            \
+    for (int i = 0; i < n; i++) s += SCALAR(w[i]) * x[i];                                                         \
+    return s;                                                                                                     \
 }
-static inline float dot_w_bf16(const uint16_t* w, const float* x, int n) {
-    float s = 0.f;
-    _Pragma("omp simd reduction(+:s)")
-    for (int i = 0; i < n; i++) s += bf16_to_f32(w[i]) * x[i];
-    return s;
-}
+DEFINE_PORTABLE_DOT(dot_w_f32, float, moe_id)
+DEFINE_PORTABLE_DOT(dot_w_bf16, uint16_t, bf16_to_f32)
 #endif
 
 static inline float moe_ld_f32(float x) { return x; }
@@ -115,14 +87,14 @@ static inline void moe_share(int total, int tid, int nt, int* lo, int* hi) {
 }
 
 /* rows [r0, r1) of expert e's [rows, K] weights, each dotted with the K-vectors of the expert's sorted pairs
-   [p0, p1) (`src` + `vec_of[p]` * K), the results rounded to the dtype into dst[p * rows + r] (float32) */
+   [p0, p1) (`src` + `vec_of[p]` * K; vec_of NULL: the pair's own, `src` + p * K), the results rounded to the dtype into dst[p * rows + r] (float32) */
 #define DEFINE_PRODUCT(S, T)                                                                                   \
 static void moe_rows_##S(const T* w, int rows, int K, int e, int r0, int r1, const float* src,                  \
                          const int* vec_of, int p0, int p1, float* dst) {                                       \
     for (int r = r0; r < r1; r++) {                                                                             \
         const T* row = w + ((size_t)e * rows + r) * K;                                                          \
         for (int p = p0; p < p1; p++)                                                                           \
-            dst[(size_t)p * rows + r] = moe_rd_##S(dot_w_##S(row, src + (size_t)vec_of[p] * K, K));             \
+            dst[(size_t)p * rows + r] = moe_rd_##S(dot_w_##S(row, src + (size_t)(vec_of ? vec_of[p] : p) * K, K)); \
     }                                                                                                           \
 }
 
@@ -195,12 +167,7 @@ long moe_experts_##S(const T* x, int Tn, int H, const T* w1, const T* w2, int E,
         moe_share(nhit * units2, tid, nt, &lo, &hi);                                                            \
         for (int u = lo; u < hi; u++) {                                                                         \
             int e = hit[u / units2], r0 = (u % units2) * MOE_ROWS, r1 = r0 + MOE_ROWS < H ? r0 + MOE_ROWS : H;    \
-            int p0 = start[e], p1 = start[e + 1];                                                               \
-            for (int r = r0; r < r1; r++) {                                                                     \
-                const T* row = w2 + ((size_t)e * H + r) * I;                                                    \
-                for (int q = p0; q < p1; q++)                                                                   \
-                    y[(size_t)q * H + r] = moe_rd_##S(dot_w_##S(row, af + (size_t)q * I, I));                   \
-            }                                                                                                   \
+            moe_rows_##S(w2, H, I, e, r0, r1, af, NULL, start[e], start[e + 1], y);                             \
         }                                                                                                       \
         _Pragma("omp barrier")                                                                                  \
         moe_share(Tn * col_units, tid, nt, &lo, &hi);                                                           \
