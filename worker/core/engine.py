@@ -26,7 +26,7 @@ from hetero_infer.worker.core.kv_events import KVEventPublisher
 from hetero_infer.worker.core.lora import LoRARegistry, adapter_names
 from hetero_infer.worker.core.outputs import OutputAccumulator, RequestDelta, RequestOutput, SampleDelta
 from hetero_infer.worker.core.request_check import EngineLimits, check_request
-from hetero_infer.worker.core.scheduler import Scheduler, SchedulerOutput
+from hetero_infer.worker.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from hetero_infer.worker.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
 from hetero_infer.worker.core.stats import ITERATION_TOKENS_BUCKETS, EngineStats
 from hetero_infer.worker.core.step_plan import launch_step
@@ -308,9 +308,11 @@ class LLMEngine:
                 raise
             except Exception as exc:  # one bad step fails only its own requests
                 log.exception("engine step failed; failing the %d requests in it", len(sched.scheduled))
+                failing = list(sched.scheduled)
                 if sched.block_moves:  # their copies may not have been made: no block may claim their contents
                     self.block_manager.discard_moves(sched.block_moves)
-                touched += self._fail_step(sched.scheduled, f"{type(exc).__name__}: {exc}")
+                    failing += self._restored_behind(sched)
+                touched += self._fail_step(failing, f"{type(exc).__name__}: {exc}")
         if prev is not None:
             touched += self._finish(prev)
         if step is not None:
@@ -441,6 +443,16 @@ class LLMEngine:
             return self._end(seq, "stop")  # the grammar's EOS under ignore_eos: nothing may follow
         if num_output >= seq.max_tokens or index + 1 >= self.max_model_len:
             self._end(seq, "length")
+
+    def _restored_behind(self, sched: SchedulerOutput) -> list[ScheduledSeq]:
+        """The running sequences not in `sched` that hold blocks it restores (the scheduler deferred them to the next
+        step): their tokens in those blocks may never have been copied."""
+        restored = {block for _, block in sched.block_moves.restores} if sched.block_moves else set()
+        if not restored:
+            return []
+        scheduled = {item.seq.seq_id for item in sched.scheduled}
+        return [ScheduledSeq(seq, 0) for seq in self.scheduler.running
+                if seq.seq_id not in scheduled and not restored.isdisjoint(seq.block_table)]
 
     def _fail_step(self, scheduled: list, message: str) -> list[Request]:
         failed: dict[str, Request] = {}
