@@ -423,6 +423,9 @@ class Router:
             self.metrics.index_blocks.labels(url).set(self.index.count(url))
             self.metrics.pending_blocks.labels(url).set(len(self.index.pending(url)))
             self.metrics.reports_blocks.labels(url).set(1 if worker.reports_blocks else 0)
+            self.metrics.host_blocks.labels(url).set(len(self.index.host_blocks(url)))
+            feed = self.pool.feeds.get(url)
+            self.metrics.kv_events_live.labels(url).set(1 if feed is not None and feed.live else 0)
         if self.flow is not None:
             queued = self.flow.queued()
             self.metrics.queued.clear()

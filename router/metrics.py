@@ -50,6 +50,12 @@ class RouterMetrics:
         self.reports_blocks = Gauge("hetero_infer_router_worker_reports_blocks",
                                     "1: the worker's entry is exact (it serves block reports), 0: approximate",
                                     ["worker"], registry=r)
+        self.host_blocks = Gauge("hetero_infer_router_index_host_blocks",
+                                 "blocks the prefix index knows in the worker's host KV tier (at scrape time)",
+                                 ["worker"], registry=r)
+        self.kv_events_live = Gauge("hetero_infer_router_worker_kv_events_live",
+                                    "1: the worker's entry follows its KV events (the stream is in sync), 0: not",
+                                    ["worker"], registry=r)
         self.lora_routed = Counter("hetero_infer_router_lora_routed", "requests for a LoRA adapter, by what the "
                                    "chosen worker had for it: active (it ran the adapter), free_slot (a free adapter "
                                    "slot), no_slot (it waits there for a slot)", ["rank"], registry=r)

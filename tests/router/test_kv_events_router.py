@@ -152,6 +152,13 @@ async def test_the_router_follows_events_and_routes_on_them() -> None:
             for u in urls:
                 await matches_report(router.pool, session, u)
             assert all(f.batches for f in router.pool.feeds.values())
+            async with session.get(url + "/metrics") as r:
+                text = await r.text()
+            for u in urls:
+                assert f'hetero_infer_router_worker_kv_events_live{{worker="{u}"}} 1.0' in text
+                host = len(router.index.host_blocks(u))
+                assert f'hetero_infer_router_index_host_blocks{{worker="{u}"}} {float(host)}' in text
+            assert any(router.index.host_blocks(u) for u in urls)
             router.pool.mark_down(urls[0], "test")
             assert urls[0] not in router.pool.feeds
         finally:
