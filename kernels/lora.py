@@ -1,25 +1,29 @@
 """LoRA over a batch of mixed adapters: every token of a step runs the adapter of its slot (``slots[t]``, -1: the
-base model only), through the slots' stacked weights ``a [S, K, in]`` and ``b [S, N, K]`` (an executor's device
-slots; ranks zero-padded to K, the scale folded into ``b``): ``out[t] += b[s] @ (a[s] @ x[t])``.
+base model only), through the slots' stacked weights ``a [S, n*R, in]`` and ``b [S, N, R]`` (an executor's device
+slots; ranks zero-padded to R, the scale folded into ``b``; n output slices, the q, k, v of a fused projection,
+each with its own rank-R part): ``y = a[s] @ x[t]``, then ``out[t, j] += b[s, j] @ y[i*R:(i+1)*R]`` for row j of
+slice i.
 
 Three implementations of one computation:
 
 * Triton (CUDA, or the interpreter): :func:`lora_shrink` then :func:`lora_expand`, one program per token and
   block (BGMV, as Punica and vLLM's first LoRA kernels); the slots are read on the device, so a captured step
   replays with whatever the slot tensor holds.
-* CPU (any other device, given the step's :class:`LoRAGroups`): the adapter tokens sorted by slot once per step,
-  then per layer two grouped GEMMs (``torch.nn.functional.grouped_mm``, one call each over all slots) and one
-  ``index_add_``; no Python loop over tokens or adapters.
+* CPU (any other device, given the step's :class:`LoRAGroups`): the adapter tokens grouped by slot once per step
+  (each slot's rows padded to the longest group), then per projection one gather, two batched GEMMs over the
+  slots (``torch.bmm``) and one ``index_add_``; no Python loop over tokens or adapters. (torch's grouped GEMM
+  runs one GEMM per group on the CPU, each with a host sync: ten times slower at a decode step's sizes.)
 * The reference (``HETERO_INFER_KERNELS=reference``, and the tests' oracle): every token with its own gathered
   weights (:func:`hetero_infer.kernels.reference.lora_shrink`, :func:`~hetero_infer.kernels.reference.lora_expand`).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from . import reference
 from ._backend import FLOAT_DTYPES, check_same_device, check_tensor, get_backend, use_triton
@@ -31,24 +35,39 @@ _SLOT_DTYPES = (torch.int32, torch.int64)
 
 @dataclass(frozen=True)
 class LoRAGroups:
-    """A step's adapter tokens grouped by slot (the CPU path): their rows, sorted by slot, and each slot's end in
-    that order (int32, one per slot, cumulative)."""
+    """A step's adapter tokens grouped by slot (the CPU path), slots 0 .. `num_slots` - 1 each padded to `width`
+    rows: `gather` [num_slots * width] the token row of each padded position (row 0 for padding), `valid` the
+    positions that hold a token, in slot order, and `rows` those tokens' rows, in the same order."""
 
+    num_slots: int
+    width: int
+    gather: torch.Tensor
+    valid: torch.Tensor
     rows: torch.Tensor
-    ends: torch.Tensor
 
 
 def lora_groups(slots: torch.Tensor, num_slots: int) -> LoRAGroups:
-    """The grouping of `slots` (``[T]``, -1: no adapter) over ``num_slots`` slots."""
-    idx = slots.long()
+    """The grouping of `slots` (``[T]``, -1: no adapter; values below ``num_slots``)."""
+    idx = slots.long().cpu()
     rows = torch.nonzero(idx >= 0).squeeze(1)
     chosen = idx.index_select(0, rows)
+    if rows.numel() == 0:
+        empty = torch.zeros(0, dtype=torch.long)
+        return LoRAGroups(0, 0, empty, empty, empty)
     order = torch.argsort(chosen, stable=True)
-    counts = torch.bincount(chosen, minlength=num_slots)
-    return LoRAGroups(rows.index_select(0, order), counts.cumsum(0).to(torch.int32))
+    rows, chosen = rows.index_select(0, order), chosen.index_select(0, order)
+    used = int(chosen[-1]) + 1
+    counts = torch.bincount(chosen, minlength=used)
+    width = int(counts.max())
+    starts = counts.cumsum(0) - counts
+    valid = chosen * width + (torch.arange(rows.numel()) - starts.index_select(0, chosen))
+    gather = torch.zeros(used * width, dtype=torch.long).index_copy_(0, valid, rows)
+    device = slots.device
+    return LoRAGroups(used, width, gather.to(device), valid.to(device), rows.to(device))
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, slots: torch.Tensor, name: str, inner: int) -> None:
+    """The shrink's arguments."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, last_contiguous=True)
     check_tensor(name, w, ndim=3, dtypes=FLOAT_DTYPES, last_contiguous=True)
     check_tensor("slots", slots, ndim=1, dtypes=_SLOT_DTYPES)
@@ -79,49 +98,78 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.
     return reference.lora_shrink(x, a, slots)
 
 
-def lora_expand(y: torch.Tensor, b: torch.Tensor, slots: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out[t] += b[slots[t]] @ y[t]`` in place for tokens with a slot (float32 sums, rounded once); returns out.
+def _slices(slices: tuple[int, ...] | None, n: int, width: int, r: int) -> tuple[int, ...]:
+    sizes = tuple(slices) if slices else (n,)
+    if sum(sizes) != n or not 1 <= len(sizes) <= 3 or any(x < 1 for x in sizes):
+        raise ValueError(f"slices must be 1 to 3 positive sizes adding up to N={n}, got {slices!r}")
+    if width != len(sizes) * r:
+        raise ValueError(f"y must be [T, slices x R] = [T, {len(sizes)} x {r}], got width {width}")
+    return sizes
+
+
+def lora_expand(y: torch.Tensor, b: torch.Tensor, slots: torch.Tensor, out: torch.Tensor,
+                slices: tuple[int, ...] | None = None) -> torch.Tensor:
+    """``out[t, j] += b[slots[t], j] @ y[t, i*R:(i+1)*R]`` in place for tokens with a slot, row j in output slice
+    i (float32 sums, rounded once); returns out.
 
     Args:
-        y: ``[T, K]`` (:func:`lora_shrink`'s result).
-        b: ``[S, N, K]`` the slots' stacked B matrices (scale folded in), in y's dtype.
+        y: ``[T, n * R]`` (:func:`lora_shrink`'s result: the n slices' rank-R parts side by side).
+        b: ``[S, N, R]`` the slots' stacked B matrices (scale folded in), in y's dtype.
         slots: ``[T]`` as for :func:`lora_shrink`.
         out: ``[T, N]`` the base layer's output, in y's dtype, contiguous in its last dimension.
+        slices: the sizes of the n output slices (a fused q/k/v's three; at most 3), adding up to N; None: one.
     """
-    _check(y, b, slots, "b", y.shape[1])
+    check_tensor("y", y, ndim=2, dtypes=FLOAT_DTYPES, last_contiguous=True)
+    check_tensor("b", b, ndim=3, dtypes=(y.dtype,), last_contiguous=True)
+    check_tensor("slots", slots, ndim=1, dtypes=_SLOT_DTYPES)
     check_tensor("out", out, ndim=2, dtypes=(y.dtype,), last_contiguous=True)
-    if tuple(out.shape) != (y.shape[0], b.shape[1]):
-        raise ValueError(f"out must be [T, N] = [{y.shape[0]}, {b.shape[1]}], got {tuple(out.shape)}")
-    check_same_device(y=y, out=out)
+    sizes = _slices(slices, b.shape[1], y.shape[1], b.shape[2])
+    if tuple(out.shape) != (y.shape[0], b.shape[1]) or slots.shape[0] != y.shape[0]:
+        raise ValueError(f"out must be [T, N] = [{y.shape[0]}, {b.shape[1]}] and slots [T]; got "
+                         f"{tuple(out.shape)} and {tuple(slots.shape)}")
+    check_same_device(y=y, b=b, slots=slots, out=out)
+    if slots.device.type == "cpu" and slots.numel() and int(slots.max()) >= b.shape[0]:
+        raise ValueError(f"slots must lie in [-1, {b.shape[0]}), got max {int(slots.max())}")
     if use_triton(y, b, slots, out):
         from . import _triton_lora
 
-        return _triton_lora.expand(y, b, slots, out)
-    return reference.lora_expand(y, b, slots, out)
-
-
-def _grouped_mm_fits(x: torch.Tensor, k: int) -> bool:
-    """torch's grouped GEMM takes these shapes: rows whose strides are multiples of 16 bytes."""
-    step = 16 // x.element_size()
-    return hasattr(F, "grouped_mm") and x.shape[1] % step == 0 and k % step == 0
+        return _triton_lora.expand(y, b, slots, out, sizes)
+    return reference.lora_expand(y, b, slots, out, sizes)
 
 
 def lora_apply(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor,
-               groups: LoRAGroups | None = None) -> torch.Tensor:
-    """``out[t] += b[s] @ (a[s] @ x[t])`` with ``s = slots[t]`` (nothing where -1), in place; returns out.
-    `groups`: the step's :func:`lora_groups` of `slots`, for the CPU path (else the reference runs there)."""
-    if groups is None or get_backend() == "reference" or use_triton(x, a, slots) \
-            or not _grouped_mm_fits(x, a.shape[1]):
-        return lora_expand(lora_shrink(x, a, slots), b, slots, out)
-    return grouped_lora(x, out, a, b, groups)
+               slices: tuple[int, ...] | None = None, groups: LoRAGroups | None = None) -> torch.Tensor:
+    """``out[t] += expand(b[s], a[s] @ x[t])`` with ``s = slots[t]`` (nothing where -1), in place, over the output
+    `slices` (see :func:`lora_expand`); returns out. `groups`: the step's :func:`lora_groups` of `slots`, for the
+    CPU path (else the reference runs there)."""
+    if groups is None or get_backend() == "reference" or use_triton(x, a, slots):
+        return lora_expand(lora_shrink(x, a, slots), b, slots, out, slices)
+    return grouped_lora(x, out, a, b, groups, _slices(slices, b.shape[1], a.shape[1], b.shape[2]))
 
 
-def grouped_lora(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                 groups: LoRAGroups) -> torch.Tensor:
-    """The CPU path of :func:`lora_apply` (checked shapes that `_grouped_mm_fits`)."""
-    rows = groups.rows
-    if rows.numel() == 0:
+@functools.lru_cache(maxsize=64)
+def _chunk_slices(slices: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The output slice of each chunk of the slices' common size."""
+    g = math.gcd(*slices)
+    return torch.tensor([i for i, size in enumerate(slices) for _ in range(size // g)], device=device)
+
+
+def grouped_lora(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, groups: LoRAGroups,
+                 slices: tuple[int, ...]) -> torch.Tensor:
+    """The CPU path of :func:`lora_apply`: per slot, ``y^T = a[s] @ x_s^T`` and ``z^T = b[s] @ y^T`` as batched
+    GEMMs whose weight operand is the stored matrix as it is (no copy of the adapters' weights, the bytes that
+    bound a decode step); the output slices cut into chunks of their common size g, so that the expand is one
+    batched GEMM of [g, R] chunks, each against its slice's part of y."""
+    n, width = groups.num_slots, groups.width
+    if n == 0:
         return out
-    xs = x.index_select(0, rows)
-    y = F.grouped_mm(xs, a.transpose(1, 2), offs=groups.ends)
-    return out.index_add_(0, rows, F.grouped_mm(y, b.transpose(1, 2), offs=groups.ends))
+    r, rows_out = b.shape[2], b.shape[1]
+    xs_t = x.index_select(0, groups.gather).view(n, width, x.shape[1]).transpose(1, 2)
+    y_t = torch.bmm(a[:n], xs_t)  # [n, slices x R, width]
+    g = math.gcd(*slices)
+    chunks = rows_out // g
+    if len(slices) > 1:
+        y_t = y_t.view(n, len(slices), r, width).index_select(1, _chunk_slices(slices, x.device))
+    z_t = torch.bmm(b[:n].view(n * chunks, g, r), y_t.reshape(n * chunks, r, width))  # [n x chunks, g, width]
+    z = z_t.view(n, chunks, g, width).permute(0, 3, 1, 2).reshape(n * width, rows_out)
+    return out.index_add_(0, groups.rows, z.index_select(0, groups.valid))

@@ -608,11 +608,17 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.
     return y.to(x.dtype)
 
 
-def lora_expand(y: torch.Tensor, b: torch.Tensor, slots: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out[t] += b[slots[t]] @ y[t]`` where ``slots[t] >= 0`` (in place; the sum in float32, rounded once)."""
+def lora_expand(y: torch.Tensor, b: torch.Tensor, slots: torch.Tensor, out: torch.Tensor,
+                slices: tuple[int, ...] | None = None) -> torch.Tensor:
+    """``out[t, j] += b[slots[t], j] @ y[t, i*R:(i+1)*R]`` where ``slots[t] >= 0``, row j in output slice i of
+    `slices` (their sizes, in order; None: one slice), ``R = b.shape[2]`` (in place; float32 sums, rounded once)."""
     acc = _acc_dtype(out.dtype)
     idx = slots.long()
-    gathered = b.index_select(0, idx.clamp(min=0)).to(acc)  # [T, N, K]
-    delta = torch.einsum("tnk,tk->tn", gathered, y.to(acc)) * (idx >= 0).to(acc)[:, None]
+    sizes = slices or (b.shape[1],)
+    r = b.shape[2]
+    row_slice = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(y.device)
+    y_rows = y.view(y.shape[0], len(sizes), r).to(acc).index_select(1, row_slice)  # [T, N, R]
+    gathered = b.index_select(0, idx.clamp(min=0)).to(acc)  # [T, N, R]
+    delta = (gathered * y_rows).sum(-1) * (idx >= 0).to(acc)[:, None]
     out.copy_((out.to(acc) + delta).to(out.dtype))
     return out

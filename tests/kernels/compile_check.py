@@ -138,9 +138,9 @@ def _scenarios(quick: bool = False) -> None:
         _moe_scenarios(M, dt, quick)
         # LoRA shrink / expand: the fused q/k/v of rank 16 (K = 48) over 4096 wide, a decode-sized step
         slots = torch.zeros(4, dtype=torch.int32)
-        xl, al, bl = torch.empty(4, 4096, dtype=dt), torch.empty(4, 48, 4096, dtype=dt), torch.empty(4, 6144, 48, dtype=dt)
+        xl, al, bl = torch.empty(4, 4096, dtype=dt), torch.empty(4, 48, 4096, dtype=dt), torch.empty(4, 6144, 16, dtype=dt)
         L.shrink(xl, al, slots, torch.empty(4, 48, dtype=dt))
-        L.expand(torch.empty(4, 48, dtype=dt), bl, slots, torch.empty(4, 6144, dtype=dt))
+        L.expand(torch.empty(4, 48, dtype=dt), bl, slots, torch.empty(4, 6144, dtype=dt), (4096, 1024, 1024))
 
 
 def _moe_scenarios(M, dt: torch.dtype, quick: bool) -> None:

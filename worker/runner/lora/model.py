@@ -2,11 +2,11 @@
 step's token -> slot map, and the forward hooks that add each token's adapter update to a projection's output.
 
 Each target projection (a layer's fused q/k/v, o, fused gate/up, down) holds `a [max_loras, n * R, in]` and
-`b [max_loras, out, n * R]`, `n` its output slices (q, k, v: 3; gate, up: 2; else 1), `R` = max_lora_rank: an
+`b [max_loras, out, R]`, `n` its output slices (q, k, v: 3; gate, up: 2; else 1), `R` = max_lora_rank: an
 adapter's rank-r A of slice i fills rows i*R .. i*R+r of its slot's `a`, its B (times the PEFT scale) the slice's
-output rows and the same columns of `b`, zeros elsewhere (smaller ranks padded, block-diagonal over the slices).
-Then `out += b[s] @ (a[s] @ x)` per token (kernels.lora_apply) is exactly PEFT's `base(x) + B(A(x)) * scale` of
-every targeted slice.
+output rows and first r columns of `b`, zeros elsewhere (smaller ranks padded). Then per token
+`y = a[s] @ x`, `out[slice i] += b[s, slice i] @ y[i*R:(i+1)*R]` (kernels.lora_apply) is exactly PEFT's
+`base(x) + B(A(x)) * scale` of every targeted slice.
 
 The hooks run only in a step that has adapters (`begin_step`): a step of the base model alone goes through the
 model as without LoRA (the executors' fused paths included). The base weights may be in any format (float,
@@ -17,6 +17,8 @@ graph would replay any step's adapters; capturing LoRA steps is owed (they run e
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -32,6 +34,29 @@ from hetero_infer.worker.runner.lora.slots import SlotTable
 from hetero_infer.worker.runner.models.rotary import head_dim_of
 
 
+@contextlib.contextmanager
+def _one_thread(device: torch.device) -> Iterator[None]:
+    """Small copies on the CPU in this thread alone: spread over the intra-op threads, each of hundreds of
+    sub-megabyte copies waits for every thread (on a loaded machine: a second for an adapter, not milliseconds)."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@dataclass
+class _HostAdapter:
+    """An adapter in host memory: as read, and laid out per target as a slot holds it."""
+
+    weights: AdapterWeights
+    layout: list[tuple[torch.Tensor, torch.Tensor]]
+
+
 @dataclass
 class _Target:
     """One projection of one layer: its output slices (projection name, first output row, rows) and the slots'
@@ -40,6 +65,9 @@ class _Target:
     slices: tuple[tuple[str, int, int], ...]
     a: torch.Tensor
     b: torch.Tensor
+
+    def __post_init__(self) -> None:
+        self.sizes = tuple(rows for _, _, rows in self.slices)
 
 
 def _projections(model: nn.Module, moe: bool) -> list[tuple[int, nn.Module, tuple[tuple[str, int, int], ...]]]:
@@ -69,7 +97,7 @@ class LoRAModel:
         self.dtype = dtype
         self.device = device
         self.slots = SlotTable(max_loras)
-        self.host: dict[str, AdapterWeights] = {}
+        self.host: dict[str, _HostAdapter] = {}
         self.targets: list[_Target] = []
         self._index: dict[tuple[int, str], tuple[_Target, int]] = {}  # (layer, projection) -> (target, slice)
         self._hooks = []
@@ -78,7 +106,7 @@ class LoRAModel:
             in_features = self.shapes.projections[slices[0][0]][0]
             out_features = slices[-1][1] + slices[-1][2]
             target = _Target(slices, torch.zeros(max_loras, k, in_features, dtype=dtype, device=device),
-                             torch.zeros(max_loras, out_features, k, dtype=dtype, device=device))
+                             torch.zeros(max_loras, out_features, max_rank, dtype=dtype, device=device))
             self.targets.append(target)
             for i, (name, _, _) in enumerate(slices):
                 self._index[(layer, name)] = (target, i)
@@ -91,28 +119,40 @@ class LoRAModel:
         self.slot_loads = 0  # adapters copied into a device slot
 
     # -- adapters ----------------------------------------------------------------------
-    def add(self, request: LoRARequest) -> AdapterWeights:
-        weights = load_adapter(request, self.shapes, self.max_rank, self.dtype)
-        self.host[request.lora_name] = weights
-        return weights
+    def add(self, request: LoRARequest) -> None:
+        """Read and check an adapter (LoRAAdapterError) into host memory, already laid out as its slot will hold
+        it, so that copying it into a slot is one copy per target."""
+        with _one_thread(torch.device("cpu")):
+            weights = load_adapter(request, self.shapes, self.max_rank, self.dtype)
+            self.host[request.lora_name] = _HostAdapter(weights, self._layout(weights))
 
     def remove(self, name: str) -> bool:
         self.slots.drop(name)
         return self.host.pop(name, None) is not None
 
-    @torch.inference_mode()
-    def load_slot(self, slot: int, weights: AdapterWeights) -> None:
-        """Copy an adapter into device slot `slot` (every target: zeros where it has no module)."""
-        for target in self.targets:
-            target.a[slot].zero_()
-            target.b[slot].zero_()
+    def _layout(self, weights: AdapterWeights) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per target, the slot's (a [K, in], b [out, K]) of `weights`: zeros where it has no module."""
+        pin = self.device.type == "cuda"
+        out = [(torch.zeros(t.a.shape[1:], dtype=self.dtype, pin_memory=pin),
+                torch.zeros(t.b.shape[1:], dtype=self.dtype, pin_memory=pin)) for t in self.targets]
+        position = {id(t): i for i, t in enumerate(self.targets)}
         r_max = self.max_rank
         for (layer, proj), (a, b, scale) in weights.modules.items():
             target, i = self._index[(layer, proj)]
+            slot_a, slot_b = out[position[id(target)]]
             _, first, rows = target.slices[i]
             r = a.shape[0]
-            target.a[slot, i * r_max:i * r_max + r].copy_(a)
-            target.b[slot, first:first + rows, i * r_max:i * r_max + r].copy_(b * scale)
+            slot_a[i * r_max:i * r_max + r].copy_(a)
+            slot_b[first:first + rows, :r].copy_(b * scale)
+        return out
+
+    @torch.inference_mode()
+    def load_slot(self, slot: int, name: str) -> None:
+        """Copy adapter `name` (in host memory) into device slot `slot`."""
+        with _one_thread(self.device):
+            for target, (a, b) in zip(self.targets, self.host[name].layout):
+                target.a[slot].copy_(a, non_blocking=True)
+                target.b[slot].copy_(b, non_blocking=True)
         self.slot_loads += 1
 
     # -- a step ------------------------------------------------------------------------
@@ -128,7 +168,7 @@ class LoRAModel:
             raise LoRAAdapterError(f"LoRA adapter {missing[0]!r} is not loaded")
         mapping, loads = self.slots.assign(adapters.values())
         for name, slot in loads:
-            self.load_slot(slot, self.host[name])
+            self.load_slot(slot, name)
         per_seq = np.array([mapping[adapters[s]] if s in adapters else -1 for s in plan.seq_ids], dtype=np.int32)
         slots = np.repeat(per_seq, [len(ids) for ids in plan.token_ids])
         if self._slot_buffer is None:
@@ -147,4 +187,4 @@ class LoRAModel:
 
     def _hook(self, target: _Target, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
         if self.active:
-            kernels.lora_apply(args[0], output, target.a, target.b, self._slots, self._groups)
+            kernels.lora_apply(args[0], output, target.a, target.b, self._slots, target.sizes, self._groups)
