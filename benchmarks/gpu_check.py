@@ -31,6 +31,10 @@ log under OUT; a phase that no longer fits is skipped and said so); estimates fr
 9. tp (~2 min, asked for by name): benchmarks/gpu_tp_check.py, tensor parallelism on one GPU: the NCCL path at
    world size 1 inside the captured CUDA graphs against the plain executor, then tests/tp's TP=2 equivalence on
    gloo (OUT/tp.json). Owed on a machine with several GPUs: Llama-3-8B at TP=2 against TP=1.
+9. lora (~3 min, asked for by name; issue 39): `python -m hetero_infer.bench.lora` on the Qwen3-0.6B and
+   Llama-3-8B shapes (dummy bf16 weights): 8 random rank-16 adapters on every projection mixed in one batch of 32
+   sequences against the base model alone, same engine (target: LoRA >= 0.8 x base tok/s), and the time to read
+   an adapter and copy it into a slot (OUT/lora-<shape>.json). LoRA steps run eagerly (no CUDA graph yet).
 
 The Qwen3-30B-A3B workloads (`--workloads qwen3moe-one,qwen3moe-nano`: 61 GB of bf16 weights, ours then
 transformers', one at a time) are asked for by name too; nothing of the default call changes.
@@ -197,7 +201,7 @@ def peer(folder: str, which: str, out_json: str, *workload: str, deadline_s: flo
     print(f"PEER {r.system}: {r.output_tokens} tokens in {r.seconds:.2f} s = {r.tokens_per_s:.1f} tok/s")
 
 
-PHASES = ("suite", "tune", "bench", "profile", "peers", "moe", "kv_tier", "serving", "tp")  # the order they run in
+PHASES = ("suite", "tune", "bench", "profile", "peers", "moe", "kv_tier", "serving", "tp", "lora")  # the order they run in
 # One run of at most 8 minutes on a bare H100 (2026-11-27: install and stand-in 22 s, suite 161 s, bench 107 s,
 # peers 40-60 s each, the slowest last and skipped when the budget is spent).
 DEFAULT_PHASES = ("suite", "bench", "peers")
@@ -257,6 +261,15 @@ def serving_cmd(out: Path) -> list[str]:
 def tp_cmd(out: Path) -> list[str]:
     return [sys.executable, str(ROOT / "benchmarks" / "gpu_tp_check.py"), "--device", "cuda", "--json",
             str(out / "tp.json")]
+
+
+LORA_SHAPES = ("qwen3-0.6b", "llama-3-8b")
+
+
+def lora_cmd(shape: str, out_json: Path) -> list[str]:
+    return [sys.executable, "-m", "hetero_infer.bench.lora", "--model", str(SHAPES / shape), "--load-format", "dummy",
+            "--device", "cuda", "--dtype", "bfloat16", "--adapters", "8", "--rank", "16", "--seqs", "32",
+            "--prompt-len", "128", "--max-tokens", "128", "--rounds", "3", "--json", str(out_json)]
 
 
 def profile_cmd(out: Path, modes: str) -> list[str]:
@@ -360,6 +373,12 @@ def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | 
         run.phase("tp", tp_cmd(out), 60, 240)
         if (out / "tp.json").is_file():
             results["tp"] = json.loads((out / "tp.json").read_text())
+    if "lora" in phases:
+        for shape in LORA_SHAPES:
+            lora_json = out / f"lora-{shape}.json"
+            run.phase(f"lora-{shape}", lora_cmd(shape, lora_json), 40, 150)
+            if lora_json.is_file():
+                results.setdefault("lora", {})[shape] = json.loads(lora_json.read_text())
     results["phases"] = run.phases
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
     print()
@@ -415,6 +434,13 @@ def summary(results: dict) -> str:
         lines += [f"| {r['batch']} | {r['experts_hit']} | {r['us']:.1f} | {r['weight_gbs']:.0f} | {r['vs_copy']:.2f} |"
                   for r in moe["rows"]]
     lines += serving_summary(results.get("serving"))
+    lora = results.get("lora")
+    if lora:
+        lines += ["", "LoRA (8 adapters of rank 16 mixed in 32 sequences vs the base alone, one engine):", "",
+                  "| shape | base tok/s | LoRA tok/s | LoRA / base | adapter read s | slot copy s |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {shape} | {r['base_tok_s']:.0f} | {r['lora_tok_s']:.0f} | {r['ratio']:.2f} | "
+                  f"{r['adapter_read_s']:.3f} | {r['slot_copy_s']:.3f} |" for shape, r in lora.items()]
     lines += profile_summary(results.get("profile"))
     return "\n".join(lines)
 

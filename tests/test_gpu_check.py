@@ -46,6 +46,24 @@ def test_bench_commands_parse_with_the_bench_parser(tmp_path) -> None:
         assert (gc.SHAPES / shape / "config.json").is_file(), shape
 
 
+def test_lora_phase_commands_parse_with_the_lora_bench_parser(tmp_path) -> None:
+    from hetero_infer.bench.lora import build_parser
+
+    gc = _gpu_check()
+    assert "lora" in gc.PHASES and "lora" not in gc.DEFAULT_PHASES
+    for shape in gc.LORA_SHAPES:
+        cmd = gc.lora_cmd(shape, tmp_path / "l.json")
+        assert cmd[1:3] == ["-m", "hetero_infer.bench.lora"]
+        args = build_parser().parse_args(cmd[3:])
+        assert (args.load_format, args.device, args.adapters, args.rank, args.seqs) == ("dummy", "cuda", 8, 16, 32)
+        assert (gc.SHAPES / shape / "config.json").is_file()
+    results = {"env": {"device": "GPU", "git": "abc", "date": "d", "torch": "t", "triton": "tr", "transformers": "tf"},
+               "phases": [], "benches": {}, "lora": {"qwen3-0.6b": {"base_tok_s": 1000.0, "lora_tok_s": 850.0,
+                                                                     "ratio": 0.85, "adapter_read_s": 0.1,
+                                                                     "slot_copy_s": 0.01}}}
+    assert "| qwen3-0.6b | 1000 | 850 | 0.85 | 0.100 | 0.010 |" in gc.summary(results)
+
+
 def test_summary_table_names_every_phase_and_the_ratio() -> None:
     gc = _gpu_check()
     results = {

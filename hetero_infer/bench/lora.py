@@ -50,7 +50,7 @@ def write_adapter(folder: Path, config, rank: int, seed: int, moe: bool = False)
     return folder
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="default: the default model (SmolLM2-135M-Instruct)")
     p.add_argument("--device", default="cpu")
@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=2, help="base and LoRA runs alternate this many times each")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--json", default=None, help="also write the results here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
 
     dummy = args.load_format == "dummy"
     llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format,
