@@ -28,13 +28,13 @@ log under OUT; a phase that no longer fits is skipped and said so); estimates fr
 8. serving (~2-3 min, asked for by name): benchmarks/serving_check.py, the OpenAI server on the GPU (Qwen3-0.6B
    shape, dummy bf16 weights) under `hetero-infer bench serve`, random 512-word prompts, 128 outputs, all at once and
    at 16 req/s, beside vLLM 0.19's published H100 numbers (OUT/serving.json).
-9. tp (~2 min, asked for by name): benchmarks/gpu_tp_check.py, tensor parallelism on one GPU: the NCCL path at
-   world size 1 inside the captured CUDA graphs against the plain executor, then tests/tp's TP=2 equivalence on
-   gloo (OUT/tp.json). Owed on a machine with several GPUs: Llama-3-8B at TP=2 against TP=1.
 9. lora (~3 min, asked for by name; issue 39): `python -m hetero_infer.bench.lora` on the Qwen3-0.6B and
    Llama-3-8B shapes (dummy bf16 weights): 8 random rank-16 adapters on every projection mixed in one batch of 32
    sequences against the base model alone, same engine (target: LoRA >= 0.8 x base tok/s), and the time to read
-   an adapter and copy it into a slot (OUT/lora-<shape>.json). LoRA steps run eagerly (no CUDA graph yet).
+   an adapter and copy it into a slot (OUT/lora-<shape>.json). LoRA steps run eagerly (no CUDA graph yet);
+10. tp (~2 min, asked for by name): benchmarks/gpu_tp_check.py, tensor parallelism on one GPU: the NCCL path at
+   world size 1 inside the captured CUDA graphs against the plain executor, then tests/tp's TP=2 equivalence on
+   gloo (OUT/tp.json). Owed on a machine with several GPUs: Llama-3-8B at TP=2 against TP=1.
 
 The Qwen3-30B-A3B workloads (`--workloads qwen3moe-one,qwen3moe-nano`: 61 GB of bf16 weights, ours then
 transformers', one at a time) are asked for by name too; nothing of the default call changes.
@@ -201,7 +201,7 @@ def peer(folder: str, which: str, out_json: str, *workload: str, deadline_s: flo
     print(f"PEER {r.system}: {r.output_tokens} tokens in {r.seconds:.2f} s = {r.tokens_per_s:.1f} tok/s")
 
 
-PHASES = ("suite", "tune", "bench", "profile", "peers", "moe", "kv_tier", "serving", "tp", "lora")  # the order they run in
+PHASES = ("suite", "tune", "bench", "profile", "peers", "moe", "kv_tier", "serving", "lora", "tp")  # the order they run in
 # One run of at most 8 minutes on a bare H100 (2026-11-27: install and stand-in 22 s, suite 161 s, bench 107 s,
 # peers 40-60 s each, the slowest last and skipped when the budget is spent).
 DEFAULT_PHASES = ("suite", "bench", "peers")
@@ -369,16 +369,16 @@ def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | 
         run.phase("serving", serving_cmd(out), 90, 300)
         if (out / "serving.json").is_file():
             results["serving"] = json.loads((out / "serving.json").read_text())
-    if "tp" in phases:
-        run.phase("tp", tp_cmd(out), 60, 240)
-        if (out / "tp.json").is_file():
-            results["tp"] = json.loads((out / "tp.json").read_text())
     if "lora" in phases:
         for shape in LORA_SHAPES:
             lora_json = out / f"lora-{shape}.json"
             run.phase(f"lora-{shape}", lora_cmd(shape, lora_json), 40, 150)
             if lora_json.is_file():
                 results.setdefault("lora", {})[shape] = json.loads(lora_json.read_text())
+    if "tp" in phases:
+        run.phase("tp", tp_cmd(out), 60, 240)
+        if (out / "tp.json").is_file():
+            results["tp"] = json.loads((out / "tp.json").read_text())
     results["phases"] = run.phases
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
     print()
