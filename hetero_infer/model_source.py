@@ -408,6 +408,25 @@ def _download_s3(ref: ModelRef, client: Any, target: Path, prefix: str, sizes: d
     logger.info("downloaded %s in %.1f s", ref, time.monotonic() - started)
 
 
+def check_tensor_split(name: str, folder: Path, world_size: int) -> None:
+    """A permanent ModelSourceError, one line naming the model, `world_size` and what does not divide, when the
+    model in `folder` (its config.json) cannot be split over `world_size` tensor-parallel ranks: the check the
+    engine makes at start (worker/runner/parallel/checks.py), made where the model is downloaded, so that the
+    operator reports it in the InferenceDeployment's status (ModelReady: CannotSplit) before any worker starts."""
+    # Torch-free, but the worker's package: imported here only, as the operator imports this module.
+    from hetero_infer.worker.runner.parallel.checks import split_problems
+
+    config = folder / MODEL_CONFIG
+    try:
+        raw = json.loads(config.read_text())
+        problems = split_problems(raw, world_size)
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+        raise ModelSourceError(f"cannot split {name} {world_size} ways: cannot read {config}: "
+                               f"{type(exc).__name__}: {exc}", permanent=True) from None
+    if problems:
+        raise ModelSourceError(f"cannot split {name} {world_size} ways: {'; '.join(problems)}", permanent=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`hetero-infer fetch MODEL`: fetch a model into the caches (the operator's init container); prints the
     local folder. Status 1 with one line when it cannot."""
@@ -425,18 +444,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--link", type=Path, default=None,
                         help="then point this path (a relative symlink, replaced atomically) at the model's folder: "
                              "the operator's download Job marks a complete cache folder with it")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                        help="then check that the model can be split over N tensor-parallel ranks, as the engine "
+                             f"does at start (status {EXIT_PERMANENT} with one line when it cannot)")
     args = parser.parse_args(argv)
+    if args.tensor_parallel_size < 1:
+        parser.error(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_http_client_logs()
     try:
-        folder, _ = fetch_model(args.model, interval=args.progress_interval, adapter=args.adapter)
+        folder, name = fetch_model(args.model, interval=args.progress_interval, adapter=args.adapter)
+        if args.gguf_dtype and folder.is_file() and folder.suffix.lower() == ".gguf":
+            from hetero_infer.worker.runner.loader import convert_gguf  # torch: only here, only for a GGUF
+
+            folder = convert_gguf(folder, dtype=args.gguf_dtype)
+        if args.tensor_parallel_size > 1 and not args.adapter and folder.is_dir():
+            check_tensor_split(name, folder, args.tensor_parallel_size)
     except ModelSourceError as exc:
         logger.error("%s", exc)
         return EXIT_PERMANENT if exc.permanent else 1
-    if args.gguf_dtype and folder.is_file() and folder.suffix.lower() == ".gguf":
-        from hetero_infer.worker.runner.loader import convert_gguf  # torch: only here, only for a GGUF
-
-        folder = convert_gguf(folder, dtype=args.gguf_dtype)
     if args.link is not None:
         link_model(args.link, folder)
     print(folder)

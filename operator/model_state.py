@@ -5,8 +5,9 @@ Phases: Pending (no Job yet, its pod not running, a missing claim, or waiting ou
 attempt), Downloading (the pod runs; the message carries the last progress line `hetero-infer fetch` logged:
 bytes done of the total), Ready (the Job completed) and Failed (the Job gave up after its back-off limit). A
 failure's reason comes from the failed pod's termination message (the fetch's one-line error, its log's tail
-with terminationMessagePolicy FallbackToLogsOnError): NotFound, Unauthorized, NoSpace, else DownloadFailed, and
-the message is that line. The fetcher redacts secrets from what it logs, so none reach the status or events.
+with terminationMessagePolicy FallbackToLogsOnError): NotFound, Unauthorized, NoSpace, CannotSplit (the model
+is in place but cannot be split over resources.gpus tensor-parallel ranks: `fetch --tensor-parallel-size`), else
+DownloadFailed, and the message is that line. The fetcher redacts secrets from what it logs, so none reach the status or events.
 
 Without a cache each worker pod downloads spec.model.url in its init container `fetch-model` (`init_state`): the
 same phases from those containers' states, as the kubelet reports them. Ready once a pod's init container
@@ -25,6 +26,7 @@ from typing import Any
 
 PENDING, DOWNLOADING, READY, FAILED = "Pending", "Downloading", "Ready", "Failed"
 NOT_FOUND, UNAUTHORIZED, NO_SPACE, DOWNLOAD_FAILED = "NotFound", "Unauthorized", "NoSpace", "DownloadFailed"
+CANNOT_SPLIT = "CannotSplit"  # the model is there but does not split over resources.gpus tensor-parallel ranks
 MAX_MESSAGE = 600
 FETCH_CONTAINER = "fetch-model"  # the container that downloads (manifests/worker.py fetch_container)
 
@@ -38,6 +40,8 @@ _NO_SPACE = re.compile(r"no space left on device|\[errno 28\]|enospc|disk quota 
                        re.IGNORECASE)
 _UNAUTHORIZED = re.compile(r"access denied|not authorized|unauthorized|forbidden|no aws credentials|http 40[13]\b|"
                            r"invalidaccesskeyid|signaturedoesnotmatch", re.IGNORECASE)
+# hetero_infer.model_source.check_tensor_split: "cannot split MODEL N ways: ..."
+_CANNOT_SPLIT = re.compile(r"^cannot split \S+ \d+ ways: ")
 _NOT_FOUND = re.compile(r"not found|no objects under|no such", re.IGNORECASE)
 
 
@@ -56,7 +60,9 @@ class ModelState:
 
 
 def failure_reason(line: str) -> str:
-    """NoSpace, Unauthorized, NotFound or DownloadFailed for a fetch's error line."""
+    """CannotSplit, NoSpace, Unauthorized, NotFound or DownloadFailed for a fetch's error line."""
+    if _CANNOT_SPLIT.search(line):
+        return CANNOT_SPLIT
     if _NO_SPACE.search(line):
         return NO_SPACE
     if "(HTTP 404)" in line:
@@ -161,8 +167,9 @@ def _phase(url: str, job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, 
         cond = conditions["Failed"]
         line = last_failure or str(cond.get("message") or cond.get("reason") or "the download Job failed")
         attempts = int(status.get("failed") or len(failed) or 1)
-        return ModelState(FAILED, failure_reason(line), _clip(f"{line} (Job {name} gave up after {attempts} "
-                                                               "attempt(s); fix the cause, then delete the Job to retry)"))
+        return ModelState(FAILED, failure_reason(line), _clip(
+            f"{line} (Job {name} gave up after {attempts} attempt(s); a spec that changes the Job replaces it, "
+            "else delete the Job to retry once the cause is fixed)"))
     retrying = f" (after {int(status.get('failed') or len(failed))} failed attempt(s): {last_failure})" \
         if failed or status.get("failed") else ""
     live = sorted((p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running")), key=_created)

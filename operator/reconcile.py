@@ -274,7 +274,8 @@ def _same_download(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
 def _ensure_job(client: kube.Client, desired: Mapping[str, Any], owner: Owner, outcome: Outcome,
                 record: Recorder) -> dict[str, Any] | None:
     """The download Job as it is: created when missing; one whose spec changed (a Job's pod template is
-    immutable) replaced unless it completed, so that a new credentials Secret or image gets a fresh attempt."""
+    immutable) replaced unless it completed, so that a new credentials Secret or image, or resources.gpus that the
+    model splits over (after CannotSplit), gets a fresh attempt, a failed Job's too."""
     desired = with_fingerprint(desired)
     name, ns = desired["metadata"]["name"], owner.namespace
     live = client.get(kube.JOB, ns, name)
@@ -286,7 +287,7 @@ def _ensure_job(client: kube.Client, desired: Mapping[str, Any], owner: Owner, o
         outcome.results.append(result)
         record("Warning", "ChildConflict", result.detail)
         return None
-    if live is not None and not _job_done(live) and differences(desired["metadata"]["annotations"],
+    if live is not None and not _job_done(live, "Complete") and differences(desired["metadata"]["annotations"],
                                                                   live["metadata"].get("annotations") or {}):
         client.delete(kube.JOB, ns, name)
         record("Normal", "Replaced", f"deleted the download Job {ns}/{name}: its spec changed")

@@ -37,6 +37,7 @@ from hetero_infer.operator.manifests.worker import (
     container_security,
     fetch_container,
     pod_security,
+    split_check,
     worker_image,
     worker_memory,
 )
@@ -134,6 +135,8 @@ def download_job(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cl
     options: tuple[str, ...] = ("--gguf-dtype", source.gguf_dtype) if source.gguf_dtype else ()
     if source.adapter is not None:
         options += ("--adapter",)
+    elif not spec.model.cache.claim_name:  # a shared claim's Job serves deployments of any gpus: the workers check
+        options += split_check(spec)
     container = fetch_container(spec, download_image(spec, defaults), defaults, container_security(spec), cached=key,
                                 source=source.argument, options=options)
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}},

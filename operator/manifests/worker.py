@@ -201,6 +201,13 @@ def credentials(spec: InferenceSpec) -> list[dict[str, Any]] | None:
     return [{"secretRef": {"name": secret}}] if secret and spec.model.url is not None else None
 
 
+def split_check(spec: InferenceSpec) -> tuple[str, ...]:
+    """`hetero-infer fetch`'s option that checks, once the model is in place, that it splits over the worker's
+    tensor-parallel ranks (resources.gpus > 1): a model that cannot fails the download with one line the operator
+    reports as ModelReady False, reason CannotSplit (model_state.py), before any worker starts."""
+    return ("--tensor-parallel-size", str(spec.resources.gpus)) if spec.resources.gpus > 1 else ()
+
+
 def fetch_container(spec: InferenceSpec, image: str, defaults: WorkerDefaults,
                     security: dict[str, Any], cached: str | None = None, source: str | None = None,
                     options: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -335,7 +342,8 @@ def deployment(owner: Owner, spec: InferenceSpec, defaults: WorkerDefaults, cach
     }
     pod = spec.pod
     pod_spec: dict[str, Any] = {
-        "initContainers": [fetch_container(spec, image, defaults, dict(security))] if downloads_per_pod(spec) else None,
+        "initContainers": [fetch_container(spec, image, defaults, dict(security), options=split_check(spec))]
+        if downloads_per_pod(spec) else None,
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,

@@ -1,10 +1,11 @@
 """spec.model.cache, pure and for real: the claim, the download Job and the cached workers the operator renders (valid
 Kubernetes objects), the download's phase from a Job and its pods, and the Job's own command run against a local Hub
 (tests/sources/hub_server.py): it fills a cache folder that the workers' --model then names, and the operator reads
-the command's real progress lines and refusals (NotFound, Unauthorized) from what it logs."""
+the command's real progress lines and refusals (NotFound, Unauthorized, CannotSplit) from what it logs."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -29,6 +30,7 @@ from hetero_infer.operator.manifests import (
     fetch_source,
 )
 from hetero_infer.operator.model_state import (
+    CANNOT_SPLIT,
     DOWNLOAD_FAILED,
     DOWNLOADING,
     FAILED,
@@ -130,6 +132,9 @@ LOG_404 = "2026-11-27 03:00:00,000 ERROR hetero_infer.model_source: hf://org/x: 
     ("s3://models/x: no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile)", UNAUTHORIZED),
     ("hf://org/x: download failed: OSError: [Errno 28] No space left on device", NO_SPACE),
     ("hf://org/x: cannot reach https://huggingface.co (ConnectError), and it is not in the cache /models", DOWNLOAD_FAILED),
+    ("cannot split org/x 3 ways: num_attention_heads=16 is not divisible by 3", CANNOT_SPLIT),
+    ("cannot split x 4 ways: num_key_value_heads=3 neither divides by 4 nor divides it (to replicate)", CANNOT_SPLIT),
+    ("hf://org/x: cannot split (not found)", NOT_FOUND),  # only fetch's split line is CannotSplit
 ])
 def test_failures_are_classified_by_their_line(line: str, reason: str) -> None:
     assert failure_reason(line) == reason
@@ -264,6 +269,36 @@ def fails_the_job_at_once(job: dict, exit_code: int) -> bool:
             if hit == (codes["operator"] == "In"):
                 return rule["action"] == "FailJob"
     return False
+
+
+def test_the_job_refuses_a_model_its_gpus_cannot_split(hub, tmp_path: Path) -> None:
+    """resources.gpus: 3 on a model of 16 heads: the rendered Job's command fails at once (podFailurePolicy) with
+    the line ModelReady reports as CannotSplit; gpus: 2 fills the folder."""
+    from hub_server import Repo
+
+    config = {"model_type": "llama", "num_attention_heads": 16, "num_key_value_heads": 4, "hidden_size": 64,
+              "intermediate_size": 128}
+    repo = Repo()
+    repo.add_commit({"config.json": json.dumps(config).encode(), "tokenizer.json": b"{}",
+                     "model.safetensors": b"\0" * 1000})
+    hub.repos["org/tiny"] = repo
+    cache = tmp_path / "claim"
+
+    def job(gpus: int) -> dict[str, Any]:
+        spec = parse_spec({"model": {"name": "tiny", "url": URL, "cache": {"size": "1Gi"}},
+                           "resources": {"gpus": gpus}}, "llama-8b")
+        return download_job(OWNER, spec, WorkerDefaults(), "llama-8b-model-cache")
+
+    refused = run_job_command(job(3), cache, {"HF_ENDPOINT": hub.url})
+    line = error_line(refused.stderr)
+    assert line.startswith("cannot split org/tiny 3 ways: num_attention_heads=16 is not divisible by 3"), refused.stderr
+    assert failure_reason(line) == CANNOT_SPLIT and fails_the_job_at_once(job(3), refused.returncode)
+    state = model_state(URL, {"metadata": {"name": "j"}, "status": {"failed": 1, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "PodFailurePolicy"}]}},
+        [pod("Failed", terminated={"exitCode": refused.returncode, "message": refused.stderr[-2000:]})])
+    assert (state.phase, state.reason) == (FAILED, CANNOT_SPLIT) and state.message.startswith(line)
+    done = run_job_command(job(2), cache, {"HF_ENDPOINT": hub.url})
+    assert done.returncode == 0, done.stderr
 
 
 # -- a GGUF converted once into the cache ---------------------------------------------------------------------

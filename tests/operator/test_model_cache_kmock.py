@@ -309,3 +309,45 @@ async def test_a_gguf_on_a_claim_is_converted_once_for_gpu_workers(kmock: Any, o
     dep = await wait_for(lambda: live(kmock, DEPLOYMENTS), what="the workers")
     assert [v["persistentVolumeClaim"]["claimName"] for v in dep["spec"]["template"]["spec"]["volumes"]
             if "persistentVolumeClaim" in v] == ["smol-model-cache"]
+
+
+async def test_a_model_that_cannot_be_split_fails_its_download_then_a_fixed_spec_retries(kmock: Any, operator: Any,
+                                                                                        tmp_path: Any) -> None:
+    """resources.gpus: 3 renders fetch's split check; its one-line refusal (fetch's real error line) is ModelReady
+    CannotSplit and no worker starts; gpus: 2 replaces the failed Job with one that checks 2 ways."""
+    import json
+
+    import pytest
+
+    from hetero_infer.model_source import EXIT_PERMANENT, ModelSourceError, check_tensor_split
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 16, "num_key_value_heads": 8,
+                                                      "hidden_size": 64, "intermediate_size": 128}))
+    with pytest.raises(ModelSourceError) as refused:  # the line fetch logs in the Job's pod
+        check_tensor_split("org/tiny", tmp_path, 3)
+    line = str(refused.value)
+
+    await operator()
+    body = cached(cache={"storageClassName": "nfs", "size": "50Gi"})
+    body["spec"].update(executor="torch", resources={"gpus": 3})
+    await create(kmock, body)
+    job = await wait_for(lambda: live(kmock, JOBS, job_name()), what="the Job")
+    (fetch,) = job["spec"]["template"]["spec"]["containers"]
+    assert fetch["command"][-2:] == ["--tensor-parallel-size", "3"]
+    await start_pod(kmock, job, "fetch-1", "Failed", terminated={
+        "exitCode": EXIT_PERMANENT, "reason": "Error",
+        "message": f"2026-11-29 10:00:00,000 ERROR hetero_infer.model_source: {line}\n"})
+    await job_status(kmock, job_name(), {"active": 0, "failed": 1, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": "Container fetch-model ..."}]})
+    await wait_for(lambda: model_reason(kmock) == "CannotSplit", what="ModelReady CannotSplit")
+    cond = condition(kmock, c.COND_MODEL_READY)
+    assert cond["status"] == "False" and cond["message"].startswith(line)
+    assert condition(kmock, "Ready")["reason"] == "ModelFailed"
+    assert live(kmock, DEPLOYMENTS) is None
+
+    await patch(kmock, f"{INFD_PATH}", {"spec": {"resources": {"gpus": 2}}})
+    await wait_for(lambda: (live(kmock, JOBS, job_name()) or {}).get("metadata", {}).get("uid") not in
+                   (None, job["metadata"]["uid"]), what="the failed Job replaced")
+    (fetch,) = live(kmock, JOBS, job_name())["spec"]["template"]["spec"]["containers"]
+    assert fetch["command"][-2:] == ["--tensor-parallel-size", "2"]
+    await wait_for(lambda: model_reason(kmock) == "Pending", what="a fresh attempt")

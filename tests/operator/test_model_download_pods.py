@@ -120,6 +120,12 @@ def test_a_failed_init_container_is_failed_with_the_reason_of_its_message() -> N
     evicted["status"].update(reason="Evicted", message="Pod ephemeral local storage usage exceeds the total limit "
                                                        "of containers 20Gi.")
     assert init_state(URL, [evicted]).reason == NO_SPACE
+    # the model is there but does not split over resources.gpus (fetch --tensor-parallel-size)
+    split = "cannot split org/tiny 3 ways: num_attention_heads=16 is not divisible by 3"
+    refused = worker_pod("a", {"state": {"terminated": {"exitCode": 3, "reason": "Error", "message":
+                                                        f"2026-11-29 10:00:00,000 ERROR hetero_infer.model_source: {split}\n"}}})
+    state = init_state(URL, [refused])
+    assert (state.phase, state.reason) == (FAILED, "CannotSplit") and state.message.startswith(split)
 
 
 def test_one_pod_with_the_model_is_ready_whatever_the_others_do() -> None:

@@ -77,3 +77,26 @@ async def test_the_operator_refuses_a_mock_spec_with_several_gpus(kmock: Any, op
     assert degraded["status"] == "True" and degraded["reason"] == "InvalidSpec"
     assert "tensor parallelism" in degraded["message"]
     assert live(kmock, DEPLOYMENTS) is None
+
+
+@pytest.mark.parametrize("gpus, check", [(1, []), (3, ["--tensor-parallel-size", "3"])])
+def test_the_download_checks_the_split_before_any_worker_starts(gpus: int, check: list[str]) -> None:
+    """fetch --tensor-parallel-size N in the init container (no cache) and in the download Job of the operator's
+    own cache claim; a shared claim's Job (deployments of any gpus wait on it) leaves it to the workers."""
+    from hetero_infer.operator.manifests.cache import download_job
+    from hetero_infer.operator.manifests.common import WorkerDefaults
+
+    model = {"name": "big", "url": "hf://org/big"}
+    spec = parse_spec({"model": model, "resources": {"gpus": gpus}}, "big")
+    dep = children(OWNER, spec).deployment
+    (fetch,) = dep["spec"]["template"]["spec"]["initContainers"]
+    assert fetch["command"] == ["hetero-infer", "fetch", "hf://org/big", *check]
+    kubernetes_validate.validate(strip_none(dep), kubernetes_validate.latest_version(), strict=True)
+    own = parse_spec({"model": {**model, "cache": {"size": "50Gi"}}, "resources": {"gpus": gpus}}, "big")
+    job = download_job(OWNER, own, WorkerDefaults(), "big-model-cache")
+    (fetch,) = job["spec"]["template"]["spec"]["containers"]
+    assert fetch["command"][3:] == ["--link", fetch["command"][4], *check]
+    kubernetes_validate.validate(strip_none(job), kubernetes_validate.latest_version(), strict=True)
+    shared = parse_spec({"model": {**model, "cache": {"claimName": "models"}}, "resources": {"gpus": gpus}}, "big")
+    (fetch,) = download_job(OWNER, shared, WorkerDefaults(), "models")["spec"]["template"]["spec"]["containers"]
+    assert "--tensor-parallel-size" not in fetch["command"]

@@ -23,15 +23,23 @@ def first_kv_head(rank: int, num_kv_heads: int, world_size: int) -> int:
 
 
 def check_split(raw: Mapping[str, Any], world_size: int, int4_group: int | None = None) -> None:
-    """A ValueError saying why config.json's model (`raw`) cannot be split over `world_size` ranks: the query
+    """A ValueError saying why config.json's model (`raw`) cannot be split over `world_size` ranks
+    (`split_problems`)."""
+    if world_size < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {world_size}")
+    problems = split_problems(raw, world_size, int4_group)
+    if problems:
+        raise ValueError(f"the model cannot be split over tensor_parallel_size={world_size}: " + "; ".join(problems))
+
+
+def split_problems(raw: Mapping[str, Any], world_size: int, int4_group: int | None = None) -> list[str]:
+    """Why config.json's model (`raw`) cannot be split over `world_size` >= 1 ranks (empty: it can): the query
     heads must divide evenly, the KV heads divide or be replicated (world_size a multiple of them), every
     intermediate size divide. The vocabulary needs nothing (padded). With `int4_group` (INT4 weights: the
     smallest group size of the INT4 kernels), each row-parallel shard's input width (a rank's heads x head_dim,
-    its intermediate rows) must hold whole groups."""
-    if world_size < 1:
-        raise ValueError(f"tensor_parallel_size must be >= 1, got {world_size}")
-    if world_size == 1:
-        return
+    its intermediate rows) must hold whole groups. `hetero-infer fetch --tensor-parallel-size` checks the same."""
+    if world_size <= 1:
+        return []
     text = raw.get("text_config")
     raw = text if isinstance(text, Mapping) else raw
     heads = raw.get("num_attention_heads")
@@ -56,5 +64,4 @@ def check_split(raw: Mapping[str, Any], world_size: int, int4_group: int | None 
             if (width // world_size) % int4_group:
                 problems.append(f"INT4 groups of {int4_group} do not divide a rank's part of {key} "
                                 f"({width} / {world_size})")
-    if problems:
-        raise ValueError(f"the model cannot be split over tensor_parallel_size={world_size}: " + "; ".join(problems))
+    return problems
