@@ -47,6 +47,7 @@ from hetero_infer.operator.model_state import (
 )
 from hetero_infer.operator.spec import InferenceSpec, SpecError, parse_spec
 from hetero_infer.operator.status import Observed, compute_status, invalid_spec_status, status_changed
+from hetero_infer.operator.worker_pods import worker_failure
 
 # record(type, reason, message): posts a Kubernetes event on the InferenceDeployment.
 Recorder = Callable[[str, str, str], None]
@@ -421,8 +422,24 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
     model = cache.state if cache else pod_downloads(client, owner, spec, outcome) if downloads_per_pod(spec) else None
     adapters = sync_adapters(client, owner, spec, defaults or WorkerDefaults(), outcome, record,
                              previous.get("adapters") is not None)
+    workers = live.get(("Deployment", name))
+    failure = workers_failing(client, owner, spec, workers if workers and owned_by(workers, uid) else None, outcome)
     return _finish(client, record, body, spec, owner, outcome, live,
-                   {router_name(name)} if wanted.router else set(), model, previous, now, adapters)
+                   {router_name(name)} if wanted.router else set(), model, previous, now, adapters, failure)
+
+
+def workers_failing(client: kube.Client, owner: Owner, spec: InferenceSpec, workers: Mapping[str, Any] | None,
+                    outcome: Outcome) -> str | None:
+    """While the worker Deployment has fewer ready replicas than the spec asks for: why a worker pod exited
+    (worker_pods.worker_failure; a worker that refuses to start says why last). The pods are read only then."""
+    ready = int(((workers or {}).get("status") or {}).get("readyReplicas") or 0)
+    if workers is None or spec.replicas == 0 or ready >= spec.replicas:
+        return None
+    try:
+        return worker_failure(client.list(kube.POD, owner.namespace, selector_string(owner.name)))
+    except kube.ApiError as e:
+        outcome.errors.append(f"worker pods of {owner.namespace}/{owner.name}: {e}")
+        return None
 
 
 def _model_event(record: Recorder, previous: Mapping[str, Any], state: ModelState) -> None:
@@ -435,7 +452,8 @@ def _model_event(record: Recorder, previous: Mapping[str, Any], state: ModelStat
 def _finish(client: kube.Client, record: Recorder, body: Mapping[str, Any], spec: InferenceSpec, owner: Owner,
             outcome: Outcome, live: Mapping[tuple[str, str], dict[str, Any] | None], routers: set[str],
             model: ModelState | None, previous: Mapping[str, Any], now: str,
-            adapters: tuple[tuple[str, ModelState], ...] | None = None) -> Outcome:
+            adapters: tuple[tuple[str, ModelState], ...] | None = None,
+            failure: str | None = None) -> Outcome:
     """The status from what the pass saw, written when it changed."""
     name, generation = owner.name, _identity(body)[3]
     conflicts = [r.detail for r in outcome.results if r.action == "conflict"]
@@ -453,6 +471,7 @@ def _finish(client: kube.Client, record: Recorder, body: Mapping[str, Any], spec
         problem_reason="ChildConflict" if conflicts else "ReconcileFailed",
         model=model,
         adapters=adapters,
+        worker_failure=failure,
     )
     selector = selector_string(name)
 

@@ -47,6 +47,8 @@ class Observed:
     model: ModelState | None = None
     # spec.adapters: each adapter's name and where it stands (its download Job's state); None: not read this pass
     adapters: tuple[tuple[str, ModelState], ...] | None = None
+    # while replicas are missing: the last words of a worker that exited with an error (worker_pods.worker_failure)
+    worker_failure: str | None = None
 
 
 def _cond(ctype: str, status: str, reason: str, message: str) -> dict[str, Any]:
@@ -237,6 +239,8 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
     previous = previous or {}
     dep_status = (observed.deployment or {}).get("status") or {}
     ready_c, prog_c, degraded = _deployment_conditions(spec, observed.deployment)
+    if observed.worker_failure and ready_c["reason"] in ("NoReplicasReady", "PartiallyReady"):
+        ready_c = dict(ready_c, message=f"{ready_c['message']}; {observed.worker_failure}")
     model_c = router_c = None
     if spec.model.cache is not None and observed.model is not None:
         model_c, ready_c, prog_c, degraded = _with_model(spec, observed, ready_c, prog_c, degraded)

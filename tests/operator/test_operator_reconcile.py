@@ -31,6 +31,12 @@ class FakeClient:
         obj = self.objects.get((kind.kind, namespace, name))
         return copy.deepcopy(obj) if obj else None
 
+    def list(self, kind: kube.Kind, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        self._check("list", kind)
+        want = dict(term.split("=", 1) for term in label_selector.split(",") if term)
+        return [copy.deepcopy(o) for (k, ns, _), o in self.objects.items() if k == kind.kind and ns == namespace
+                and want.items() <= ((o.get("metadata") or {}).get("labels") or {}).items()]
+
     def create(self, kind: kube.Kind, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self._check("create", kind)
         key = (kind.kind, namespace, body["metadata"]["name"])
