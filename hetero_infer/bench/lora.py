@@ -24,8 +24,10 @@ from hetero_infer import LLM, LoRARequest, SamplingParams
 PROJECTIONS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
 
 
-def write_adapter(folder: Path, config, rank: int, seed: int, moe: bool = False) -> Path:
-    """A PEFT LoRA folder for a model of `config` (every projection, attention only for MoE), random A and B."""
+def write_adapter(folder: Path, config, rank: int, seed: int, moe: bool = False, b_std: float = 0.01,
+                  targets: tuple[str, ...] | None = None) -> Path:
+    """A PEFT LoRA folder for a model of `config` on `targets` (None: every projection; attention only for MoE),
+    random A and B."""
     from safetensors.torch import save_file
 
     from hetero_infer.worker.runner.lora.adapter import ModelShapes
@@ -36,12 +38,12 @@ def write_adapter(folder: Path, config, rank: int, seed: int, moe: bool = False)
     for layer in range(config.num_hidden_layers):
         for part, names in PROJECTIONS.items():
             for name in names:
-                if name not in shapes.projections:
+                if name not in shapes.projections or (targets and name not in targets):
                     continue
                 n_in, n_out = shapes.projections[name]
                 key = f"base_model.model.model.layers.{layer}.{part}.{name}"
                 tensors[f"{key}.lora_A.weight"] = torch.randn(rank, n_in, generator=g) * n_in**-0.5
-                tensors[f"{key}.lora_B.weight"] = torch.randn(n_out, rank, generator=g) * 0.01
+                tensors[f"{key}.lora_B.weight"] = torch.randn(n_out, rank, generator=g) * b_std
     folder.mkdir(parents=True, exist_ok=True)
     targets = sorted({k.split(".")[-3] for k in tensors})
     (folder / "adapter_config.json").write_text(json.dumps(
@@ -58,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-format", default="auto")
     p.add_argument("--adapters", type=int, default=8)
     p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--targets", default="all", help="all: every attention and MLP projection; or a comma-separated "
+                   "list, e.g. q_proj,v_proj (PEFT's default for Llama)")
     p.add_argument("--seqs", type=int, default=32)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = [[rng.randrange(100, 30000) for _ in range(args.prompt_len)] for _ in range(args.seqs)]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     with tempfile.TemporaryDirectory() as tmp:
-        folders = [write_adapter(Path(tmp) / f"a{i}", executor.model.config, args.rank, i, moe)
+        targets = None if args.targets == "all" else tuple(t.strip() for t in args.targets.split(","))
+        folders = [write_adapter(Path(tmp) / f"a{i}", executor.model.config, args.rank, i, moe, targets=targets)
                    for i in range(args.adapters)]
         loras = [LoRARequest(f"a{i}", i + 1, str(f)) for i, f in enumerate(folders)]
         # one adapter from its folder into a slot: read and checked (host), then copied into a device slot
@@ -107,13 +112,14 @@ def main(argv: list[str] | None = None) -> dict:
                 runs[system].append(sum(len(o.outputs[0].token_ids) for o in outs) / seconds)
     best = {k: max(v) for k, v in runs.items()}
     result = {"model": engine.model_name, "device": str(executor.device), "dtype": str(executor.dtype),
-              "adapters": args.adapters, "rank": args.rank, "seqs": args.seqs, "prompt_len": args.prompt_len,
+              "adapters": args.adapters, "rank": args.rank, "targets": args.targets, "seqs": args.seqs, "prompt_len": args.prompt_len,
               "max_tokens": args.max_tokens, "runs": runs, "base_tok_s": best["base"], "lora_tok_s": best["lora"],
               "ratio": best["lora"] / best["base"], "adapter_read_s": t1 - t0, "slot_copy_s": t2 - t1,
               "adapter_mib": executor.lora.host[loras[0].lora_name].weights.nbytes / 2**20}
     print(f"{engine.model_name} on {executor.device} ({result['dtype']}): {args.seqs} sequences, prompts of "
           f"{args.prompt_len}, {args.max_tokens} new tokens each (greedy); {args.adapters} adapters of rank "
-          f"{args.rank} on every projection{' (attention: MoE)' if moe else ''}")
+          f"{args.rank} on {'every projection' if args.targets == 'all' else args.targets}"
+          f"{' (attention: MoE)' if moe else ''}")
     print("| system | runs (tok/s) | best (tok/s) |")
     print("|---|---|---:|")
     for system, label in (("base", "base model alone"), ("lora", f"{args.adapters} adapters mixed")):

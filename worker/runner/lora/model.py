@@ -54,7 +54,7 @@ class _HostAdapter:
     """An adapter in host memory: as read, and laid out per target as a slot holds it."""
 
     weights: AdapterWeights
-    layout: list[tuple[torch.Tensor, torch.Tensor]]
+    layout: list[tuple[torch.Tensor, torch.Tensor] | None]  # None: no weights for that target
 
 
 @dataclass
@@ -68,6 +68,8 @@ class _Target:
 
     def __post_init__(self) -> None:
         self.sizes = tuple(rows for _, _, rows in self.slices)
+        self.filled: set[int] = set()  # the slots whose adapter has weights here (the others hold zeros)
+        self.live = False  # some adapter of the step has weights here: the hook runs
 
 
 def _projections(model: nn.Module, moe: bool) -> list[tuple[int, nn.Module, tuple[tuple[str, int, int], ...]]]:
@@ -116,6 +118,11 @@ class LoRAModel:
         self._groups: kernels.LoRAGroups | None = None
         self._slot_buffer = (torch.full((max_tokens,), -1, dtype=torch.int32, device=device)
                              if device.type == "cuda" else None)
+        # the host side of its copy: two pinned buffers, alternating (the engine launches step N+1 while step N may
+        # still wait on the device for its copy; step N-1's has been made)
+        self._host_slots = ([torch.empty(max_tokens, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+                            if device.type == "cuda" else [])
+        self._flip = 0
         self.slot_loads = 0  # adapters copied into a device slot
 
     # -- adapters ----------------------------------------------------------------------
@@ -130,12 +137,15 @@ class LoRAModel:
         self.slots.drop(name)
         return self.host.pop(name, None) is not None
 
-    def _layout(self, weights: AdapterWeights) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per target, the slot's (a [K, in], b [out, K]) of `weights`: zeros where it has no module."""
+    def _layout(self, weights: AdapterWeights) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """Per target, the slot's (a [K, in], b [out, R]) of `weights` (zeros where it has no module), None for a
+        target it has no module of."""
         pin = self.device.type == "cuda"
-        out = [(torch.zeros(t.a.shape[1:], dtype=self.dtype, pin_memory=pin),
-                torch.zeros(t.b.shape[1:], dtype=self.dtype, pin_memory=pin)) for t in self.targets]
         position = {id(t): i for i, t in enumerate(self.targets)}
+        hit = {position[id(self._index[key][0])] for key in weights.modules}
+        out = [(torch.zeros(t.a.shape[1:], dtype=self.dtype, pin_memory=pin),
+                torch.zeros(t.b.shape[1:], dtype=self.dtype, pin_memory=pin)) if i in hit else None
+               for i, t in enumerate(self.targets)]
         r_max = self.max_rank
         for (layer, proj), (a, b, scale) in weights.modules.items():
             target, i = self._index[(layer, proj)]
@@ -150,9 +160,15 @@ class LoRAModel:
     def load_slot(self, slot: int, name: str) -> None:
         """Copy adapter `name` (in host memory) into device slot `slot`."""
         with _one_thread(self.device):
-            for target, (a, b) in zip(self.targets, self.host[name].layout):
-                target.a[slot].copy_(a, non_blocking=True)
-                target.b[slot].copy_(b, non_blocking=True)
+            for target, weights in zip(self.targets, self.host[name].layout):
+                if weights is not None:
+                    target.a[slot].copy_(weights[0], non_blocking=True)
+                    target.b[slot].copy_(weights[1], non_blocking=True)
+                    target.filled.add(slot)
+                elif slot in target.filled:  # the slot's previous adapter had weights here
+                    target.a[slot].zero_()
+                    target.b[slot].zero_()
+                    target.filled.discard(slot)
         self.slot_loads += 1
 
     # -- a step ------------------------------------------------------------------------
@@ -169,14 +185,20 @@ class LoRAModel:
         mapping, loads = self.slots.assign(adapters.values())
         for name, slot in loads:
             self.load_slot(slot, name)
+        used = set(mapping.values())
+        for target in self.targets:  # a projection no adapter of the step updates runs as the base model's
+            target.live = not used.isdisjoint(target.filled)
         per_seq = np.array([mapping[adapters[s]] if s in adapters else -1 for s in plan.seq_ids], dtype=np.int32)
         slots = np.repeat(per_seq, [len(ids) for ids in plan.token_ids])
         if self._slot_buffer is None:
             self._slots = torch.from_numpy(slots)
             self._groups = kernels.lora_groups(self._slots, self.slots.num_slots)
         else:
+            host = self._host_slots[self._flip][:len(slots)]
+            self._flip ^= 1
+            host.numpy()[:] = slots
             view = self._slot_buffer[:len(slots)]
-            view.copy_(torch.from_numpy(slots), non_blocking=False)
+            view.copy_(host, non_blocking=True)  # in stream order, before the step's kernels read it
             self._slots, self._groups = view, None
         self.active = True
         return True
@@ -186,5 +208,5 @@ class LoRAModel:
         self._slots = self._groups = None
 
     def _hook(self, target: _Target, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-        if self.active:
+        if self.active and target.live:
             kernels.lora_apply(args[0], output, target.a, target.b, self._slots, target.sizes, self._groups)
