@@ -12,17 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))  # qua
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """Factory: arch -> (folder, float32 HF model on the CPU); random weights, the default tokenizer."""
-    from quant_testing import save_tiny_model
+    from quant_testing import tiny_model_factory
 
-    cache = {}
-
-    def make(arch: str):
-        if arch not in cache:
-            folder = tmp_path_factory.mktemp(f"gpu-model-{arch}")
-            cache[arch] = (folder, save_tiny_model(arch, folder))
-        return cache[arch]
-
-    return make
+    return tiny_model_factory(tmp_path_factory, "gpu")
 
 
 @pytest.fixture(autouse=True)

@@ -8,21 +8,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))  # quant_testing: the tiny models
 
 from lora_testing import ALL_LINEAR, save_adapter  # noqa: E402
-from quant_testing import save_tiny_model  # noqa: E402
+from quant_testing import tiny_model_factory  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """Factory: arch -> (folder, float32 HF model)."""
-    cache = {}
-
-    def make(arch: str):
-        if arch not in cache:
-            folder = tmp_path_factory.mktemp(f"lora-model-{arch}")
-            cache[arch] = (folder, save_tiny_model(arch, folder))
-        return cache[arch]
-
-    return make
+    return tiny_model_factory(tmp_path_factory, "lora")
 
 
 # The adapters the tests run: two ranks, different target sets, both PEFT scalings.

@@ -73,6 +73,20 @@ def tiny_config(arch: str):
     raise KeyError(arch)
 
 
+def tiny_model_factory(tmp_path_factory, label: str):
+    """A session fixture's factory: arch -> (folder, float32 HF model), each arch saved once (`save_tiny_model`)
+    into a folder named after `label`."""
+    cache: dict = {}
+
+    def make(arch: str):
+        if arch not in cache:
+            folder = tmp_path_factory.mktemp(f"{label}-model-{arch}")
+            cache[arch] = (folder, save_tiny_model(arch, folder))
+        return cache[arch]
+
+    return make
+
+
 def save_tiny_model(arch: str, folder: Path, seed: int = 1234):
     """A random-weight HF model saved with the default model's tokenizer; returns the float32 HF model."""
     from transformers import AutoModelForCausalLM
