@@ -37,6 +37,7 @@ from hetero_infer.operator.spec_overrides import DEFAULT_LIVENESS, DEFAULT_READI
 
 # A host name as Ingress and HTTPRoute take it: DNS labels, optionally a leading "*." wildcard.
 HOSTNAME_PATTERN = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+HEADER_NAME_PATTERN = "^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"  # an HTTP field name (RFC 9110's token)
 
 QUANTIZATIONS = typing.get_args(Quantization)
 ROUTER_DEFAULTS = RouterOptions()  # the router's own defaults, which a spec without the field keeps
@@ -748,7 +749,7 @@ SCHEMA: Obj = Obj(
                                 ),
                                 "tenantHeader": Str(
                                     description="A request header naming the tenant, trusted: set it only where a gateway in front sets it (--tenant-header).",
-                                    pattern="^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
+                                    pattern=HEADER_NAME_PATTERN,
                                     max_length=128,
                                 ),
                                 "priorityClasses": Arr(
@@ -765,7 +766,7 @@ SCHEMA: Obj = Obj(
                                 ),
                                 "priorityClassHeader": Str(
                                     description="The request header naming a priority class, trusted as tenantHeader is (--priority-class-header); required with priorityClasses.",
-                                    pattern="^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
+                                    pattern=HEADER_NAME_PATTERN,
                                     max_length=128,
                                 ),
                                 "tenantLimits": Arr(
