@@ -28,10 +28,12 @@ log under OUT; a phase that no longer fits is skipped and said so); estimates fr
 8. serving (~2-3 min, asked for by name): benchmarks/serving_check.py, the OpenAI server on the GPU (Qwen3-0.6B
    shape, dummy bf16 weights) under `hetero-infer bench serve`, random 512-word prompts, 128 outputs, all at once and
    at 16 req/s, beside vLLM 0.19's published H100 numbers (OUT/serving.json).
-9. lora (~3 min, asked for by name; issue 39): `python -m hetero_infer.bench.lora` on the Qwen3-0.6B and
+9. lora (~4 min, asked for by name; issue 39): `python -m hetero_infer.bench.lora` on the Qwen3-0.6B and
    Llama-3-8B shapes (dummy bf16 weights): 8 random rank-16 adapters on every projection mixed in one batch of 32
    sequences against the base model alone, same engine (target: LoRA >= 0.8 x base tok/s), and the time to read
-   an adapter and copy it into a slot (OUT/lora-<shape>.json). LoRA steps run eagerly (no CUDA graph yet);
+   an adapter and copy it into a slot (OUT/lora-<shape>.json); decode steps with adapters replay the decode
+   runner's LoRA CUDA graphs, and the Qwen3-0.6B run is repeated with --enforce-eager (OUT/lora-<shape>-eager.json)
+   for what the graphs bring (tests/lora/test_lora_gpu.py, in the suite phase, checks their tokens against eager);
 10. tp (~2 min, asked for by name): benchmarks/gpu_tp_check.py, tensor parallelism on one GPU: the NCCL path at
    world size 1 inside the captured CUDA graphs against the plain executor, then tests/tp's TP=2 equivalence on
    gloo (OUT/tp.json). Owed on a machine with several GPUs: Llama-3-8B at TP=2 against TP=1.
@@ -263,13 +265,14 @@ def tp_cmd(out: Path) -> list[str]:
             str(out / "tp.json")]
 
 
-LORA_SHAPES = ("qwen3-0.6b", "llama-3-8b")
+LORA_RUNS = (("qwen3-0.6b", False), ("qwen3-0.6b", True), ("llama-3-8b", False))  # (shape, enforce_eager)
 
 
-def lora_cmd(shape: str, out_json: Path) -> list[str]:
+def lora_cmd(shape: str, out_json: Path, eager: bool = False) -> list[str]:
     return [sys.executable, "-m", "hetero_infer.bench.lora", "--model", str(SHAPES / shape), "--load-format", "dummy",
             "--device", "cuda", "--dtype", "bfloat16", "--adapters", "8", "--rank", "16", "--seqs", "32",
-            "--prompt-len", "128", "--max-tokens", "128", "--rounds", "3", "--json", str(out_json)]
+            "--prompt-len", "128", "--max-tokens", "128", "--rounds", "3", "--json", str(out_json),
+            *(["--enforce-eager"] if eager else [])]
 
 
 def profile_cmd(out: Path, modes: str) -> list[str]:
@@ -370,11 +373,12 @@ def check(out: Path, budget_s: float, phases: list[str], kernel_configs: Path | 
         if (out / "serving.json").is_file():
             results["serving"] = json.loads((out / "serving.json").read_text())
     if "lora" in phases:
-        for shape in LORA_SHAPES:
-            lora_json = out / f"lora-{shape}.json"
-            run.phase(f"lora-{shape}", lora_cmd(shape, lora_json), 40, 150)
+        for shape, eager in LORA_RUNS:
+            name = f"{shape}-eager" if eager else shape
+            lora_json = out / f"lora-{name}.json"
+            run.phase(f"lora-{name}", lora_cmd(shape, lora_json, eager), 40, 150)
             if lora_json.is_file():
-                results.setdefault("lora", {})[shape] = json.loads(lora_json.read_text())
+                results.setdefault("lora", {})[name] = json.loads(lora_json.read_text())
     if "tp" in phases:
         run.phase("tp", tp_cmd(out), 60, 240)
         if (out / "tp.json").is_file():
@@ -437,9 +441,10 @@ def summary(results: dict) -> str:
     lora = results.get("lora")
     if lora:
         lines += ["", "LoRA (8 adapters of rank 16 mixed in 32 sequences vs the base alone, one engine):", "",
-                  "| shape | base tok/s | LoRA tok/s | LoRA / base | adapter read s | slot copy s |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {shape} | {r['base_tok_s']:.0f} | {r['lora_tok_s']:.0f} | {r['ratio']:.2f} | "
+                  "| shape | CUDA graphs | LoRA graph steps | base tok/s | LoRA tok/s | LoRA / base | adapter read s "
+                  "| slot copy s |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {shape} | {'on' if r.get('cuda_graphs') else 'off'} | {r.get('lora_graph_steps', '-')} | "
+                  f"{r['base_tok_s']:.0f} | {r['lora_tok_s']:.0f} | {r['ratio']:.2f} | "
                   f"{r['adapter_read_s']:.3f} | {r['slot_copy_s']:.3f} |" for shape, r in lora.items()]
     lines += profile_summary(results.get("profile"))
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 # The project's GPU check on a bare GPU machine (torch, Triton, transformers; no network):
 #   bash benchmarks/gpu_check.sh OUT [--phases suite,tune,bench,profile,peers,moe,kv_tier,serving,tp] [--budget-s S] [--kernel-configs F]
 #                                    [--workloads qwen3-nano,qwen3-one,llama8b-one,llama8b-64,qwen3moe-one,qwen3moe-nano]
-# (--phases lora: issue 39 LoRA mix on the Qwen3-0.6B and Llama-3-8B shapes)
+# (--phases lora: issue 39 LoRA mix on the Qwen3-0.6B and Llama-3-8B shapes, LoRA CUDA graphs on and off)
 # needs .gpucheck/ beside the checkout (`python benchmarks/gpu_check.py prepare` on a machine with network).
 # Prints one table at the end and writes OUT/gpu_check.json plus one log per phase (docs/benchmarks.md).
 set -u

@@ -51,17 +51,24 @@ def test_lora_phase_commands_parse_with_the_lora_bench_parser(tmp_path) -> None:
 
     gc = _gpu_check()
     assert "lora" in gc.PHASES and "lora" not in gc.DEFAULT_PHASES
-    for shape in gc.LORA_SHAPES:
-        cmd = gc.lora_cmd(shape, tmp_path / "l.json")
+    assert {eager for _, eager in gc.LORA_RUNS} == {False, True}  # the graphs' gain measured on one shape
+    for shape, eager in gc.LORA_RUNS:
+        cmd = gc.lora_cmd(shape, tmp_path / "l.json", eager)
         assert cmd[1:3] == ["-m", "hetero_infer.bench.lora"]
         args = build_parser().parse_args(cmd[3:])
         assert (args.load_format, args.device, args.adapters, args.rank, args.seqs) == ("dummy", "cuda", 8, 16, 32)
+        assert args.enforce_eager == eager
         assert (gc.SHAPES / shape / "config.json").is_file()
     results = {"env": {"device": "GPU", "git": "abc", "date": "d", "torch": "t", "triton": "tr", "transformers": "tf"},
-               "phases": [], "benches": {}, "lora": {"qwen3-0.6b": {"base_tok_s": 1000.0, "lora_tok_s": 850.0,
-                                                                     "ratio": 0.85, "adapter_read_s": 0.1,
-                                                                     "slot_copy_s": 0.01}}}
-    assert "| qwen3-0.6b | 1000 | 850 | 0.85 | 0.100 | 0.010 |" in gc.summary(results)
+               "phases": [], "benches": {}, "lora": {
+                   "qwen3-0.6b": {"base_tok_s": 1000.0, "lora_tok_s": 850.0, "ratio": 0.85, "adapter_read_s": 0.1,
+                                  "slot_copy_s": 0.01, "cuda_graphs": True, "lora_graph_steps": 508},
+                   "qwen3-0.6b-eager": {"base_tok_s": 700.0, "lora_tok_s": 500.0, "ratio": 0.71,
+                                        "adapter_read_s": 0.1, "slot_copy_s": 0.01, "cuda_graphs": False,
+                                        "lora_graph_steps": 0}}}
+    table = gc.summary(results)
+    assert "| qwen3-0.6b | on | 508 | 1000 | 850 | 0.85 | 0.100 | 0.010 |" in table
+    assert "| qwen3-0.6b-eager | off | 0 | 700 | 500 | 0.71 | 0.100 | 0.010 |" in table
 
 
 def test_summary_table_names_every_phase_and_the_ratio() -> None:

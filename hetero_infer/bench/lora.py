@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2, help="base and LoRA runs alternate this many times each")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs (base and LoRA decode steps "
+                   "eager), to measure what the graphs bring")
     p.add_argument("--json", default=None, help="also write the results here")
     return p
 
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format,
               skip_tokenizer_init=dummy, enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank,
               max_num_seqs=max(args.seqs, 1), gpu_memory_utilization=args.gpu_memory_utilization,
-              engine_process=False)
+              enforce_eager=args.enforce_eager, engine_process=False)
     engine = llm.engine
     executor = engine.executor
     from hetero_infer.worker.runner.loader import model_family
@@ -111,11 +113,14 @@ def main(argv: list[str] | None = None) -> dict:
                 seconds = time.perf_counter() - start
                 runs[system].append(sum(len(o.outputs[0].token_ids) for o in outs) / seconds)
     best = {k: max(v) for k, v in runs.items()}
+    runner = executor.decode_runner
     result = {"model": engine.model_name, "device": str(executor.device), "dtype": str(executor.dtype),
               "adapters": args.adapters, "rank": args.rank, "targets": args.targets, "seqs": args.seqs, "prompt_len": args.prompt_len,
               "max_tokens": args.max_tokens, "runs": runs, "base_tok_s": best["base"], "lora_tok_s": best["lora"],
               "ratio": best["lora"] / best["base"], "adapter_read_s": t1 - t0, "slot_copy_s": t2 - t1,
-              "adapter_mib": executor.lora.host[loras[0].lora_name].weights.nbytes / 2**20}
+              "adapter_mib": executor.lora.host[loras[0].lora_name].weights.nbytes / 2**20,
+              # CUDA: whether decode steps replay CUDA graphs, and how many decode steps with adapters did
+              "cuda_graphs": bool(runner and runner.graphs), "lora_graph_steps": runner.lora_steps if runner and runner.graphs else 0}
     print(f"{engine.model_name} on {executor.device} ({result['dtype']}): {args.seqs} sequences, prompts of "
           f"{args.prompt_len}, {args.max_tokens} new tokens each (greedy); {args.adapters} adapters of rank "
           f"{args.rank} on {'every projection' if args.targets == 'all' else args.targets}"
@@ -124,6 +129,9 @@ def main(argv: list[str] | None = None) -> dict:
     print("|---|---|---:|")
     for system, label in (("base", "base model alone"), ("lora", f"{args.adapters} adapters mixed")):
         print(f"| {label} | {', '.join(f'{x:.1f}' for x in runs[system])} | {best[system]:.1f} |")
+    if runner is not None:
+        print(f"CUDA graphs {'on' if result['cuda_graphs'] else 'off (enforce_eager)'}: {runner.lora_steps} decode "
+              f"steps with adapters in the decode runner")
     print(f"LoRA / base: {result['ratio']:.2f}; one adapter ({result['adapter_mib']:.1f} MiB) read from its folder "
           f"in {result['adapter_read_s']:.3f} s, copied into a slot in {result['slot_copy_s']:.3f} s")
     if args.json:

@@ -1,4 +1,5 @@
-"""Decode steps on CUDA replayed from CUDA graphs, one per batch-size bucket."""
+"""Decode steps on CUDA replayed from CUDA graphs, one per batch-size bucket (and one more per bucket for steps with
+LoRA adapters)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ class DecodeRunner:
     (enforce_eager) the same padded forward runs eagerly: both modes launch the same kernels on
     the same shapes, so they give identical numbers. Padding rows have slot -1 (the KV write
     skips them) and context length 0 (attention returns zeros for them).
+
+    With LoRA (`attach_lora`) each bucket has a second graph, captured with the adapters' hooks active on every
+    projection they may update (`LoRAModel.graph_step`): a step with adapters replays it, whatever its mix (the
+    kernels read each token's slot from the LoRA model's static buffer, padding rows -1); a step of the base model
+    alone replays the base graph, which has no LoRA work.
     """
 
     def __init__(self, model, backend: TritonBackend, kv_caches, max_batch: int, max_blocks_per_seq: int,
@@ -73,11 +79,30 @@ class DecodeRunner:
                              host[self._off32 : self._off32 + 4 * n].view(np.int32),
                              host[self._off_tables :].view(np.int32).reshape(n, width))
                             for host in self.uploader.host_arrays]
+        self.use_graphs = use_graphs
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.lora = None  # the LoRA model (worker/runner/lora/model.py) once attached
+        self.lora_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.lora_outputs: dict[int, torch.Tensor] = {}
+        self._pool = None  # the graphs' memory pool, shared by all of them
         self.num_steps = 0
+        self.lora_steps = 0  # of num_steps, those with adapters
         if use_graphs:
             self.capture()
+
+    def attach_lora(self, lora) -> None:
+        """Run decode steps with LoRA adapters here too: the LoRA model keeps its token -> slot map in its static
+        buffer, -1 up to the largest bucket, and each bucket's LoRA graph is captured (with `use_graphs`)."""
+        lora.static_slots(self.buckets[-1])
+        self.lora = lora
+        if self.use_graphs:
+            self.capture(lora=True)
+
+    def takes(self, step: StepInputs, lora: bool) -> bool:
+        """Whether this runner runs the step: decodes only that fit (`accepts_step`), and a step with adapters only
+        once the LoRA model is attached."""
+        return (not lora or self.lora is not None) and self.accepts_step(step)
 
     def accepts(self, meta: TritonAttentionMetadata) -> bool:
         return (meta.prefill_block_tables is None and 0 < meta.num_decode_tokens <= self.buckets[-1]
@@ -92,11 +117,12 @@ class DecodeRunner:
                 and max(len(s.block_table) for s in spans) <= width and len(step.block_copies) <= self.buckets[-1])
 
     def run_step(self, step: StepInputs, prev_tokens: torch.Tensor | None, prev_rows: dict[int, int],
-                 copy_blocks: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> torch.Tensor:
+                 copy_blocks: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+                 lora: bool = False) -> torch.Tensor:
         """`run` from the step's host arrays: written into pinned staging, one copy (no tensor allocated per
         step); the step's block copies made by `copy_blocks(src, dst)`; PLACEHOLDER inputs taken from
         `prev_tokens`, the previous step's sampled tokens on the device (`prev_rows`: each sequence's row in
-        them)."""
+        them). `lora`: the step has adapters (the LoRA model's `begin_step` has written its slot map)."""
         n = len(step.token_ids)
         bs = next(b for b in self.buckets if b >= n)
         i, _ = self.uploader.host()
@@ -122,38 +148,45 @@ class DecodeRunner:
         if k:
             tokens = torch.index_select(prev_tokens, 0, self._patch[1, :k], out=self._patch[2, :k])
             self.input_ids.index_copy_(0, self._patch[0, :k], tokens)
-        return self._replay(bs)
+        return self._replay(bs, lora)
 
-    def _replay(self, bs: int) -> torch.Tensor:
-        """The bucket's forward over the static inputs: its graph, or eagerly without one."""
+    def _replay(self, bs: int, lora: bool = False) -> torch.Tensor:
+        """The bucket's forward over the static inputs: its graph (the LoRA one for a step with adapters), or
+        eagerly without one."""
         self.num_steps += 1
-        graph = self.graphs.get(bs)
+        self.lora_steps += lora
+        graph = (self.lora_graphs if lora else self.graphs).get(bs)
         if graph is None:
-            return self._forward(bs)
+            return self._forward(bs, lora)
         graph.replay()
-        return self.outputs[bs]
+        return (self.lora_outputs if lora else self.outputs)[bs]
 
-    def _forward(self, bs: int) -> torch.Tensor:
+    def _forward(self, bs: int, lora: bool = False) -> torch.Tensor:
         meta = TritonAttentionMetadata(
             slot_mapping=self.slot_mapping[:bs], positions=self.positions[:bs], num_decode_tokens=bs,
             decode_block_tables=self.block_tables[:bs], decode_context_lens=self.context_lens[:bs],
         )
-        return self.model(self.input_ids[:bs], self.backend, meta, self.kv_caches)
+        if not lora:
+            return self.model(self.input_ids[:bs], self.backend, meta, self.kv_caches)
+        with self.lora.graph_step(bs):
+            return self.model(self.input_ids[:bs], self.backend, meta, self.kv_caches)
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        start, pool = time.perf_counter(), None
+    def capture(self, lora: bool = False) -> None:
+        """Each bucket's graph: the base model's, or (`lora`) the one with the LoRA hooks' kernels."""
+        graphs, outputs = (self.lora_graphs, self.lora_outputs) if lora else (self.graphs, self.outputs)
+        start = time.perf_counter()
         before = torch.cuda.memory_reserved()
         for bs in reversed(self.buckets):  # largest first: the smaller graphs reuse its memory pool
-            self._forward(bs)  # warm-up outside the capture: Triton compiles, cuBLAS picks its kernels
+            self._forward(bs, lora)  # warm-up outside the capture: Triton compiles, cuBLAS picks its kernels
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self._forward(bs)
-            pool = graph.pool()
-            self.graphs[bs] = graph
-        log.info("captured CUDA graphs for decode batch sizes %s in %.1f s (%.0f MiB)", self.buckets,
-                 time.perf_counter() - start, (torch.cuda.memory_reserved() - before) / 2**20)
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs[bs] = self._forward(bs, lora)
+            self._pool = graph.pool()
+            graphs[bs] = graph
+        log.info("captured %sCUDA graphs for decode batch sizes %s in %.1f s (%.0f MiB)", "LoRA " if lora else "",
+                 self.buckets, time.perf_counter() - start, (torch.cuda.memory_reserved() - before) / 2**20)
 
     def run(self, input_ids: torch.Tensor, meta: TritonAttentionMetadata) -> torch.Tensor:
         """Hidden states [bucket, hidden]; rows past the real batch are padding."""

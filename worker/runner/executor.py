@@ -171,7 +171,9 @@ class TorchExecutor:
             width = -(-max_model_len // self.block_size)
             self.decode_runner = DecodeRunner(self.model, self.backend, self.kv_caches, max_batch, width,
                                               self.device, use_graphs=not config.enforce_eager)
-        self.lora = self._lora_model(hf_config)  # after the graphs: captured without the LoRA hooks' work
+        self.lora = self._lora_model(hf_config)  # after the base graphs: captured without the LoRA hooks' work
+        if self.lora is not None and self.decode_runner is not None:  # and the LoRA graphs with it
+            self.decode_runner.attach_lora(self.lora)
 
     # -- LoRA adapters --------------------------------------------------------------------
     def add_lora(self, request: LoRARequest) -> None:
@@ -280,11 +282,14 @@ class TorchExecutor:
                               deferred=not self._reads_restored(plan))
         step = step_inputs(plan, self.block_tables, self.block_size)
         runner = self.decode_runner
-        # a step with LoRA adapters runs eagerly, layer by layer (the hooks add the adapters' updates)
+        # a step with LoRA adapters: the hooks add the adapters' updates (eagerly, layer by layer, or captured in
+        # the decode runner's LoRA graphs)
         lora = self.lora is not None and self.lora.begin_step(plan)
         # every row a decode, and every row samples (a prompt row is a prefill's)
-        if runner is not None and not lora and not step.prompt_rows and runner.accepts_step(step):
-            hidden = runner.run_step(step, self._prev_tokens, self._prev_rows, self._copy_blocks)
+        if runner is not None and not step.prompt_rows and runner.takes(step, lora):
+            hidden = runner.run_step(step, self._prev_tokens, self._prev_rows, self._copy_blocks, lora)
+            if lora:
+                self.lora.end_step()
             return self.model.compute_logits(hidden[: len(step.token_ids)]), None
         input_ids, meta, logits_index = self._prepare(step)
         if self.cpu_decode is not None and not lora and self.cpu_decode.accepts(input_ids.shape[0],

@@ -11,8 +11,9 @@ output rows and first r columns of `b`, zeros elsewhere (smaller ranks padded). 
 The hooks run only in a step that has adapters (`begin_step`): a step of the base model alone goes through the
 model as without LoRA (the executors' fused paths included). The base weights may be in any format (float,
 INT8, INT4, packed for the CPU GEMMs): the update applies to the projection's input and output activations.
-On CUDA the token -> slot map is copied into a static buffer that the kernels read on the device, so a captured
-graph would replay any step's adapters; capturing LoRA steps is owed (they run eagerly).
+On CUDA the token -> slot map is copied into a static buffer that the kernels read on the device: the CUDA-graph
+decode runner captures its LoRA graphs inside `graph_step` (every target's kernels, the buffer's first rows as the
+map), and each replay runs whatever adapters `begin_step` wrote there (rows past the step's tokens: -1).
 """
 
 from __future__ import annotations
@@ -116,14 +117,47 @@ class LoRAModel:
         self.active = False
         self._slots: torch.Tensor | None = None
         self._groups: kernels.LoRAGroups | None = None
-        self._slot_buffer = (torch.full((max_tokens,), -1, dtype=torch.int32, device=device)
-                             if device.type == "cuda" else None)
-        # the host side of its copy: two pinned buffers, alternating (the engine launches step N+1 while step N may
-        # still wait on the device for its copy; step N-1's has been made)
-        self._host_slots = ([torch.empty(max_tokens, dtype=torch.int32, pin_memory=True) for _ in range(2)]
-                            if device.type == "cuda" else [])
+        self._max_tokens = max_tokens
+        self._slot_buffer: torch.Tensor | None = None  # the token -> slot map read on the device (static_slots)
+        self._host_slots: list[torch.Tensor] = []
         self._flip = 0
+        self.graph_rows = 0  # rows of the static slot buffer a captured graph reads: -1 past a step's tokens
         self.slot_loads = 0  # adapters copied into a device slot
+        if device.type == "cuda":
+            self.static_slots(0)
+
+    def static_slots(self, graph_rows: int) -> None:
+        """Keep the token -> slot map in a static buffer that the kernels read (on CUDA from the start; on the CPU
+        for the tests of the graph path), its first `graph_rows` entries -1 past every step's tokens: what a decode
+        graph of up to that many rows reads."""
+        if self._slot_buffer is None:
+            self._slot_buffer = torch.full((self._max_tokens,), -1, dtype=torch.int32, device=self.device)
+            # the host side of its copy: two buffers (pinned on CUDA), alternating (the engine launches step N+1
+            # while step N may still wait on the device for its copy; step N-1's has been made)
+            pin = self.device.type == "cuda"
+            self._host_slots = [torch.empty(self._max_tokens, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        if graph_rows > self._max_tokens:
+            raise ValueError(f"graph_rows {graph_rows} > the slot buffer's {self._max_tokens} rows")
+        self.graph_rows = max(self.graph_rows, graph_rows)
+
+    @contextlib.contextmanager
+    def graph_step(self, rows: int) -> Iterator[None]:
+        """The hooks as a captured decode graph of `rows` rows runs them, whatever adapters a replay has: every
+        target live (a slot's target its adapter has no weights for holds zeros: `load_slot`), the map the static
+        buffer's first `rows` entries (`begin_step` writes them before a replay; slot -1 adds nothing). The step's
+        own state (active, live, map) is back after."""
+        if self._slot_buffer is None or rows > self.graph_rows:
+            raise ValueError(f"graph_step({rows}) needs static_slots(>= {rows}) first")
+        saved = self.active, self._slots, self._groups, [t.live for t in self.targets]
+        self.active, self._slots, self._groups = True, self._slot_buffer[:rows], None
+        for target in self.targets:
+            target.live = True
+        try:
+            yield
+        finally:
+            self.active, self._slots, self._groups, live = saved
+            for target, was in zip(self.targets, live):
+                target.live = was
 
     # -- adapters ----------------------------------------------------------------------
     def add(self, request: LoRARequest) -> None:
@@ -194,12 +228,13 @@ class LoRAModel:
             self._slots = torch.from_numpy(slots)
             self._groups = kernels.lora_groups(self._slots, self.slots.num_slots)
         else:
-            host = self._host_slots[self._flip][:len(slots)]
+            n, rows = len(slots), max(len(slots), self.graph_rows)
+            host = self._host_slots[self._flip][:rows]
             self._flip ^= 1
-            host.numpy()[:] = slots
-            view = self._slot_buffer[:len(slots)]
-            view.copy_(host, non_blocking=True)  # in stream order, before the step's kernels read it
-            self._slots, self._groups = view, None
+            host.numpy()[:n] = slots
+            host.numpy()[n:] = -1  # a graph's padding rows: no adapter
+            self._slot_buffer[:rows].copy_(host, non_blocking=True)  # in stream order, before the kernels read it
+            self._slots, self._groups = self._slot_buffer[:n], None
         self.active = True
         return True
 
