@@ -7,6 +7,9 @@ One ZMQ PUB message per engine step that changed the cache: three frames, `[topi
 (contracts/block_hashes.py), the ones the router's index and the block reports use. `medium` names the tier:
 "GPU" is the engine's device pool (whatever the device), "CPU" the host tier behind it (--kv-offloading-size).
 A host-tier `BlockStored` carries no token ids (the block was saved at eviction, away from its sequence).
+`lora_id` is the LoRA adapter's `lora_int_id` for blocks computed under an adapter (as vLLM fills it; their hashes
+chain from the adapter's root, contracts/block_hashes.py, so they never equal the base model's), None for the
+base model's.
 
 Torch-free: the router decodes these too."""
 

@@ -90,3 +90,79 @@ async def test_adapter_blocks_are_keyed_alike_by_the_worker_and_the_router(model
             assert base_hits == {u: 0 for u in urls}  # the base model shares no block with the adapter
         finally:
             await runner.cleanup()
+
+
+async def test_kv_events_carry_the_adapter_id_and_the_router_follows_them(model_and_adapter):
+    """A worker publishing KV events (real ZMQ, a small pool and a host tier, so blocks are evicted and saved): a
+    subscriber decodes `BlockStored.lora_id` = the adapter's lora_int_id for the blocks of its requests, on both
+    media, and None for the base model's; and the router, following the same events, holds the adapter-keyed
+    hashes it computes for an adapter request, apart from the base's."""
+    import asyncio
+    import json
+    import time
+
+    import zmq
+
+    from hetero_infer.contracts import kv_events
+
+    folder, adapter = model_and_adapter
+    config = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "topic": "kv"})
+    # 24 blocks of 4 tokens: two 10-block prompts fill half the pool, so the load evicts into the host tier
+    engine = LLMEngine(EngineConfig(model=str(folder), served_model_name="tiny", executor="mock", enable_lora=True,
+                                    max_loras=2, block_size=BLOCK, max_model_len=256, max_num_blocks=24,
+                                    kv_offloading_size=0.0002, kv_events_config=config))
+    assert engine.block_manager.host is not None
+    prompts = [list(range(1000 * i, 1000 * i + 40)) for i in range(1, 5)]
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    sub.connect(engine.kv_events.endpoint)
+    try:
+        async with real_workers([engine], allow_runtime_lora_updating=True) as (url,), aiohttp.ClientSession() as s:
+            async with s.post(url + "/v1/load_lora_adapter", json={"lora_name": "sql", "lora_path": str(adapter)}) as r:
+                assert r.status == 200, await r.text()
+            (sql,) = engine.list_loras()
+            router, runner, router_url = await start_router(RouterOptions(
+                worker=[url], health_interval_s=0.05, tokenizer="none", block_size=BLOCK))
+            try:
+                await wait_for(lambda: router.pool.ready() and url in router.pool.feeds and router.pool.feeds[url].live,
+                               what="the worker ready and its events followed")
+                await asyncio.sleep(0.3)  # PUB/SUB: batches sent before a subscription reaches the publisher are lost
+
+                async def ask(model: str, prompt: list[int]) -> None:
+                    async with s.post(router_url + "/v1/completions",
+                                      json={"model": model, "prompt": prompt, "max_tokens": 2}) as r:
+                        assert r.status == 200, await r.text()
+
+                for prompt in prompts:
+                    await ask("sql", prompt)
+                    await ask("tiny", prompt)
+                await ask("sql", PROMPT)
+                adapter_blocks = set(block_hashes(PROMPT, BLOCK, "sql"))
+                await wait_for(lambda: adapter_blocks <= router.index.blocks(url), what="the adapter's blocks indexed")
+                assert not set(block_hashes(PROMPT, BLOCK)) & router.index.blocks(url)  # keyed apart from the base
+                assert router.pool.feeds[url].batches > 0
+            finally:
+                await runner.cleanup()
+        ids: dict[int, int | None] = {}  # block hash -> the lora_id of its BlockStored events
+        media: set[tuple[str | None, int | None]] = set()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and sub.poll(500):
+            _, _, payload = sub.recv_multipart()
+            for event in kv_events.decode_batch(payload).events:
+                if isinstance(event, kv_events.BlockStored):
+                    media.add((event.medium, event.lora_id))
+                    for h in event.block_hashes:
+                        assert ids.setdefault(h, event.lora_id) == event.lora_id, "a hash stored under two ids"
+    finally:
+        sub.close(0)
+        context.term()
+    for prompt in [*prompts, PROMPT]:
+        for h in block_hashes(prompt, BLOCK, "sql"):
+            assert ids.get(h, sql.lora_int_id) == sql.lora_int_id
+        for h in block_hashes(prompt, BLOCK):
+            assert ids.get(h) is None
+    stored = set(ids)
+    assert set(block_hashes(PROMPT, BLOCK, "sql")) <= stored and set(block_hashes(prompts[0], BLOCK)) <= stored
+    assert {(kv_events.DEVICE_MEDIUM, sql.lora_int_id), (kv_events.DEVICE_MEDIUM, None),
+            (kv_events.HOST_MEDIUM, sql.lora_int_id), (kv_events.HOST_MEDIUM, None)} <= media

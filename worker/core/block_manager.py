@@ -61,6 +61,7 @@ class Block:
     block_id: int
     ref_count: int = 0
     hash: int | None = None
+    lora_id: int | None = None  # the LoRA adapter its hash is keyed by (lora_int_id), for its KV events
 
 
 class BlockManager:
@@ -126,9 +127,9 @@ class BlockManager:
                         self.blocks_saved += 1
                         self._change(self._host_changes, block.hash, True)
                         if self.events is not None:
-                            self.events.append(kv_events.BlockStored([block.hash], None, [], self.block_size, None,
-                                                                     kv_events.HOST_MEDIUM))
-            block.hash = None
+                            self.events.append(kv_events.BlockStored([block.hash], None, [], self.block_size,
+                                                                     block.lora_id, kv_events.HOST_MEDIUM))
+            block.hash = block.lora_id = None
         block.ref_count = 1
         return block_id
 
@@ -185,7 +186,7 @@ class BlockManager:
             h = seq.block_hashes[i]
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self.hash_to_block:
-                block.hash = h
+                block.hash, block.lora_id = h, seq.lora_id
                 self.hash_to_block[h] = block.block_id
                 self._cache_change(h, True)
                 stored.append(i)
@@ -204,7 +205,7 @@ class BlockManager:
                 continue
             self.events.append(kv_events.BlockStored(
                 hashes[start:prev + 1], hashes[start - 1] if start else None,
-                list(seq.token_ids[start * bs:(prev + 1) * bs]), bs, None, kv_events.DEVICE_MEDIUM))
+                list(seq.token_ids[start * bs:(prev + 1) * bs]), bs, seq.lora_id, kv_events.DEVICE_MEDIUM))
             if i is not None:
                 start = prev = i
 
@@ -252,7 +253,7 @@ class BlockManager:
                 self.host.pin(hit.slot)
             for hit in restored:
                 block_id = self._take_free()
-                self.blocks[block_id].hash = hit.hash
+                self.blocks[block_id].hash, self.blocks[block_id].lora_id = hit.hash, seq.lora_id
                 self.hash_to_block[hit.hash] = block_id
                 self._cache_change(hit.hash, True)
                 self._restores.append((hit.slot, block_id))
@@ -357,7 +358,7 @@ class BlockManager:
                 self._cache_change(block.hash, False)
                 if self.events is not None:
                     self.events.append(kv_events.BlockRemoved([block.hash], kv_events.DEVICE_MEDIUM))
-            block.hash = None
+            block.hash = block.lora_id = None
 
     def take_events(self) -> list[kv_events.KVCacheEvent]:
         """The KV events since the last call, in order; [] when not recorded."""

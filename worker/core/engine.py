@@ -176,7 +176,7 @@ class LLMEngine:
             seq.prompt_leader = seqs[0]
         if lora_request is not None:
             for seq in seqs:
-                seq.lora_name = lora_request.lora_name
+                seq.lora_name, seq.lora_id = lora_request.lora_name, lora_request.lora_int_id
             self.loras.counted(lora_request.lora_name)
         request = Request(request_id, prompt, list(prompt_token_ids), params, seqs)
         if arrival_time is not None:

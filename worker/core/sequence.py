@@ -52,6 +52,7 @@ class Sequence:
     prompt_logprobs_top: int | None = None
     prompt_logprob_rows: int = 0
     lora_name: str | None = None  # the LoRA adapter it runs with (None: the base model)
+    lora_id: int | None = None  # that adapter's lora_int_id (its blocks' KV events carry it, as vLLM's do)
 
     @property
     def num_tokens(self) -> int:
