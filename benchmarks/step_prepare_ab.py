@@ -54,7 +54,7 @@ def decode_step(rows: int, context: int = 300):
         seq.block_table = list(range(i * 64, i * 64 + -(-context // BLOCK)))
         scheduled.append(ScheduledSeq(seq, 1))
     tables = {item.seq.seq_id: item.seq.block_table for item in scheduled}  # the executor's
-    return step_inputs(launch_step(SchedulerOutput(scheduled)).plan, tables, BLOCK)
+    return step_inputs(launch_step(SchedulerOutput(scheduled))[0], tables, BLOCK)
 
 
 def main() -> None:

@@ -2,6 +2,11 @@
 repository measured in the same minutes (interleaved, each measurement in a fresh process).
 
     python -m hetero_infer.bench.engine_step --baseline /tmp/base    # git worktree add /tmp/base <commit>
+    python -m hetero_infer.bench.engine_step --baseline /tmp/base --device-ms 0 --rounds 6 --steps 400
+
+Each measurement (one tree, one configuration) runs in a process of its own, the trees alternating within each
+round and configuration (which goes first alternates from round to round), so that a change in the machine's load
+falls on both trees alike; the ratios are the median of the per-round ratios.
 
 For each number of running sequences (`--running`, default 1, 32, 256: 128-token prompts, greedy, no EOS) and
 each modelled device time per step (`--device-ms`, default 0 and 4: the mock executor's step latency), the engine
@@ -87,6 +92,7 @@ def _worker(spec: str) -> None:
 
 
 def run_tree(pythonpath: str | None, configs: list[tuple[int, float]], steps: int) -> dict:
+    """Measure `configs` in one fresh process importing the tree at `pythonpath` (None: this one)."""
     return run_in_tree(os.path.abspath(__file__), pythonpath, {"configs": configs, "steps": steps})
 
 
@@ -127,40 +133,43 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.mkdtemp(prefix="hetero-infer-engine-step-")
     if args.baseline:
         trees["baseline"] = importable_checkout(args.baseline, tmp)
-    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    # runs[tree][config index]: one measurement a round
+    runs: dict[str, list[list[dict]]] = {name: [[] for _ in configs] for name in trees}
     for r in range(args.rounds):
         order = list(trees.items())
-        for name, path in order if r % 2 == 0 else order[::-1]:
-            out = run_tree(path, configs, args.steps)
-            runs[name].append(out)
-            print(f"round {r + 1}/{args.rounds}: {name} ({out['tree']}) done", file=sys.stderr)
+        for i, config in enumerate(configs):
+            for name, path in order if r % 2 == 0 else order[::-1]:
+                out = run_tree(path, [config], args.steps)
+                result = out["results"][0][2]
+                runs[name][i].append(result)
+                print(f"round {r + 1}/{args.rounds}, {config[0]} running, {config[1]:g} ms: {name} "
+                      f"({out['tree']}) host {result['host_ms']:.4f} ms/step", file=sys.stderr)
 
     def values(name: str, i: int, key: str) -> list[float]:
-        return [run["results"][i][2][key] for run in runs[name]]
+        return [result[key] for result in runs[name][i]]
+
+    def ratio(i: int, key: str) -> float:
+        return statistics.median(a / b for a, b in zip(values("this", i, key), values("baseline", i, key)))
 
     cols = list(trees)
-    print(f"\nmock executor, 128-token prompts, greedy, {args.steps} decode steps per measurement, median of "
-          f"{args.rounds} rounds{' (interleaved with the baseline)' if args.baseline else ''}, {os.cpu_count()} CPUs\n")
+    print(f"\nmock executor, 128-token prompts, greedy, {args.steps} decode steps per measurement (one process "
+          f"each), median of {args.rounds} rounds{' (interleaved with the baseline)' if args.baseline else ''}, "
+          f"{os.cpu_count()} CPUs\n")
     head = "| running | device ms/step | " + " | ".join(f"{c}: host ms/step | {c}: CPU ms/step | {c}: tok/s"
                                                      for c in cols)
     if args.baseline:
-        head += " | tok/s vs baseline (median of rounds) | host ms/step vs baseline |"
+        head += " | host ms/step vs baseline (median of rounds) | CPU ms/step vs baseline | tok/s vs baseline |"
     print(head)
-    print("|" + "---|" * (2 + 3 * len(cols) + (2 if args.baseline else 0)))
+    print("|" + "---|" * (2 + 3 * len(cols) + (3 if args.baseline else 0)))
     for i, (running, device_ms) in enumerate(configs):
         row = f"| {running} | {device_ms:g} | "
-        row += " | ".join(f"{statistics.median(values(c, i, 'host_ms')):.3f} | "
-                          f"{statistics.median(values(c, i, 'cpu_ms')):.3f} | "
+        row += " | ".join(f"{statistics.median(values(c, i, 'host_ms')):.4f} | "
+                          f"{statistics.median(values(c, i, 'cpu_ms')):.4f} | "
                           f"{statistics.median(values(c, i, 'tokens_per_s')):,.0f}" for c in cols)
         if args.baseline:
-            speed = statistics.median(a / b for a, b in zip(values("this", i, "tokens_per_s"),
-                                                            values("baseline", i, "tokens_per_s")))
-            host = statistics.median(a / b for a, b in zip(values("this", i, "host_ms"),
-                                                           values("baseline", i, "host_ms")))
-            row += f" | {speed:.2f}x | {host:.2f}x"
+            row += f" | {ratio(i, 'host_ms'):.3f}x | {ratio(i, 'cpu_ms'):.3f}x | {ratio(i, 'tokens_per_s'):.3f}x"
         print(row + " |")
-    text = [r["results"][i][2].get("frontend_text_us_per_token") for r in runs["this"]
-            for i in range(len(configs))]
+    text = [result.get("frontend_text_us_per_token") for per_config in runs["this"] for result in per_config]
     text = [t for t in text if t is not None]
     if text:
         print(f"\nthis tree's frontend text (DeltaDetokenizer.fill, off the engine loop): "

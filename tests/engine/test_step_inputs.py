@@ -29,7 +29,7 @@ def _step() -> SchedulerOutput:
 
 def _inputs(sched: SchedulerOutput):
     """The executor's inputs, with the tables it keeps (no block manager here: the sequences' own)."""
-    return step_inputs(launch_step(sched).plan, {s.seq.seq_id: s.seq.block_table for s in sched.scheduled}, BS)
+    return step_inputs(launch_step(sched)[0], {s.seq.seq_id: s.seq.block_table for s in sched.scheduled}, BS)
 
 
 def test_tokens_positions_slots_and_sampled_rows() -> None:
@@ -74,8 +74,7 @@ def test_the_step_contract_is_plain_data_copied_from_the_sequences() -> None:
     sched.block_copies = [(4, 8)]
     sched.block_table_updates = {a.seq_id: (1, [2])}
     d.sample_index = 1
-    launch = launch_step(sched, [99])
-    plan = launch.plan
+    plan, rows, first = launch_step(sched, [99])
     assert isinstance(plan, StepPlan) and plan.version == STEP_CONTRACT_VERSION
     assert plan.seq_ids == [a.seq_id, b.seq_id, c.seq_id, d.seq_id]
     assert plan.token_ids == [[15], [23], [34, 35, 36], [40, 41, 42]] and plan.starts == [5, 3, 4, 0]
@@ -87,7 +86,7 @@ def test_the_step_contract_is_plain_data_copied_from_the_sequences() -> None:
     assert plan.sampled_seq_ids == [a.seq_id, b.seq_id, c.seq_id]
     # the step's work counted on the sequences: what the engine hands on (rows that sample, first steps)
     assert [s.num_computed_tokens for s in (a, b, c, d)] == [6, 4, 7, 3] and d.prompt_logprob_rows == 3
-    assert launch.rows == [a, b, c] and launch.first == [c, d]
+    assert rows == [a, b, c] and first == [c, d]
     a.token_ids.append(16)
     assert plan.token_ids[0] == [15]  # copies
     assert plan.new_prompts[c.seq_id] is not c.token_ids

@@ -69,7 +69,7 @@ def steps(draw, decodes_only: bool = False) -> tuple[StepInputs, dict[int, int]]
         scheduled.append(ScheduledSeq(seq, new))
     copies = [(next(blocks), next(blocks)) for _ in range(draw(st.integers(0, 3)))]
     tables = {item.seq.seq_id: item.seq.block_table for item in scheduled}  # the executor's (no block manager here)
-    return step_inputs(launch_step(SchedulerOutput(scheduled, copies)).plan, tables, bs), prev_rows
+    return step_inputs(launch_step(SchedulerOutput(scheduled, copies))[0], tables, bs), prev_rows
 
 
 # -- what the code before the staging built (one tensor, one copy each) ------------------------------------------

@@ -329,20 +329,19 @@ class LLMEngine:
     def _launch(self, sched: SchedulerOutput) -> _Inflight:
         """Hand the step to the executor as the step contract, its work counted as done on the sequences (computed
         tokens, a PLACEHOLDER per sampled token) so that the next step can be scheduled before this one ends."""
-        launch = launch_step(sched, self._finished_seq_ids)
-        if launch.first:
+        plan, rows, first = launch_step(sched, self._finished_seq_ids)
+        if first:
             now = time.monotonic()
             requests = self.requests
-            for seq in launch.first:
+            for seq in first:
                 request = requests[seq.request_id]
                 if request.first_scheduled_time is None:
                     request.first_scheduled_time = now
-        rows = launch.rows
         sampling = None
         needs_host_tokens = False
         if not self.executor.samples_itself:
             sampling, needs_host_tokens = self._sampling_rows(rows)
-        handle = self.executor.execute_async(launch.plan, sampling)
+        handle = self.executor.execute_async(plan, sampling)
         self._finished_seq_ids = []  # (the plan holds the old list: told once, unless the launch failed)
         positions = []
         add_position = positions.append

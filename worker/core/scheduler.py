@@ -121,19 +121,21 @@ class Scheduler:
             return max((s for s in self.running if s.seq_id not in skip), key=rank)
         return next(s for s in reversed(self.running) if s.seq_id not in skip)
 
-    def _preempt_for_priority(self, out: SchedulerOutput) -> None:
+    def _preempt_for_priority(self) -> int:
         """Priority policy: while the head of the queue is kept out by max_num_seqs or the memory threshold and
-        outranks a running sequence, that sequence makes room for it."""
+        outranks a running sequence, that sequence makes room for it. How many were preempted."""
         bm = self.block_manager
+        preempted = 0
         while self.waiting and self.running:
             head = self.waiting[0]
             if len(self.running) < self.max_num_seqs and bm.usage < self.memory_threshold:
-                return  # it is admitted the ordinary way
+                break  # it is admitted the ordinary way
             victim = self._victim(set())
             if rank(victim) <= rank(head):
-                return
+                break
             self._preempt(victim)
-            out.num_preempted += 1
+            preempted += 1
+        return preempted
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -171,19 +173,20 @@ class Scheduler:
             self.waiting.appendleft(seq)
 
     def schedule(self) -> SchedulerOutput:
+        # (the hot path of every step: its output built once at the end, positionally)
         bm = self.block_manager
-        out = SchedulerOutput()
+        num_preempted = 0
         if self.policy == "priority" and self.waiting:
-            self._preempt_for_priority(out)
+            num_preempted = self._preempt_for_priority()
         out_of_memory = False
         budget = self.max_num_batched_tokens
         decodes, prefills = [], []
         for s in self.running:
             (prefills if len(s.token_ids) - s.num_computed_tokens > 1 else decodes).append(s)
-        scheduled_ids: set[int] = set()
+        scheduled_ids: set[int] | None = None  # what a preemption may not take: built at the first one
         running = SequenceStatus.RUNNING
         allocate_slots = bm.allocate_slots
-        scheduled = out.scheduled
+        scheduled: list[ScheduledSeq] = []
 
         for seq in decodes + prefills if prefills else decodes:
             if budget == 0:
@@ -196,10 +199,12 @@ class Scheduler:
             num_new = min(num_tokens - seq.num_computed_tokens, budget)
             allocated = allocate_slots(seq, num_new)
             while not allocated:
+                if scheduled_ids is None:
+                    scheduled_ids = {item.seq.seq_id for item in scheduled}
                 # seq itself is never scheduled yet, so a victim always exists
                 victim = self._victim(scheduled_ids)
                 self._preempt(victim)
-                out.num_preempted += 1
+                num_preempted += 1
                 out_of_memory = True
                 if victim is seq:
                     break
@@ -207,7 +212,8 @@ class Scheduler:
             if not allocated:
                 continue
             scheduled.append(ScheduledSeq(seq, num_new))
-            scheduled_ids.add(seq.seq_id)
+            if scheduled_ids is not None:
+                scheduled_ids.add(seq.seq_id)
             budget -= num_new
 
         if not out_of_memory:
@@ -227,19 +233,16 @@ class Scheduler:
                 ok = bm.allocate_slots(seq, num_new)
                 assert ok
                 self._started(seq)
-                if self.defer_restored and out.scheduled and hits and isinstance(hits[-1], HostHit):
+                if self.defer_restored and scheduled and hits and isinstance(hits[-1], HostHit):
                     continue  # running, its blocks on their way behind this step's work: computed from the next
-                out.scheduled.append(ScheduledSeq(seq, num_new))
+                scheduled.append(ScheduledSeq(seq, num_new))
                 budget -= num_new
 
-        out.block_copies = bm.take_pending_copies()
-        out.block_table_updates = bm.take_table_updates()
-        if bm.host is not None:
-            out.block_moves = bm.take_block_moves()
         # decodes first, then prefill chunks (newly admitted ones included)
         if prefills or len(scheduled) > len(decodes):
             scheduled.sort(key=lambda s: s.seq.is_prefill)
-        return out
+        return SchedulerOutput(scheduled, bm.take_pending_copies(), bm.take_table_updates(),
+                               bm.take_block_moves() if bm.host is not None else None, num_preempted)
 
     def _waits_for_prompt_leader(self, seq: Sequence) -> bool:
         """Whether `seq`, a later sample of an n > 1 request, should wait for its first sample: until the steps

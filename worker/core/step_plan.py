@@ -10,18 +10,13 @@ and, once the step is launched, that they are owed no more (`mark_launched`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from hetero_infer.contracts.step import PromptLogprobsRows, StepPlan
+from hetero_infer.contracts.step import STEP_CONTRACT_VERSION, PromptLogprobsRows, StepPlan
 from hetero_infer.worker.core.scheduler import SchedulerOutput
 from hetero_infer.worker.core.sequence import Sequence
 
-
-@dataclass(slots=True)
-class Launch:
-    plan: StepPlan
-    rows: list[Sequence]  # the sequences that sample, in the order of the step's logits rows
-    first: list[Sequence]  # the sequences in their first step since (re)admission
+# (plan, rows, first): the step's contract, the sequences that sample (in the order of the step's logits rows), and
+# those in their first step since (re)admission. A tuple: built once a step on the hot path.
+Launch = tuple[StepPlan, list[Sequence], list[Sequence]]
 
 
 def launch_step(sched: SchedulerOutput, finished_seq_ids: list[int] | None = None) -> Launch:
@@ -34,45 +29,47 @@ def launch_step(sched: SchedulerOutput, finished_seq_ids: list[int] | None = Non
     adapters: dict[int, str] = {}
     indexes: dict[int, int] = {}
     owed_rows: dict[int, PromptLogprobsRows] = {}
-    partial: list[int] = []  # rows that do not sample (a prefill chunk short of its prompt's end): few
-    add_id, add_tokens, add_start = seq_ids.append, token_ids.append, starts.append
+    partial: list[int] | None = None  # rows that do not sample (a prefill chunk short of its prompt's end): few
     rows: list[Sequence] = []
-    add_row = rows.append
     first: list[Sequence] = []
+    # (list.append called as a method, not bound once: Python 3.11 specialises the call, a bound one costs more)
     for item in sched.scheduled:
         seq = item.seq
         start = seq.num_computed_tokens
-        end = start + item.num_new_tokens
+        end = seq.num_computed_tokens = start + item.num_new_tokens
         tokens = seq.token_ids
-        add_id(seq.seq_id)
-        add_tokens(tokens[start:end])
-        add_start(start)
+        seq_ids.append(seq.seq_id)
+        token_ids.append(tokens[start:end])
+        starts.append(start)
         if end == len(tokens):
-            add_row(seq)
+            rows.append(seq)
+        elif partial is None:
+            partial = [len(starts) - 1]
         else:
             partial.append(len(starts) - 1)
-        if seq.lora_name is not None:
-            adapters[seq.seq_id] = seq.lora_name
         if start == seq.num_cached_tokens:
             first.append(seq)
             new_prompts[seq.seq_id] = tokens[: seq.num_prompt_tokens]
             if seq.sample_index:
                 indexes[seq.seq_id] = seq.sample_index
-        seq.num_computed_tokens = end
+        if seq.lora_name is not None:
+            adapters[seq.seq_id] = seq.lora_name
         if seq.prompt_logprobs_top is not None:
             owed = owed_prompt_rows(seq, start, end - start)
             if owed is not None:
                 owed_rows[seq.seq_id] = owed
             mark_launched(seq)
     samples = [True] * len(seq_ids)
-    for i in partial:
-        samples[i] = False
-    plan = StepPlan(seq_ids, token_ids, starts, samples, sched.block_table_updates, new_prompts, indexes, owed_rows,
-                    adapters, block_copies=sched.block_copies, finished_seq_ids=finished_seq_ids or [])
+    if partial is not None:
+        for i in partial:
+            samples[i] = False
     moves = sched.block_moves
-    if moves:
-        plan.blocks_to_offload, plan.blocks_to_load = moves.saves, moves.restores
-    return Launch(plan, rows, first)
+    # (positional: the dataclass's keyword and default-factory handling costs as much as the rest of a
+    # one-sequence step's plan)
+    plan = StepPlan(seq_ids, token_ids, starts, samples, sched.block_table_updates, new_prompts, indexes, owed_rows,
+                    adapters, sched.block_copies, moves.restores if moves else [], moves.saves if moves else [],
+                    [] if finished_seq_ids is None else finished_seq_ids, STEP_CONTRACT_VERSION)
+    return plan, rows, first
 
 
 def owed_prompt_rows(seq: Sequence, start: int, num_new: int) -> PromptLogprobsRows | None:

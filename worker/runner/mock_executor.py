@@ -185,9 +185,12 @@ class MockExecutor:
         for seq_id in plan.finished_seq_ids:
             prompts.pop(seq_id, None)
             indexes.pop(seq_id, None)
-        prompts.update(plan.new_prompts)
-        self._assign_slots(plan)
-        indexes.update(plan.sample_indexes)
+        if plan.new_prompts:  # (most steps have none of these: the checks cost less than the calls)
+            prompts.update(plan.new_prompts)
+        if plan.sample_indexes:
+            indexes.update(plan.sample_indexes)
+        if plan.adapter_ids:
+            self._assign_slots(plan)
         if self.samples_itself:
             return None
         adapters = plan.adapter_ids
@@ -199,29 +202,33 @@ class MockExecutor:
         """Launch a step on the modelled device: its tokens are decided now (the device's work), its latency
         starts when the device is free."""
         logits = self.execute(plan)
-        seq_ids = plan.sampled_seq_ids
         sampled = None
         if logits is None:
-            next_token, prev, tokens = self._next_token, self._last_tokens, []
+            next_token, prev, tokens, new_last = self._next_token, self._last_tokens, [], {}
             adapters, indexes = plan.adapter_ids, self._sample_indexes
             for seq_id, ids, start, samples in zip(plan.seq_ids, plan.token_ids, plan.starts, plan.samples):
                 if samples:
                     last = ids[-1]
                     salt = adapter_salt(adapters.get(seq_id)) if adapters else 0
-                    tokens.append(next_token(prev[seq_id] if last == PLACEHOLDER else last, start + len(ids),
-                                             indexes.get(seq_id, 0) if indexes else 0, salt))
+                    token = new_last[seq_id] = next_token(prev[seq_id] if last == PLACEHOLDER else last,
+                                                          start + len(ids),
+                                                          indexes.get(seq_id, 0) if indexes else 0, salt)
+                    tokens.append(token)
+            self._last_tokens = new_last
         else:
+            seq_ids = plan.sampled_seq_ids
             pending = None
             if sampling is not None:  # tokens of the step in flight, which penalties count
                 last = self._last_tokens
                 pending = pending_tokens(sampling, seq_ids, torch.tensor(list(last.values()), dtype=torch.long),
                                          {seq_id: i for i, seq_id in enumerate(last)})
             tokens, sampled = sample_logits(self.sampler, logits, sampling, pending).on_host()
-        self._last_tokens = dict(zip(seq_ids, tokens))
+            self._last_tokens = dict(zip(seq_ids, tokens))
         seconds = self.step_seconds(plan)
         start = max(time.monotonic(), self._device_free_at) if seconds else 0.0
         self._device_free_at = start + seconds
-        return _MockStep(self._device_free_at, tokens, sampled, self.step_prompt_logprobs(plan))
+        return _MockStep(self._device_free_at, tokens, sampled,
+                         self.step_prompt_logprobs(plan) if plan.prompt_logprobs else None)
 
 
 @dataclass(slots=True)
