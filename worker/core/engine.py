@@ -287,11 +287,13 @@ class LLMEngine:
         (grammars, logits processors) is finished first; so is every step of an executor that does
         not overlap (or with async_scheduling off), in the call that launched it."""
         touched: list[Request] = []
+        joined = 0  # lists of touched requests joined into `touched` (each holds a request once)
         if self.loras is not None and self.loras.needs_drain:
             self.loras.drain()
         prev, self._inflight = self._inflight, None
         if prev is not None and prev.needs_host_tokens:
             touched += self._finish(prev)
+            joined += 1
             prev = None
         t = time.perf_counter()
         sched = self.scheduler.schedule()
@@ -313,14 +315,17 @@ class LLMEngine:
                     self.block_manager.discard_moves(sched.block_moves)
                     failing += self._restored_behind(sched)
                 touched += self._fail_step(failing, f"{type(exc).__name__}: {exc}")
+                joined += 1
         if prev is not None:
             touched += self._finish(prev)
+            joined += 1
         if step is not None:
             if self._overlap:
                 self._inflight = step
             else:
                 touched += self._finish(step)
-        if len(touched) > 1:
+                joined += 1
+        if joined > 1 and len(touched) > 1:
             touched = list(dict.fromkeys(touched))
         if self.kv_events is not None:
             self.kv_events.publish(self.block_manager.take_events())
@@ -344,10 +349,9 @@ class LLMEngine:
         handle = self.executor.execute_async(plan, sampling)
         self._finished_seq_ids = []  # (the plan holds the old list: told once, unless the launch failed)
         positions = []
-        add_position = positions.append
         for seq in rows:
             tokens = seq.token_ids
-            add_position(len(tokens))
+            positions.append(len(tokens))
             tokens.append(PLACEHOLDER)
             seq.num_pending += 1
         return _Inflight(sched, rows, positions, handle, needs_host_tokens)
@@ -397,6 +401,7 @@ class LLMEngine:
         now = time.monotonic()
         touched: dict[str, Request] = {}
         accept = self._accept
+        self.generation_tokens_total += len(live)
         for i in live:
             seq, index = step.rows[i], step.positions[i]
             request = requests[seq.request_id]
@@ -414,7 +419,6 @@ class LLMEngine:
     def _accept(self, seq: Sequence, index: int, token_id: int, sampled) -> None:
         """Apply the token at `index` of `seq`: logprobs, grammar, and the stop rules (EOS, stop tokens, stop
         strings, max_tokens, the context length)."""
-        self.generation_tokens_total += 1
         num_output = index + 1 - seq.num_prompt_tokens
         if num_output == 1:
             self.prompt_tokens_total += seq.num_prompt_tokens if seq.sample_index == 0 else 0
@@ -472,29 +476,23 @@ class LLMEngine:
         finish and stop reasons; the text is left to the frontend (`DeltaDetokenizer`)."""
         params = request.params
         seqs = request.seqs
-        if len(seqs) == 1:
-            finished = seqs[0].status is _FINISHED or request.error is not None
-        else:
-            finished = request.error is not None or all(s.status is _FINISHED for s in seqs)
-        if len(seqs) > params.n:  # best_of: nothing until the end, then the n best as samples 0..n-1
-            seqs = _best(seqs, params.n) if finished else []
         sent = request.sent
         with_logprobs = params.logprobs is not None
-        samples = []
-        for i, seq in enumerate(seqs):
-            if i == len(sent):
+        if len(seqs) == 1:  # (one sample: the usual request, without the loop)
+            seq = seqs[0]
+            finished = seq.status is _FINISHED or request.error is not None
+            if not sent:
                 sent.append([seq.num_prompt_tokens, 0])
-            s = sent[i]
-            known = len(seq.token_ids) - seq.num_pending
-            token_ids = seq.token_ids[s[0]:known]
-            s[0] = known
-            logprobs = seq.logprobs
-            if logprobs is not None:
-                n_lp = len(logprobs)
-                logprobs = logprobs[s[1]:]
-                s[1] = n_lp
-            samples.append(SampleDelta(token_ids, "", logprobs, seq.cumulative_logprob if with_logprobs else None,
-                                       seq.finish_reason, seq.stop_reason))
+            samples = [self._sample_delta(seq, sent[0], with_logprobs)]
+        else:
+            finished = request.error is not None or all(s.status is _FINISHED for s in seqs)
+            if len(seqs) > params.n:  # best_of: nothing until the end, then the n best as samples 0..n-1
+                seqs = _best(seqs, params.n) if finished else []
+            samples = []
+            for i, seq in enumerate(seqs):
+                if i == len(sent):
+                    sent.append([seq.num_prompt_tokens, 0])
+                samples.append(self._sample_delta(seq, sent[i], with_logprobs))
         if finished:
             self.requests.pop(request.request_id, None)
         prompt_logprobs = ranks = None
@@ -505,6 +503,22 @@ class LLMEngine:
         return RequestDelta(request.request_id, samples, finished, request.error, [step_end],
                             request.first_scheduled_time, request.first_token_time,
                             request.seqs[0].num_cached_tokens, prompt_logprobs, ranks)
+
+    @staticmethod
+    def _sample_delta(seq: Sequence, sent: list[int], with_logprobs: bool) -> SampleDelta:
+        """What `seq` gained since `sent` ([end of its tokens in token_ids, logprobs entries] sent so far), which
+        moves past it."""
+        tokens = seq.token_ids
+        known = len(tokens) - seq.num_pending
+        token_ids = tokens[sent[0]:known]
+        sent[0] = known
+        logprobs = seq.logprobs
+        if logprobs is not None:
+            n_lp = len(logprobs)
+            logprobs = logprobs[sent[1]:]
+            sent[1] = n_lp
+        return SampleDelta(token_ids, "", logprobs, seq.cumulative_logprob if with_logprobs else None,
+                           seq.finish_reason, seq.stop_reason)
 
     # -- observability ------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -52,9 +52,12 @@ class SchedulerOutput:
     # saves to and restores from the host tier, copied before the step's forward (and before block_copies)
     block_moves: BlockMoves | None = None
     num_preempted: int = 0
+    total_tokens: int | None = None  # the scheduled tokens, counted by `schedule()` (None: `num_tokens` adds them)
 
     @property
     def num_tokens(self) -> int:
+        if self.total_tokens is not None:
+            return self.total_tokens
         return sum(s.num_new_tokens for s in self.scheduled)
 
     @property
@@ -242,7 +245,8 @@ class Scheduler:
         if prefills or len(scheduled) > len(decodes):
             scheduled.sort(key=lambda s: s.seq.is_prefill)
         return SchedulerOutput(scheduled, bm.take_pending_copies(), bm.take_table_updates(),
-                               bm.take_block_moves() if bm.host is not None else None, num_preempted)
+                               bm.take_block_moves() if bm.host is not None else None, num_preempted,
+                               self.max_num_batched_tokens - budget)
 
     def _waits_for_prompt_leader(self, seq: Sequence) -> bool:
         """Whether `seq`, a later sample of an n > 1 request, should wait for its first sample: until the steps
