@@ -58,6 +58,22 @@ class _Shape(ctypes.Structure):
         ("eps", _F), ("scale", _F)]
 
 
+class LoraTarget(ctypes.Structure):
+    """One projection's slots of stacked LoRA weights (a [slots, n*rank, in], b [slots, out, rank]); a = None: no
+    adapter of the step updates it."""
+    _fields_ = [("a", _P), ("b", _P)]
+
+
+class StepLora(ctypes.Structure):
+    """A step's adapters as the C step reads them: `targets` [layers * 4] (per layer its qkv, o, gate_up and down,
+    `LORA_PROJECTIONS`), `slots` int32 [rows] (-1: the base model alone), the slots' rank."""
+    _fields_ = [("targets", ctypes.POINTER(LoraTarget)), ("slots", _P), ("rank", _I)]
+
+
+# the order of a layer's LoRA targets in StepLora.targets (decode_step.c's LORA_QKV .. LORA_DOWN)
+LORA_PROJECTIONS = _PROJECTIONS
+
+
 def enabled() -> bool:
     return os.environ.get("HETERO_INFER_CPU_FUSED", "1") != "0"
 
@@ -70,7 +86,7 @@ def available(dtype: torch.dtype = torch.bfloat16) -> bool:
 
 
 def _step_fn(dtype: torch.dtype):
-    return native.function(f"decode_step_{_KERNELS[dtype][0]}", [_P] * 10 + [_P, _L], _L)
+    return native.function(f"decode_step_{_KERNELS[dtype][0]}", [_P] * 10 + [_P, _L, _P], _L)
 
 
 def covered_buckets(plans: list[tuple[str, ...]], kind: str) -> tuple[bool, ...]:
@@ -231,8 +247,9 @@ class FusedDecodeStack:
         token, so every row samples) in a covered row bucket."""
         return 1 <= rows == sampled and self.covered[select.bucket_index(rows)]
 
-    def run(self, input_ids: torch.Tensor, meta) -> torch.Tensor:
-        """Hidden states [T, hidden] of the step's rows (the final norm applied), as the model's forward."""
+    def run(self, input_ids: torch.Tensor, meta, lora: StepLora | None = None) -> torch.Tensor:
+        """Hidden states [T, hidden] of the step's rows (the final norm applied), as the model's forward; with
+        `lora`, each row's adapter update added to every projection it targets (the LoRA hooks' computation)."""
         model = self.model
         h = model.embed_tokens(input_ids).contiguous()  # a fresh tensor: the C step writes into it
         residual = torch.empty_like(h)
@@ -245,10 +262,11 @@ class FusedDecodeStack:
         args = (ctypes.addressof(self._layers), ctypes.addressof(shape), h.data_ptr(), residual.data_ptr(),
                 positions.data_ptr(), slots.data_ptr(), self.rope.cos.data_ptr(), self.rope.sin.data_ptr(),
                 tables.data_ptr(), lens.data_ptr())
-        rc = self._step(*args, self._scratch.data_ptr(), self._scratch.numel())
+        extra = None if lora is None else ctypes.addressof(lora)
+        rc = self._step(*args, self._scratch.data_ptr(), self._scratch.numel(), extra)
         if rc > 0:  # the scratch buffer is too small for this step: grown (with room), then the step runs
             self._scratch = torch.empty(rc + rc // 4, dtype=torch.uint8)
-            rc = self._step(*args, self._scratch.data_ptr(), self._scratch.numel())
+            rc = self._step(*args, self._scratch.data_ptr(), self._scratch.numel(), extra)
         if rc != 0:
             raise RuntimeError(f"the fused decode step failed ({rc})")
         return model.norm(h, self.backend, residual)[0]

@@ -88,6 +88,13 @@ def test_avx2_fused_decode_step_equals_the_per_op_path():
     _assert_all_passed(proc, at_least=3)
 
 
+def test_avx2_lora_in_the_fused_step():
+    """The C LoRA row kernels against float64 and LoRA adapters inside the fused step (float32 tokens against
+    transformers + peft; both dtypes against the per-op path with the LoRA hooks), at the AVX2 level."""
+    proc = _pytest(str(ROOT / "tests/kernels/test_kernel_lora_cpu.py"), str(ROOT / "tests/lora/test_lora_fused_cpu.py"))
+    _assert_all_passed(proc, at_least=32)
+
+
 @pytest.mark.slow  # ~3 min: every model shape and thread count of the fused step, and the paged attention
 def test_avx2_fused_step_file():
     proc = _pytest(str(HERE / "test_cpu_fused_step.py"), str(HERE / "test_cpu_paged_attention.py"))

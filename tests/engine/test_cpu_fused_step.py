@@ -73,9 +73,9 @@ def _record(llm):
     if ex.cpu_decode is not None:
         run = ex.cpu_decode.run
 
-        def recording_run(input_ids, meta):
+        def recording_run(input_ids, meta, lora=None):
             fused_rows.append(input_ids.shape[0])
-            return run(input_ids, meta)
+            return run(input_ids, meta, lora)
 
         ex.cpu_decode.run = recording_run
     return logits, fused_rows
@@ -235,9 +235,9 @@ def _fake_timer(stack, fused_s: float, per_op_s: float):
     ran: list[int] = []
     run = stack.run
 
-    def recording_run(input_ids, meta):
+    def recording_run(input_ids, meta, lora=None):
         ran.append(input_ids.shape[0])
-        return run(input_ids, meta)
+        return run(input_ids, meta, lora)
 
     stack.run = recording_run
 

@@ -23,9 +23,9 @@ def test_fused_f32_decode_matches_hf(tiny_model, arch, monkeypatch):
     fused_rows: list[int] = []
     run = decode_step.FusedDecodeStack.run
 
-    def recording_run(self, input_ids, meta):
+    def recording_run(self, input_ids, meta, lora=None):
         fused_rows.append(input_ids.shape[0])
-        return run(self, input_ids, meta)
+        return run(self, input_ids, meta, lora)
 
     monkeypatch.setattr(decode_step.FusedDecodeStack, "run", recording_run)
     folder, hf = tiny_model(arch)

@@ -283,7 +283,7 @@ class TorchExecutor:
         step = step_inputs(plan, self.block_tables, self.block_size)
         runner = self.decode_runner
         # a step with LoRA adapters: the hooks add the adapters' updates (eagerly, layer by layer, or captured in
-        # the decode runner's LoRA graphs)
+        # the decode runner's LoRA graphs), or the fused C decode step adds them itself
         lora = self.lora is not None and self.lora.begin_step(plan)
         # every row a decode, and every row samples (a prompt row is a prefill's)
         if runner is not None and not step.prompt_rows and runner.takes(step, lora):
@@ -292,9 +292,10 @@ class TorchExecutor:
                 self.lora.end_step()
             return self.model.compute_logits(hidden[: len(step.token_ids)]), None
         input_ids, meta, logits_index = self._prepare(step)
-        if self.cpu_decode is not None and not lora and self.cpu_decode.accepts(input_ids.shape[0],
-                                                                                logits_index.shape[0]):
-            hidden = self.cpu_decode.run(input_ids, meta)
+        c_lora = self.lora.c_step() if lora else None
+        if self.cpu_decode is not None and (c_lora or not lora) and self.cpu_decode.accepts(input_ids.shape[0],
+                                                                                            logits_index.shape[0]):
+            hidden = self.cpu_decode.run(input_ids, meta, c_lora)
         else:
             hidden = self.model(input_ids, self.backend, meta, self.kv_caches)
         if lora:

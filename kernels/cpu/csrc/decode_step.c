@@ -20,6 +20,13 @@
  * head); the norms and rotary by rows; silu * up by 16-column chunks.
  *
  * The layer loop is written once (DEFINE_STEP) over the element type: S names the type's kernels (bf16, f32).
+ *
+ * LoRA (a step whose rows run adapters: `lora` not NULL): each projection an adapter of the step updates adds the
+ * row's adapter update (lora.c) without a phase of its own: the shrink (y = A x) runs after the thread's share
+ * of the projection's GEMM, before the barrier that ends it (it reads the GEMM's input, complete by then), and
+ * the expand (out += B y) runs inside the next phase's per-row (or per-chunk) loop, before that loop reads the
+ * row: q/k/v before rotary, o before the norm, gate/up inside silu * up, down before the next layer's norm (the
+ * last layer's after its loop). One float32 buffer y [rows, 3R] serves every projection in turn.
  */
 #include "simd.h"
 
@@ -45,6 +52,22 @@ typedef struct {
     float eps, scale;
 } StepShape;
 
+/* A step's LoRA adapters: per layer and projection (qkv, o, gate_up, down) the slots' stacked weights, a NULL
+   where no adapter of the step updates that projection (worker/runner/lora/model.py's layout: a [slots, n*rank,
+   in], b [slots, out, rank]); slots [rows]: each row's slot, -1 for the base model alone. */
+typedef struct {
+    const void* a;
+    const void* b;
+} StepLoraTarget;
+
+typedef struct {
+    const StepLoraTarget* targets; /* [layers * 4] */
+    const int32_t* slots;
+    int rank;
+} StepLora;
+
+enum { LORA_QKV, LORA_O, LORA_GATE_UP, LORA_DOWN, LORA_TARGETS };
+
 /* from paged_attention.c */
 size_t paged_scratch_bytes(int H, int len, int D);
 
@@ -65,7 +88,7 @@ static inline size_t align64(size_t bytes) { return (bytes + 63) & ~(size_t)63; 
 #define DEFINE_STEP(S, T)                                                                                       \
 long decode_step_##S(const StepLayer* layers, const StepShape* sh, T* h, T* residual, const int64_t* positions,  \
                      const int64_t* slots, const T* cos_t, const T* sin_t, const int32_t* tables,               \
-                     const int32_t* lens, void* scratch, long scratch_bytes) {                                  \
+                     const int32_t* lens, void* scratch, long scratch_bytes, const StepLora* lora) {            \
     const int R = sh->rows, n = sh->hidden, H = sh->heads, KVH = sh->kv_heads, D = sh->head_dim;                \
     const int inter = sh->intermediate, hq = H * D, hk = KVH * D, nqkv = hq + 2 * hk;                           \
     if (R < 1 || n % 2 || hq % 2 || inter % 2 || D % 2 || D > 512 || H % KVH) return -1;                        \
@@ -74,11 +97,14 @@ long decode_step_##S(const StepLayer* layers, const StepShape* sh, T* h, T* resi
     const int most = omp_get_max_threads();                                                                     \
     const size_t acts = align64(sizeof(T) * (size_t)R * (n + nqkv + hq + 3 * (size_t)inter));                   \
     const size_t per_thread = align64(paged_scratch_bytes(H, maxlen, D));                                       \
-    const size_t need = acts + most * per_thread + sizeof(int) * (size_t)sh->layers;                            \
+    const int lr = lora ? lora->rank : 0;                                                                       \
+    const size_t ybytes = align64(sizeof(float) * (size_t)R * 3 * lr);                                          \
+    const size_t need = acts + most * per_thread + ybytes + sizeof(int) * (size_t)sh->layers;                   \
     if ((size_t)scratch_bytes < need) return (long)need;                                                        \
     T *normed = (T*)scratch, *qkv = normed + (size_t)R * n, *attn = qkv + (size_t)R * nqkv;                     \
     T *gu = attn + (size_t)R * hq, *act = gu + (size_t)R * 2 * inter;                                           \
-    int* counters = (int*)((char*)scratch + acts + most * per_thread); /* attention rows handed out, a layer */  \
+    float* ly = (float*)((char*)scratch + acts + most * per_thread); /* LoRA: [R, 3 * lr], a projection's y */  \
+    int* counters = (int*)((char*)ly + ybytes); /* attention rows handed out, a layer */                        \
     memset(counters, 0, sizeof(int) * (size_t)sh->layers);                                                      \
     const int chunks = (inter + 15) / 16;                                                                       \
     _Pragma("omp parallel")                                                                                     \
@@ -89,17 +115,25 @@ long decode_step_##S(const StepLayer* layers, const StepShape* sh, T* h, T* resi
         for (int l = 0; l < sh->layers; l++) {                                                                  \
             const StepLayer* L = layers + l;                                                                    \
             T *kc = (T*)L->k_cache, *vc = (T*)L->v_cache;                                                       \
+            const StepLoraTarget* LT = lora ? lora->targets + (size_t)l * LORA_TARGETS : 0;                     \
             for (int r = tid; r < R; r += nt) {                                                                 \
                 size_t at = (size_t)r * n;                                                                      \
                 if (l == 0) memcpy(residual + at, h + at, sizeof(T) * n);                                       \
+                else if (LT) lora_expand_##S(LT - LORA_TARGETS + LORA_DOWN, lora, r, n, 0, 0, n, h + at, ly);  \
                 add_rms_norm_##S(l == 0 ? 0 : h + at, residual + at, (const T*)L->input_norm, normed + at, 1, n, \
                                  sh->eps);                                                                      \
             }                                                                                                   \
             _Pragma("omp barrier")                                                                              \
             gemm_##S##_share(normed, R, n, (const T*)L->qkv, nqkv, L->qkv_bias, qkv, tid, nt);                  \
+            if (LT) lora_shrink_share_##S(LT + LORA_QKV, lora, normed, R, n, 3, ly, tid, nt);                   \
             _Pragma("omp barrier")                                                                              \
             for (int r = tid; r < R; r += nt) {                                                                 \
                 T* row = qkv + (size_t)r * nqkv;                                                                \
+                if (LT) {                                                                                       \
+                    lora_expand_##S(LT + LORA_QKV, lora, r, nqkv, 0, 0, hq, row, ly);                           \
+                    lora_expand_##S(LT + LORA_QKV, lora, r, nqkv, 1, hq, hq + hk, row, ly);                     \
+                    lora_expand_##S(LT + LORA_QKV, lora, r, nqkv, 2, hq + hk, nqkv, row, ly);                   \
+                }                                                                                               \
                 rope_and_cache_##S(row, nqkv, row + hq, nqkv, row + hq + hk, nqkv, positions + r, cos_t, sin_t, \
                                    kc, vc, slots + r, 1, H, KVH, D);                                            \
             }                                                                                                   \
@@ -119,23 +153,35 @@ long decode_step_##S(const StepLayer* layers, const StepShape* sh, T* h, T* resi
             }                                                                                                   \
             _Pragma("omp barrier")                                                                              \
             gemm_##S##_share(attn, R, hq, (const T*)L->o, n, L->o_bias, h, tid, nt);                            \
+            if (LT) lora_shrink_share_##S(LT + LORA_O, lora, attn, R, hq, 1, ly, tid, nt);                      \
             _Pragma("omp barrier")                                                                              \
             for (int r = tid; r < R; r += nt) {                                                                 \
                 size_t at = (size_t)r * n;                                                                      \
+                if (LT) lora_expand_##S(LT + LORA_O, lora, r, n, 0, 0, n, h + at, ly);                          \
                 add_rms_norm_##S(h + at, residual + at, (const T*)L->post_norm, normed + at, 1, n, sh->eps);    \
             }                                                                                                   \
             _Pragma("omp barrier")                                                                              \
             gemm_##S##_share(normed, R, n, (const T*)L->gate_up, 2 * inter, L->gate_up_bias, gu, tid, nt);      \
+            if (LT) lora_shrink_share_##S(LT + LORA_GATE_UP, lora, normed, R, n, 2, ly, tid, nt);               \
             _Pragma("omp barrier")                                                                              \
             share(R * chunks, tid, nt, &lo, &hi);                                                               \
             for (int i = lo; i < hi; i++) {                                                                     \
                 int r = i / chunks, c0 = 16 * (i % chunks), c1 = c0 + 16 < inter ? c0 + 16 : inter;             \
-                const T* g = gu + (size_t)r * 2 * inter;                                                        \
+                T* g = gu + (size_t)r * 2 * inter;                                                              \
+                if (LT) {                                                                                       \
+                    lora_expand_##S(LT + LORA_GATE_UP, lora, r, 2 * inter, 0, c0, c1, g, ly);                   \
+                    lora_expand_##S(LT + LORA_GATE_UP, lora, r, 2 * inter, 1, inter + c0, inter + c1, g, ly);   \
+                }                                                                                               \
                 silu_mul_span_##S(g + c0, g + inter + c0, act + (size_t)r * inter + c0, c1 - c0);               \
             }                                                                                                   \
             _Pragma("omp barrier")                                                                              \
             gemm_##S##_share(act, R, inter, (const T*)L->down, n, L->down_bias, h, tid, nt);                    \
+            if (LT) lora_shrink_share_##S(LT + LORA_DOWN, lora, act, R, inter, 1, ly, tid, nt);                 \
             _Pragma("omp barrier")                                                                              \
+        }                                                                                                       \
+        if (lora) { /* the last layer's down update (the others' run before the next layer's norm) */          \
+            const StepLoraTarget* last = lora->targets + (size_t)(sh->layers - 1) * LORA_TARGETS + LORA_DOWN;   \
+            for (int r = tid; r < R; r += nt) lora_expand_##S(last, lora, r, n, 0, 0, n, h + (size_t)r * n, ly); \
         }                                                                                                       \
     }                                                                                                           \
     return 0;                                                                                                   \
@@ -154,7 +200,29 @@ void paged_decode_##S##_rows(const T* q, long q_stride, const T* kc, const T* vc
                              int max_blocks, float scale, int* counter, float* s);                              \
 void silu_mul_span_##S(const T* g, const T* u, T* o, int n);                                                    \
 void gemm_##S##_share(const T* x, int M, int K, const T* packed, int N, const float* bias, T* out, int tid,      \
-                      int nt);
+                      int nt);                                                                                  \
+void lora_shrink_row_##S(const T* x, int in, const T* a, int k, float* y);                                      \
+void lora_expand_rows_##S(const float* y, const T* b, int rank, T* out, int j0, int j1);                        \
+/* this thread's rows of y = A x (x [R, in]) for a projection of `slices` output slices (NULL a: none) */       \
+static void lora_shrink_share_##S(const StepLoraTarget* t, const StepLora* lora, const T* x, int R, int in,     \
+                                  int slices, float* ly, int tid, int nt) {                                     \
+    if (!t->a) return;                                                                                          \
+    const int rk = lora->rank, k = slices * rk;                                                                 \
+    for (int r = tid; r < R; r += nt) {                                                                         \
+        int s = lora->slots[r];                                                                                 \
+        if (s >= 0)                                                                                             \
+            lora_shrink_row_##S(x + (size_t)r * in, in, (const T*)t->a + (size_t)s * k * in, k,                 \
+                                ly + (size_t)r * 3 * rk);                                                       \
+    }                                                                                                           \
+}                                                                                                               \
+/* row r's output rows [j0, j1) (of slice `slice`) of a projection with `nout` outputs: out[j] += B y */        \
+static inline void lora_expand_##S(const StepLoraTarget* t, const StepLora* lora, int r, int nout, int slice,   \
+                                   int j0, int j1, T* out, const float* ly) {                                   \
+    const int s = lora->slots[r], rk = lora->rank;                                                              \
+    if (!t->a || s < 0) return;                                                                                 \
+    lora_expand_rows_##S(ly + (size_t)r * 3 * rk + (size_t)slice * rk, (const T*)t->b + (size_t)s * nout * rk,  \
+                         rk, out, j0, j1);                                                                      \
+}
 
 /* where the dtype's GEMM is built (simd.h: AVX512_BF16 or AVX2 + FMA for bfloat16, AVX-512F or AVX2 + FMA for
    float32) */

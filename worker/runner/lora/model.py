@@ -19,6 +19,7 @@ map), and each replay runs whatever adapters `begin_step` wrote there (rows past
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -30,6 +31,7 @@ from torch import nn
 from hetero_infer import kernels
 from hetero_infer.contracts.lora import LoRAAdapterError, LoRARequest
 from hetero_infer.contracts.step import StepPlan
+from hetero_infer.kernels.cpu import decode_step as fused_step
 from hetero_infer.worker.runner.lora.adapter import AdapterWeights, ModelShapes, load_adapter
 from hetero_infer.worker.runner.lora.slots import SlotTable
 from hetero_infer.worker.runner.models.rotary import head_dim_of
@@ -115,6 +117,7 @@ class LoRAModel:
                 self._index[(layer, name)] = (target, i)
             self._hooks.append(module.register_forward_hook(partial(self._hook, target)))
         self.active = False
+        self._c_targets = self._c_step_targets(model)
         self._slots: torch.Tensor | None = None
         self._groups: kernels.LoRAGroups | None = None
         self._max_tokens = max_tokens
@@ -158,6 +161,27 @@ class LoRAModel:
             self.active, self._slots, self._groups, live = saved
             for target, was in zip(self.targets, live):
                 target.live = was
+
+    def _c_step_targets(self, model: nn.Module) -> ctypes.Array | None:
+        """The targets as the fused C decode step reads them (its b pointers set; a set per step), or None where they
+        are not its layer layout (per layer: qkv, o, gate_up, down)."""
+        per_layer = len(fused_step.LORA_PROJECTIONS)
+        if (self.device.type != "cpu" or getattr(model, "decode_layout", None) not in fused_step.LAYOUTS
+                or len(self.targets) != per_layer * len(model.layers)):
+            return None
+        array = (fused_step.LoraTarget * len(self.targets))()
+        for entry, target in zip(array, self.targets):
+            entry.b = target.b.data_ptr()
+        return array
+
+    def c_step(self) -> fused_step.StepLora | None:
+        """This step's adapters for the fused C decode step (kernels/cpu/decode_step.py), or None where it cannot
+        take them: the same update the hooks add, inside the C step's phases."""
+        if not self.active or self._c_targets is None:
+            return None
+        for entry, target in zip(self._c_targets, self.targets):
+            entry.a = target.a.data_ptr() if target.live else None
+        return fused_step.StepLora(self._c_targets, self._slots.data_ptr(), self.max_rank)
 
     # -- adapters ----------------------------------------------------------------------
     def add(self, request: LoRARequest) -> None:
@@ -226,7 +250,7 @@ class LoRAModel:
         slots = np.repeat(per_seq, [len(ids) for ids in plan.token_ids])
         if self._slot_buffer is None:
             self._slots = torch.from_numpy(slots)
-            self._groups = kernels.lora_groups(self._slots, self.slots.num_slots)
+            self._groups = None  # the per-op path's grouping, made by the first hook that runs (the C step needs none)
         else:
             n, rows = len(slots), max(len(slots), self.graph_rows)
             host = self._host_slots[self._flip][:rows]
@@ -244,4 +268,6 @@ class LoRAModel:
 
     def _hook(self, target: _Target, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
         if self.active and target.live:
+            if self._groups is None and self._slot_buffer is None:
+                self._groups = kernels.lora_groups(self._slots, self.slots.num_slots)
             kernels.lora_apply(args[0], output, target.a, target.b, self._slots, target.sizes, self._groups)
