@@ -976,7 +976,7 @@ SCHEMA: Obj = Obj(
                     },
                 ),
                 "adapters": Arr(
-                    description="Each LoRA adapter of spec.adapters: Pending, Downloading (into model.cache), Ready (the workers load it) or Failed (message says why).",
+                    description="Each LoRA adapter of spec.adapters: Pending, Downloading (into model.cache), Ready (the workers load it) or Failed (message says why); loadedReplicas: the ready worker pods that serve it (read from their /metrics at each reconcile pass).",
                     list_map_keys=("name",),
                     items=Obj(
                         required=("name",),
@@ -986,6 +986,7 @@ SCHEMA: Obj = Obj(
                             "phase": Str(enum=("Pending", "Downloading", "Ready", "Failed")),
                             "reason": Str(),
                             "message": Str(),
+                            "loadedReplicas": Int(format="int32"),
                         },
                     ),
                 ),

@@ -34,7 +34,7 @@ from hetero_infer.operator.manifests import (
 )
 from hetero_infer.operator.manifests.adapters import adapters_config_map, adapters_name
 from hetero_infer.operator.manifests.cache import adapter_source
-from hetero_infer.operator.manifests.common import common_labels
+from hetero_infer.operator.manifests.common import common_labels, selector_labels
 from hetero_infer.operator.manifests.worker import downloads_per_pod
 from hetero_infer.operator.model_state import (
     FETCH_CONTAINER,
@@ -45,6 +45,7 @@ from hetero_infer.operator.model_state import (
     model_state,
     transition_event,
 )
+from hetero_infer.operator.served_adapters import loaded_replicas, scrape_served
 from hetero_infer.operator.spec import InferenceSpec, SpecError, parse_spec
 from hetero_infer.operator.status import Observed, compute_status, invalid_spec_status, status_changed
 from hetero_infer.operator.worker_pods import worker_failure
@@ -423,9 +424,28 @@ def reconcile(body: Mapping[str, Any], client: kube.Client, record: Recorder,
     adapters = sync_adapters(client, owner, spec, defaults or WorkerDefaults(), outcome, record,
                              previous.get("adapters") is not None)
     workers = live.get(("Deployment", name))
-    failure = workers_failing(client, owner, spec, workers if workers and owned_by(workers, uid) else None, outcome)
+    workers = workers if workers and owned_by(workers, uid) else None
+    failure = workers_failing(client, owner, spec, workers, outcome)
+    loaded = adapters_loaded(client, owner, [n for n, _ in adapters or ()], workers, outcome)
     return _finish(client, record, body, spec, owner, outcome, live,
-                   {router_name(name)} if wanted.router else set(), model, previous, now, adapters, failure)
+                   {router_name(name)} if wanted.router else set(), model, previous, now, adapters, failure, loaded)
+
+
+def adapters_loaded(client: kube.Client, owner: Owner, adapters: list[str], workers: Mapping[str, Any] | None,
+                    outcome: Outcome) -> dict[str, int] | None:
+    """spec.adapters: how many ready worker pods serve each adapter (served_adapters.py: their /metrics, read at
+    once); None without adapters or when the pods could not be listed. The pods are read only while the worker
+    Deployment has ready replicas."""
+    if not adapters:
+        return None
+    if not int(((workers or {}).get("status") or {}).get("readyReplicas") or 0):
+        return loaded_replicas(adapters, [])
+    try:
+        pods = client.list(kube.POD, owner.namespace, selector_string(owner.name))
+    except kube.ApiError as e:
+        outcome.errors.append(f"worker pods of {owner.namespace}/{owner.name}: {e}")
+        return None
+    return loaded_replicas(adapters, scrape_served(pods, selector_labels(owner.name)))
 
 
 def workers_failing(client: kube.Client, owner: Owner, spec: InferenceSpec, workers: Mapping[str, Any] | None,
@@ -453,7 +473,7 @@ def _finish(client: kube.Client, record: Recorder, body: Mapping[str, Any], spec
             outcome: Outcome, live: Mapping[tuple[str, str], dict[str, Any] | None], routers: set[str],
             model: ModelState | None, previous: Mapping[str, Any], now: str,
             adapters: tuple[tuple[str, ModelState], ...] | None = None,
-            failure: str | None = None) -> Outcome:
+            failure: str | None = None, loaded: Mapping[str, int] | None = None) -> Outcome:
     """The status from what the pass saw, written when it changed."""
     name, generation = owner.name, _identity(body)[3]
     conflicts = [r.detail for r in outcome.results if r.action == "conflict"]
@@ -471,6 +491,7 @@ def _finish(client: kube.Client, record: Recorder, body: Mapping[str, Any], spec
         problem_reason="ChildConflict" if conflicts else "ReconcileFailed",
         model=model,
         adapters=adapters,
+        adapters_loaded=loaded,
         worker_failure=failure,
     )
     selector = selector_string(name)

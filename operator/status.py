@@ -47,6 +47,8 @@ class Observed:
     model: ModelState | None = None
     # spec.adapters: each adapter's name and where it stands (its download Job's state); None: not read this pass
     adapters: tuple[tuple[str, ModelState], ...] | None = None
+    # per adapter, the ready worker pods that serve it (served_adapters.py); None: not read this pass
+    adapters_loaded: Mapping[str, int] | None = None
     # while replicas are missing: the last words of a worker that exited with an error (worker_pods.worker_failure)
     worker_failure: str | None = None
 
@@ -274,7 +276,8 @@ def compute_status(*, spec: InferenceSpec, observed: Observed, previous: Mapping
     elif not downloads and previous.get("model") is not None:
         status["model"] = None  # the model is no longer downloaded (a path, a claim)
     if spec.adapters is not None and observed.adapters is not None:
-        status["adapters"] = [adapter_status(name, state) for name, state in observed.adapters]
+        loaded = observed.adapters_loaded or {}
+        status["adapters"] = [adapter_status(name, state, loaded.get(name)) for name, state in observed.adapters]
     elif spec.adapters is None and previous.get("adapters") is not None:
         status["adapters"] = None  # no adapters any more
     if observed.generation is not None:
@@ -320,10 +323,13 @@ def invalid_spec_status(*, previous: Mapping[str, Any] | None, generation: int |
     return status
 
 
-def adapter_status(name: str, state: ModelState) -> dict[str, Any]:
-    """One entry of status.adapters: Pending, Downloading, Ready or Failed, with the reason and message."""
-    return {"name": name, "url": state.source, "phase": state.phase, "reason": state.reason,
-            "message": state.message}
+def adapter_status(name: str, state: ModelState, loaded: int | None = None) -> dict[str, Any]:
+    """One entry of status.adapters: Pending, Downloading, Ready or Failed, with the reason and message, and
+    `loadedReplicas`, the ready workers that serve it (when they were read)."""
+    entry = {"name": name, "url": state.source, "phase": state.phase, "reason": state.reason, "message": state.message}
+    if loaded is not None:
+        entry["loadedReplicas"] = loaded
+    return entry
 
 
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:

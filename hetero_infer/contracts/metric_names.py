@@ -14,6 +14,9 @@ VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"
 VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 VLLM_CACHE_CONFIG_INFO = "vllm:cache_config_info"
 VLLM_LORA_REQUESTS_INFO = "vllm:lora_requests_info"
+# With --enable-lora: one series (value 1, label lora_name) per LoRA adapter the worker serves (those GET /v1/models
+# lists); the operator counts the ready workers that serve each adapter of spec.adapters (status.adapters).
+LORA_ADAPTER_SERVED = "hetero_infer_lora_adapter_served"
 
 # The router's, read by the operator (scale from zero; the router's status).
 ROUTER_REQUESTS_HELD = "hetero_infer_router_requests_held"  # gauge: requests waiting for a ready worker

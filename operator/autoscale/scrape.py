@@ -154,7 +154,8 @@ def parse_router_metrics(text: str) -> RouterSample:
 
 # -- HTTP ------------------------------------------------------------------------------------------------
 
-async def _get_metrics_text(session: aiohttp.ClientSession, url: str, timeout: float) -> str:
+async def get_metrics_text(session: aiohttp.ClientSession, url: str, timeout: float) -> str:
+    """The text of GET <url>/metrics (at most MAX_BODY_BYTES); ScrapeError on any failure."""
     try:
         async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout),
                                allow_redirects=False) as rsp:
@@ -173,7 +174,7 @@ async def _get_metrics_text(session: aiohttp.ClientSession, url: str, timeout: f
 async def fetch_metrics(session: aiohttp.ClientSession, url: str, timeout: float = DEFAULT_TIMEOUT_SECONDS,
                         model_name: str | None = None) -> WorkerMetrics:
     """GET <url>/metrics and parse it; ScrapeError on any failure."""
-    return parse_worker_metrics(await _get_metrics_text(session, url, timeout), model_name)
+    return parse_worker_metrics(await get_metrics_text(session, url, timeout), model_name)
 
 
 async def scrape_routers(session: aiohttp.ClientSession, routers: Sequence[Endpoint],
@@ -184,7 +185,7 @@ async def scrape_routers(session: aiohttp.ClientSession, routers: Sequence[Endpo
 
     async def one(r: Endpoint) -> RouterSample | None:
         try:
-            return parse_router_metrics(await _get_metrics_text(session, r.url, timeout))
+            return parse_router_metrics(await get_metrics_text(session, r.url, timeout))
         except ScrapeError:
             return None
 

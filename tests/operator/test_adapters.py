@@ -150,6 +150,34 @@ def test_status_lists_each_adapters_phase():
     assert gone["adapters"] is None  # removed from the status with the field
 
 
+def test_status_counts_the_workers_that_serve_each_adapter(crd):
+    """Each worker's /metrics names the adapters it serves; status.adapters[].loadedReplicas counts the ready pods
+    that do (a pod that did not answer: None, counted for none)."""
+    from hetero_infer.contracts.metric_names import LORA_ADAPTER_SERVED
+    from hetero_infer.operator.served_adapters import loaded_replicas, served_adapters
+
+    text = (f"# HELP {LORA_ADAPTER_SERVED} LoRA adapters this worker serves.\n# TYPE {LORA_ADAPTER_SERVED} gauge\n"
+            f'{LORA_ADAPTER_SERVED}{{model_name="qwen3",lora_name="sql"}} 1.0\n'
+            f'{LORA_ADAPTER_SERVED}{{model_name="qwen3",lora_name="chat"}} 1.0\n'
+            f'{LORA_ADAPTER_SERVED}{{model_name="qwen3",lora_name="broken" 1.0\n'
+            'vllm:lora_requests_info{max_lora="2",running_lora_adapters="old",waiting_lora_adapters=""} 1.7e9\n')
+    assert served_adapters(text) == {"sql", "chat"}
+    assert served_adapters("hetero_infer_num_requests_running 0.0\n") == frozenset()
+    counts = loaded_replicas(["sql", "chat", "new"], [frozenset({"sql", "chat"}), frozenset({"sql"}), None])
+    assert counts == {"sql": 2, "chat": 1, "new": 0}
+    spec = spec_of(adapters=[SQL, CHAT])
+    states = tuple((a["name"], ModelState(READY, READY, "in the cache", a["url"])) for a in (SQL, CHAT))
+    status = compute_status(spec=spec, observed=Observed(generation=1, adapters=states, adapters_loaded=counts),
+                            previous={}, selector="s", endpoint="e", now="2026-11-29T00:00:00Z")
+    assert [(a["name"], a["loadedReplicas"]) for a in status["adapters"]] == [("sql", 2), ("chat", 1)]
+    unread = compute_status(spec=spec, observed=Observed(generation=1, adapters=states), previous={}, selector="s",
+                            endpoint="e", now="2026-11-29T00:00:00Z")
+    assert all("loadedReplicas" not in a for a in unread["adapters"])  # the pods were not read: no number
+    obj = {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": "qwen", "namespace": "m"},
+           "spec": {"model": CACHE, "adapters": [SQL, CHAT]}, "status": status}
+    assert validate(crd, obj) == []
+
+
 @pytest.mark.parametrize("version", ["1.30.0", kubernetes_validate.latest_version()])
 def test_the_children_validate_against_the_kubernetes_schemas(version):
     spec = spec_of(adapters=[SQL, CHAT], engine={"maxLoras": 2})

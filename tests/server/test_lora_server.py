@@ -242,6 +242,14 @@ def test_lora_requests_info_names_the_running_adapter(mock_lora):
     assert samples[("hetero_infer_lora_adapters_loaded", "hetero_infer_lora_adapters_loaded", None)] >= 1
 
 
+def served_by_metrics(server) -> set[str]:
+    """The adapters the worker's /metrics says it serves (no API key needed there)."""
+    from hetero_infer.contracts.metric_names import LORA_ADAPTER_SERVED
+
+    return {s.labels["lora_name"] for f in text_string_to_metric_families(http("GET", server.url + "/metrics").text)
+            for s in f.samples if s.name == LORA_ADAPTER_SERVED and s.value == 1}
+
+
 def test_the_modules_file_is_followed(mock_lora, lora_files):
     server, listing = mock_lora
     headers = {"Authorization": "Bearer k"}
@@ -259,8 +267,10 @@ def test_the_modules_file_is_followed(mock_lora, lora_files):
     wait("chat loaded", lambda: "chat" in models())
     assert "big" not in models()  # rank 32 above the default --max-lora-rank 16: logged, not served
     wait("the refusal logged", lambda: "big" in server.log() and "rank" in server.log())
+    assert served_by_metrics(server) == models() - {"tiny"}  # /metrics names what /v1/models lists (the operator reads it)
     listing.write_text("[]")
     wait("chat unloaded", lambda: models() == {"tiny", "sql"})  # sql came from --lora-modules: left alone
+    assert served_by_metrics(server) == {"sql"}
 
 
 def test_lora_options_are_checked_before_anything_starts():

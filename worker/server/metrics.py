@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,19 +111,20 @@ class EngineStatsCollector(Collector):
     the inference gateway's prefix-cache scorer reads)."""
 
     def __init__(self, model_name: Callable[[], str], stats: Callable[[], Any], healthy: Callable[[], bool],
-                 cache_info: dict[str, str] | None = None) -> None:
+                 cache_info: dict[str, str] | None = None, served_adapters: Callable[[], list[str]] = list) -> None:
         self._model_name = model_name
         self._stats = stats
         self._healthy = healthy
         self._cache_info = dict(cache_info or {})
+        self._served_adapters = served_adapters
 
     def describe(self) -> Iterator[Metric]:  # names without sampling the engine
         return iter(self._families(None, ""))
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self._families(self._stats(), self._model_name()))
+        return iter(self._families(self._stats(), self._model_name(), self._served_adapters()))
 
-    def _families(self, s: Any, model: str) -> list[Metric]:
+    def _families(self, s: Any, model: str, served: Sequence[str] = ()) -> list[Metric]:
         out: list[Metric] = []
         for series in ENGINE_SERIES:
             value = float(getattr(s, series.attr)) if s is not None else 0.0
@@ -142,20 +143,22 @@ class EngineStatsCollector(Collector):
         if s is not None:
             healthy.add_metric([model], 1.0 if self._healthy() else 0.0)
             info.add_metric([model, *self._cache_info.values()], 1.0)
-        return [*out, healthy, info, *_lora_families(s, model)]
+        return [*out, healthy, info, *_lora_families(s, model, served)]
 
 
 LORA_INFO_LABELS = ("max_lora", "running_lora_adapters", "waiting_lora_adapters")
 
 
-def _lora_families(s: Any, model: str) -> list[Metric]:
+def _lora_families(s: Any, model: str, served: Sequence[str]) -> list[Metric]:
     """The LoRA adapters' series, only on a worker serving adapters (--enable-lora), as vLLM does:
 
     - `vllm:lora_requests_info`, as the Gateway API Inference Extension's model-server protocol reads it: a gauge
       whose value is the time of the state it describes and whose labels are `max_lora` (device slots) and the
       comma-separated names of the adapters of running and of waiting requests (one label set: the current one);
     - per adapter (`lora_name`): `hetero_infer_lora_requests_in_flight` (its requests running or waiting) and
-      `hetero_infer_lora_requests_total` (its requests so far); `hetero_infer_lora_adapters_loaded`."""
+      `hetero_infer_lora_requests_total` (its requests so far); `hetero_infer_lora_adapters_loaded`;
+    - `hetero_infer_lora_adapter_served` (1 per adapter the server serves: what /v1/models lists; the operator
+      counts the workers serving each adapter from it, /metrics needing no API key)."""
     if s is not None and not getattr(s, "max_lora", 0):
         return []
     info = GaugeMetricFamily(names.VLLM_LORA_REQUESTS_INFO, "Running stats on LoRA requests (vLLM-compatible; the "
@@ -166,6 +169,8 @@ def _lora_families(s: Any, model: str) -> list[Metric]:
                                 labels=[LABEL, "lora_name"])
     loaded = GaugeMetricFamily("hetero_infer_lora_adapters_loaded", "LoRA adapters the engine holds (read and "
                                "checked, in host memory).", labels=[LABEL])
+    serving = GaugeMetricFamily(names.LORA_ADAPTER_SERVED, "LoRA adapters this worker serves (GET /v1/models lists "
+                                "them), 1 each.", labels=[LABEL, "lora_name"])
     if s is not None:
         info.add_metric([str(s.max_lora), ",".join(s.running_lora_adapters), ",".join(s.waiting_lora_adapters)],
                         time.time())
@@ -174,7 +179,9 @@ def _lora_families(s: Any, model: str) -> list[Metric]:
         for name, n in sorted(s.lora_requests_total.items()):
             total.add_metric([model, name], float(n))
         loaded.add_metric([model], float(len(s.loras)))
-    return [info, active, total, loaded]
+        for name in served:
+            serving.add_metric([model, name], 1.0)
+    return [info, active, total, loaded, serving]
 
 
 def _buckets(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, int]]:
@@ -308,9 +315,11 @@ class ServerMetrics(Collector):
         return child
 
     def bind(self, model_name: str, stats: Callable[[], Any], healthy: Callable[[], bool],
-             cache_info: dict[str, str] | None = None, max_model_len: int = 100000) -> None:
+             cache_info: dict[str, str] | None = None, max_model_len: int = 100000,
+             served_adapters: Callable[[], list[str]] = list) -> None:
         """Attach the engine once it is loaded (before that, engine metrics export no samples); the token
-        histograms that vLLM buckets up to the context length are made here."""
+        histograms that vLLM buckets up to the context length are made here. `served_adapters`: the names of the
+        LoRA adapters the server serves."""
         tokens = buckets_1_2_5(max_model_len)
         self.max_gen = RequestHistogram("hetero_infer_request_max_num_generation_tokens", "Per request: the most "
                                         "tokens one of its samples generated.", tokens,
@@ -323,7 +332,8 @@ class ServerMetrics(Collector):
                                                  "vllm:request_prefill_kv_computed_tokens")
         self._histograms += (self.max_gen, self.params_max_tokens, self.prefill_computed)
         self.model_name = model_name
-        self.registry.register(EngineStatsCollector(lambda: self.model_name, stats, healthy, cache_info))
+        self.registry.register(EngineStatsCollector(lambda: self.model_name, stats, healthy, cache_info,
+                                                    served_adapters))
         self.registry.register(self)
         self._bound = True
 

@@ -80,7 +80,7 @@ class ServerState:
         self.max_num_seqs = max_num_seqs
         self.metrics.bind(self.model_name, client.stats, lambda: client.healthy,
                           {"block_size": str(limits.block_size), "num_gpu_blocks": str(limits.num_blocks)},
-                          limits.max_model_len)
+                          limits.max_model_len, self.adapters.names)
         self.phase = READY if ready else LOADING
         return client
 
