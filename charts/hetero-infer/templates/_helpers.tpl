@@ -104,8 +104,9 @@ app.kubernetes.io/component: worker
 - apiGroups: ["gateway.networking.k8s.io"]
   resources: ["httproutes"]
   verbs: ["get", "create", "patch", "delete"]
-# Autoscaling mode operator: find the worker pods (podIP) to scrape their /metrics; spec.model.cache: the download
-# Job's pods (why one failed) and the running one's log (its progress lines).
+# Autoscaling mode operator and spec.adapters (which adapters each worker serves): find the worker pods (podIP) to
+# scrape their /metrics; spec.model.cache: the download Job's pods (why one failed) and the running one's log (its
+# progress lines).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list"]
