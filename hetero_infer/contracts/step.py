@@ -4,7 +4,7 @@ scheduled step computes, built by the engine from its scheduler's output (worker
 
 The runner imports nothing of the engine core but this module (tests/test_imports.py checks it): no `Sequence`,
 no scheduler, no block manager. Everything here is a fresh value built for the step (lists copied, nothing the
-core changes afterwards), so a step can cross a process boundary as it is; two fields are the exception, named
+core changes afterwards), so a step can cross a process boundary as it is; one field is the exception, named
 in `SamplingRow`. Dependency-free, like the other contracts.
 
 What does not change from step to step is sent once (vLLM's `CachedRequestData` idea): a sequence's block table
@@ -112,18 +112,40 @@ def apply_block_table_updates(tables: dict[int, list[int]], plan: StepPlan) -> N
             table += block_ids
 
 
+def sample_seed(seed: int, sample_index: int = 0) -> int:
+    """The 64-bit seed of sample `sample_index` of a request seeded with `seed` (what `SamplingRow.seed` carries).
+
+    Index 0 uses the seed as is; other indices get a splitmix64 mix of (seed, index) so samples of one request
+    differ, stay reproducible and do not collide with seed + 1."""
+    value = seed & _MASK64
+    if sample_index:
+        z = (value + 0x9E3779B97F4A7C15 * (sample_index + 1)) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        value = z ^ (z >> 31)
+    return value
+
+
+_MASK64 = (1 << 64) - 1
+
+
 @dataclass
 class SamplingRow:
-    """The sampling metadata of one row that samples (one per `ScheduledSequence` with `samples`, in order; the
-    engine passes None for a step whose every row takes its argmax). `generator` (a torch.Generator for a seeded
-    request, None: the global generator) and `grammar` (a structured-output matcher that the engine advances)
-    are live objects: they hold for an executor in the engine's process; one in another process would get the
-    seed and the grammar's token mask instead."""
+    """The sampling metadata of one row that samples (one per sequence with `samples`, in the order of
+    `StepPlan.sampled_seq_ids`; the engine passes None for a step whose every row takes its argmax).
+
+    A seeded request's row carries its sample's `seed` (`sample_seed`; None: the global generator); the generator
+    it draws from is the executor's own (`generator`, which the engine never sets): made from the seed at the
+    sequence's first sampled step and kept by seq_id until the sequence finishes (`SeededGenerators`, in the
+    runner), so that its draws continue from step to step wherever the executor runs. `grammar` (a
+    structured-output matcher that the engine advances) is still a live object: it holds for an executor in the
+    engine's process; one in another process would need the grammar's token mask instead."""
 
     params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # the newest may be PLACEHOLDER: penalties count it on the device
-    generator: Any = None
+    generator: Any = None  # the executor's, from `seed` (a torch.Generator); None in the contract
     # masked while len(output_token_ids) < params.min_tokens (unless ignore_eos)
     eos_token_ids: list[int] = field(default_factory=list)
     grammar: Any = None
+    seed: int | None = None

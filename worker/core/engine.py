@@ -18,7 +18,7 @@ from hetero_infer.contracts.engine_options import EngineConfig, batch_token_budg
 from hetero_infer.contracts.kv_events import KVEventsConfig
 from hetero_infer.contracts.lora import LoRAAdapterError, LoRARequest
 from hetero_infer.contracts.sampling_params import SamplingParams
-from hetero_infer.contracts.step import SamplingRow
+from hetero_infer.contracts.step import SamplingRow, sample_seed
 from hetero_infer.contracts.tokenizer import eos_token_ids, load_tokenizer
 from hetero_infer.worker.core.block_manager import BlockManager
 from hetero_infer.worker.core.detokenizer import DeltaDetokenizer, IncrementalDetokenizer
@@ -37,7 +37,7 @@ from hetero_infer.worker.runner.loader import (
     served_name,
     serving_fields,
 )
-from hetero_infer.worker.runner.sampler import make_generator, takes_argmax
+from hetero_infer.worker.runner.sampler import takes_argmax
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
 
 log = logging.getLogger(__name__)
@@ -191,8 +191,8 @@ class LLMEngine:
 
     def _new_sequence(self, request_id, token_ids, params, max_tokens, sample_index) -> Sequence:
         seq = Sequence(request_id, token_ids, len(token_ids), params, max_tokens, sample_index)
-        if params.seed is not None:
-            seq.generator = make_generator(params.seed, sample_index, self.executor.device)
+        if params.seed is not None:  # (its generator is the executor's: `SamplingRow.seed`)
+            seq.seed = sample_seed(params.seed, sample_index)
         # best_of > n ranks the samples by cumulative logprob, so the sampler computes one for every token
         seq.sampler_params = params
         if num_samples(params) > params.n and params.logprobs is None:
@@ -365,7 +365,7 @@ class LLMEngine:
             return None, False
         eos = self.eos_token_ids
         sampling = [SamplingRow(s.sampler_params, s.token_ids[: s.num_prompt_tokens], s.output_token_ids,
-                                s.generator, eos, s.grammar) for s in rows]
+                                None, eos, s.grammar, s.seed) for s in rows]
         feedback = any(s.grammar is not None or s.params.logits_processors for s in rows)
         return sampling, feedback
 

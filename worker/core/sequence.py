@@ -42,7 +42,7 @@ class Sequence:
     stop_reason: int | str | None = None
     cumulative_logprob: float = 0.0
     logprobs: list[dict[int, float]] | None = None
-    generator: Any = None  # torch.Generator for seeded requests
+    seed: int | None = None  # a seeded request's: this sample's (`sample_seed`), its generator the executor's
     sampler_params: Any = None  # what the sampler gets: `params`, or a copy that asks for logprobs (best_of)
     stop_checker: Any = None  # an IncrementalDetokenizer where the request has stop strings (else None)
     num_pending: int = 0  # PLACEHOLDER tokens at the end of token_ids (steps in flight that sample this sequence)

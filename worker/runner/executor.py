@@ -25,7 +25,7 @@ from hetero_infer.worker.runner.loader import load_model
 from hetero_infer.worker.runner.models.rotary import head_dim_of
 from hetero_infer.worker.runner.parallel import group as tp_group
 from hetero_infer.worker.runner.prompt_logprobs import PromptLogprobsCopy
-from hetero_infer.worker.runner.sampler import Sampler, pending_tokens, sample_logits
+from hetero_infer.worker.runner.sampler import Sampler, SeededGenerators, pending_tokens, sample_logits
 from hetero_infer.worker.runner.staging import StagingArea
 from hetero_infer.worker.runner.step_handle import DeviceStep, DoneStep
 
@@ -89,6 +89,7 @@ class TorchExecutor:
         # the overlap reads the previous step's sampled tokens on the device: only one rank samples
         self.overlaps = self.device.type == "cuda" and tp.world_size == 1
         self.sampler = Sampler(all_logprobs=False)  # logprobs only for requests that ask
+        self.generators = SeededGenerators(self.device)  # seeded sequences' generators, by seq_id
         # the previous step's sampled tokens on the device and each sequence's row in them (PLACEHOLDER inputs)
         self._prev_tokens: torch.Tensor | None = None
         self._prev_rows: dict[int, int] = {}
@@ -344,6 +345,7 @@ class TorchExecutor:
         """Run (CUDA: launch) the step and sample its rows (`sampling`: see `sample_logits`). With `overlaps`
         the sampled tokens stay where the logits are, for the next step's PLACEHOLDER inputs (and the penalties'
         counts of the step after: `pending_tokens`), and reach the host with their logprobs in one copy."""
+        self.generators.attach(plan, sampling)
         logits, prompt = self.execute(plan)
         if not self.overlaps:  # every token on the host before the next step: nothing pending
             return DoneStep(*sample_logits(self.sampler, logits, sampling, staging=self.sample_staging).on_host(),

@@ -28,7 +28,7 @@ class Executor(Protocol):
     num_blocks: int  # KV blocks in its pool (the engine's block manager hands out exactly these)
     num_host_blocks: int  # KV blocks of its host tier (`--kv-offloading-size`; 0: none)
     block_bytes: int  # bytes of one KV block (the host tier's metrics)
-    device: Any  # where seeded requests' generators live (torch.device or its name)
+    device: Any  # where it computes (torch.device or its name; seeded rows' generators live there too)
     overlaps: bool  # `execute_async` returns before the step ends: the engine may launch the next one first
     samples_itself: bool  # it picks every token itself: the engine passes no sampling rows
 

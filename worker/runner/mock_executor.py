@@ -28,7 +28,7 @@ from hetero_infer.worker.runner.host_kv import host_tier_blocks
 from hetero_infer.worker.runner.lora.adapter import ModelShapes, load_adapter
 from hetero_infer.worker.runner.lora.slots import SlotTable
 from hetero_infer.worker.runner.prompt_logprobs import PromptLogprobsCopy, PromptRows, step_entries
-from hetero_infer.worker.runner.sampler import Sampler, pending_tokens, sample_logits
+from hetero_infer.worker.runner.sampler import Sampler, SeededGenerators, pending_tokens, sample_logits
 from hetero_infer.worker.runner.step_handle import CarriesPromptLogprobs
 
 MOCK_DEFAULT_NUM_BLOCKS = 4096
@@ -101,6 +101,7 @@ class MockExecutor:
         self.device = "cpu"
         self.samples_itself = not config.mock_logits
         self.sampler = Sampler(all_logprobs=False)
+        self.generators = SeededGenerators(self.device)  # (used with mock_logits only: else it picks the tokens)
         self._device_free_at = 0.0  # when the device finishes the steps handed to it so far
         self._last_tokens: dict[int, int] = {}  # seq_id -> the token the previous step sampled for it
         self._prompts: dict[int, list[int]] = {}  # seq_id -> its prompt (`mock_logits`), from its first step
@@ -216,6 +217,7 @@ class MockExecutor:
                     tokens.append(token)
             self._last_tokens = new_last
         else:
+            self.generators.attach(plan, sampling)
             seq_ids = plan.sampled_seq_ids
             pending = None
             if sampling is not None:  # tokens of the step in flight, which penalties count

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from hetero_infer.contracts.sampling_params import SamplingParams
-from hetero_infer.contracts.step import PLACEHOLDER, SamplingRow
+from hetero_infer.contracts.step import PLACEHOLDER, SamplingRow, StepPlan, sample_seed
 from hetero_infer.worker.runner.sampling_inputs import (
     FilteredInputs,
     PassInputs,
@@ -40,8 +40,6 @@ from hetero_infer.worker.runner.sampling_inputs import (
 from hetero_infer.worker.runner.staging import DirectPack, Pack, StagingArea, to_device
 from hetero_infer.worker.structured.mask import apply_grammar_masks
 from hetero_infer.worker.structured.matcher import GrammarState
-
-_MASK64 = (1 << 64) - 1
 
 
 @dataclass
@@ -144,20 +142,43 @@ def unpack_step(host: np.ndarray, num_rows: int,
 
 
 def make_generator(seed: int, sample_index: int = 0, device: torch.device | str = "cpu") -> torch.Generator:
-    """Generator for sample `sample_index` of a seeded request.
+    """Generator for sample `sample_index` of a seeded request (seeded with `sample_seed(seed, sample_index)`)."""
+    return seeded_generator(sample_seed(seed, sample_index), device)
 
-    Index 0 uses the seed as is; other indices get a splitmix64 mix of (seed, index) so
-    samples of one request differ, stay reproducible and do not collide with seed + 1.
-    """
-    value = seed & _MASK64
-    if sample_index:
-        z = (value + 0x9E3779B97F4A7C15 * (sample_index + 1)) & _MASK64
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        value = z ^ (z >> 31)
+
+def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """The generator of a row whose `SamplingRow.seed` is `seed` (already mixed by `sample_seed`)."""
     gen = torch.Generator(device=device)
-    gen.manual_seed(value)
+    gen.manual_seed(seed)
     return gen
+
+
+class SeededGenerators:
+    """An executor's generators of seeded sequences, by seq_id (the step contract carries each row's seed only):
+    made at a sequence's first sampled step, kept while it runs (preempted and recomputed too, so its draws go on
+    where they were), dropped when the plan says it finished."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = device
+        self._by_seq: dict[int, torch.Generator] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_seq)
+
+    def attach(self, plan: StepPlan, rows: list[SamplingRow] | None) -> None:
+        """Give each seeded row of `plan` its sequence's generator (`rows`: in the order of its sampling rows)."""
+        by_seq = self._by_seq
+        if by_seq:
+            for seq_id in plan.finished_seq_ids:
+                by_seq.pop(seq_id, None)
+        if rows is None:
+            return
+        for seq_id, row in zip(plan.sampled_seq_ids, rows, strict=True):
+            if row.seed is not None and row.generator is None:
+                gen = by_seq.get(seq_id)
+                if gen is None:
+                    gen = by_seq[seq_id] = seeded_generator(row.seed, self.device)
+                row.generator = gen
 
 
 def _fill_seeded_noise(out: torch.Tensor, gen: torch.Generator) -> None:
