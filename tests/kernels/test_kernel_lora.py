@@ -88,6 +88,19 @@ def test_slot_patterns(device, path, pattern):
         assert torch.equal(out, base)  # tokens without an adapter are left exactly as the base layer made them
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cpu_runs_path_matches_oracle(dtype):
+    """Prefill-like slots (runs of one adapter, base rows between): the CPU path run by run, as the oracle."""
+    x, a, b, _, base = make_case(67, 72, 16, (40, 16, 16), 4, dtype, torch.device("cpu"), seed=7)
+    slots = torch.tensor([2] * 20 + [-1] * 3 + [0] * 18 + [3] * 16 + [2] * 10, dtype=torch.int32)
+    groups = kernels.lora_groups(slots, 4)
+    assert groups.runs is not None
+    out = base.clone()
+    kernels.lora_apply(x, out, a, b, slots, (40, 16, 16), groups)
+    assert_close(out, naive(x, a, b, slots, base, (40, 16, 16)), dtype, scale=4, what="cpu runs")
+    assert torch.equal(out[20:23], base[20:23])
+
+
 @pytest.mark.parametrize("path", ["triton", "reference"])
 def test_shrink_and_expand_alone(device, path):
     x, a, b, slots, base = make_case(9, 72, 12, (24, 16), 3, torch.float32, device, seed=5)
@@ -117,9 +130,19 @@ def test_groups_sort_tokens_by_slot():
     slots = torch.tensor([2, -1, 0, 2, 1, -1, 0], dtype=torch.int32)
     g = kernels.lora_groups(slots, 4)
     # slots 0..2 used (3 is not), padded to 2 rows each: [2, 6 | 4, pad | 0, 3]
-    assert (g.num_slots, g.width) == (3, 2) and g.rows.tolist() == [2, 6, 4, 0, 3]
-    assert g.valid.tolist() == [0, 1, 2, 4, 5] and g.gather.tolist() == [2, 6, 4, 0, 0, 3]
+    assert (g.num_slots, g.width) == (3, 2) and g.runs is None
+    assert g.padding.tolist() == [3] and g.gather.tolist() == [2, 6, 4, 0, 0, 3]
     assert kernels.lora_groups(torch.full((3,), -1), 4).num_slots == 0
+
+
+def test_groups_runs_of_prefill_chunks():
+    """Long runs of one slot (prefill chunks, base rows between): computed run by run; short ones (decode tokens)
+    grouped."""
+    slots = torch.tensor([1] * 20 + [-1] * 5 + [0] * 17 + [1] * 30, dtype=torch.int32)
+    g = kernels.lora_groups(slots, 4)
+    assert g.runs == ((0, 20, 1), (25, 42, 0), (42, 72, 1)) and g.num_slots == 2
+    assert kernels.lora_groups(torch.tensor([1, 0] * 20, dtype=torch.int32), 4).runs is None
+    assert kernels.lora_groups(torch.tensor([1] * 40 + [0, 1] * 20, dtype=torch.int32), 4).runs is None
 
 
 @pytest.mark.parametrize("bad, error", [
