@@ -23,7 +23,7 @@ from hetero_infer.contracts.tokenizer import Tokenizer
 from hetero_infer.worker.runner import sampler as current
 from hetero_infer.worker.runner.loader import resolve_model
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
-from hetero_infer.worker.structured.mask import apply_grammar_masks
+from hetero_infer.worker.structured.mask import apply_token_bitmasks, grammar_bitmasks
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "tags": {"type": "array", "items": {"type": "string"}}},
@@ -100,7 +100,8 @@ def main() -> None:
             for i in range(k):
                 if kind == "grammar":
                     params = SamplingParams(temperature=1.0, structured_outputs=so)
-                    extra[i] = current.SamplingRow(params, [1], [], grammar=cache.new_state(so))
+                    [mask] = grammar_bitmasks([cache.new_state(so)], [[]], vocab)  # (the engine's side)
+                    extra[i] = current.SamplingRow(params, [1], [], token_bitmask=mask)
                 else:
                     params = SamplingParams(temperature=1.0, logit_bias={t: 5.0 for t in range(10 * i, 10 * i + 10)})
                     extra[i] = current.SamplingRow(params, [1], [])
@@ -110,9 +111,9 @@ def main() -> None:
             print(f"{k} of {args.batch} rows with {kind}: sampler {t * 1e3:.3f} ms", end="")
             work = [i for i in range(k)]
             if kind == "grammar":
-                states = [rows[i].grammar for i in work]
-                def step(x, _, work=work, states=states, k=k):
-                    apply_grammar_masks(x, work, states, [[]] * k)
+                states = [cache.new_state(so) for _ in work]
+                def step(x, _, work=work, states=states, k=k):  # the engine's fill and the sampler's mask
+                    apply_token_bitmasks(x, work, grammar_bitmasks(states, [[]] * k, vocab))
                 mask = statistics.median(time_sampler(step, logits.clone(), None, args.repeat)
                                          for _ in range(args.rounds))
             else:

@@ -4,8 +4,7 @@ scheduled step computes, built by the engine from its scheduler's output (worker
 
 The runner imports nothing of the engine core but this module (tests/test_imports.py checks it): no `Sequence`,
 no scheduler, no block manager. Everything here is a fresh value built for the step (lists copied, nothing the
-core changes afterwards), so a step can cross a process boundary as it is; one field is the exception, named
-in `SamplingRow`. Dependency-free, like the other contracts.
+core changes afterwards), so a step can cross a process boundary as it is (its `SamplingRow`s too). Dependency-free, like the other contracts.
 
 What does not change from step to step is sent once (vLLM's `CachedRequestData` idea): a sequence's block table
 only where it changed (`block_table_updates`, which the executor applies to the tables it keeps by `seq_id`:
@@ -134,12 +133,13 @@ class SamplingRow:
     """The sampling metadata of one row that samples (one per sequence with `samples`, in the order of
     `StepPlan.sampled_seq_ids`; the engine passes None for a step whose every row takes its argmax).
 
-    A seeded request's row carries its sample's `seed` (`sample_seed`; None: the global generator); the generator
-    it draws from is the executor's own (`generator`, which the engine never sets): made from the seed at the
-    sequence's first sampled step and kept by seq_id until the sequence finishes (`SeededGenerators`, in the
-    runner), so that its draws continue from step to step wherever the executor runs. `grammar` (a
-    structured-output matcher that the engine advances) is still a live object: it holds for an executor in the
-    engine's process; one in another process would need the grammar's token mask instead."""
+    Plain data, so a row crosses a process boundary as it is. A seeded request's row carries its sample's `seed`
+    (`sample_seed`; None: the global generator); the generator it draws from is the executor's own (`generator`,
+    which the engine never sets): made from the seed at the sequence's first sampled step and kept by seq_id until
+    the sequence finishes (`SeededGenerators`, in the runner), so that its draws continue from step to step
+    wherever the executor runs. A structured-output row carries the tokens its grammar allows next
+    (`token_bitmask`: xgrammar's packed layout, an int32 tensor of ceil(vocab / 32), bit set: allowed), filled by
+    the engine from the matcher it advances (worker/structured/mask.py); None: unconstrained."""
 
     params: SamplingParams
     prompt_token_ids: list[int]
@@ -147,5 +147,5 @@ class SamplingRow:
     generator: Any = None  # the executor's, from `seed` (a torch.Generator); None in the contract
     # masked while len(output_token_ids) < params.min_tokens (unless ignore_eos)
     eos_token_ids: list[int] = field(default_factory=list)
-    grammar: Any = None
+    token_bitmask: Any = None
     seed: int | None = None

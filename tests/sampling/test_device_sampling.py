@@ -156,7 +156,7 @@ def test_which_rows_sample_on_device():
                    SamplingParams(temperature=0.9, logit_bias={1: 2.0}), SamplingParams(presence_penalty=0.5),
                    SamplingParams(temperature=0.9, repetition_penalty=1.1), SamplingParams(min_tokens=3)):
         assert samples_on_device(SamplingRow(params, [1], [], None))
-    assert not samples_on_device(SamplingRow(SamplingParams(), [1], [], None, grammar=object()))
+    assert not samples_on_device(SamplingRow(SamplingParams(), [1], [], None, token_bitmask=torch.zeros(1, dtype=torch.int32)))
     assert not samples_on_device(SamplingRow(SamplingParams(logits_processors=[lambda ids, row: row]), [1], [],
                                              None))
     assert takes_argmax(SamplingParams(temperature=0.0), 0, None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import pickle
 import re
 import weakref
 
@@ -113,6 +114,32 @@ def test_constraints_survive_preemption():
     assert engine.stats().num_preemptions_total > 0
     for out in outputs.values():
         assert_valid(out, FLAGS)
+
+
+def test_constrained_and_seeded_steps_cross_to_the_executor_as_data():
+    """The executor gets pickled copies of each step (its plan and sampling rows: a grammar row's token bitmask,
+    a seeded row's seed), as an executor in another process would: the same outputs as the engine handing over
+    its own objects, valid, under preemption too."""
+
+    def outputs(copied: bool) -> dict:
+        engine = mock_engine(max_num_blocks=24, block_size=4, max_num_seqs=8)
+        if copied:
+            launch = engine.executor.execute_async
+            engine.executor.execute_async = lambda plan, rows: launch(*pickle.loads(pickle.dumps((plan, rows))))
+        for i in range(6):
+            engine.add_request(f"r{i}", None, [1, 2, 3, 4 + i],
+                               so(json=FLAGS, disable_any_whitespace=True, temperature=1.0, seed=i, n=2, max_tokens=60))
+        engine.add_request("phone", None, [1, 2, 3], so(regex=PHONE, temperature=1.0, seed=9, max_tokens=40))
+        outs = run(engine)
+        assert engine.stats().num_preemptions_total > 0
+        for rid, out in outs.items():
+            if rid == "phone":
+                assert re.fullmatch(PHONE, out.outputs[0].text)
+            else:
+                assert_valid(out, FLAGS)
+        return {rid: [(c.token_ids, c.text) for c in out.outputs] for rid, out in outs.items()}
+
+    assert outputs(copied=True) == outputs(copied=False)
 
 
 def test_ignore_eos_still_ends_at_the_grammar(engine):

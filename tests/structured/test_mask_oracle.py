@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hetero_infer.contracts.sampling_params import SamplingParams, StructuredOutputsParams
 from hetero_infer.worker.runner.sampler import SamplingRow, process_logits
 from hetero_infer.worker.structured import GrammarCache
+from hetero_infer.worker.structured.mask import grammar_bitmasks
 
 LETTERS = "abc\""
 VOCAB = ([c for c in LETTERS] + ["".join(p) for p in itertools.product(LETTERS, repeat=2)]
@@ -36,10 +37,12 @@ def oracle(language: set[str], text: str) -> set[int]:
 
 
 def allowed_by_sampler(state, output: list[int]) -> set[int]:
-    """The tokens process_logits leaves finite in a constrained row of a 3-row batch (rows 0 and 2 free)."""
+    """The tokens process_logits leaves finite in a constrained row of a 3-row batch (rows 0 and 2 free), the row's
+    mask filled from the matcher as the engine fills it."""
     logits = torch.randn(3, len(VOCAB))
     free = SamplingRow(SamplingParams(), [1], [])
-    row = SamplingRow(SamplingParams(), [1], output, grammar=state)
+    [mask] = grammar_bitmasks([state], [output], len(VOCAB))  # the engine's side: the grammar's next tokens, as data
+    row = SamplingRow(SamplingParams(), [1], output, token_bitmask=mask)
     x = process_logits(logits, [free, row, free])
     assert torch.equal(x[0], logits[0]) and torch.equal(x[2], logits[2])  # unconstrained rows untouched
     finite = torch.isfinite(x[1])

@@ -39,6 +39,7 @@ from hetero_infer.worker.runner.loader import (
 )
 from hetero_infer.worker.runner.sampler import takes_argmax
 from hetero_infer.worker.structured import GrammarCache, tokenizer_info_from_hf
+from hetero_infer.worker.structured.mask import grammar_bitmasks
 
 log = logging.getLogger(__name__)
 _FINISHED = SequenceStatus.FINISHED
@@ -365,8 +366,14 @@ class LLMEngine:
             return None, False
         eos = self.eos_token_ids
         sampling = [SamplingRow(s.sampler_params, s.token_ids[: s.num_prompt_tokens], s.output_token_ids,
-                                None, eos, s.grammar, s.seed) for s in rows]
-        feedback = any(s.grammar is not None or s.params.logits_processors for s in rows)
+                                None, eos, None, s.seed) for s in rows]
+        constrained = [j for j, s in enumerate(rows) if s.grammar is not None]
+        if constrained:  # the grammars' next tokens, as data (the matchers stay here, advanced by `_accept`)
+            masks = grammar_bitmasks([rows[j].grammar for j in constrained],
+                                     [sampling[j].output_token_ids for j in constrained], int(self.vocab_size))
+            for j, mask in zip(constrained, masks, strict=True):
+                sampling[j].token_bitmask = mask
+        feedback = bool(constrained) or any(s.params.logits_processors for s in rows)
         return sampling, feedback
 
     def _finish(self, step: _Inflight) -> list[Request]:

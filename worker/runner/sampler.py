@@ -38,7 +38,7 @@ from hetero_infer.worker.runner.sampling_inputs import (
     sampler_inputs,
 )
 from hetero_infer.worker.runner.staging import DirectPack, Pack, StagingArea, to_device
-from hetero_infer.worker.structured.mask import apply_grammar_masks
+from hetero_infer.worker.structured.mask import apply_token_bitmasks
 from hetero_infer.worker.structured.matcher import GrammarState
 
 
@@ -281,9 +281,9 @@ def takes_argmax(params: SamplingParams, num_output_tokens: int, grammar: Gramma
 
 def samples_on_device(row: SamplingRow) -> bool:
     """True where a row is sampled where its logits are (`Sampler.sample_on_device`), nothing read back: every
-    row but a grammar's (its matcher, on the host, masks the logits and takes the token) or one with logits
-    processors (Python callables over its logits row)."""
-    return row.grammar is None and not row.params.logits_processors
+    row but a grammar's (its token bitmask applied, the host sampler takes the token: the engine's matcher needs it
+    before the next step's mask) or one with logits processors (Python callables over its logits row)."""
+    return row.token_bitmask is None and not row.params.logits_processors
 
 
 # -- the device work, reading those inputs ------------------------------------------------------------------------
@@ -299,7 +299,7 @@ def process_logits(logits: torch.Tensor, rows: list[SamplingRow], pending: Pendi
     x = logits.float()
     if inputs is None:
         inputs = processing_inputs(rows, x.shape[1], pending, DirectPack(x.device))
-    grammar_rows = [i for i, r in enumerate(rows) if r.grammar is not None]
+    grammar_rows = [i for i, r in enumerate(rows) if r.token_bitmask is not None]
     if not inputs.active and not grammar_rows:
         return x
     if x is logits or not x.is_contiguous():
@@ -310,8 +310,7 @@ def process_logits(logits: torch.Tensor, rows: list[SamplingRow], pending: Pendi
     if inputs.bias_keys is not None:
         x.view(-1).index_add_(0, inputs.bias_keys, inputs.bias_values)
     if grammar_rows:
-        apply_grammar_masks(x, grammar_rows, [rows[i].grammar for i in grammar_rows],
-                            [rows[i].output_token_ids for i in grammar_rows])
+        apply_token_bitmasks(x, grammar_rows, [rows[i].token_bitmask for i in grammar_rows])
     return x
 
 
