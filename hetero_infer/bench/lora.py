@@ -53,6 +53,41 @@ def write_adapter(folder: Path, config, rank: int, seed: int, moe: bool = False,
     return folder
 
 
+PROBE_REPS = 15
+
+
+def fused_step_probe(executor, names: list[str]) -> dict[str, float] | None:
+    """Where the CPU runs decode steps in the fused C step: one decode step of one row per entry of `names` (the
+    adapter of that row, all resident after the runs), timed alone with and without the adapters (ms, medians);
+    None elsewhere."""
+    import numpy as np
+
+    stack, lora = executor.cpu_decode, executor.lora
+    rows = len(names)
+    if stack is None or not stack.accepts(rows, rows):
+        return None
+    input_ids, meta = stack.probe_step(rows)
+    mapping, loads = lora.slots.assign(names)
+    for name, slot in loads:
+        lora.load_slot(slot, name)
+
+    def median_ms(adapters: bool) -> float:
+        times = []
+        for _ in range(PROBE_REPS + 1):
+            start = time.perf_counter()
+            stack.run(input_ids, meta, lora.c_step() if adapters else None)
+            times.append(time.perf_counter() - start)
+        return 1e3 * sorted(times[1:])[PROBE_REPS // 2]
+
+    with torch.inference_mode():
+        lora.activate(np.array([mapping[n] for n in names], dtype=np.int32))
+        try:
+            timings = {"base": median_ms(False), "lora": median_ms(True)}
+        finally:
+            lora.end_step()
+    return timings
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="default: the default model (SmolLM2-135M-Instruct)")
@@ -114,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
                 seconds = time.perf_counter() - start
                 runs[system].append(sum(len(o.outputs[0].token_ids) for o in outs) / seconds)
     best = {k: max(v) for k, v in runs.items()}
+    step_probe = fused_step_probe(executor, [lora.lora_name for lora in per_seq])
     runner = executor.decode_runner
     # each LoRA run against the base run just before it: on a loaded machine the pairs share its load
     pair_ratios = sorted(lora / base for base, lora in zip(runs["base"], runs["lora"]))
@@ -122,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
               "max_tokens": args.max_tokens, "runs": runs, "base_tok_s": best["base"], "lora_tok_s": best["lora"],
               "ratio": best["lora"] / best["base"],
               "median_pair_ratio": pair_ratios[len(pair_ratios) // 2], "adapter_read_s": t1 - t0, "slot_copy_s": t2 - t1,
-              "adapter_mib": executor.lora.host[loras[0].lora_name].weights.nbytes / 2**20,
+              "adapter_mib": executor.lora.host[loras[0].lora_name].weights.nbytes / 2**20, "fused_step_ms": step_probe,
               # CUDA: whether decode steps replay CUDA graphs, and how many decode steps with adapters did
               "cuda_graphs": bool(runner and runner.graphs), "lora_graph_steps": runner.lora_steps if runner and runner.graphs else 0}
     print(f"{engine.model_name} on {executor.device} ({result['dtype']}): {args.seqs} sequences, prompts of "
@@ -140,6 +176,10 @@ def main(argv: list[str] | None = None) -> dict:
           f"median {result['median_pair_ratio']:.2f}")
     print(f"One adapter ({result['adapter_mib']:.1f} MiB) read from its folder "
           f"in {result['adapter_read_s']:.3f} s, copied into a slot in {result['slot_copy_s']:.3f} s")
+    if step_probe:
+        print(f"The fused CPU decode step alone, {args.seqs} rows (median of {PROBE_REPS}): base "
+              f"{step_probe['base']:.1f} ms, with the adapters {step_probe['lora']:.1f} ms "
+              f"({step_probe['base'] / step_probe['lora']:.2f})")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result

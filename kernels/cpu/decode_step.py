@@ -226,17 +226,21 @@ class FusedDecodeStack:
         per_op = "+".join(sorted({linear.plan[bucket] for linear in linears}))
         return f"fused_step:{str(self._dtype).removeprefix('torch.')}:{shape}:{select.BUCKETS[bucket]}:{per_op}"
 
-    def _time_probe(self, rows: int, timer, rounds: select.Rounds) -> dict[str, float | None]:
-        """The fused and the per-op step timed on a decode step of `rows` fake sequences (one KV block each, a
-        full block of context) over the engine's cache, whose blocks hold nothing yet that a sequence reads before
-        writing it."""
+    def probe_step(self, rows: int) -> tuple[torch.Tensor, object]:
+        """(input ids, attention metadata) of a decode step of `rows` fake sequences (one KV block each, a full
+        block of context) over the engine's cache, for timing: its blocks must hold nothing a sequence still needs
+        (an idle engine's)."""
         from hetero_infer.worker.runner.attention.base import SeqSpan, StepBatch
 
         bs = self._shape.block_size
         batch = StepBatch([SeqSpan([r], bs - 1, 1, False) for r in range(rows)],
                           np.full(rows, bs - 1, dtype=np.int64), np.arange(rows, dtype=np.int64) * bs + bs - 1, bs)
         input_ids = torch.randint(100, 1000, (rows,), generator=torch.Generator().manual_seed(0))
-        meta = self.backend.prepare(batch)
+        return input_ids, self.backend.prepare(batch)
+
+    def _time_probe(self, rows: int, timer, rounds: select.Rounds) -> dict[str, float | None]:
+        """The fused and the per-op step timed on a probe decode step of `rows` rows (`probe_step`)."""
+        input_ids, meta = self.probe_step(rows)
         with torch.inference_mode():
             return select.measure({"fused": lambda _: lambda: self.run(input_ids, meta),
                                    "per op": lambda _: lambda: self.model(input_ids, self.backend, meta, self.kv_caches)},

@@ -243,11 +243,16 @@ class LoRAModel:
         mapping, loads = self.slots.assign(adapters.values())
         for name, slot in loads:
             self.load_slot(slot, name)
-        used = set(mapping.values())
+        per_seq = np.array([mapping[adapters[s]] if s in adapters else -1 for s in plan.seq_ids], dtype=np.int32)
+        self.activate(np.repeat(per_seq, [len(ids) for ids in plan.token_ids]))
+        return True
+
+    def activate(self, slots: np.ndarray) -> None:
+        """The hooks (and `c_step`) active for a step whose token t runs the adapter in slot `slots[t]` (int32,
+        -1: none; the adapters already in their slots)."""
+        used = set(slots[slots >= 0].tolist())
         for target in self.targets:  # a projection no adapter of the step updates runs as the base model's
             target.live = not used.isdisjoint(target.filled)
-        per_seq = np.array([mapping[adapters[s]] if s in adapters else -1 for s in plan.seq_ids], dtype=np.int32)
-        slots = np.repeat(per_seq, [len(ids) for ids in plan.token_ids])
         if self._slot_buffer is None:
             self._slots = torch.from_numpy(slots)
             self._groups = None  # the per-op path's grouping, made by the first hook that runs (the C step needs none)
@@ -260,7 +265,6 @@ class LoRAModel:
             self._slot_buffer[:rows].copy_(host, non_blocking=True)  # in stream order, before the kernels read it
             self._slots, self._groups = self._slot_buffer[:n], None
         self.active = True
-        return True
 
     def end_step(self) -> None:
         self.active = False
