@@ -23,7 +23,8 @@ from typing import Any
 
 from hetero_infer.contracts.sampling_params import SamplingParams
 
-STEP_CONTRACT_VERSION = 2  # 2: block_table_updates (was block_tables), no request_ids/is_prefill columns
+STEP_CONTRACT_VERSION = 3  # 2: block_table_updates (was block_tables), no request_ids/is_prefill columns;
+# 3: SamplingRow is data (seed, token_bitmask; was a live generator and grammar matcher)
 
 # A token sampled by a step still running on the device: the step that computes its K/V takes the real token from
 # the device's output (the executor keeps the previous step's sampled tokens, by `seq_id`).

@@ -34,7 +34,8 @@ class Executor(Protocol):
 
     def execute_async(self, plan: StepPlan, sampling: list[SamplingRow] | None) -> StepHandle:
         """Run (or launch) a step; `sampling`: one row per sequence that samples, in order, or None where every row
-        takes its argmax. `plan.adapter_ids` names the LoRA adapter of a sequence (each one added before)."""
+        takes its argmax (a seeded row draws from the generator the executor keeps for its sequence:
+        `SeededGenerators`). `plan.adapter_ids` names the LoRA adapter of a sequence (each one added before)."""
 
     def add_lora(self, request: LoRARequest) -> None:
         """Read and check a LoRA adapter into host memory (LoRAAdapterError, and nothing kept, for a bad one);
