@@ -5,7 +5,8 @@ the largest difference between the two (docs/cpu.md, "Prefill attention").
 
     python benchmarks/cpu_prefill_attention.py [--dtype bfloat16] [--repeats 7]
 
-The last column: which of the two the engine takes for that chunk (`cpu_backend.takes_sdpa`).
+The last column: which of the two the default threshold takes (`cpu_backend.takes_sdpa`; the engine measures its
+own threshold at start-up, `measure_sdpa_min_pairs`).
 """
 
 from __future__ import annotations

@@ -86,14 +86,13 @@ def _mixed_step(dtype, block_size=4, heads=4, kv_heads=2, d=64):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_cpu_backend_matches_reference_backend_on_a_mixed_step(dtype, tol, monkeypatch):
-    from hetero_infer.worker.runner.attention import CpuBackend, TorchBackend, cpu_backend
-
-    monkeypatch.setattr(cpu_backend, "SDPA_MIN_PAIRS", 60)  # chunks of 145 and 78 pairs take SDPA, of 51 and 10 not
+def test_cpu_backend_matches_reference_backend_on_a_mixed_step(dtype, tol):
+    from hetero_infer.worker.runner.attention import CpuBackend, TorchBackend
 
     batch, rope, q, k, v, k_cache, v_cache = _mixed_step(dtype)
     outs, caches = [], []
-    for backend in (TorchBackend(rope, "cpu"), CpuBackend(rope)):
+    # from 60 pairs: chunks of 145 and 78 pairs take SDPA, of 51 and 10 not
+    for backend in (TorchBackend(rope, "cpu"), CpuBackend(rope, sdpa_min_pairs=60)):
         kc, vc = k_cache.clone(), v_cache.clone()
         qkv = torch.cat((q, k, v), dim=1).clone()  # the C path rotates q and k in place
         h, kvh = q.shape[1], k.shape[1]

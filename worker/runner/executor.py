@@ -13,10 +13,11 @@ from hetero_infer.contracts.step import SamplingRow, StepPlan, apply_block_table
 from hetero_infer.kernels.cpu import decode_step as cpu_decode_step
 from hetero_infer.kernels.cpu import linear as cpu_linear
 from hetero_infer.kernels.cpu import native as cpu_native
+from hetero_infer.kernels.cpu import select
 from hetero_infer.kernels.cpu import threads as cpu_threads
 from hetero_infer.worker.quant.quantize import quantize_model, weight_bytes
 from hetero_infer.worker.runner import prompt_logprobs
-from hetero_infer.worker.runner.attention import StepBatch, select_backend
+from hetero_infer.worker.runner.attention import StepBatch, cpu_backend, select_backend
 from hetero_infer.worker.runner.attention.triton_backend import TritonBackend
 from hetero_infer.worker.runner.cuda_graphs import DecodeRunner
 from hetero_infer.worker.runner.host_kv import HostKV, host_tier_blocks
@@ -141,6 +142,12 @@ class TorchExecutor:
         self.thread_governor: cpu_threads.ThreadGovernor | None = None
         if self.device.type == "cpu":
             self.cpu_paths["attention"] = _cpu_attention_path(self.backend)
+            if self.backend.name == "cpu" and cpu_linear.enabled():  # where prefill chunks take SDPA: measured
+                self.backend.sdpa_min_pairs = cpu_backend.measure_sdpa_min_pairs(
+                    self.dtype, self.model.layers[0].self_attn.num_heads, self.model.num_kv_heads, head_dim_of(hf_config),
+                    config.block_size, cache=select.machine_cache(cpu_linear.MEASURE_THREADS),
+                    threads=cpu_linear.MEASURE_THREADS)
+                self.cpu_paths["prefill_attention"] = cpu_backend.sdpa_label(self.backend.sdpa_min_pairs)
             most = cpu_threads.base_threads()  # an earlier engine's governor may have left fewer
             if most != torch.get_num_threads():
                 torch.set_num_threads(most)

@@ -30,17 +30,85 @@ from hetero_infer.worker.runner.attention.base import (
 )
 from hetero_infer.worker.runner.models.rotary import RotaryEmbedding
 
-# A prefill chunk whose rows attend this many (query, key) pairs or more, over two rows or more, attends with SDPA.
-# The paged kernel's cost grows with the pairs, SDPA's has a floor (the gather, the call): on the 2-vCPU AMD EPYC,
-# float32, 9 query and 3 KV heads of 64 (benchmarks/cpu_prefill_attention.py), they cross near 2,048 pairs (a
-# fresh 64-token prompt: 0.20 ms both; 8 rows after 256 cached: 0.20 against 0.17 ms); at a fresh 2,048-token
-# prompt SDPA takes 46 ms against 241 ms.
+# A prefill chunk whose rows attend this many (query, key) pairs or more, over two rows or more, attends with SDPA:
+# the default, where the engine does not measure its own (`measure_sdpa_min_pairs`, at start-up). The paged
+# kernel's cost grows with the pairs, SDPA's has a floor (the gather, the call). When this was set (3d4f6e7, the
+# 2-vCPU AMD EPYC, float32, 9 query and 3 KV heads of 64) they crossed near 2,048 pairs; the paged kernel has got
+# faster since: on 2026-11-29 (benchmarks/cpu_prefill_attention.py, 2 threads) a fresh 2,048-token prompt took
+# 46.9 ms paged against 39.1 ms SDPA in float32 (241 against 46 ms then), and in bfloat16 the paged kernel
+# (VDPBF16PS) won every chunk measured (2,048 tokens: 33.5 against 42.1 ms). Taking SDPA from 2,048 pairs had cost
+# the default bfloat16 workload ~7% of its tok/s (found by bisecting 71b269d..c2f2e6d to 3d4f6e7).
 SDPA_MIN_PAIRS = 2048
 
+# the probe chunks of the measurement: fresh prompts of these many tokens
+PROBE_ROWS = (64, 256, 1024, 2048)
 
-def takes_sdpa(span: SeqSpan) -> bool:
+
+def chunk_pairs(start: int, n: int) -> int:
+    """The (query, key) pairs of a causal chunk of `n` rows after `start` cached positions."""
+    return n * start + n * (n + 1) // 2
+
+
+def takes_sdpa(span: SeqSpan, min_pairs: int | None = SDPA_MIN_PAIRS) -> bool:
+    """Whether a prefill chunk attends with SDPA: two rows or more and `min_pairs` (None: never)."""
     n = span.num_tokens
-    return n > 1 and n * span.start + n * (n + 1) // 2 >= SDPA_MIN_PAIRS
+    return min_pairs is not None and n > 1 and chunk_pairs(span.start, n) >= min_pairs
+
+
+def sdpa_min_pairs_from(choices: tuple[str, ...], probe_rows: tuple[int, ...] = PROBE_ROWS) -> int | None:
+    """The threshold the probes' winners (`choices[i]`: "sdpa" or "paged" at a fresh prompt of `probe_rows[i]`)
+    imply: the pairs of the smallest probe from which SDPA wins every larger one; None where the paged kernel
+    wins the largest (SDPA never)."""
+    first = len(choices)
+    while first and choices[first - 1] == "sdpa":
+        first -= 1
+    return None if first == len(choices) else chunk_pairs(0, probe_rows[first])
+
+
+def measure_sdpa_min_pairs(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, block_size: int,
+                           cache=None, threads: int | None = None, timer=None) -> int | None:
+    """The SDPA threshold for `dtype` and these heads on this machine, by timing both on fresh prompts of
+    PROBE_ROWS tokens (kernels/cpu/select.py's rounds; the paged kernel wins ties); with a `cache`
+    (`select.ChoiceCache`), measured once per machine."""
+    from hetero_infer.kernels.cpu import select
+
+    entry = f"prefill_attention:{str(dtype).removeprefix('torch.')}:{heads}/{kv_heads}x{head_dim}:{block_size}"
+    cached = cache.get(entry) if cache is not None else None
+    if cached:
+        return sdpa_min_pairs_from(tuple(cached))
+    longest = max(PROBE_ROWS)
+    blocks = torch.arange(-(-longest // block_size), dtype=torch.long)
+    gen = torch.Generator().manual_seed(0)
+    k_cache = torch.randn(len(blocks), block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(len(blocks), block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    scale = head_dim**-0.5
+
+    def paged(rows: int):
+        q = torch.randn(rows, heads, head_dim, generator=gen).to(dtype)
+        tables = blocks.to(torch.int32).repeat(rows, 1)
+        lens = torch.arange(1, rows + 1, dtype=torch.int32)
+        return lambda: cpu_paged_attention.paged_decode(q, k_cache, v_cache, tables, lens, scale)
+
+    def sdpa(rows: int):
+        q = torch.randn(rows, heads, head_dim, generator=gen).to(dtype)
+        return lambda: prefill_attention(q, k_cache, v_cache, 0, blocks[: -(-rows // block_size)], scale)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        timings = select.measure({"paged": paged, "sdpa": sdpa}, buckets=PROBE_ROWS, timer=timer or select.clock,
+                                 rounds=select.Rounds(min_rounds=3, drop_after=3, budget_s=0.4))
+    finally:
+        torch.set_num_threads(before)
+    choices = tuple(select.choose(t, ("paged", "sdpa")) or "paged" for t in timings)
+    if cache is not None:
+        cache.put(entry, choices, timings)
+    return sdpa_min_pairs_from(choices)
+
+
+def sdpa_label(min_pairs: int | None) -> str:
+    """How prefill chunks attend, as the engine's CPU paths print it."""
+    return "paged kernel (SDPA measured slower)" if min_pairs is None else f"SDPA from {min_pairs:,} pairs"
 
 
 @dataclass(frozen=True)
@@ -75,15 +143,16 @@ def available(dtype: torch.dtype) -> bool:
 class CpuBackend:
     name = "cpu"
 
-    def __init__(self, rope: RotaryEmbedding) -> None:
+    def __init__(self, rope: RotaryEmbedding, sdpa_min_pairs: int | None = SDPA_MIN_PAIRS) -> None:
         self.rope = rope
+        self.sdpa_min_pairs = sdpa_min_pairs  # None: every prefill chunk on the paged kernel
 
     def prepare(self, batch: StepBatch) -> CpuAttentionMetadata:
         spans, bs = batch.spans, batch.block_size
         prefills, paged, rows, row = [], [], [], 0
         if len(spans) != len(batch.positions):  # else a decode step (a row per sequence): nothing for SDPA to take
             for s in spans:
-                if takes_sdpa(s):
+                if takes_sdpa(s, self.sdpa_min_pairs):
                     prefills.append(PrefillSpan(row, s.num_tokens, s.start,
                                                 torch.tensor(s.block_table[: -(-s.end // bs)], dtype=torch.long),
                                                 causal_mask(s.start, s.num_tokens) if s.start else None))
