@@ -24,6 +24,6 @@ def test_gemm_f32_engine_matches_hf(tiny_model, arch, monkeypatch):
     prompts = random_prompts([3, 17, 40, 1, 29, 9], seed=5)
     llm, ours = run_engine(folder, prompts, block_size=16)
     paths = llm.engine.executor.cpu_paths
-    linears = {layer: path for layer, path in paths.items() if layer not in ("attention", "decode_step")}
+    linears = {layer: path for layer, path in paths.items() if layer not in ("attention", "prefill_attention", "decode_step")}
     assert linears and all(set(p.split()) == {f"{b}:gemm_f32" for b in select.BUCKETS} for p in linears.values())
     assert ours == [hf_greedy(hf, p) for p in prompts]
