@@ -26,7 +26,7 @@ import collections
 import copy
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +139,22 @@ def _controller_ref(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def sharing_a_download(job: Mapping[str, Any], bodies: Iterable[Mapping[str, Any]],
+                       owner_uid: str) -> list[Mapping[str, Any]]:
+    """The InferenceDeployments other than the Job's owner that may wait on a shared download Job (`job`: one
+    with a model-cache claim): those in its namespace whose model is not Ready yet. A Job event reaches only its
+    controller; these learn of it here (else only at the next resync)."""
+    meta = job.get("metadata") or {}
+    if c.MODEL_CACHE_CLAIM_ANNOTATION not in (meta.get("annotations") or {}):
+        return []
+    namespace = meta.get("namespace") or "default"
+    return [b for b in bodies
+            if (b.get("metadata") or {}).get("namespace", "default") == namespace
+            and (b.get("metadata") or {}).get("uid") != owner_uid
+            and not (b.get("metadata") or {}).get("deletionTimestamp")
+            and ((b.get("status") or {}).get("model") or {}).get("phase") in ("Pending", "Downloading")]
+
+
 def autoscaled_by_operator(spec: Mapping[str, Any], **_: Any) -> bool:
     """Whether the autoscaler task runs for a spec: while autoscaling is enabled in mode operator."""
     a = (spec or {}).get("autoscaling") or {}
@@ -221,10 +237,18 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
             kind = body.get("kind") or "child"
             event_recorder(owner)("Normal", "Restoring", f"{kind} {namespace}/{body['metadata']['name']} "
                                                          "was deleted; recreating it")
-        try:
-            run_reconcile(owner, memo.client, options, logger)
-        except kopf.TemporaryError as e:
-            logger.warning(f"reconciling {namespace}/{ref['name']} after a child change failed: {e}")
+        waiting = []
+        if body.get("kind") == "Job" and c.MODEL_CACHE_CLAIM_ANNOTATION in (body["metadata"].get("annotations") or {}):
+            try:
+                waiting = sharing_a_download(body, memo.client.list(kube.INFERENCE_DEPLOYMENT, namespace, ""),
+                                             ref.get("uid"))
+            except kube.ApiError as e:
+                logger.warning(f"listing the InferenceDeployments of {namespace} failed: {e}")
+        for target in (owner, *waiting):
+            try:
+                run_reconcile(target, memo.client, options, logger)
+            except kopf.TemporaryError as e:
+                logger.warning(f"reconciling {namespace}/{target['metadata']['name']} after a child change failed: {e}")
 
     for group, version, plural in CHILD_RESOURCES:
         kopf.on.event(group, version, plural, labels={c.LABEL_MANAGED_BY: c.MANAGED_BY},

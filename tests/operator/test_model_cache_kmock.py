@@ -7,6 +7,7 @@ with the selector's labels, its phase, its log, the Job's status), and check wha
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from kmock_cluster import DEPLOYMENTS, INFD, JOBS, PODS, PVCS, wait_for
@@ -250,6 +251,9 @@ async def test_two_deployments_on_one_claim_and_url_share_one_download_job(kmock
                    == "Pending", what="the second one waiting on the first one's Job")
     assert [k for k in kmock.objects if k[0] == JOBS and not kmock.objects[k].deleted] == [(JOBS, NS, name)]
     assert not any(e.get("reason") == "ChildConflict" for e in events(kmock))
+    # the second's own children's events have long been handled: only the Job's completion can wake it now (an
+    # event of the Job reaches its controller, the first; the operator also wakes those sharing the download)
+    await asyncio.sleep(1.0)
     await job_status(kmock, name, COMPLETE)
     for owner in ("first", "second"):
         dep = await wait_for(lambda o=owner: live(kmock, DEPLOYMENTS, o), what=f"{owner}'s workers")
