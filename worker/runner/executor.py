@@ -300,9 +300,9 @@ class TorchExecutor:
                 self.lora.end_step()
             return self.model.compute_logits(hidden[: len(step.token_ids)]), None
         input_ids, meta, logits_index = self._prepare(step)
-        c_lora = self.lora.c_step() if lora else None
-        if self.cpu_decode is not None and (c_lora or not lora) and self.cpu_decode.accepts(input_ids.shape[0],
-                                                                                            logits_index.shape[0]):
+        fused = self.cpu_decode is not None and self.cpu_decode.accepts(input_ids.shape[0], logits_index.shape[0])
+        c_lora = self.lora.c_step() if lora and fused else None  # the adapters as the C step reads them
+        if fused and (c_lora or not lora):
             hidden = self.cpu_decode.run(input_ids, meta, c_lora)
         else:
             hidden = self.model(input_ids, self.backend, meta, self.kv_caches)
